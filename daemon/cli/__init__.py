@@ -1,0 +1,1 @@
+"""The ``marketwake`` command line."""

@@ -1,0 +1,218 @@
+"""Typed configuration, decoded from TOML.
+
+Every section is a frozen Struct that rejects unknown keys, so a typo fails at
+startup with the key path instead of being ignored. ``${VAR}`` in a string is
+replaced from the environment before decoding; values of secret-looking keys
+are wrapped in :class:`Secret` so they never reach a log line or a repr.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from daemon.errors import ConfigError
+from daemon.events import TIMEFRAMES
+from daemon.rag.config import RagConfig
+
+DEFAULT_CONFIG_PATH = Path("config.toml")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Secret:
+    """A string that never prints itself."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The real value, for the one place that sends it."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self._value else "Secret('')"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+class Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Shared settings for config sections."""
+
+
+class DaemonSection(Base):
+    state_dir: str = "state"
+    log_format: Literal["auto", "console", "json"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Append every bus event to this JSONL file ("" = off).
+    record: str = ""
+    # A feed that has produced nothing for this long is considered stalled and
+    # the systemd watchdog stops being pinged.
+    stall_seconds: float = 120.0
+    status_interval_seconds: float = 60.0
+
+
+class BusSection(Base):
+    queue_size: int = 4096
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.queue_size <= 1_000_000:
+            raise ValueError("queue_size must be between 1 and 1000000")
+
+
+class CoinbaseWsSection(Base):
+    enabled: bool = False
+    url: str = "wss://advanced-trade-ws.coinbase.com"
+    products: list[str] = msgspec.field(default_factory=list)
+    # Reconnect when nothing (not even a heartbeat) arrived for this long.
+    idle_timeout_seconds: float = 10.0
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 60.0
+    max_message_bytes: int = 10 * 1024 * 1024
+
+
+class CandlesSection(Base):
+    enabled: bool = False
+    base_url: str = "https://api.coinbase.com/api/v3/brokerage"
+    products: list[str] = msgspec.field(default_factory=list)
+    timeframes: list[str] = msgspec.field(default_factory=lambda: ["5m"])
+    # 0 = derive from the timeframe (a tenth of it, clamped to 10..300 s).
+    poll_seconds: float = 0.0
+    emit_updated: bool = False
+    # How far back to backfill after downtime, in candles per timeframe.
+    max_backfill: int = 1000
+    request_timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for tf in self.timeframes:
+            if tf not in TIMEFRAMES:
+                raise ValueError(
+                    f"unknown timeframe {tf!r} (expected one of {', '.join(TIMEFRAMES)})"
+                )
+
+
+class ReplaySection(Base):
+    enabled: bool = False
+    path: str = ""
+    format: Literal["auto", "jsonl", "csv"] = "auto"
+    # For CSV candles: which symbol/timeframe they are.
+    symbol: str = ""
+    timeframe: str = "1m"
+    # 0 = as fast as possible; 1 = real time; 60 = a minute per second.
+    speed: float = 0.0
+    source: str = "replay"
+
+
+class FeedsSection(Base):
+    coinbase_ws: CoinbaseWsSection = msgspec.field(default_factory=CoinbaseWsSection)
+    candles: CandlesSection = msgspec.field(default_factory=CandlesSection)
+    replay: ReplaySection = msgspec.field(default_factory=ReplaySection)
+
+
+class StateSection(Base):
+    max_candles: int = 500
+
+
+class Config(Base):
+    daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    bus: BusSection = msgspec.field(default_factory=BusSection)
+    feeds: FeedsSection = msgspec.field(default_factory=FeedsSection)
+    state: StateSection = msgspec.field(default_factory=StateSection)
+    rag: RagConfig = msgspec.field(default_factory=RagConfig)
+
+
+_SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey)", re.IGNORECASE)
+
+
+def _expand(value: Any, path: str) -> Any:
+    """Substitute ``${VAR}`` recursively; a missing variable is a ConfigError."""
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{path}.{k}" if path else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{path}: environment variable {name} is not set")
+            return os.environ[name]
+
+        return _VAR.sub(sub, value)
+    return value
+
+
+def _dec_hook(type_: type, obj: Any) -> Any:
+    if type_ is Secret and isinstance(obj, str):
+        return Secret(obj)
+    raise NotImplementedError(f"cannot decode {type_!r}")
+
+
+def _lookup(raw: Any, path: str) -> Any:
+    """Follow a msgspec error path like ``$.feeds.candles[0]`` through raw data."""
+    cur = raw
+    for part in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path):
+        key, index = part
+        try:
+            cur = cur[key] if key else cur[int(index)]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def _describe(raw: dict[str, Any], err: msgspec.ValidationError, source: str) -> str:
+    text = str(err)
+    msg, _, where = text.rpartition(" - at `")
+    if not msg:
+        return f"{source}: {text}"
+    where = where.rstrip("`")
+    key = where.removeprefix("$").lstrip(".") or "(top level)"
+    found = _lookup(raw, where)
+    unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
+    if unknown:
+        return f"{source}: {key}: unknown key {unknown.group(1)!r} (check the spelling)"
+    if found is not None and not isinstance(found, (dict, list)):
+        if _SECRET_KEY.search(key):
+            found = "***"
+        return f"{source}: {key}: {msg[0].lower()}{msg[1:]} (found {found!r})"
+    return f"{source}: {key}: {msg[0].lower()}{msg[1:]}"
+
+
+def parse(text: str, source: str = "<config>") -> Config:
+    """Decode config text; every problem becomes one readable ConfigError."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    expanded = _expand(raw, "")
+    try:
+        return msgspec.convert(expanded, Config, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_describe(expanded, exc, source)) from None
+
+
+def load(path: Path | str | None = None) -> Config:
+    """Read and decode a config file (``config.toml`` by default)."""
+    p = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc}") from None
+    return parse(text, str(p))

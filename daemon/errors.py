@@ -1,0 +1,95 @@
+"""The one exception tree of marketwake.
+
+Every error the project raises on purpose derives from :class:`MarketwakeError`.
+Each class carries the process exit code the CLI uses and, where it can reach a
+JSON-RPC client, the wire code. Third-party exceptions are translated at the
+adapter that meets them, never deeper.
+
+* :exc:`MarketwakeError`
+    * :exc:`ConfigError` -- a config file or value is wrong (exit 2)
+    * :exc:`FeedError` -- a feed could not do its job
+        * :exc:`FeedProtocolError` -- the venue sent something we cannot parse
+        * :exc:`FeedDisconnected` -- the connection dropped or stalled
+    * :exc:`StoreError` -- a persistent store (SQLite, Qdrant) failed
+    * :exc:`HookError` -- a hook could not produce a valid decision
+        * :exc:`HookCompileError`, :exc:`HookTimeout`, :exc:`HookCrashed`,
+          :exc:`HookResultInvalid`
+    * :exc:`SandboxUnavailable` -- a required hardening layer is missing
+    * :exc:`RpcError` -- a JSON-RPC request failed; carries ``rpc_code``
+    * :exc:`ReplayError` -- a replay file is malformed
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class MarketwakeError(Exception):
+    """Base of every deliberate marketwake error."""
+
+    exit_code: ClassVar[int] = 1
+    rpc_code: ClassVar[int] = -32000
+
+
+class ConfigError(MarketwakeError):
+    """The configuration is invalid; the message names the key path."""
+
+    exit_code = 2
+
+
+class FeedError(MarketwakeError):
+    """A feed failed to deliver events."""
+
+
+class FeedProtocolError(FeedError):
+    """The remote side sent data that does not match its documented format."""
+
+
+class FeedDisconnected(FeedError):
+    """The feed's connection closed or went silent."""
+
+
+class StoreError(MarketwakeError):
+    """A persistent store could not be read or written."""
+
+
+class ReplayError(MarketwakeError):
+    """A replay or recording file could not be read."""
+
+    exit_code = 2
+
+
+class HookError(MarketwakeError):
+    """A hook evaluation did not produce a valid decision."""
+
+
+class HookCompileError(HookError):
+    """The hook source failed to compile under the restricted policy."""
+
+
+class HookTimeout(HookError):
+    """The hook overran its deadline and its worker was killed."""
+
+
+class HookCrashed(HookError):
+    """The worker died or broke protocol while evaluating the hook."""
+
+
+class HookResultInvalid(HookError):
+    """The hook returned a value that is not a valid decision for its kind."""
+
+
+class SandboxUnavailable(MarketwakeError):
+    """A hardening layer the configuration requires is not active."""
+
+    exit_code = 3
+
+
+class RpcError(MarketwakeError):
+    """A JSON-RPC error with its wire code and optional data."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data

@@ -1,0 +1,197 @@
+"""The FeedEvent envelope every feed emits, and the topic taxonomy.
+
+The envelope is camelCase on the wire (seed 001 §1). ``ts`` is the time of the
+thing itself (a candle's close, a ticker's exchange timestamp); ``receivedTs``
+is when marketwake saw it. Both are RFC 3339 UTC strings with milliseconds so
+that hooks, recordings and the audit log read the same text.
+
+``eventId`` is derived from the source's identity of the thing, so a re-emitted
+candle close carries the same id and dedupes downstream.
+
+This module imports nothing else from the project (feeds and the sandbox use it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+
+# --- topics (seed 001 §2) -------------------------------------------------
+MARKET_PRICE_TICK: Final = "market.price.tick"
+MARKET_CANDLE_UPDATED: Final = "market.candle.updated"
+MARKET_CANDLE_CLOSED: Final = "market.candle.closed"
+MARKET_SESSION_OPEN: Final = "market.session.open"
+MARKET_SESSION_CLOSE: Final = "market.session.close"
+
+ACCOUNT_POSITION_OPENED: Final = "account.position.opened"
+ACCOUNT_POSITION_CLOSED: Final = "account.position.closed"
+ACCOUNT_ORDER_PLACED: Final = "account.order.placed"
+ACCOUNT_ORDER_FILLED: Final = "account.order.filled"
+ACCOUNT_ORDER_CANCELED: Final = "account.order.canceled"
+ACCOUNT_MARGIN_CHANGED: Final = "account.margin.changed"
+
+SOCIAL_TWEET: Final = "social.tweet"
+NEWS_HEADLINE: Final = "news.headline"
+CALENDAR_EVENT: Final = "calendar.event"
+
+COPYTRADE_SIGNAL_OPENED: Final = "copytrade.signal.opened"
+COPYTRADE_SIGNAL_MODIFIED: Final = "copytrade.signal.modified"
+COPYTRADE_SIGNAL_CLOSED: Final = "copytrade.signal.closed"
+MARKETPLACE_STRATEGY_UPDATED: Final = "marketplace.strategy.updated"
+
+ALL_TOPICS: Final = frozenset(
+    {
+        MARKET_PRICE_TICK,
+        MARKET_CANDLE_UPDATED,
+        MARKET_CANDLE_CLOSED,
+        MARKET_SESSION_OPEN,
+        MARKET_SESSION_CLOSE,
+        ACCOUNT_POSITION_OPENED,
+        ACCOUNT_POSITION_CLOSED,
+        ACCOUNT_ORDER_PLACED,
+        ACCOUNT_ORDER_FILLED,
+        ACCOUNT_ORDER_CANCELED,
+        ACCOUNT_MARGIN_CHANGED,
+        SOCIAL_TWEET,
+        NEWS_HEADLINE,
+        CALENDAR_EVENT,
+        COPYTRADE_SIGNAL_OPENED,
+        COPYTRADE_SIGNAL_MODIFIED,
+        COPYTRADE_SIGNAL_CLOSED,
+        MARKETPLACE_STRATEGY_UPDATED,
+    }
+)
+
+# Timeframes we understand, in seconds. Keys are the strings used in configs,
+# events and partition keys.
+TIMEFRAMES: Final[dict[str, int]] = {
+    "1m": 60,
+    "5m": 300,
+    "15m": 900,
+    "30m": 1800,
+    "1h": 3600,
+    "2h": 7200,
+    "4h": 14400,
+    "6h": 21600,
+    "1d": 86400,
+}
+
+
+class FeedEvent(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """One normalized event on the bus.
+
+    Required: ``event_id``, ``ts``, ``source``, ``topic``, ``payload``.
+    Everything else is optional and omitted from the wire when unset.
+    """
+
+    event_id: str
+    ts: str
+    source: str
+    topic: str
+    payload: dict[str, Any]
+    symbol: str | None = None
+    timeframe: str | None = None
+    partition_key: str | None = None
+    account_id: str | None = None
+    sequence: int | None = None
+    trace_id: str | None = None
+    received_ts: str | None = None
+
+    @property
+    def partition(self) -> str:
+        """The ordering key: the explicit partitionKey, else source:symbol:timeframe."""
+        if self.partition_key is not None:
+            return self.partition_key
+        return f"{self.source}:{self.symbol or '-'}:{self.timeframe or '-'}"
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(FeedEvent)
+
+
+def encode(event: FeedEvent) -> bytes:
+    """The event as compact camelCase JSON (one line, no trailing newline)."""
+    return _encoder.encode(event)
+
+
+def decode(data: bytes | str) -> FeedEvent:
+    """Parse one JSON FeedEvent; raises ``msgspec.ValidationError``/``DecodeError``."""
+    return _decoder.decode(data)
+
+
+def to_dict(event: FeedEvent) -> dict[str, Any]:
+    """The event as plain JSON-compatible data with camelCase keys (the hook view)."""
+    result: dict[str, Any] = msgspec.to_builtins(event)
+    return result
+
+
+# --- ids and times ----------------------------------------------------------
+
+
+def iso_ms(epoch_ms: int) -> str:
+    """RFC 3339 UTC with millisecond precision, ``Z`` suffix."""
+    dt = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def now_ms() -> int:
+    """Wall-clock time in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def parse_iso_ms(text: str) -> int:
+    """Epoch milliseconds of an RFC 3339 timestamp (accepts ``Z`` and nanoseconds)."""
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    # Python 3.11 accepts up to 6 fractional digits only reliably; trim longer ones.
+    head, sep, frac_tz = text.partition(".")
+    if sep:
+        digits = ""
+        rest = frac_tz
+        while rest and rest[0].isdigit():
+            digits, rest = digits + rest[0], rest[1:]
+        text = f"{head}.{digits[:6].ljust(6, '0')}{rest}"
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def candle_event_id(source: str, symbol: str, timeframe: str, close_ms: int) -> str:
+    """Stable id of a candle close: the same candle always gets the same id."""
+    return f"{source}:{symbol}:{timeframe}:{close_ms}"
+
+
+def trace_id_for(event_id: str) -> str:
+    """A deterministic trace id, so replays link the same way as live runs."""
+    return hashlib.blake2b(event_id.encode(), digest_size=8).hexdigest()
+
+
+def topic_matches(pattern: str, topic: str) -> bool:
+    """NATS-style match: ``*`` is one token, a trailing ``>`` is one or more tokens."""
+    p_tokens = pattern.split(".")
+    t_tokens = topic.split(".")
+    for i, p in enumerate(p_tokens):
+        if p == ">":
+            return i == len(p_tokens) - 1 and len(t_tokens) > i
+        if i >= len(t_tokens):
+            return False
+        if p != "*" and p != t_tokens[i]:
+            return False
+    return len(p_tokens) == len(t_tokens)
+
+
+def validate_pattern(pattern: str) -> None:
+    """Raise ``ValueError`` for a malformed subscription pattern."""
+    tokens = pattern.split(".")
+    if not pattern or any(t == "" for t in tokens):
+        raise ValueError(f"empty token in topic pattern {pattern!r}")
+    for i, t in enumerate(tokens):
+        if t == ">" and i != len(tokens) - 1:
+            raise ValueError(f"'>' must be the last token in {pattern!r}")
+        if t not in ("*", ">") and ("*" in t or ">" in t):
+            raise ValueError(f"wildcards must be whole tokens in {pattern!r}")

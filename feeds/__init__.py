@@ -1,0 +1,1 @@
+"""Feed plugins: each turns an outside source into FeedEvents on the bus."""

@@ -1,0 +1,1 @@
+"""The hook sandbox: restricted compile, worker process, IPC protocol and pool."""
