@@ -55,7 +55,7 @@ class Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     """Shared settings for config sections."""
 
 
-class DaemonSection(Base):
+class DaemonSection(Base, frozen=True):
     state_dir: str = "state"
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -67,7 +67,7 @@ class DaemonSection(Base):
     status_interval_seconds: float = 60.0
 
 
-class BusSection(Base):
+class BusSection(Base, frozen=True):
     queue_size: int = 4096
 
     def __post_init__(self) -> None:
@@ -75,7 +75,7 @@ class BusSection(Base):
             raise ValueError("queue_size must be between 1 and 1000000")
 
 
-class CoinbaseWsSection(Base):
+class CoinbaseWsSection(Base, frozen=True):
     enabled: bool = False
     url: str = "wss://advanced-trade-ws.coinbase.com"
     products: list[str] = msgspec.field(default_factory=list)
@@ -86,7 +86,7 @@ class CoinbaseWsSection(Base):
     max_message_bytes: int = 10 * 1024 * 1024
 
 
-class CandlesSection(Base):
+class CandlesSection(Base, frozen=True):
     enabled: bool = False
     base_url: str = "https://api.coinbase.com/api/v3/brokerage"
     products: list[str] = msgspec.field(default_factory=list)
@@ -106,7 +106,7 @@ class CandlesSection(Base):
                 )
 
 
-class ReplaySection(Base):
+class ReplaySection(Base, frozen=True):
     enabled: bool = False
     path: str = ""
     format: Literal["auto", "jsonl", "csv"] = "auto"
@@ -118,17 +118,17 @@ class ReplaySection(Base):
     source: str = "replay"
 
 
-class FeedsSection(Base):
+class FeedsSection(Base, frozen=True):
     coinbase_ws: CoinbaseWsSection = msgspec.field(default_factory=CoinbaseWsSection)
     candles: CandlesSection = msgspec.field(default_factory=CandlesSection)
     replay: ReplaySection = msgspec.field(default_factory=ReplaySection)
 
 
-class StateSection(Base):
+class StateSection(Base, frozen=True):
     max_candles: int = 500
 
 
-class Config(Base):
+class Config(Base, frozen=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     bus: BusSection = msgspec.field(default_factory=BusSection)
     feeds: FeedsSection = msgspec.field(default_factory=FeedsSection)

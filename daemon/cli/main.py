@@ -1,0 +1,41 @@
+"""Entry point: ``marketwake <command>``. Commands live in small sibling modules."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from daemon import __version__
+from daemon.cli.hooks import hooks_group
+from daemon.cli.rag import rag_group
+from daemon.errors import MarketwakeError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="marketwake")
+def cli() -> None:
+    """marketwake watches markets so your LLM trading agent does not have to.
+
+    Feeds put events on a bus; sandboxed hooks decide whether to wake the
+    agent, alert, or propose a trade; everything is audit-logged.
+    """
+
+
+cli.add_command(hooks_group)
+cli.add_command(rag_group)
+
+
+def main() -> None:
+    """Run the CLI; deliberate errors print one line and exit with their code."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except MarketwakeError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(exc.exit_code)

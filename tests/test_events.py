@@ -1,0 +1,71 @@
+"""The envelope, topic patterns and the import name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import daemon
+from daemon import events
+
+
+def test_daemon_import_name_is_this_project() -> None:
+    """`daemon` must resolve to our package, not python-daemon."""
+    root = Path(__file__).resolve().parent.parent
+    assert Path(daemon.__file__).resolve().parent == root / "daemon"
+
+
+def test_feedevent_wire_is_camel_case_and_omits_unset() -> None:
+    """Optional fields vanish from the wire; names are camelCase."""
+    ev = events.FeedEvent(
+        event_id="e1",
+        ts="2026-02-17T03:05:00.000Z",
+        source="test",
+        topic=events.MARKET_CANDLE_CLOSED,
+        payload={"close": 1.5},
+        partition_key="p",
+    )
+    wire = events.encode(ev)
+    assert b'"eventId":"e1"' in wire and b'"partitionKey":"p"' in wire
+    assert b"symbol" not in wire
+    assert events.decode(wire) == ev
+
+
+@pytest.mark.parametrize(
+    ("pattern", "topic", "ok"),
+    [
+        ("market.candle.*", "market.candle.closed", True),
+        ("market.candle.*", "market.candle", False),
+        ("market.>", "market.candle.closed", True),
+        ("market.>", "market", False),
+        ("market.price.tick", "market.price.tick", True),
+        ("*.order.*", "account.order.filled", True),
+        ("account.*", "account.order.filled", False),
+    ],
+)
+def test_topic_matches(pattern: str, topic: str, ok: bool) -> None:
+    """NATS-style wildcards: * is one token, > is the rest (at least one)."""
+    assert events.topic_matches(pattern, topic) is ok
+
+
+@pytest.mark.parametrize("bad", ["", "a..b", "a.>.b", "a.b*"])
+def test_validate_pattern_rejects(bad: str) -> None:
+    """Malformed patterns are rejected up front."""
+    with pytest.raises(ValueError, match="pattern"):
+        events.validate_pattern(bad)
+
+
+def test_iso_round_trip_and_nanoseconds() -> None:
+    """Coinbase sends nanosecond timestamps; we keep milliseconds."""
+    assert events.iso_ms(1_700_000_000_123) == "2023-11-14T22:13:20.123Z"
+    assert events.parse_iso_ms("2023-11-14T22:13:20.123456789Z") == 1_700_000_000_123
+    assert events.parse_iso_ms("2023-11-14T22:13:20Z") == 1_700_000_000_000
+
+
+def test_candle_event_id_is_stable() -> None:
+    """The same candle always gets the same id; trace ids are deterministic."""
+    a = events.candle_event_id("coinbase", "BTC-USD", "5m", 1)
+    assert a == events.candle_event_id("coinbase", "BTC-USD", "5m", 1)
+    assert events.trace_id_for(a) == events.trace_id_for(a)
+    assert events.trace_id_for(a) != events.trace_id_for(a + "x")
