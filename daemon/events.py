@@ -192,6 +192,6 @@ def validate_pattern(pattern: str) -> None:
         raise ValueError(f"empty token in topic pattern {pattern!r}")
     for i, t in enumerate(tokens):
         if t == ">" and i != len(tokens) - 1:
-            raise ValueError(f"'>' must be the last token in {pattern!r}")
+            raise ValueError(f"'>' must be the last token in pattern {pattern!r}")
         if t not in ("*", ">") and ("*" in t or ">" in t):
-            raise ValueError(f"wildcards must be whole tokens in {pattern!r}")
+            raise ValueError(f"wildcards must be whole tokens in pattern {pattern!r}")
