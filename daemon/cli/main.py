@@ -7,6 +7,7 @@ import sys
 import click
 
 from daemon import __version__
+from daemon.cli.audit import audit_group
 from daemon.cli.hooks import hooks_group
 from daemon.cli.rag import rag_group
 from daemon.errors import MarketwakeError
@@ -22,6 +23,7 @@ def cli() -> None:
     """
 
 
+cli.add_command(audit_group)
 cli.add_command(hooks_group)
 cli.add_command(rag_group)
 
