@@ -1,0 +1,258 @@
+"""The in-process event bus.
+
+Publishers hand FeedEvents to :meth:`Bus.publish`; each subscription owns one
+bounded queue and receives, in publish order, every event whose topic matches
+one of its patterns (NATS-style: ``*`` one token, trailing ``>`` the rest).
+
+Ordering: one publisher task per partition (each feed publishes its own
+partitions sequentially) and a FIFO queue per subscriber give per-partition
+order at every subscriber. Different partitions may interleave.
+
+Slow consumers: when a subscriber's queue is full,
+
+* ticks (``market.price.tick``) *coalesce*: the newest tick replaces the tick
+  of the same partition still waiting in that queue, in place. If none is
+  waiting, the tick is queued anyway; the overshoot is bounded by the number
+  of distinct tick partitions (configured products). Ticks never block a feed
+  and the latest price of every product is never lost.
+* everything else (candle closes, signals, account events) is never dropped:
+  the publisher waits until that subscriber has room. Backpressure reaches
+  the feed, which is what we want for data that must be processed.
+
+Counters: published, delivered, coalesced, blocked publishes, queue depth and
+lag (age of the oldest waiting event) per subscriber, via :meth:`statistics`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from typing import NamedTuple, final
+
+import anyio
+
+from daemon.events import MARKET_PRICE_TICK, FeedEvent, topic_matches, validate_pattern
+
+COALESCING_TOPICS = frozenset({MARKET_PRICE_TICK})
+
+
+class SubscriptionStatistics(NamedTuple):
+    name: str
+    patterns: tuple[str, ...]
+    depth: int
+    max_depth: int
+    delivered: int
+    coalesced: int
+    blocked_publishes: int
+    lag_ms: float
+
+
+class BusStatistics(NamedTuple):
+    published: int
+    delivered: int
+    coalesced: int
+    subscriptions: tuple[SubscriptionStatistics, ...]
+
+
+@final
+class Subscription:
+    """One subscriber's bounded queue. Iterate it to receive events."""
+
+    def __init__(self, bus: Bus, name: str, patterns: tuple[str, ...], capacity: int) -> None:
+        self.name = name
+        self.patterns = patterns
+        self.capacity = capacity
+        self._bus = bus
+        # Items are [event, enqueue_ns]; lists so a pending tick can be replaced in place.
+        self._queue: deque[list[object]] = deque()
+        self._pending_tick: dict[str, list[object]] = {}
+        self._readable: anyio.Event | None = None
+        self._writable: anyio.Event | None = None
+        self._closed = False
+        self.delivered = 0
+        self.coalesced = 0
+        self.blocked_publishes = 0
+        self.max_depth = 0
+
+    def matches(self, topic: str) -> bool:
+        """Whether this subscription wants events of ``topic``."""
+        return any(topic_matches(p, topic) for p in self.patterns)
+
+    # -- publisher side ----------------------------------------------------
+
+    def _offer(self, event: FeedEvent, now_ns: int) -> bool:
+        """Queue the event unless that would block; ``False`` means the caller must wait."""
+        queue = self._queue
+        if event.topic in COALESCING_TOPICS:
+            key = event.partition
+            if len(queue) >= self.capacity:
+                slot = self._pending_tick.get(key)
+                if slot is not None:
+                    slot[0] = event
+                    self.coalesced += 1
+                    return True
+            slot = [event, now_ns]
+            self._pending_tick[key] = slot
+            queue.append(slot)
+        else:
+            if len(queue) >= self.capacity:
+                return False
+            if self._pending_tick:
+                self._pending_tick.pop(event.partition, None)
+            queue.append([event, now_ns])
+        self.max_depth = max(self.max_depth, len(queue))
+        if self._readable is not None:
+            self._readable.set()
+        return True
+
+    async def _put(self, event: FeedEvent, now_ns: int) -> None:
+        if self._offer(event, now_ns):
+            return
+        self.blocked_publishes += 1
+        while not self._closed:
+            if self._writable is None:
+                self._writable = anyio.Event()
+            await self._writable.wait()
+            if self._offer(event, now_ns):
+                return
+
+    # -- consumer side -----------------------------------------------------
+
+    def receive_nowait(self) -> FeedEvent | None:
+        """The next event, or ``None`` when the queue is empty."""
+        if not self._queue:
+            return None
+        slot = self._queue.popleft()
+        event = slot[0]
+        assert isinstance(event, FeedEvent)
+        if event.topic in COALESCING_TOPICS and self._pending_tick.get(event.partition) is slot:
+            del self._pending_tick[event.partition]
+        self.delivered += 1
+        self._bus.delivered += 1
+        if self._writable is not None and len(self._queue) < self.capacity:
+            self._writable.set()
+            self._writable = None
+        return event
+
+    async def receive(self) -> FeedEvent:
+        """Wait for the next event; raises ``anyio.EndOfStream`` once closed and drained."""
+        while True:
+            event = self.receive_nowait()
+            if event is not None:
+                return event
+            if self._closed:
+                raise anyio.EndOfStream
+            self._readable = anyio.Event()
+            await self._readable.wait()
+            self._readable = None
+
+    def __aiter__(self) -> AsyncIterator[FeedEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[FeedEvent]:
+        while True:
+            try:
+                yield await self.receive()
+            except anyio.EndOfStream:
+                return
+
+    def close(self) -> None:
+        """Stop receiving new events; what is queued can still be drained."""
+        if self._closed:
+            return
+        self._closed = True
+        self._bus._remove(self)
+        for ev in (self._readable, self._writable):
+            if ev is not None:
+                ev.set()
+
+    def statistics(self, now_ns: int | None = None) -> SubscriptionStatistics:
+        """A snapshot of this subscriber's counters."""
+        now_ns = time.perf_counter_ns() if now_ns is None else now_ns
+        lag_ms = 0.0
+        if self._queue:
+            enq = self._queue[0][1]
+            assert isinstance(enq, int)
+            lag_ms = (now_ns - enq) / 1e6
+        return SubscriptionStatistics(
+            self.name,
+            self.patterns,
+            len(self._queue),
+            self.max_depth,
+            self.delivered,
+            self.coalesced,
+            self.blocked_publishes,
+            round(lag_ms, 3),
+        )
+
+
+@final
+class Bus:
+    """Topic-pattern pub/sub between feeds and consumers, in one process."""
+
+    def __init__(self, *, queue_size: int = 4096) -> None:
+        self.queue_size = queue_size
+        self.published = 0
+        self.delivered = 0
+        self._subs: list[Subscription] = []
+        self._routes: dict[str, tuple[Subscription, ...]] = {}
+        self._closed = False
+
+    def subscribe(
+        self, patterns: str | Iterable[str], *, name: str = "", capacity: int | None = None
+    ) -> Subscription:
+        """A new subscription; close it (or the bus) to stop receiving."""
+        pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+        if not pats:
+            raise ValueError("a subscription needs at least one topic pattern")
+        for p in pats:
+            validate_pattern(p)
+        cap = self.queue_size if capacity is None else capacity
+        if cap < 1:
+            raise ValueError("capacity must be at least 1")
+        sub = Subscription(self, name or f"sub{len(self._subs) + 1}", pats, cap)
+        if self._closed:
+            sub.close()
+            return sub
+        self._subs.append(sub)
+        self._routes.clear()
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        if sub in self._subs:
+            self._subs.remove(sub)
+            self._routes.clear()
+
+    def _route(self, topic: str) -> tuple[Subscription, ...]:
+        subs = self._routes.get(topic)
+        if subs is None:
+            subs = tuple(s for s in self._subs if s.matches(topic))
+            if len(self._routes) > 10_000:  # bound the cache against topic floods
+                self._routes.clear()
+            self._routes[topic] = subs
+        return subs
+
+    async def publish(self, event: FeedEvent) -> None:
+        """Deliver to every matching subscriber, waiting where the policy says so."""
+        if self._closed:
+            return
+        self.published += 1
+        now_ns = time.perf_counter_ns()
+        for sub in self._route(event.topic):
+            if not sub._offer(event, now_ns):
+                await sub._put(event, now_ns)
+
+    def close(self) -> None:
+        """End every subscription after it drains; later publishes are ignored."""
+        self._closed = True
+        for sub in list(self._subs):
+            sub.close()
+
+    def statistics(self) -> BusStatistics:
+        """Counters for ``marketwake status`` and the periodic status log line."""
+        now_ns = time.perf_counter_ns()
+        subs = tuple(s.statistics(now_ns) for s in self._subs)
+        return BusStatistics(
+            self.published, self.delivered, sum(s.coalesced for s in self._subs), subs
+        )
