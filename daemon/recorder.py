@@ -1,0 +1,46 @@
+"""Append every bus event to a JSONL file, so a live session can be replayed.
+
+Each line is exactly :func:`daemon.events.encode` of one FeedEvent, the format
+the replay feed reads. Lines are buffered and flushed at least once a second
+(also when no new event comes) and on close, so a clean stop loses nothing and
+a crash loses at most a second.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import structlog
+
+from daemon.bus import Subscription
+from daemon.events import encode
+
+log = structlog.get_logger("recorder")
+FLUSH_SECONDS = 1.0
+
+
+async def record(sub: Subscription, path: Path) -> int:
+    """Write events from ``sub`` until the bus closes; returns how many were written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    dirty = False
+    last_flush = time.monotonic()
+    with path.open("ab", buffering=1 << 16) as fh:
+        log.info("recording events", path=str(path))
+        while True:
+            with anyio.move_on_after(FLUSH_SECONDS):
+                try:
+                    event = await sub.receive()
+                except anyio.EndOfStream:
+                    break
+                fh.write(encode(event) + b"\n")
+                written += 1
+                dirty = True
+            now = time.monotonic()
+            if dirty and now - last_flush >= FLUSH_SECONDS:
+                fh.flush()
+                dirty, last_flush = False, now
+    log.info("recording closed", path=str(path), events=written)
+    return written

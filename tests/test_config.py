@@ -1,0 +1,66 @@
+"""Config decoding: clear errors with the key path, env substitution, secrets hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon import config
+from daemon.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_config_is_valid() -> None:
+    """The commented example config.toml at the root decodes."""
+    cfg = config.load(ROOT / "config.toml")
+    assert cfg.feeds.coinbase_ws.url.startswith("wss://")
+
+
+def test_empty_config_uses_defaults() -> None:
+    """Every key has a default."""
+    cfg = config.parse("")
+    assert cfg.bus.queue_size == 4096
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[bus]\nqueue_sise = 3\n", "bus: unknown key 'queue_sise'"),
+        ("[bus]\nqueue_size = 'big'\n", "bus.queue_size: expected `int`, got `str` (found 'big')"),
+        ("[feeds.candles]\ntimeframes = ['7m']\n", "feeds.candles: unknown timeframe '7m'"),
+        ("[daemon]\nlog_format = 'xml'\n", "daemon.log_format: invalid enum value 'xml'"),
+        ("[bus\n", "not valid TOML"),
+        ("[bus]\nqueue_size = 0\n", "queue_size must be between"),
+    ],
+)
+def test_errors_name_the_key_and_what_was_found(text: str, expected: str) -> None:
+    """One line says where, what was expected and what was found."""
+    with pytest.raises(ConfigError) as info:
+        config.parse(text, "x.toml")
+    assert str(info.value).startswith("x.toml: ")
+    assert expected in str(info.value)
+
+
+def test_env_substitution_and_missing_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """${VAR} comes from the environment; a missing one names the key."""
+    monkeypatch.setenv("MW_TEST_URL", "ws://127.0.0.1:1")
+    cfg = config.parse('[feeds.coinbase_ws]\nurl = "${MW_TEST_URL}"\n')
+    assert cfg.feeds.coinbase_ws.url == "ws://127.0.0.1:1"
+    monkeypatch.delenv("MW_TEST_URL")
+    with pytest.raises(ConfigError, match=r"feeds\.coinbase_ws\.url: environment variable"):
+        config.parse('[feeds.coinbase_ws]\nurl = "${MW_TEST_URL}"\n')
+
+
+def test_secret_never_prints() -> None:
+    """Secret values hide in repr/str and reveal only on request."""
+    s = config.Secret("hunter2")
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s) and "hunter2" not in f"{s}"
+    assert s.reveal() == "hunter2"
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    """A missing file is a ConfigError naming the path."""
+    with pytest.raises(ConfigError, match="config file not found"):
+        config.load(tmp_path / "nope.toml")
