@@ -1,0 +1,265 @@
+"""The state cache: recent candles, incremental indicators and last ticks.
+
+Fed with FeedEvents from the bus, it keeps per (symbol, timeframe) a bounded
+ring buffer of closed candles and the :class:`~daemon.indicators.CandleIndicators`
+updated once per close, plus the last tick per product and optionally the
+forming candle. :meth:`StateCache.export` turns it into plain JSON-compatible
+data, which becomes the hooks' read-only ``state`` (shape in docs/state.md).
+
+A candle whose ``closeTimeMs`` is not newer than the series' last one is
+ignored and counted: the poller emits each close exactly once, but a replay,
+a recording played twice or a restart may re-emit, and feeding the same close
+twice into an EMA would silently corrupt it. Bad payloads are counted, never
+raised: one malformed event must not take the daemon down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from itertools import islice
+from typing import Any
+
+import msgspec
+
+from daemon.config import StateSection
+from daemon.events import (
+    MARKET_CANDLE_CLOSED,
+    MARKET_CANDLE_UPDATED,
+    MARKET_PRICE_TICK,
+    TIMEFRAMES,
+    FeedEvent,
+    iso_ms,
+)
+from daemon.indicators import CandleIndicators
+
+DEFAULT_EXPORT_CANDLES = 50
+
+
+class Candle(msgspec.Struct, frozen=True, gc=False, rename="camel"):
+    """One OHLCV candle as the candle feeds put it in ``payload``."""
+
+    open: float
+    high: float
+    low: float
+    close: float
+    volume: float
+    open_time_ms: int
+    close_time_ms: int
+    open_time: str = ""
+    close_time: str = ""
+
+
+def parse_candle(payload: dict[str, Any]) -> Candle | None:
+    """The candle in an event payload, or None if a field is missing or not finite."""
+    try:
+        c = msgspec.convert(payload, Candle)
+    except msgspec.ValidationError:
+        return None
+    if not all(math.isfinite(v) for v in (c.open, c.high, c.low, c.close, c.volume)):
+        return None
+    if not c.open_time or not c.close_time:
+        c = msgspec.structs.replace(
+            c,
+            open_time=c.open_time or iso_ms(c.open_time_ms),
+            close_time=c.close_time or iso_ms(c.close_time_ms),
+        )
+    return c
+
+
+class Series:
+    """Closed candles, indicators and the forming candle of one (symbol, timeframe).
+
+    Candles are kept already in their exported dict form (built once per close),
+    so an export only copies dicts instead of converting structs every time.
+    """
+
+    __slots__ = ("candles", "forming", "indicators", "last_close_ms", "step_ms")
+
+    def __init__(self, timeframe: str, max_candles: int) -> None:
+        self.candles: deque[dict[str, Any]] = deque(maxlen=max_candles)
+        self.indicators = CandleIndicators()
+        self.forming: Candle | None = None
+        self.last_close_ms: int | None = None
+        seconds = TIMEFRAMES.get(timeframe)
+        self.step_ms = None if seconds is None else seconds * 1000
+
+    def last(self, n: int | None) -> list[dict[str, Any]]:
+        """Copies of the newest ``n`` candles (all if None), oldest first, in O(n)."""
+        if n is None or n >= len(self.candles):
+            return [c.copy() for c in self.candles]
+        if n <= 0:
+            return []
+        newest = [c.copy() for c in islice(reversed(self.candles), n)]
+        newest.reverse()
+        return newest
+
+
+class StateCache:
+    """Per-series candle buffers and indicators, and last ticks, from bus events."""
+
+    def __init__(
+        self, max_candles: int = 500, *, max_series: int = 1024, max_products: int = 4096
+    ) -> None:
+        if max_candles < 1:
+            raise ValueError(f"max_candles must be at least 1, got {max_candles}")
+        self.max_candles = max_candles
+        self.max_series = max_series
+        self.max_products = max_products
+        self._series: dict[str, dict[str, Series]] = {}
+        self._ticks: dict[str, dict[str, Any]] = {}
+        self._n_series = 0
+        self._counters = dict.fromkeys(
+            (
+                "closed",
+                "duplicates_ignored",
+                "out_of_order_ignored",
+                "gaps",
+                "malformed",
+                "forming_updates",
+                "ticks",
+                "dropped_over_limit",
+            ),
+            0,
+        )
+
+    @classmethod
+    def from_config(cls, section: StateSection) -> StateCache:
+        """A cache sized by the ``[state]`` config section."""
+        return cls(section.max_candles)
+
+    # --- feeding ------------------------------------------------------------
+
+    def apply(self, event: FeedEvent) -> bool:
+        """Take one bus event; True if the cache changed. Other topics are ignored."""
+        if event.topic == MARKET_CANDLE_CLOSED:
+            return self._on_closed(event)
+        if event.topic == MARKET_PRICE_TICK:
+            return self._on_tick(event)
+        if event.topic == MARKET_CANDLE_UPDATED:
+            return self._on_forming(event)
+        return False
+
+    def _series_for(self, event: FeedEvent) -> Series | None:
+        symbol, timeframe = event.symbol, event.timeframe
+        if not symbol or not timeframe:
+            self._counters["malformed"] += 1
+            return None
+        by_tf = self._series.get(symbol)
+        series = by_tf.get(timeframe) if by_tf is not None else None
+        if series is not None:
+            return series
+        if self._n_series >= self.max_series:
+            self._counters["dropped_over_limit"] += 1
+            return None
+        series = Series(timeframe, self.max_candles)
+        self._series.setdefault(symbol, {})[timeframe] = series
+        self._n_series += 1
+        return series
+
+    def _candle_of(self, event: FeedEvent) -> Candle | None:
+        candle = parse_candle(event.payload) if isinstance(event.payload, dict) else None
+        if candle is None:
+            self._counters["malformed"] += 1
+        return candle
+
+    def _on_closed(self, event: FeedEvent) -> bool:
+        candle = self._candle_of(event)
+        series = self._series_for(event) if candle is not None else None
+        if candle is None or series is None:
+            return False
+        last = series.last_close_ms
+        if last is not None and candle.close_time_ms <= last:
+            key = "duplicates_ignored" if candle.close_time_ms == last else "out_of_order_ignored"
+            self._counters[key] += 1
+            return False
+        if last is not None and series.step_ms and candle.close_time_ms - last > series.step_ms:
+            self._counters["gaps"] += 1
+        series.candles.append(msgspec.to_builtins(candle))
+        series.last_close_ms = candle.close_time_ms
+        series.indicators.update(candle.high, candle.low, candle.close)
+        if series.forming is not None and series.forming.close_time_ms <= candle.close_time_ms:
+            series.forming = None
+        self._counters["closed"] += 1
+        return True
+
+    def _on_forming(self, event: FeedEvent) -> bool:
+        candle = self._candle_of(event)
+        series = self._series_for(event) if candle is not None else None
+        if candle is None or series is None:
+            return False
+        if series.last_close_ms is not None and candle.close_time_ms <= series.last_close_ms:
+            return False  # a late update of a candle that has already closed
+        series.forming = candle
+        self._counters["forming_updates"] += 1
+        return True
+
+    def _on_tick(self, event: FeedEvent) -> bool:
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        product = event.symbol or payload.get("productId") or payload.get("product_id")
+        if not isinstance(product, str) or not product:
+            self._counters["malformed"] += 1
+            return False
+        if product not in self._ticks and len(self._ticks) >= self.max_products:
+            self._counters["dropped_over_limit"] += 1
+            return False
+        tick = dict(payload)
+        tick["ts"] = event.ts
+        self._ticks[product] = tick
+        self._counters["ticks"] += 1
+        return True
+
+    # --- reading --------------------------------------------------------------
+
+    def export(
+        self,
+        symbols: Iterable[str] | None = None,
+        *,
+        timeframes: Iterable[str] | None = None,
+        candles: int | None = DEFAULT_EXPORT_CANDLES,
+    ) -> dict[str, Any]:
+        """Plain JSON-compatible data (fresh objects, safe to hand out).
+
+        ``symbols``/``timeframes`` restrict the series (None = all); ``candles``
+        is how many of the newest closed candles per series (None = the whole
+        buffer, 0 = none), since the full buffer on every event is costly to
+        ship to a sandboxed hook.
+        """
+        if isinstance(symbols, str):
+            symbols = [symbols]
+        wanted = list(self._series) if symbols is None else [s for s in symbols if s]
+        tf_filter = None if timeframes is None else frozenset(timeframes)
+        out_candles: dict[str, dict[str, list[Any]]] = {}
+        out_forming: dict[str, dict[str, Any]] = {}
+        out_ind: dict[str, dict[str, Any]] = {}
+        for symbol in wanted:
+            for tf, series in self._series.get(symbol, {}).items():
+                if tf_filter is not None and tf not in tf_filter:
+                    continue
+                out_candles.setdefault(symbol, {})[tf] = series.last(candles)
+                out_ind.setdefault(symbol, {})[tf] = series.indicators.export()
+                if series.forming is not None:
+                    out_forming.setdefault(symbol, {})[tf] = msgspec.to_builtins(series.forming)
+        ticks_keys = self._ticks if symbols is None else wanted
+        ticks = {p: dict(self._ticks[p]) for p in ticks_keys if p in self._ticks}
+        return {
+            "candles": out_candles,
+            "forming": out_forming,
+            "indicators": out_ind,
+            "ticks": ticks,
+        }
+
+    def series(self, symbol: str, timeframe: str) -> Series | None:
+        """The live series object (for in-process readers; do not mutate)."""
+        return self._series.get(symbol, {}).get(timeframe)
+
+    def statistics(self) -> dict[str, int]:
+        """Counters for status and logs: sizes, accepted and ignored events."""
+        held = sum(len(s.candles) for by_tf in self._series.values() for s in by_tf.values())
+        return {
+            "series": self._n_series,
+            "candles_held": held,
+            "products": len(self._ticks),
+            **self._counters,
+        }
