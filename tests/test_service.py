@@ -1,0 +1,142 @@
+"""The service lifecycle: READY after feeds start, watchdog only while feeds live, drain."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+from anyio.abc import TaskStatus
+
+from daemon.config import Config, DaemonSection
+from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
+from daemon.sdnotify import Notifier
+from daemon.service import Service
+from feeds.base import Feed, FeedHealth, Publish
+
+
+class ListFeed:
+    """A finite feed that publishes a fixed list, beating on every event."""
+
+    def __init__(self, name: str, events: list[FeedEvent]) -> None:
+        self.name = name
+        self.events = events
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        for e in self.events:
+            health.beat()
+            await publish(e)
+
+
+class SilentFeed:
+    """A feed that starts and then never hears from its source again."""
+
+    name = "silent"
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        await anyio.sleep_forever()
+
+
+def candle(i: int) -> FeedEvent:
+    close_ms = 1_700_000_000_000 + 60_000 * (i + 1)
+    return FeedEvent(
+        event_id=f"t:BTC-USD:1m:{close_ms}",
+        ts="2023-11-14T22:14:20.000Z",
+        source="t",
+        topic=MARKET_CANDLE_CLOSED,
+        symbol="BTC-USD",
+        timeframe="1m",
+        payload={
+            "open": 100.0 + i,
+            "high": 102.0 + i,
+            "low": 99.0 + i,
+            "close": 101.0 + i,
+            "volume": 1.0,
+            "openTimeMs": close_ms - 60_000,
+            "closeTimeMs": close_ms,
+            "openTime": "",
+            "closeTime": "",
+        },
+    )
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, dict[str, str]]]:
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    yield sock, {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "100000"}
+    sock.close()
+
+
+def drain(sock: socket.socket) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            return out
+
+
+def make_config(tmp_path: Path, **daemon: object) -> Config:
+    section = msgspec.convert({"state_dir": str(tmp_path / "state"), **daemon}, DaemonSection)
+    return Config(daemon=section)
+
+
+async def test_finite_feeds_run_to_end_record_and_notify(
+    tmp_path: Path, notify_socket: tuple[socket.socket, dict[str, str]]
+) -> None:
+    """READY then STOPPING reach systemd; every event is recorded and reaches the state cache."""
+    sock, env = notify_socket
+    events = [candle(i) for i in range(30)]
+    rec = tmp_path / "rec.jsonl"
+
+    def feeds(_: Config) -> Sequence[Feed]:
+        return [ListFeed("list", events)]
+
+    svc = Service(make_config(tmp_path), feeds, record_path=rec, notifier=Notifier(env))
+    with anyio.fail_after(5):
+        status = await svc.run()
+    msgs = drain(sock)
+    assert msgs[0].startswith("READY=1")
+    assert msgs[-1] == "STOPPING=1"
+    assert [decode(line) for line in rec.read_bytes().splitlines()] == events
+    assert svc.state.statistics()["candles_held"] == 30
+    assert status.bus["published"] == 30 and not status.running
+    on_disk = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert on_disk["feeds"][0]["finished"] is True
+
+
+async def test_watchdog_withheld_while_a_feed_is_stalled(
+    tmp_path: Path, notify_socket: tuple[socket.socket, dict[str, str]]
+) -> None:
+    """A silent feed stops the WATCHDOG=1 pings so systemd can restart a zombie."""
+    sock, env = notify_socket
+    svc = Service(
+        make_config(tmp_path, stall_seconds=0.15),
+        lambda _: [SilentFeed()],
+        notifier=Notifier(env),
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(svc.run)
+        await anyio.sleep(0.1)
+        early = drain(sock)
+        await anyio.sleep(0.2)  # the feed is now stalled
+        drain(sock)
+        await anyio.sleep(0.2)
+        late = drain(sock)
+        svc.request_stop()
+    assert "WATCHDOG=1" in early
+    assert "WATCHDOG=1" not in late
+    assert svc.stalled_feeds() == ["silent"]
