@@ -1,0 +1,77 @@
+"""The seam between the risk engine and whoever executes orders.
+
+A :class:`Broker` takes an :class:`OrderRequest` whose ``client_order_id`` is
+derived from the hook's ``dedupeKey`` (:func:`client_order_id`). Brokers must
+record the order before they send it and must answer a second ``submit`` with
+the same id by returning the order they already have: that is what makes a
+retry, a replay or a crash-and-restart unable to place an order twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol
+
+import msgspec
+
+from daemon.errors import MarketwakeError
+from daemon.events import FeedEvent
+from daemon.trading.intents import TradeIntent
+from daemon.trading.portfolio import Order, PortfolioView
+
+
+class BrokerError(MarketwakeError):
+    """A broker refused an operation (unknown order, order no longer working)."""
+
+
+class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """An approved order on its way to a broker.
+
+    ``intent`` must be a placing action (use ``Verdict.order``, which resolves
+    CLOSE_POSITION). ``trace_id`` links the order to the event that caused it.
+    """
+
+    client_order_id: str
+    agent_id: str
+    intent: TradeIntent
+    trace_id: str | None = None
+
+
+def client_order_id(agent_id: str, dedupe_key: str) -> str:
+    """A stable, venue-safe id for one (agent, dedupeKey): the same key, the same order.
+
+    The dispatcher must pass a key that is stable across retries and restarts:
+    the hook's ``dedupeKey``, or failing that ``hookId:eventId``.
+    """
+    digest = hashlib.blake2b(f"{agent_id}\x00{dedupe_key}".encode(), digest_size=12)
+    return f"mw-{digest.hexdigest()}"
+
+
+class Broker(Protocol):
+    """What the dispatcher needs from a broker (paper now, live later)."""
+
+    name: str
+
+    async def submit(self, request: OrderRequest) -> Order:
+        """Record, then place the order; an already-known id returns the existing order."""
+        ...
+
+    async def cancel(self, client_order_id: str) -> Order:
+        """Cancel a working order; raises :exc:`BrokerError` if unknown or finished."""
+        ...
+
+    async def on_market_event(self, event: FeedEvent) -> None:
+        """Feed a market event (ticks, closed candles) for marks and simulated fills."""
+        ...
+
+    def get_order(self, client_order_id: str) -> Order | None:
+        """The order with this id, if the broker has it."""
+        ...
+
+    def last_price(self, symbol: str) -> float | None:
+        """The last known price of ``symbol``."""
+        ...
+
+    def view(self) -> PortfolioView:
+        """Positions, working orders, marks and today's PnL, for the risk engine."""
+        ...

@@ -1,0 +1,435 @@
+"""The paper broker: simulated execution against the live (or replayed) market.
+
+Orders are recorded in SQLite as PENDING_SUBMIT before anything else happens,
+then opened (``account.order.placed``), then filled by the rules in
+:mod:`daemon.trading.matching` as ticks and closed candles arrive. An entry
+with a stop-loss and/or take-profit grows bracket children when it fills
+(one cancels the other). Positions are netted per symbol.
+
+Clock: order times and "today" follow the market clock, the latest event
+timestamp seen (wall clock until the first event), so a replay fills the same
+way as the live run it recorded. Use :meth:`PaperBroker.now_ms` as the
+``now`` for the risk engine.
+
+Events are published after the database commit. A crash between the two loses
+the event, never the order or the fill (the state is what the store says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from daemon import events as ev
+from daemon.events import FeedEvent
+from daemon.trading.broker import BrokerError, OrderRequest
+from daemon.trading.matching import Candle, apply_fill, candle_fill, marketable_price, tick_fill
+from daemon.trading.paper_store import PaperStore
+from daemon.trading.portfolio import WORKING, Order, OrderRole, PortfolioView, Position
+from feeds.base import Publish
+
+SOURCE = "paper"
+ACCOUNT = "paper"
+_CHILD_ROLES: frozenset[str] = frozenset({"stop_loss", "take_profit"})
+
+
+def _utc_midnight(ms: int) -> int:
+    day = datetime.fromtimestamp(ms / 1000, tz=UTC).replace(
+        hour=0, minute=0, second=0, microsecond=0
+    )
+    return int(day.timestamp() * 1000)
+
+
+def _number(payload: dict[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        value = payload.get(key)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            try:
+                num = float(value)
+            except ValueError:
+                return None
+            return num if num > 0 and num != float("inf") else None
+    return None
+
+
+class PaperBroker:
+    """A simulated broker persisted under ``state_dir`` (``paper.sqlite3``)."""
+
+    name = "paper"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        publish: Publish,
+        *,
+        clock: Callable[[], int] | None = None,
+        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+    ) -> None:
+        self._store = PaperStore(Path(state_dir) / "paper.sqlite3", synchronous)
+        self._publish = publish
+        self._clock = clock
+        self._market_ms = 0
+        self._marks = self._store.marks()
+        self._working = {o.client_order_id: o for o in self._store.working_orders()}
+        self._positions = self._store.positions()
+        self.ignored_events = 0
+
+    # --- queries ------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        """The broker's clock: the injected one, else the market clock."""
+        if self._clock is not None:
+            return self._clock()
+        return self._market_ms or ev.now_ms()
+
+    def get_order(self, client_order_id: str) -> Order | None:
+        """The order with this id, if recorded."""
+        return self._store.get_order(client_order_id)
+
+    def orders(self) -> list[Order]:
+        """Every recorded order, oldest first."""
+        return self._store.all_orders()
+
+    def positions(self) -> dict[str, Position]:
+        """Open positions by symbol."""
+        return dict(self._positions)
+
+    def last_price(self, symbol: str) -> float | None:
+        """The last price seen for ``symbol``."""
+        return self._marks.get(symbol)
+
+    def unrealized_pnl(self) -> float:
+        """Mark-to-market PnL of open positions."""
+        return sum(
+            (self._marks.get(s, p.avg_price) - p.avg_price) * p.quantity
+            for s, p in self._positions.items()
+        )
+
+    def realized_pnl(self, since_ms: int = 0) -> float:
+        """Realized PnL of fills since ``since_ms``."""
+        return self._store.realized_since(since_ms)
+
+    def view(self) -> PortfolioView:
+        """The risk engine's input as of :meth:`now_ms`."""
+        now = self.now_ms()
+        return PortfolioView(
+            positions=dict(self._positions),
+            open_orders=tuple(self._working.values()),
+            marks=dict(self._marks),
+            pnl_today=self._store.realized_since(_utc_midnight(now)) + self.unrealized_pnl(),
+            recent_order_ms=tuple(self._store.order_times_since(now - 60_000)),
+        )
+
+    # --- commands -----------------------------------------------------------
+
+    async def submit(self, request: OrderRequest) -> Order:
+        """Record, then open (and maybe fill) the order; a known id returns what we have."""
+        existing = self._store.get_order(request.client_order_id)
+        if existing is not None and existing.status != "PENDING_SUBMIT":
+            return existing
+        order = existing or self._record(request)
+        return await self._open(order)
+
+    async def recover(self) -> list[Order]:
+        """Finish orders recorded but never opened (a crash between the two)."""
+        pending = [o for o in self._working.values() if o.status == "PENDING_SUBMIT"]
+        return [await self._open(o) for o in pending]
+
+    async def cancel(self, client_order_id: str) -> Order:
+        """Cancel a working order."""
+        order = self._working.get(client_order_id)
+        if order is None:
+            known = self._store.get_order(client_order_id)
+            state = f"is {known.status}" if known else "is unknown"
+            raise BrokerError(f"cannot cancel order {client_order_id}: it {state}")
+        out: list[FeedEvent] = []
+        with self._store.transaction():
+            self._cancel(order, "canceled by request", self.now_ms(), out)
+        await self._emit(out)
+        return self._store.get_order(client_order_id) or order
+
+    async def on_market_event(self, event: FeedEvent) -> None:
+        """Take prices from ticks and closed candles; other events are ignored."""
+        if event.symbol is None or event.topic not in (
+            ev.MARKET_PRICE_TICK,
+            ev.MARKET_CANDLE_CLOSED,
+        ):
+            return
+        try:
+            ts = ev.parse_iso_ms(event.ts)
+        except ValueError:
+            self.ignored_events += 1
+            return
+        p = event.payload
+        if event.topic == ev.MARKET_PRICE_TICK:
+            price = _number(p, "price", "last", "lastPrice")
+            if price is None:
+                self.ignored_events += 1
+                return
+            await self.on_tick(event.symbol, price, ts)
+            return
+        o, h = _number(p, "open", "o"), _number(p, "high", "h")
+        lo, c = _number(p, "low", "l"), _number(p, "close", "c")
+        if (
+            o is None
+            or h is None
+            or lo is None
+            or c is None
+            or not lo <= min(o, c) <= max(o, c) <= h
+        ):
+            self.ignored_events += 1
+            return
+        await self.on_candle(event.symbol, Candle(o, h, lo, c, ts))
+
+    async def on_tick(self, symbol: str, price: float, ts_ms: int) -> None:
+        """A trade at ``price``: update the mark, fill what it reaches."""
+        self._advance(symbol, price, ts_ms)
+        out: list[FeedEvent] = []
+        for order in self._symbol_orders(symbol):
+            stale = order.created_ms > ts_ms and order.order_type != "market"
+            if order.status != "OPEN" or stale:
+                continue  # a tick older than a resting order cannot have traded against it
+            fill = tick_fill(order, price)
+            if fill is not None and order.client_order_id in self._working:
+                self._fill_in_txn(order, fill, ts_ms, out)
+        await self._emit(out)
+
+    async def on_candle(self, symbol: str, candle: Candle) -> None:
+        """A closed candle: entries first, then brackets with the stop before the target.
+
+        A bracket born inside this candle may only be stopped out in it (we cannot
+        know the target traded after the entry; the loss we must assume).
+        """
+        self._advance(symbol, candle.close, candle.close_ms)
+        out: list[FeedEvent] = []
+        filled_now: set[str] = set()
+        for order in self._symbol_orders(symbol, entries=True):
+            fill = candle_fill(order, candle)
+            if fill is not None and order.status == "OPEN":
+                self._fill_in_txn(order, fill, candle.close_ms, out)
+                filled_now.add(order.client_order_id)
+        for order in self._symbol_orders(symbol, entries=False):
+            if order.client_order_id not in self._working:
+                continue  # its sibling filled earlier in this loop
+            if order.parent_id in filled_now and order.role == "take_profit":
+                continue
+            fill = candle_fill(order, candle)
+            if fill is not None:
+                self._fill_in_txn(order, fill, candle.close_ms, out)
+        await self._emit(out)
+
+    def close(self) -> None:
+        """Save marks and close the store."""
+        with self._store.transaction():
+            self._store.put_marks(self._marks)
+        self._store.close()
+
+    # --- internals ----------------------------------------------------------
+
+    def _advance(self, symbol: str, price: float, ts_ms: int) -> None:
+        self._marks[symbol] = price
+        self._market_ms = max(self._market_ms, ts_ms)
+
+    def _symbol_orders(self, symbol: str, entries: bool | None = None) -> list[Order]:
+        orders = [o for o in self._working.values() if o.symbol == symbol]
+        if entries is not None:
+            orders = [o for o in orders if (o.role in _CHILD_ROLES) != entries]
+        return sorted(orders, key=lambda o: (o.role == "take_profit", o.created_ms))
+
+    def _record(self, request: OrderRequest) -> Order:
+        """Write the order as PENDING_SUBMIT; this commit is what prevents a double submit."""
+        intent = request.intent
+        if intent.action == "CLOSE_POSITION" or intent.side is None or intent.volume is None:
+            raise BrokerError("resolve CLOSE_POSITION with the risk engine before submitting")
+        now = self.now_ms()
+        order = Order(
+            client_order_id=request.client_order_id,
+            agent_id=request.agent_id,
+            symbol=intent.symbol,
+            side=intent.side,
+            order_type="limit" if intent.is_limit else "market",
+            role="entry",
+            volume=intent.volume,
+            status="PENDING_SUBMIT",
+            created_ms=now,
+            updated_ms=now,
+            limit_price=intent.open_price if intent.is_limit else None,
+            stop_loss=intent.stop_loss,
+            take_profit=intent.take_profit,
+            trace_id=request.trace_id,
+            reason=intent.comment,
+        )
+        with self._store.transaction():
+            self._store.put_order(order)
+        self._working[order.client_order_id] = order
+        return order
+
+    async def _open(self, order: Order) -> Order:
+        """'Send' the order to the simulated venue, then fill it if it is marketable."""
+        out: list[FeedEvent] = []
+        opened = msgspec.structs.replace(order, status="OPEN", updated_ms=self.now_ms())
+        with self._store.transaction():
+            self._save(opened)
+            out.append(self._order_event(ev.ACCOUNT_ORDER_PLACED, opened, "placed"))
+        last = self._marks.get(order.symbol)
+        fill = marketable_price(opened, last) if last is not None else None
+        if fill is not None:
+            self._fill_in_txn(opened, fill, max(self.now_ms(), opened.created_ms), out)
+        await self._emit(out)
+        return self._store.get_order(order.client_order_id) or opened
+
+    def _save(self, order: Order) -> None:
+        self._store.put_order(order)
+        if order.status in WORKING:
+            self._working[order.client_order_id] = order
+        else:
+            self._working.pop(order.client_order_id, None)
+
+    def _fill_in_txn(self, order: Order, price: float, ts_ms: int, out: list[FeedEvent]) -> None:
+        with self._store.transaction():
+            self._fill(order, price, ts_ms, out)
+
+    def _fill(self, order: Order, price: float, ts_ms: int, out: list[FeedEvent]) -> None:
+        """Execute ``order`` at ``price``: position, PnL, brackets, OCO; all in one txn."""
+        pos = self._positions.get(order.symbol)
+        qty = pos.quantity if pos else 0.0
+        signed = order.signed_volume
+        if order.role in _CHILD_ROLES:
+            if qty == 0 or (qty > 0) == (signed > 0):
+                self._cancel(order, "position already closed", ts_ms, out)
+                return
+            signed = max(-abs(qty), min(abs(qty), signed))
+        applied = apply_fill(qty, pos.avg_price if pos else 0.0, signed, price)
+        filled = msgspec.structs.replace(
+            order, status="FILLED", fill_price=price, filled_ms=ts_ms, updated_ms=ts_ms
+        )
+        self._save(filled)
+        self._store.add_fill(
+            order.client_order_id, order.symbol, signed, price, ts_ms, applied.realized
+        )
+        out.append(self._order_event(ev.ACCOUNT_ORDER_FILLED, filled, "filled"))
+        self._update_position(
+            order, pos, applied.quantity, applied.avg_price, ts_ms, price, applied.realized, out
+        )
+        if order.role == "entry":
+            self._spawn_children(filled, out)
+        elif order.parent_id is not None:
+            for sib in [o for o in self._working.values() if o.parent_id == order.parent_id]:
+                self._cancel(sib, f"one-cancels-other: {order.role} filled", ts_ms, out)
+        if applied.quantity == 0:
+            for child in [
+                o
+                for o in self._working.values()
+                if o.symbol == order.symbol and o.role in _CHILD_ROLES
+            ]:
+                self._cancel(child, "position closed", ts_ms, out)
+
+    def _update_position(
+        self,
+        order: Order,
+        old: Position | None,
+        qty: float,
+        avg: float,
+        ts_ms: int,
+        price: float,
+        realized: float,
+        out: list[FeedEvent],
+    ) -> None:
+        old_qty = old.quantity if old else 0.0
+        flipped = old_qty != 0 and qty != 0 and (old_qty > 0) != (qty > 0)
+        if old is not None and (qty == 0 or flipped):
+            payload = {**msgspec.to_builtins(old), "closePrice": price, "realizedPnl": realized}
+            out.append(
+                self._event(
+                    ev.ACCOUNT_POSITION_CLOSED,
+                    order,
+                    f"closed:{order.client_order_id}",
+                    payload,
+                    ts_ms,
+                )
+            )
+        new = None
+        if qty != 0:
+            opened_ms = old.opened_ms if old is not None and not flipped else ts_ms
+            new = Position(symbol=order.symbol, quantity=qty, avg_price=avg, opened_ms=opened_ms)
+            if old is None or flipped:
+                payload = msgspec.to_builtins(new)
+                out.append(
+                    self._event(
+                        ev.ACCOUNT_POSITION_OPENED,
+                        order,
+                        f"opened:{order.client_order_id}",
+                        payload,
+                        ts_ms,
+                    )
+                )
+        self._store.put_position(order.symbol, new)
+        if new is None:
+            self._positions.pop(order.symbol, None)
+        else:
+            self._positions[order.symbol] = new
+
+    def _spawn_children(self, entry: Order, out: list[FeedEvent]) -> None:
+        specs: list[tuple[OrderRole, float | None]] = [
+            ("stop_loss", entry.stop_loss),
+            ("take_profit", entry.take_profit),
+        ]
+        for role, level in specs:
+            if level is None:
+                continue
+            child = Order(
+                client_order_id=f"{entry.client_order_id}:{'sl' if role == 'stop_loss' else 'tp'}",
+                agent_id=entry.agent_id,
+                symbol=entry.symbol,
+                side="sell" if entry.side == "buy" else "buy",
+                order_type="stop" if role == "stop_loss" else "limit",
+                role=role,
+                volume=entry.volume,
+                status="OPEN",
+                # The bracket exists from the moment its entry was placed.
+                created_ms=entry.created_ms,
+                updated_ms=entry.updated_ms,
+                stop_price=level if role == "stop_loss" else None,
+                limit_price=level if role == "take_profit" else None,
+                parent_id=entry.client_order_id,
+                trace_id=entry.trace_id,
+            )
+            self._save(child)
+            out.append(self._order_event(ev.ACCOUNT_ORDER_PLACED, child, "placed"))
+
+    def _cancel(self, order: Order, reason: str, ts_ms: int, out: list[FeedEvent]) -> None:
+        canceled = msgspec.structs.replace(
+            order, status="CANCELED", updated_ms=ts_ms, reason=reason
+        )
+        self._save(canceled)
+        out.append(self._order_event(ev.ACCOUNT_ORDER_CANCELED, canceled, "canceled"))
+
+    def _order_event(self, topic: str, order: Order, what: str) -> FeedEvent:
+        payload: dict[str, Any] = msgspec.to_builtins(order)
+        return self._event(
+            topic, order, f"{order.client_order_id}:{what}", payload, order.updated_ms
+        )
+
+    def _event(
+        self, topic: str, order: Order, key: str, payload: dict[str, Any], ts_ms: int
+    ) -> FeedEvent:
+        return FeedEvent(
+            event_id=f"{SOURCE}:{key}",
+            ts=ev.iso_ms(ts_ms),
+            source=SOURCE,
+            topic=topic,
+            payload=payload,
+            symbol=order.symbol,
+            partition_key=f"{SOURCE}:{order.symbol}",
+            account_id=ACCOUNT,
+            trace_id=order.trace_id,
+            received_ts=ev.iso_ms(ev.now_ms()),
+        )
+
+    async def _emit(self, out: list[FeedEvent]) -> None:
+        for event in out:
+            await self._publish(event)

@@ -1,0 +1,261 @@
+"""PaperBroker: fills against ticks and candles, brackets, PnL, persistence, idempotency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon import events as ev
+from daemon.events import FeedEvent
+from daemon.trading.broker import BrokerError, OrderRequest, client_order_id
+from daemon.trading.intents import parse_intent
+from daemon.trading.matching import Candle
+from daemon.trading.paper import PaperBroker
+
+T0 = 1_700_000_000_000
+MIN = 60_000
+
+
+class Sink:
+    """Collects published events."""
+
+    def __init__(self) -> None:
+        self.events: list[FeedEvent] = []
+
+    async def __call__(self, event: FeedEvent) -> None:
+        self.events.append(event)
+
+    def topics(self) -> list[str]:
+        return [e.topic.removeprefix("account.") for e in self.events]
+
+
+def request(key: str = "k1", **kw: Any) -> OrderRequest:
+    raw: dict[str, Any] = {
+        "action": "PLACE_MARKET_ORDER",
+        "symbol": "BTC",
+        "side": "buy",
+        "volume": 2.0,
+    }
+    raw.update(kw)
+    intent = parse_intent({k: v for k, v in raw.items() if v is not None})
+    return OrderRequest(
+        client_order_id=client_order_id("agent", key),
+        agent_id="agent",
+        intent=intent,
+        trace_id="tr1",
+    )
+
+
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+def broker(tmp_path: Path, sink: Sink) -> PaperBroker:
+    b = PaperBroker(tmp_path, sink)
+    yield b  # type: ignore[misc]
+    b.close()
+
+
+async def test_market_order_fills_at_last_tick(broker: PaperBroker, sink: Sink) -> None:
+    """A market order fills at the last price; placed, filled and position.opened are published."""
+    await broker.on_tick("BTC", 100.0, T0)
+    order = await broker.submit(request())
+    assert order.status == "FILLED" and order.fill_price == 100.0
+    assert sink.topics() == ["order.placed", "order.filled", "position.opened"]
+    e = sink.events[0]
+    assert (e.source, e.account_id, e.partition_key, e.trace_id) == (
+        "paper",
+        "paper",
+        "paper:BTC",
+        "tr1",
+    )
+    assert broker.positions()["BTC"].quantity == 2.0
+
+
+async def test_market_order_without_price_waits_for_tick(broker: PaperBroker) -> None:
+    """With no known price a market order stays OPEN and fills on the next tick."""
+    order = await broker.submit(request())
+    assert order.status == "OPEN"
+    await broker.on_tick("BTC", 101.0, T0 + 1)
+    assert broker.get_order(order.client_order_id).fill_price == 101.0  # type: ignore[union-attr]
+
+
+async def test_limit_buy_fills_on_tick_at_limit(broker: PaperBroker) -> None:
+    """A resting buy limit ignores higher ticks and fills at its limit when traded through."""
+    await broker.on_tick("BTC", 100.0, T0)
+    order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=98.0))
+    assert order.status == "OPEN"
+    await broker.on_tick("BTC", 99.0, T0 + 1)
+    assert broker.get_order(order.client_order_id).status == "OPEN"  # type: ignore[union-attr]
+    await broker.on_tick("BTC", 97.5, T0 + 2)
+    filled = broker.get_order(order.client_order_id)
+    assert filled is not None and (filled.status, filled.fill_price) == ("FILLED", 98.0)
+
+
+async def test_marketable_limit_fills_at_market(broker: PaperBroker) -> None:
+    """A buy limit above the market fills immediately at the market price."""
+    await broker.on_tick("BTC", 100.0, T0)
+    order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=101.0))
+    assert (order.status, order.fill_price) == ("FILLED", 100.0)
+
+
+async def test_limit_fills_on_candle_low_only_for_later_candles(broker: PaperBroker) -> None:
+    """A candle that closed before the order existed never fills it; the next one does."""
+    await broker.on_tick("BTC", 100.0, T0)
+    order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=98.0))
+    await broker.on_candle("BTC", Candle(100, 101, 97, 100, T0))
+    assert broker.get_order(order.client_order_id).status == "OPEN"  # type: ignore[union-attr]
+    await broker.on_candle("BTC", Candle(100, 101, 98, 99, T0 + MIN))
+    assert broker.get_order(order.client_order_id).fill_price == 98.0  # type: ignore[union-attr]
+
+
+async def test_stop_loss_on_tick_closes_and_cancels_target(broker: PaperBroker, sink: Sink) -> None:
+    """A long's stop fills at the tick through it, realizes the loss and cancels the target."""
+    await broker.on_tick("BTC", 100.0, T0)
+    entry = await broker.submit(request(stopLoss=95.0, takeProfit=110.0))
+    await broker.on_tick("BTC", 96.0, T0 + 1)
+    assert broker.positions()["BTC"].quantity == 2.0
+    await broker.on_tick("BTC", 94.0, T0 + 2)
+    sl = broker.get_order(entry.client_order_id + ":sl")
+    tp = broker.get_order(entry.client_order_id + ":tp")
+    assert sl is not None and (sl.status, sl.fill_price) == ("FILLED", 94.0)
+    assert tp is not None and tp.status == "CANCELED"
+    assert broker.positions() == {}
+    assert broker.realized_pnl() == pytest.approx(-12.0)
+    assert sink.topics()[-3:] == ["order.filled", "position.closed", "order.canceled"]
+    closed = sink.events[-2].payload
+    assert closed["realizedPnl"] == pytest.approx(-12.0) and closed["closePrice"] == 94.0
+
+
+async def test_take_profit_on_candle_high(broker: PaperBroker) -> None:
+    """A later candle reaching the target fills the take-profit at its price."""
+    await broker.on_tick("BTC", 100.0, T0)
+    entry = await broker.submit(request(stopLoss=95.0, takeProfit=110.0))
+    await broker.on_candle("BTC", Candle(100, 111, 99, 108, T0 + MIN))
+    tp = broker.get_order(entry.client_order_id + ":tp")
+    assert tp is not None and (tp.status, tp.fill_price) == ("FILLED", 110.0)
+    assert broker.realized_pnl() == pytest.approx(20.0)
+    assert broker.get_order(entry.client_order_id + ":sl").status == "CANCELED"  # type: ignore[union-attr]
+
+
+async def test_candle_with_both_stop_and_target_takes_the_stop(broker: PaperBroker) -> None:
+    """When one candle spans both bracket levels the adverse one (stop) fires."""
+    await broker.on_tick("BTC", 100.0, T0)
+    entry = await broker.submit(request(stopLoss=95.0, takeProfit=110.0))
+    await broker.on_candle("BTC", Candle(100, 112, 93, 105, T0 + MIN))
+    assert broker.get_order(entry.client_order_id + ":sl").fill_price == 95.0  # type: ignore[union-attr]
+    assert broker.get_order(entry.client_order_id + ":tp").status == "CANCELED"  # type: ignore[union-attr]
+    assert broker.realized_pnl() == pytest.approx(-10.0)
+
+
+async def test_gap_through_stop_fills_at_open(broker: PaperBroker) -> None:
+    """A candle opening below a long's stop fills the stop at the open, not the stop price."""
+    await broker.on_tick("BTC", 100.0, T0)
+    entry = await broker.submit(request(stopLoss=95.0))
+    await broker.on_candle("BTC", Candle(90, 91, 88, 89, T0 + MIN))
+    assert broker.get_order(entry.client_order_id + ":sl").fill_price == 90.0  # type: ignore[union-attr]
+
+
+async def test_entry_and_target_in_same_candle_keeps_position(broker: PaperBroker) -> None:
+    """A limit entry filled inside a candle cannot take profit in that same candle."""
+    await broker.on_tick("BTC", 100.0, T0)
+    entry = await broker.submit(
+        request(action="PLACE_LIMIT_ORDER", openPrice=98.0, stopLoss=95.0, takeProfit=102.0)
+    )
+    await broker.on_candle("BTC", Candle(100, 103, 97, 101, T0 + MIN))
+    assert broker.get_order(entry.client_order_id).status == "FILLED"  # type: ignore[union-attr]
+    assert broker.get_order(entry.client_order_id + ":tp").status == "OPEN"  # type: ignore[union-attr]
+    assert broker.positions()["BTC"].quantity == 2.0
+
+
+async def test_short_bracket_mirrors(broker: PaperBroker) -> None:
+    """A short's stop is above: a tick through it buys back at a loss."""
+    await broker.on_tick("BTC", 100.0, T0)
+    entry = await broker.submit(request(side="sell", stopLoss=105.0, takeProfit=90.0))
+    assert broker.positions()["BTC"].quantity == -2.0
+    await broker.on_tick("BTC", 106.0, T0 + 1)
+    assert broker.get_order(entry.client_order_id + ":sl").side == "buy"  # type: ignore[union-attr]
+    assert broker.realized_pnl() == pytest.approx(-12.0)
+
+
+async def test_pnl_and_view(broker: PaperBroker) -> None:
+    """Unrealized PnL follows the mark; the view sums today's realized and unrealized."""
+    await broker.on_tick("BTC", 100.0, T0)
+    await broker.submit(request("a", volume=2.0))
+    await broker.submit(request("b", side="sell", volume=1.0))
+    await broker.on_tick("BTC", 104.0, T0 + 1)
+    assert broker.realized_pnl() == pytest.approx(0.0)
+    assert broker.unrealized_pnl() == pytest.approx(4.0)
+    await broker.submit(request("c", side="sell", volume=1.0))
+    view = broker.view()
+    assert broker.realized_pnl() == pytest.approx(4.0)
+    assert view.pnl_today == pytest.approx(4.0) and view.positions == {}
+    assert len(view.recent_order_ms) == 3
+
+
+async def test_duplicate_submit_returns_existing(broker: PaperBroker, sink: Sink) -> None:
+    """Submitting the same client order id twice places one order and publishes once."""
+    await broker.on_tick("BTC", 100.0, T0)
+    first = await broker.submit(request())
+    count = len(sink.events)
+    second = await broker.submit(request())
+    assert second == first and len(sink.events) == count and len(broker.orders()) == 1
+
+
+async def test_cancel(broker: PaperBroker, sink: Sink) -> None:
+    """A working order cancels once; cancelling it again or an unknown id is a BrokerError."""
+    order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=90.0))
+    canceled = await broker.cancel(order.client_order_id)
+    assert canceled.status == "CANCELED" and sink.topics()[-1] == "order.canceled"
+    with pytest.raises(BrokerError, match="CANCELED"):
+        await broker.cancel(order.client_order_id)
+    with pytest.raises(BrokerError, match="unknown"):
+        await broker.cancel("nope")
+
+
+async def test_state_survives_restart(tmp_path: Path, sink: Sink) -> None:
+    """Positions, working brackets and marks are reloaded, and brackets still fire."""
+    b1 = PaperBroker(tmp_path, sink)
+    await b1.on_tick("BTC", 100.0, T0)
+    entry = await b1.submit(request(stopLoss=95.0, takeProfit=110.0))
+    b1.close()
+    b2 = PaperBroker(tmp_path, sink)
+    try:
+        assert b2.positions()["BTC"].quantity == 2.0 and b2.last_price("BTC") == 100.0
+        assert {o.role for o in b2.view().open_orders} == {"stop_loss", "take_profit"}
+        await b2.on_tick("BTC", 111.0, T0 + 5)
+        assert b2.get_order(entry.client_order_id + ":tp").status == "FILLED"  # type: ignore[union-attr]
+        assert b2.realized_pnl() == pytest.approx(20.0)
+    finally:
+        b2.close()
+
+
+def _event(topic: str, payload: dict[str, Any], ts: int) -> FeedEvent:
+    return FeedEvent(
+        event_id=f"x:{ts}",
+        ts=ev.iso_ms(ts),
+        source="test",
+        topic=topic,
+        payload=payload,
+        symbol="BTC",
+    )
+
+
+async def test_market_events_drive_the_broker(broker: PaperBroker) -> None:
+    """Tick and closed-candle FeedEvents update marks and fills; malformed ones are counted."""
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": "100.5"}, T0))
+    assert broker.last_price("BTC") == 100.5 and broker.now_ms() == T0
+    order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=99.0))
+    candle = {"open": 100, "high": 101, "low": 98.5, "close": 100}
+    await broker.on_market_event(_event(ev.MARKET_CANDLE_CLOSED, candle, T0 + MIN))
+    assert broker.get_order(order.client_order_id).status == "FILLED"  # type: ignore[union-attr]
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": True}, T0 + MIN))
+    await broker.on_market_event(
+        _event(ev.MARKET_CANDLE_CLOSED, {"open": 1, "high": 0.5, "low": 1, "close": 1}, T0)
+    )
+    await broker.on_market_event(_event(ev.NEWS_HEADLINE, {}, T0))
+    assert broker.ignored_events == 2

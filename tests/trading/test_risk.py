@@ -1,0 +1,223 @@
+"""Every risk rule, one rejection each, plus the exemptions for reducing orders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.trading import risk
+from daemon.trading.intents import RiskLimits, TradeIntent, TradingState, parse_intent
+from daemon.trading.portfolio import Order, PortfolioView, Position
+
+NOW = 1_700_000_000_000
+LAST = 100.0
+
+
+def intent(**kw: Any) -> TradeIntent:
+    base: dict[str, Any] = {
+        "action": "PLACE_LIMIT_ORDER",
+        "symbol": "BTC",
+        "side": "buy",
+        "volume": 1.0,
+        "openPrice": 100.0,
+        "stopLoss": 95.0,
+        "takeProfit": 110.0,
+    }
+    base.update(kw)
+    return parse_intent({k: v for k, v in base.items() if v is not None})
+
+
+def long(qty: float = 2.0, avg: float = 100.0) -> PortfolioView:
+    return PortfolioView(
+        positions={"BTC": Position(symbol="BTC", quantity=qty, avg_price=avg, opened_ms=0)}
+    )
+
+
+def working(n: int) -> tuple[Order, ...]:
+    return tuple(
+        Order(
+            client_order_id=f"o{i}",
+            agent_id="a",
+            symbol="ETH",
+            side="buy",
+            order_type="limit",
+            role="entry",
+            volume=0.001,
+            status="OPEN",
+            created_ms=NOW,
+            updated_ms=NOW,
+            limit_price=10.0,
+        )
+        for i in range(n)
+    )
+
+
+def test_clean_order_is_approved() -> None:
+    """A well-formed order inside every limit passes with no reasons."""
+    verdict = risk.RiskEngine(RiskLimits()).check(intent(), PortfolioView(), LAST, NOW)
+    assert verdict.approved and verdict.reasons == () and verdict.order is not None
+    assert verdict.notional == 100.0
+
+
+CASES: list[tuple[str, RiskLimits, TradeIntent, PortfolioView, float | None]] = [
+    (
+        risk.SYMBOL_NOT_ALLOWED,
+        RiskLimits(allowed_symbols=("ETH",)),
+        intent(),
+        PortfolioView(),
+        LAST,
+    ),
+    (risk.NO_PRICE, RiskLimits(), intent(), PortfolioView(), None),
+    (risk.STOP_LOSS_REQUIRED, RiskLimits(), intent(stopLoss=None), PortfolioView(), LAST),
+    (risk.BRACKET_WRONG_SIDE, RiskLimits(), intent(stopLoss=101.0), PortfolioView(), LAST),
+    (
+        risk.BRACKET_WRONG_SIDE,
+        RiskLimits(),
+        intent(side="sell", stopLoss=95.0, takeProfit=90.0),
+        PortfolioView(),
+        LAST,
+    ),
+    (
+        risk.PRICE_BAND,
+        RiskLimits(limit_price_band_pct=2),
+        intent(openPrice=97.0, stopLoss=90.0),
+        PortfolioView(),
+        LAST,
+    ),
+    (risk.ORDER_NOTIONAL, RiskLimits(max_order_notional=50), intent(), PortfolioView(), LAST),
+    (
+        risk.POSITION_LIMIT,
+        RiskLimits(max_position_per_symbol=250),
+        intent(volume=2.0),
+        long(1.0),
+        LAST,
+    ),
+    (risk.TOTAL_EXPOSURE, RiskLimits(max_total_exposure=150), intent(), long(1.0), LAST),
+    (
+        risk.OPEN_ORDERS,
+        RiskLimits(max_open_orders=3),
+        intent(),
+        PortfolioView(open_orders=working(3)),
+        LAST,
+    ),
+    (
+        risk.ORDER_RATE,
+        RiskLimits(max_orders_per_minute=2),
+        intent(),
+        PortfolioView(recent_order_ms=(NOW - 59_000, NOW - 1)),
+        LAST,
+    ),
+    (
+        risk.DAILY_LOSS,
+        RiskLimits(daily_loss_limit=100),
+        intent(),
+        PortfolioView(pnl_today=-100.0),
+        LAST,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("code", "limits", "order", "view", "last"),
+    CASES,
+    ids=[c[0] + str(i) for i, c in enumerate(CASES)],
+)
+def test_each_rule_rejects_with_its_code(
+    code: str, limits: RiskLimits, order: TradeIntent, view: PortfolioView, last: float | None
+) -> None:
+    """Each rule, breached alone, rejects with its stable code and a message."""
+    verdict = risk.RiskEngine(limits).check(order, view, last, NOW)
+    assert not verdict.approved and verdict.order is None
+    assert verdict.codes == [code]
+    assert verdict.reasons[0].message
+
+
+def test_rate_window_slides() -> None:
+    """Orders older than 60 s no longer count toward the throttle."""
+    view = PortfolioView(recent_order_ms=(NOW - 61_000, NOW - 60_500))
+    assert (
+        risk.RiskEngine(RiskLimits(max_orders_per_minute=2))
+        .check(intent(), view, LAST, NOW)
+        .approved
+    )
+
+
+def test_kill_switch_rejects_everything(tmp_path: Path) -> None:
+    """While the kill-switch file exists, even a reducing order is rejected."""
+    switch = tmp_path / "KILL"
+    engine = risk.RiskEngine(RiskLimits(kill_switch_file=str(switch)))
+    close = intent(action="CLOSE_POSITION", side=None, volume=None, openPrice=None)
+    assert engine.check(close, long(), LAST, NOW).approved
+    switch.touch()
+    verdict = engine.check(close, long(), LAST, NOW)
+    assert verdict.codes == [risk.KILL_SWITCH]
+
+
+def test_halted_rejects_everything() -> None:
+    """HALTED rejects reducing orders too."""
+    engine = risk.RiskEngine(RiskLimits(), TradingState.HALTED)
+    close = intent(action="CLOSE_POSITION", side=None, volume=None, openPrice=None)
+    assert engine.check(close, long(), LAST, NOW).codes == [risk.HALTED]
+
+
+def test_reducing_state_allows_only_reducing_orders() -> None:
+    """REDUCING accepts a sell against a long and rejects a buy that adds to it."""
+    engine = risk.RiskEngine(RiskLimits(), TradingState.REDUCING)
+    assert engine.check(intent(), long(), LAST, NOW).codes == [risk.REDUCE_ONLY]
+    sell = intent(
+        action="PLACE_MARKET_ORDER", side="sell", openPrice=None, stopLoss=None, takeProfit=None
+    )
+    verdict = engine.check(sell, long(), LAST, NOW)
+    assert verdict.approved and verdict.reducing
+
+
+def test_reducing_order_bypasses_new_risk_rules() -> None:
+    """A closing order passes despite a breached daily loss limit and no stop-loss."""
+    engine = risk.RiskEngine(RiskLimits(daily_loss_limit=10, max_order_notional=1))
+    view = PortfolioView(positions=long().positions, pnl_today=-50.0)
+    close = intent(
+        action="CLOSE_POSITION",
+        side=None,
+        volume=None,
+        openPrice=None,
+        stopLoss=None,
+        takeProfit=None,
+    )
+    verdict = engine.check(close, view, LAST, NOW)
+    assert verdict.approved and verdict.order is not None
+    assert (verdict.order.action, verdict.order.side, verdict.order.volume) == (
+        "PLACE_MARKET_ORDER",
+        "sell",
+        2.0,
+    )
+
+
+def test_flip_is_not_reducing() -> None:
+    """Selling more than the long is a new short and faces every rule."""
+    sell = intent(
+        action="PLACE_MARKET_ORDER",
+        side="sell",
+        volume=3.0,
+        openPrice=None,
+        stopLoss=None,
+        takeProfit=None,
+    )
+    verdict = risk.RiskEngine(RiskLimits()).check(sell, long(), LAST, NOW)
+    assert verdict.codes == [risk.STOP_LOSS_REQUIRED]
+
+
+def test_close_with_no_position() -> None:
+    """CLOSE_POSITION when flat is rejected as NOTHING_TO_CLOSE."""
+    close = intent(action="CLOSE_POSITION", side=None, volume=None, openPrice=None)
+    assert risk.RiskEngine(RiskLimits()).check(close, PortfolioView(), LAST, NOW).codes == [
+        risk.NOTHING_TO_CLOSE
+    ]
+
+
+def test_all_failures_are_listed() -> None:
+    """Several breaches are all reported, in rule order."""
+    limits = RiskLimits(allowed_symbols=("ETH",), max_order_notional=10)
+    verdict = risk.RiskEngine(limits).check(intent(stopLoss=None), PortfolioView(), LAST, NOW)
+    assert verdict.codes == [risk.SYMBOL_NOT_ALLOWED, risk.STOP_LOSS_REQUIRED, risk.ORDER_NOTIONAL]
