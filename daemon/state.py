@@ -16,14 +16,17 @@ raised: one malformed event must not take the daemon down.
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from daemon.config import StateSection
+from daemon.errors import StoreError
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
     MARKET_CANDLE_UPDATED,
@@ -35,6 +38,7 @@ from daemon.events import (
 from daemon.indicators import CandleIndicators
 
 DEFAULT_EXPORT_CANDLES = 50
+SNAPSHOT_VERSION = 1
 
 
 class Candle(msgspec.Struct, frozen=True, gc=False, rename="camel"):
@@ -66,6 +70,17 @@ def parse_candle(payload: dict[str, Any]) -> Candle | None:
             close_time=c.close_time or iso_ms(c.close_time_ms),
         )
     return c
+
+
+class _SnapshotSeries(msgspec.Struct, frozen=True):
+    symbol: str
+    timeframe: str
+    candles: list[dict[str, Any]]
+
+
+class _Snapshot(msgspec.Struct, frozen=True):
+    version: int
+    series: list[_SnapshotSeries]
 
 
 class Series:
@@ -141,8 +156,7 @@ class StateCache:
             return self._on_forming(event)
         return False
 
-    def _series_for(self, event: FeedEvent) -> Series | None:
-        symbol, timeframe = event.symbol, event.timeframe
+    def _series_for(self, symbol: str | None, timeframe: str | None) -> Series | None:
         if not symbol or not timeframe:
             self._counters["malformed"] += 1
             return None
@@ -158,15 +172,19 @@ class StateCache:
         self._n_series += 1
         return series
 
-    def _candle_of(self, event: FeedEvent) -> Candle | None:
-        candle = parse_candle(event.payload) if isinstance(event.payload, dict) else None
+    def _candle_of(self, payload: Any) -> Candle | None:
+        candle = parse_candle(payload) if isinstance(payload, dict) else None
         if candle is None:
             self._counters["malformed"] += 1
         return candle
 
     def _on_closed(self, event: FeedEvent) -> bool:
-        candle = self._candle_of(event)
-        series = self._series_for(event) if candle is not None else None
+        return self.add_closed(event.symbol, event.timeframe, event.payload)
+
+    def add_closed(self, symbol: str | None, timeframe: str | None, payload: Any) -> bool:
+        """Take one closed-candle payload for a series; False if ignored (and counted)."""
+        candle = self._candle_of(payload)
+        series = self._series_for(symbol, timeframe) if candle is not None else None
         if candle is None or series is None:
             return False
         last = series.last_close_ms
@@ -184,9 +202,47 @@ class StateCache:
         self._counters["closed"] += 1
         return True
 
+    def seed(self, symbol: str, timeframe: str, payloads: Iterable[Any]) -> int:
+        """Prime a series with history (oldest first) so indicators are warm at startup.
+
+        The candle poller only emits closes from its first poll on, so without
+        this EMA200 on 5m would need 17 hours of uptime. The same checks as live
+        closes apply: a later live close overlapping the history is a duplicate.
+        Returns how many candles were taken.
+        """
+        return sum(self.add_closed(symbol, timeframe, p) for p in payloads)
+
+    def dump(self) -> bytes:
+        """Every series' candle buffer as JSON, to carry the cache across a restart."""
+        snap = _Snapshot(
+            version=SNAPSHOT_VERSION,
+            series=[
+                _SnapshotSeries(symbol=sym, timeframe=tf, candles=list(series.candles))
+                for sym, by_tf in self._series.items()
+                for tf, series in by_tf.items()
+            ],
+        )
+        return msgspec.json.encode(snap)
+
+    def load(self, data: bytes) -> int:
+        """Re-feed the candles of a :meth:`dump` (rebuilding the indicators); count taken.
+
+        Call before the feeds start. Bad candles inside are counted as malformed;
+        an unreadable snapshot raises :exc:`StoreError` and changes nothing.
+        """
+        try:
+            snap = msgspec.json.decode(data, type=_Snapshot)
+        except msgspec.DecodeError as exc:
+            raise StoreError(f"state snapshot is not readable: {exc}") from None
+        if snap.version != SNAPSHOT_VERSION:
+            raise StoreError(
+                f"state snapshot has version {snap.version}, expected {SNAPSHOT_VERSION}"
+            )
+        return sum(self.seed(s.symbol, s.timeframe, s.candles) for s in snap.series)
+
     def _on_forming(self, event: FeedEvent) -> bool:
-        candle = self._candle_of(event)
-        series = self._series_for(event) if candle is not None else None
+        candle = self._candle_of(event.payload)
+        series = self._series_for(event.symbol, event.timeframe) if candle is not None else None
         if candle is None or series is None:
             return False
         if series.last_close_ms is not None and candle.close_time_ms <= series.last_close_ms:
@@ -263,3 +319,30 @@ class StateCache:
             "products": len(self._ticks),
             **self._counters,
         }
+
+
+def write_snapshot(path: Path, data: bytes) -> None:
+    """Write a :meth:`StateCache.dump` atomically (temp file, fsync, rename).
+
+    Blocking file I/O: call it from a worker thread; take the dump itself on
+    the event loop, where the cache is mutated.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write state snapshot: {exc}") from None
+
+
+def read_snapshot(path: Path) -> bytes | None:
+    """The snapshot bytes, or None if there is none yet (first run)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read state snapshot: {exc}") from None

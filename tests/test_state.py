@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -10,8 +11,9 @@ import pytest
 
 from daemon import events
 from daemon.config import StateSection
+from daemon.errors import StoreError
 from daemon.events import FeedEvent, iso_ms
-from daemon.state import StateCache
+from daemon.state import StateCache, read_snapshot, write_snapshot
 from tests.test_indicators import atr_ref, ema_ref, ohlc_series, rsi_ref
 
 STEP = 300_000  # 5m
@@ -314,3 +316,72 @@ def test_max_candles_must_be_positive() -> None:
     """A zero-size buffer is a configuration mistake, reported at construction."""
     with pytest.raises(ValueError, match="max_candles"):
         StateCache(max_candles=0)
+
+
+def test_seed_primes_indicators_and_live_overlap_is_a_duplicate() -> None:
+    """History seeded at startup warms the indicators; an overlapping live close is ignored."""
+    cache = StateCache()
+    history = [candle_payload(i, OPENS[i], HIGHS[i], LOWS[i], CLOSES[i]) for i in range(250)]
+    assert cache.seed("BTC-USD", "5m", history) == 250
+    ema200 = ema_ref(CLOSES[:250], 200)[-1]
+    assert ema200 is not None
+    assert math.isclose(
+        cache.export()["indicators"]["BTC-USD"]["5m"]["ema200"], ema200, rel_tol=1e-9
+    )
+    assert not cache.apply(candle_event(history[-1]))
+    nxt = candle_payload(250, OPENS[250], HIGHS[250], LOWS[250], CLOSES[250])
+    assert cache.apply(candle_event(nxt))
+    assert cache.statistics()["duplicates_ignored"] == 1
+
+
+def test_dump_and_load_carry_candles_and_indicators_across_a_restart() -> None:
+    """A new cache loaded from a dump exports the same candles and indicators."""
+    before = StateCache()
+    feed(before, 300)
+    feed(before, 40, "ETH-USD", "1h")
+    after = StateCache()
+    assert after.load(before.dump()) == 340
+    assert after.export(candles=None)["candles"] == before.export(candles=None)["candles"]
+    assert after.export()["indicators"] == before.export()["indicators"]
+
+
+def test_load_of_a_bounded_buffer_rebuilds_indicators_from_what_was_kept() -> None:
+    """With fewer candles kept than seen, indicators restart from the kept window."""
+    before = StateCache(max_candles=60)
+    feed(before, 300)
+    after = StateCache(max_candles=60)
+    after.load(before.dump())
+    ind = after.export()["indicators"]["BTC-USD"]["5m"]
+    ema20 = ema_ref(CLOSES[240:300], 20)[-1]
+    assert ind["count"] == 60 and ema20 is not None
+    assert math.isclose(ind["ema20"], ema20, rel_tol=1e-9) and ind["ema200"] is None
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"not json", "not readable"),
+        (b'{"version": 1, "series": [{"symbol": 3}]}', "not readable"),
+        (b'{"version": 99, "series": []}', "version 99, expected 1"),
+    ],
+)
+def test_load_rejects_an_unreadable_snapshot(data: bytes, message: str) -> None:
+    """A corrupt or foreign snapshot raises StoreError and leaves the cache empty."""
+    cache = StateCache()
+    with pytest.raises(StoreError, match=message):
+        cache.load(data)
+    assert cache.statistics()["series"] == 0
+
+
+def test_snapshot_file_round_trip_is_atomic(tmp_path: Path) -> None:
+    """write_snapshot leaves only the final file; read_snapshot of a missing file is None."""
+    path = tmp_path / "state.json"
+    assert read_snapshot(path) is None
+    cache = StateCache()
+    feed(cache, 5)
+    write_snapshot(path, cache.dump())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+    data = read_snapshot(path)
+    assert data is not None and StateCache().load(data) == 5
+    with pytest.raises(StoreError, match="cannot write state snapshot"):
+        write_snapshot(tmp_path / "missing-dir" / "state.json", b"{}")
