@@ -1,0 +1,221 @@
+"""Replay a recording or a candle CSV as the events a live feed would publish.
+
+Two formats (``.gz`` suffix = gzip):
+
+* **JSONL**: one FeedEvent per line, exactly as the recorder writes them
+  (``daemon.events.encode``). Events are published as recorded, in file order.
+* **CSV**: OHLCV candles with the exact header
+  ``open_time_ms,open,high,low,close,volume``, one row per candle, open times
+  strictly increasing. Each row becomes the same ``market.candle.closed`` event
+  the live poller emits (``feeds.candles.protocol.closed_event``), with
+  ``source``/``symbol``/``timeframe`` from ``[feeds.replay]``.
+
+Determinism: the same file gives the same events, ids and order, byte for
+byte. ``receivedTs`` is set to the event's ``ts`` (a replay has no meaningful
+receive time, and a wall-clock value would make two runs differ).
+
+Pacing: with ``speed`` > 0 the gap between two events is their ``ts`` gap
+divided by ``speed`` (1 = real time, 60 = a minute per second); events whose
+``ts`` goes backwards (interleaved partitions in a recording) are not delayed.
+``speed`` 0 publishes as fast as the bus accepts.
+
+Bad input: a malformed line is a :class:`ReplayError` naming ``file:line``,
+raised when the replay reaches it (before ``started()`` for the first line or
+a bad CSV header, so the daemon refuses to start on an unreadable file). The
+one exception is a JSONL file whose *last* line lacks its newline and does not
+parse: that is a recording cut off by a crash, so it is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import anyio
+import anyio.lowlevel
+import msgspec
+import structlog
+from anyio.abc import TaskStatus
+
+from daemon.config import ReplaySection
+from daemon.errors import ReplayError
+from daemon.events import TIMEFRAMES, FeedEvent, decode, parse_iso_ms
+from feeds.base import FeedHealth, Publish
+from feeds.candles.protocol import Candle, closed_event
+
+log = structlog.get_logger("feeds.replay")
+
+CSV_HEADER = "open_time_ms,open,high,low,close,volume"
+_JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
+
+
+class ReplayFeed:
+    """A finite feed: publishes every event of one file, then returns."""
+
+    def __init__(self, config: ReplaySection, *, name: str = "replay") -> None:
+        self.name = name
+        self.config = config
+        self.path = Path(config.path)
+        self.skipped = 0  # truncated trailing JSONL lines
+        self.published = 0
+
+    def format(self) -> str:
+        """``jsonl`` or ``csv``: the configured one, else by suffix, else by first byte."""
+        if self.config.format != "auto":
+            return self.config.format
+        name = self.path.name.removesuffix(".gz")
+        suffix = Path(name).suffix.lower()
+        if suffix in _JSONL_SUFFIXES:
+            return "jsonl"
+        if suffix == ".csv":
+            return "csv"
+        with self._open() as fh:
+            head = fh.read(64).lstrip("\ufeff \t\r\n")
+        return "jsonl" if head.startswith("{") else "csv"
+
+    def events(self) -> Iterator[FeedEvent]:
+        """Every event of the file, in order; ReplayError (file:line) on bad input."""
+        if not self.config.path:
+            raise ReplayError("feeds.replay.path is not set")
+        if self.format() == "jsonl":
+            yield from self._jsonl()
+        else:
+            yield from self._csv()
+
+    async def run(
+        self,
+        publish: Publish,
+        health: FeedHealth,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Publish the whole file (paced by ``speed``) and return."""
+        events = self.events()
+        first = next(events, None)
+        task_status.started()
+        if first is None:
+            log.info("replay.finished", path=str(self.path), events=0)
+            return
+        pace = _Pacer(self.config.speed, parse_iso_ms(first.ts))
+        await self._publish(first, publish, health)
+        for event in events:
+            await pace.wait(parse_iso_ms(event.ts))
+            await self._publish(event, publish, health)
+        log.info(
+            "replay.finished", path=str(self.path), events=self.published, skipped=self.skipped
+        )
+
+    async def _publish(self, event: FeedEvent, publish: Publish, health: FeedHealth) -> None:
+        await publish(event)
+        self.published += 1
+        health.beat()
+        if self.config.speed <= 0 and self.published % 256 == 0:
+            await anyio.lowlevel.checkpoint()  # let others run even if publish never blocks
+
+    def _open(self) -> IO[str]:
+        try:
+            if self.path.name.endswith(".gz"):
+                return gzip.open(self.path, "rt", encoding="utf-8", newline="")
+            return self.path.open("r", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise ReplayError(f"{self.path}: cannot open replay file: {exc.strerror}") from None
+
+    def _lines(self) -> Iterator[tuple[int, str]]:
+        """(line number, text) pairs; read and decode errors become ReplayError."""
+        lineno = 0
+        try:
+            with self._open() as fh:
+                for lineno, line in enumerate(fh, start=1):
+                    yield lineno, line
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise ReplayError(f"{self.path}:{lineno + 1}: cannot read: {exc}") from None
+
+    def _jsonl(self) -> Iterator[FeedEvent]:
+        pending: tuple[int, str] | None = None
+        for lineno, line in self._lines():
+            if pending is not None:
+                yield self._jsonl_event(*pending)
+            pending = (lineno, line) if line.strip() else None
+        if pending is None:
+            return
+        lineno, line = pending
+        try:
+            yield self._jsonl_event(lineno, line)
+        except ReplayError:
+            if line.endswith("\n"):
+                raise
+            self.skipped += 1
+            log.warning("replay.truncated_last_line", path=str(self.path), line=lineno)
+
+    def _jsonl_event(self, lineno: int, line: str) -> FeedEvent:
+        try:
+            event = decode(line)
+            parse_iso_ms(event.ts)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise ReplayError(f"{self.path}:{lineno}: not a FeedEvent: {exc}") from None
+        return msgspec.structs.replace(event, received_ts=event.ts)
+
+    def _csv(self) -> Iterator[FeedEvent]:
+        symbol, timeframe = self.config.symbol, self.config.timeframe
+        if not symbol:
+            raise ReplayError(f"{self.path}: feeds.replay.symbol must be set to replay CSV candles")
+        if timeframe not in TIMEFRAMES:
+            raise ReplayError(f"{self.path}: unknown feeds.replay.timeframe {timeframe!r}")
+        tf_ms = TIMEFRAMES[timeframe] * 1000
+        lines = self._lines()
+        header = next(lines, (1, ""))[1].strip().lstrip("\ufeff")
+        if header != CSV_HEADER:
+            raise ReplayError(f"{self.path}:1: expected header {CSV_HEADER!r}, found {header!r}")
+        last = -1
+        for lineno, line in lines:
+            if not line.strip():
+                continue
+            candle = _csv_candle(line, tf_ms, f"{self.path}:{lineno}")
+            if candle.start_ms <= last:
+                raise ReplayError(f"{self.path}:{lineno}: open_time_ms not increasing")
+            last = candle.start_ms
+            yield closed_event(
+                candle,
+                source=self.config.source,
+                symbol=symbol,
+                timeframe=timeframe,
+                received_ms=candle.end_ms,
+            )
+
+
+def _csv_candle(line: str, tf_ms: int, where: str) -> Candle:
+    """One CSV row as a Candle; ReplayError naming ``where`` if it is not one."""
+    fields = line.strip().split(",")
+    if len(fields) != 6:
+        raise ReplayError(f"{where}: expected 6 fields, found {len(fields)}")
+    try:
+        start = int(fields[0])
+        o, h, lo, c, v = (float(f) for f in fields[1:])
+    except ValueError as exc:
+        raise ReplayError(f"{where}: {exc}") from None
+    if not all(math.isfinite(x) and x >= 0 for x in (o, h, lo, c, v)) or start < 0:
+        raise ReplayError(f"{where}: values must be finite and non-negative")
+    if lo > min(o, c) or h < max(o, c, lo):
+        raise ReplayError(f"{where}: high/low do not contain open and close")
+    return Candle(start_ms=start, end_ms=start + tf_ms, open=o, high=h, low=lo, close=c, volume=v)
+
+
+class _Pacer:
+    """Sleeps so event-time gaps become wall-time gaps divided by ``speed``."""
+
+    def __init__(self, speed: float, first_ms: int) -> None:
+        self.speed = speed
+        self.first_ms = first_ms
+        self.started = time.monotonic()
+
+    async def wait(self, event_ms: int) -> None:
+        if self.speed <= 0:
+            return
+        due = self.started + (event_ms - self.first_ms) / 1000 / self.speed
+        delay = due - time.monotonic()
+        if delay > 0:
+            await anyio.sleep(delay)

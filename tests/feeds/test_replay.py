@@ -1,0 +1,231 @@
+"""Replay of JSONL recordings and OHLCV CSVs: shape, determinism, pacing, errors."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from daemon.config import ReplaySection
+from daemon.errors import ReplayError
+from daemon.events import (
+    MARKET_CANDLE_CLOSED,
+    MARKET_PRICE_TICK,
+    FeedEvent,
+    encode,
+    iso_ms,
+)
+from feeds.base import FeedHealth
+from feeds.replay import ReplayFeed
+
+M1 = 60_000
+T0 = 1_704_067_200_000
+ROWS = [
+    (T0, "100.0", "101.5", "99.5", "101.0", "12.5"),
+    (T0 + M1, "101.0", "101.0", "100.0", "100.0", "3"),
+    (T0 + 2 * M1, "100.0", "100.0", "100.0", "100.0", "0"),
+    (T0 + 3 * M1, "100.0", "104.0", "100.0", "103.5", "7.25"),
+    (T0 + 4 * M1, "103.5", "103.6", "102.0", "102.5", "1"),
+]
+
+
+def write_csv(path: Path, rows: list[tuple[Any, ...]] = ROWS, header: str | None = None) -> Path:
+    text = (header or "open_time_ms,open,high,low,close,volume") + "\n"
+    text += "".join(",".join(str(f) for f in r) + "\n" for r in rows)
+    if path.name.endswith(".gz"):
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def recording() -> list[FeedEvent]:
+    tick = FeedEvent(
+        event_id="coinbase:BTC-USD:tick:1",
+        ts=iso_ms(T0 + 500),
+        source="coinbase",
+        topic=MARKET_PRICE_TICK,
+        payload={"price": 100.25},
+        symbol="BTC-USD",
+        received_ts="2026-11-22T01:02:03.456Z",
+    )
+    close = FeedEvent(
+        event_id=f"coinbase:BTC-USD:5m:{T0 + 300_000}",
+        ts=iso_ms(T0 + 300_000),
+        source="coinbase",
+        topic=MARKET_CANDLE_CLOSED,
+        payload={"close": 101.0, "closeTimeMs": T0 + 300_000},
+        symbol="BTC-USD",
+        timeframe="5m",
+        partition_key="coinbase:BTC-USD:5m",
+        received_ts="2026-11-22T01:02:04.000Z",
+    )
+    return [tick, close]
+
+
+def write_jsonl(path: Path, events: list[FeedEvent], tail: bytes = b"") -> Path:
+    data = b"".join(encode(e) + b"\n" for e in events) + tail
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path
+
+
+def feed_for(path: Path, **cfg: Any) -> ReplayFeed:
+    cfg.setdefault("symbol", "BTC-USD")
+    return ReplayFeed(ReplaySection(enabled=True, path=str(path), **cfg))
+
+
+async def replay(feed: ReplayFeed) -> tuple[list[FeedEvent], list[float]]:
+    """Run the feed to completion; events and the monotonic time each arrived."""
+    events: list[FeedEvent] = []
+    stamps: list[float] = []
+
+    async def publish(event: FeedEvent) -> None:
+        events.append(event)
+        stamps.append(time.monotonic())
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await tg.start(feed.run, publish, FeedHealth("replay"))
+    except BaseExceptionGroup as group:  # unwrap the task group's wrapper
+        raise group.exceptions[0] from None
+    return events, stamps
+
+
+class Status:
+    """A task_status that remembers whether started() was called."""
+
+    called = False
+
+    def started(self, value: object = None) -> None:
+        self.called = True
+
+
+async def test_csv_rows_become_live_candle_close_events(tmp_path: Path) -> None:
+    """Each CSV row is a market.candle.closed with the poller's id, times and payload."""
+    events, _ = await replay(feed_for(write_csv(tmp_path / "c.csv"), source="backtest"))
+    assert len(events) == len(ROWS)
+    ev = events[1]
+    close_ms = T0 + 2 * M1
+    assert ev.event_id == f"backtest:BTC-USD:1m:{close_ms}"
+    assert ev.topic == MARKET_CANDLE_CLOSED and ev.source == "backtest"
+    assert ev.ts == iso_ms(close_ms) == ev.received_ts
+    assert ev.partition_key == "backtest:BTC-USD:1m" and ev.timeframe == "1m"
+    assert ev.payload == {
+        "open": 101.0,
+        "high": 101.0,
+        "low": 100.0,
+        "close": 100.0,
+        "volume": 3.0,
+        "openTime": iso_ms(T0 + M1),
+        "closeTime": iso_ms(close_ms),
+        "openTimeMs": T0 + M1,
+        "closeTimeMs": close_ms,
+    }
+
+
+@pytest.mark.parametrize("name", ["c.csv", "c.csv.gz", "r.jsonl", "r.jsonl.gz"])
+async def test_same_file_twice_gives_identical_events(tmp_path: Path, name: str) -> None:
+    """Replaying one file twice yields byte-identical events in the same order."""
+    path = tmp_path / name
+    write_csv(path) if ".csv" in name else write_jsonl(path, recording())
+    first, _ = await replay(feed_for(path))
+    second, _ = await replay(feed_for(path))
+    assert first and [encode(e) for e in first] == [encode(e) for e in second]
+
+
+async def test_jsonl_replays_recorded_events_with_received_equal_ts(tmp_path: Path) -> None:
+    """A recording comes back event for event; only receivedTs is pinned to ts."""
+    recorded = recording()
+    events, _ = await replay(feed_for(write_jsonl(tmp_path / "r.jsonl", recorded)))
+    assert [e.event_id for e in events] == [e.event_id for e in recorded]
+    assert [e.payload for e in events] == [e.payload for e in recorded]
+    assert all(e.received_ts == e.ts for e in events)
+    assert events[1].partition_key == "coinbase:BTC-USD:5m"
+
+
+async def test_speed_factor_divides_event_time_gaps(tmp_path: Path) -> None:
+    """At speed 1200 one-minute gaps take 50 ms each; at speed 0 there is no pacing."""
+    path = write_csv(tmp_path / "c.csv")
+    _, paced = await replay(feed_for(path, speed=1200.0))
+    gaps = [b - a for a, b in itertools.pairwise(paced)]
+    assert all(g >= 0.045 for g in gaps), gaps
+    assert paced[-1] - paced[0] >= 0.199
+    _, fast = await replay(feed_for(path, speed=0.0))
+    assert fast[-1] - fast[0] < 0.1
+
+
+async def test_bad_csv_header_fails_before_started_naming_file_and_line(tmp_path: Path) -> None:
+    """A wrong header is a ReplayError at file:1 raised before the feed reports started."""
+    path = write_csv(tmp_path / "c.csv", header="time,open,high,low,close,volume")
+    status = Status()
+
+    async def publish(event: FeedEvent) -> None:
+        raise AssertionError("nothing may be published")
+
+    with pytest.raises(ReplayError, match=rf"{path}:1: expected header"):
+        await feed_for(path).run(publish, FeedHealth("replay"), task_status=status)  # type: ignore[arg-type]
+    assert not status.called
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ((T0 + 9 * M1, "x", "1", "1", "1", "1"), "could not convert"),
+        ((T0 + 9 * M1, "1", "1", "1"), "expected 6 fields"),
+        ((T0 + 9 * M1, "1", "0.5", "1", "1", "1"), "high/low"),
+        ((T0 + 9 * M1, "1", "1", "1", "1", "nan"), "finite"),
+        ((T0, "1", "1", "1", "1", "1"), "not increasing"),
+    ],
+)
+async def test_bad_csv_row_names_its_line(
+    tmp_path: Path, row: tuple[Any, ...], message: str
+) -> None:
+    """A malformed or out-of-order row is a ReplayError at its own line number."""
+    path = write_csv(tmp_path / "c.csv", [*ROWS, row])
+    with pytest.raises(ReplayError, match=rf"{path}:{len(ROWS) + 2}: .*{message}"):
+        [e async for e in _aiter(feed_for(path))]
+
+
+async def _aiter(feed: ReplayFeed) -> Any:
+    for event in feed.events():
+        yield event
+
+
+async def test_csv_needs_a_symbol(tmp_path: Path) -> None:
+    """CSV rows carry no symbol, so an empty replay.symbol is a clear error."""
+    with pytest.raises(ReplayError, match="symbol must be set"):
+        await replay(feed_for(write_csv(tmp_path / "c.csv"), symbol=""))
+
+
+async def test_missing_file_is_a_replay_error(tmp_path: Path) -> None:
+    """A path that does not exist names itself in the error."""
+    with pytest.raises(ReplayError, match="cannot open"):
+        await replay(feed_for(tmp_path / "nope.csv"))
+
+
+async def test_malformed_jsonl_line_is_error_but_cut_off_tail_is_skipped(tmp_path: Path) -> None:
+    """A bad middle line fails at file:line; a crash-truncated last line is skipped and counted."""
+    events = recording()
+    cut = write_jsonl(tmp_path / "cut.jsonl", events, tail=b'{"eventId":"x","ts":"20')
+    feed = feed_for(cut)
+    got, _ = await replay(feed)
+    assert len(got) == 2 and feed.skipped == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(encode(events[0]) + b"\n{not json}\n" + encode(events[1]) + b"\n")
+    with pytest.raises(ReplayError, match=rf"{bad}:2: not a FeedEvent"):
+        await replay(feed_for(bad))
+
+
+async def test_format_is_sniffed_when_suffix_is_unknown(tmp_path: Path) -> None:
+    """Without a telling suffix, a leading '{' means JSONL, anything else CSV."""
+    as_jsonl = write_jsonl(tmp_path / "rec.log", recording())
+    as_csv = write_csv(tmp_path / "candles.txt")
+    assert feed_for(as_jsonl).format() == "jsonl"
+    assert feed_for(as_csv).format() == "csv"
+    assert feed_for(as_csv, format="jsonl").format() == "jsonl"
