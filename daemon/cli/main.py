@@ -8,8 +8,10 @@ import click
 
 from daemon import __version__
 from daemon.cli.audit import audit_group
+from daemon.cli.demo import demo_command
 from daemon.cli.hooks import hooks_group
 from daemon.cli.rag import rag_group
+from daemon.cli.run import config_group, run_command, status_command
 from daemon.errors import MarketwakeError
 
 
@@ -23,6 +25,10 @@ def cli() -> None:
     """
 
 
+cli.add_command(run_command)
+cli.add_command(status_command)
+cli.add_command(config_group)
+cli.add_command(demo_command)
 cli.add_command(audit_group)
 cli.add_command(hooks_group)
 cli.add_command(rag_group)

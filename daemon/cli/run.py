@@ -1,0 +1,128 @@
+"""``marketwake run``, ``marketwake status`` and ``marketwake config check``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from daemon import config as config_mod
+from daemon.logs import configure as configure_logging
+
+CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
+
+
+@click.command("run")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help=CONFIG_HELP)
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append every bus event to this JSONL file (replayable with feeds.replay).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "console", "json"]),
+    help="Override daemon.log_format.",
+)
+def run_command(config_path: Path | None, record: Path | None, log_format: str | None) -> None:
+    """Run the daemon: every enabled feed, the bus, the state cache.
+
+    Exits non-zero before starting anything if the config is invalid.
+    Stops on SIGTERM/SIGINT after draining; SIGHUP reloads the config.
+    """
+    from daemon.app import run_daemon  # heavy imports only when running
+
+    path = config_path or config_mod.DEFAULT_CONFIG_PATH
+    cfg = config_mod.load(path)
+    configure_logging(log_format or cfg.daemon.log_format, cfg.daemon.log_level)
+    run_daemon(cfg, config_path=path, record_path=record)
+
+
+@click.group("config")
+def config_group() -> None:
+    """Validate configuration files."""
+
+
+@config_group.command("check")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+def config_check(path: Path | None) -> None:
+    """Decode PATH (default ./config.toml) and report what it enables."""
+    p = path or config_mod.DEFAULT_CONFIG_PATH
+    cfg = config_mod.load(p)
+    feeds = cfg.feeds
+    enabled = [
+        name
+        for name, on in (
+            ("coinbase_ws", feeds.coinbase_ws.enabled),
+            ("candles", feeds.candles.enabled),
+            ("replay", feeds.replay.enabled),
+        )
+        if on
+    ]
+    click.echo(f"{p}: ok")
+    click.echo(f"  feeds: {', '.join(enabled) or 'none'}")
+    click.echo(f"  state_dir: {cfg.daemon.state_dir}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _render_status(data: dict[str, Any]) -> str:
+    alive = data["running"] and _alive(int(data["pid"]))
+    age = time.time() - float(data["written_at"])
+    bus = data["bus"]
+    lines = [
+        (
+            f"daemon: {'running' if alive else 'not running'} (pid {data['pid']}, "
+            f"status written {age:.0f}s ago)"
+        ),
+        (
+            f"bus: published {bus['published']}, delivered {bus['delivered']}, "
+            f"coalesced {bus['coalesced']}"
+        ),
+    ]
+    for sub in data["bus"]["subscriptions"]:
+        lines.append(
+            f"  subscriber {sub['name']}: depth {sub['depth']} (max {sub['max_depth']}), "
+            f"delivered {sub['delivered']}, lag {sub['lag_ms']} ms, "
+            f"blocked publishes {sub['blocked_publishes']}"
+        )
+    for feed in data["feeds"]:
+        state = "finished" if feed["finished"] else "STALLED" if feed["stalled"] else "live"
+        lines.append(
+            f"feed {feed['name']}: {state}, silent {feed['silent_seconds']:.1f}s, "
+            f"errors {feed['errors']}"
+        )
+    lines.append("state: " + ", ".join(f"{k} {v}" for k, v in data["state"].items()))
+    return "\n".join(lines)
+
+
+@click.command("status")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help=CONFIG_HELP)
+@click.option("--state-dir", type=click.Path(path_type=Path), help="Read status from here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
+def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
+    """Show the counters of a running (or the last) daemon: bus, feeds, state."""
+    if state_dir is None:
+        path = config_path or config_mod.DEFAULT_CONFIG_PATH
+        cfg = config_mod.load(path) if path.exists() or config_path else config_mod.parse("")
+        state_dir = Path(cfg.daemon.state_dir)
+    status_file = state_dir / "status.json"
+    try:
+        data = json.loads(status_file.read_text())
+    except FileNotFoundError:
+        raise click.ClickException(f"no status at {status_file}: has the daemon run?") from None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read {status_file}: {exc}") from None
+    click.echo(json.dumps(data, indent=2) if as_json else _render_status(data))

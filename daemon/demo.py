@@ -1,0 +1,141 @@
+"""The offline demo: the real daemon on a replay of a generated (synthetic) dataset.
+
+No network: a seeded generator writes a labelled-synthetic candle CSV, the
+replay feed publishes it through the real bus, state cache and recorder, and a
+printer consumer shows each closed candle with its indicators. A summary
+follows at the end. Everything the demo writes stays under ``--dir``.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+
+from daemon.app import run_daemon
+from daemon.bus import Subscription
+from daemon.config import Config, DaemonSection, FeedsSection, ReplaySection
+from daemon.events import MARKET_CANDLE_CLOSED
+from daemon.state import StateCache
+from feeds.synthetic import generate_candles
+
+DEMO_SYMBOL = "BTC-USD"
+DEMO_TIMEFRAME = "1m"
+
+
+@dataclass
+class DemoOptions:
+    directory: Path
+    candles: int = 720
+    speed: float = 2400.0
+    seed: int = 7
+    quiet: bool = False
+
+
+@dataclass
+class Printer:
+    """A bus consumer that prints closed candles as readable lines."""
+
+    console: Console
+    quiet: bool
+    topics: Counter[str] = field(default_factory=Counter)
+    state: StateCache = field(default_factory=StateCache)
+    last_close: float | None = None
+
+    async def __call__(self, sub: Subscription) -> None:
+        async for event in sub:
+            self.topics[event.topic] += 1
+            self.state.apply(event)
+            if event.topic == MARKET_CANDLE_CLOSED and not self.quiet:
+                self._print_candle(event.ts, event.symbol or "?", event.payload)
+
+    def _print_candle(self, ts: str, symbol: str, p: dict[str, Any]) -> None:
+        close = float(p["close"])
+        change = 0.0 if self.last_close is None else (close / self.last_close - 1) * 100
+        self.last_close = close
+        colour = "green" if close >= float(p["open"]) else "red"
+        ind = self.state.export(candles=0)["indicators"].get(symbol, {}).get(DEMO_TIMEFRAME, {})
+        rsi = ind.get("rsi14")
+        ema = ind.get("ema20")
+        extras = []
+        if ema is not None:
+            extras.append(f"EMA20 {ema:,.1f}")
+        if rsi is not None:
+            extras.append(f"RSI14 {rsi:5.1f}")
+        self.console.print(
+            f"[dim]{ts[:16].replace('T', ' ')}[/] {symbol} {DEMO_TIMEFRAME} "
+            f"[{colour}]close {close:>11,.2f} {change:+6.2f}%[/] "
+            f"vol {float(p['volume']):8.2f}  " + "  ".join(extras),
+            soft_wrap=True,
+        )
+
+
+def demo_config(opts: DemoOptions, csv_path: Path) -> Config:
+    """An embedded config: replay of the synthetic CSV, state under the demo dir."""
+    return Config(
+        daemon=msgspec.convert(
+            {"state_dir": str(opts.directory / "state"), "status_interval_seconds": 5.0},
+            DaemonSection,
+        ),
+        feeds=FeedsSection(
+            replay=ReplaySection(
+                enabled=True,
+                path=str(csv_path),
+                format="csv",
+                symbol=DEMO_SYMBOL,
+                timeframe=DEMO_TIMEFRAME,
+                speed=opts.speed,
+                source="synthetic",
+            )
+        ),
+    )
+
+
+def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
+    """Generate data, run the daemon on it, print a summary. Returns an exit code."""
+    console = console or Console()
+    opts.directory.mkdir(parents=True, exist_ok=True)
+    csv_path = opts.directory / f"synthetic_{DEMO_SYMBOL}_{DEMO_TIMEFRAME}.csv"
+    generate_candles(csv_path, seed=opts.seed, n=opts.candles, timeframe=DEMO_TIMEFRAME)
+    record_path = opts.directory / "recording.jsonl"
+    record_path.unlink(missing_ok=True)
+    console.print(
+        f"[bold]marketwake demo[/] - replaying {opts.candles} SYNTHETIC {DEMO_TIMEFRAME} "
+        f"candles (seed {opts.seed}) at {opts.speed:g}x; no network used"
+    )
+    printer = Printer(console, opts.quiet)
+    started = time.perf_counter()
+    status = run_daemon(
+        demo_config(opts, csv_path), record_path=record_path, consumers=[("printer", printer)]
+    )
+    elapsed = time.perf_counter() - started
+    _summary(console, printer, status.bus, elapsed, record_path)
+    return 0
+
+
+def _summary(
+    console: Console, printer: Printer, bus: dict[str, Any], elapsed: float, record: Path
+) -> None:
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ind = printer.state.export(candles=0)["indicators"].get(DEMO_SYMBOL, {}).get(DEMO_TIMEFRAME)
+    console.rule("summary")
+    for topic, n in sorted(printer.topics.items()):
+        console.print(f"  {topic:<24} {n:>7}")
+    console.print(
+        f"  bus: published {bus['published']}, delivered {bus['delivered']}, "
+        f"coalesced {bus['coalesced']}"
+    )
+    console.print(f"  wall time {elapsed:.2f}s, peak RSS {rss_mb:.0f} MiB")
+    if ind:
+        shown = {k: v for k, v in ind.items() if isinstance(v, float)}
+        text = ", ".join(f"{k} {v:,.2f}" for k, v in shown.items())
+        console.print(f"  last indicators: {text}", soft_wrap=True)
+    console.print(
+        f"  recording: {record} (replay it with feeds.replay, format jsonl)", soft_wrap=True
+    )
