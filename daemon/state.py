@@ -284,27 +284,25 @@ class StateCache:
         """
         if isinstance(symbols, str):
             symbols = [symbols]
-        wanted = list(self._series) if symbols is None else [s for s in symbols if s]
+        wanted = list(self._series) if symbols is None else list(dict.fromkeys(symbols))
         tf_filter = None if timeframes is None else frozenset(timeframes)
-        out_candles: dict[str, dict[str, list[Any]]] = {}
-        out_forming: dict[str, dict[str, Any]] = {}
-        out_ind: dict[str, dict[str, Any]] = {}
+        out: dict[str, Any] = {"candles": {}, "forming": {}, "indicators": {}}
         for symbol in wanted:
             for tf, series in self._series.get(symbol, {}).items():
-                if tf_filter is not None and tf not in tf_filter:
-                    continue
-                out_candles.setdefault(symbol, {})[tf] = series.last(candles)
-                out_ind.setdefault(symbol, {})[tf] = series.indicators.export()
-                if series.forming is not None:
-                    out_forming.setdefault(symbol, {})[tf] = msgspec.to_builtins(series.forming)
+                if tf_filter is None or tf in tf_filter:
+                    self._export_series(out, symbol, tf, series, candles)
         ticks_keys = self._ticks if symbols is None else wanted
-        ticks = {p: dict(self._ticks[p]) for p in ticks_keys if p in self._ticks}
-        return {
-            "candles": out_candles,
-            "forming": out_forming,
-            "indicators": out_ind,
-            "ticks": ticks,
-        }
+        out["ticks"] = {p: dict(self._ticks[p]) for p in ticks_keys if p in self._ticks}
+        return out
+
+    @staticmethod
+    def _export_series(
+        out: dict[str, Any], symbol: str, tf: str, series: Series, candles: int | None
+    ) -> None:
+        out["candles"].setdefault(symbol, {})[tf] = series.last(candles)
+        out["indicators"].setdefault(symbol, {})[tf] = series.indicators.export()
+        if series.forming is not None:
+            out["forming"].setdefault(symbol, {})[tf] = msgspec.to_builtins(series.forming)
 
     def series(self, symbol: str, timeframe: str) -> Series | None:
         """The live series object (for in-process readers; do not mutate)."""
