@@ -1,0 +1,414 @@
+"""The Coinbase pool and feed against a real loopback ``websockets`` server.
+
+``FakeCoinbase`` speaks the Advanced Trade format: it acks subscriptions,
+sends a snapshot per newly subscribed product, and on request sends updates,
+heartbeats, error frames and garbage, drops the TCP connection, or goes silent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from daemon.config import CoinbaseWsSection
+from daemon.errors import ConfigError
+from daemon.events import FeedEvent, parse_iso_ms
+from feeds.base import FeedHealth
+from feeds.coinbase_ws.feed import CoinbaseWsFeed
+from feeds.coinbase_ws.pool import CoinbaseWsPool, Subscription, Tick
+
+TS = "2026-05-06T07:08:09.123456789Z"
+WAIT = 5.0
+
+
+def ticker(product: str, price: str, **extra: str) -> dict[str, str]:
+    """One ticker entry with string numbers, as Coinbase sends them."""
+    return {
+        "type": "ticker",
+        "product_id": product,
+        "price": price,
+        "volume_24_h": "10.5",
+        "low_24_h": "1",
+        "high_24_h": "999999",
+        "low_52_w": "",
+        "high_52_w": "1000000",
+        "price_percent_chg_24_h": "-2.5",
+        "best_bid": price,
+        "best_ask": price,
+        "best_bid_quantity": "0.1",
+        "best_ask_quantity": "0.2",
+        **extra,
+    }
+
+
+class FakeCoinbase:
+    """A scripted Advanced Trade market-data server."""
+
+    def __init__(self) -> None:
+        self.connections: list[ServerConnection] = []
+        self.received: list[list[dict[str, Any]]] = []
+        self.connected_at: list[float] = []
+        self.received_at: list[list[float]] = []
+        self.prices: dict[str, str] = {}
+        self.seq: list[int] = []
+        self._changed = anyio.Event()
+
+    def _bump(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, predicate: Callable[[], bool]) -> None:
+        """Wait (bounded) until ``predicate`` holds; re-checked on every server event."""
+        with anyio.fail_after(WAIT):
+            while not predicate():
+                await self._changed.wait()
+
+    def sent_by(self, conn: int) -> list[dict[str, Any]]:
+        """Control messages the client sent on connection ``conn``."""
+        return self.received[conn] if conn < len(self.received) else []
+
+    async def handler(self, ws: ServerConnection) -> None:
+        index = len(self.connections)
+        self.connections.append(ws)
+        self.received.append([])
+        self.received_at.append([])
+        self.connected_at.append(time.monotonic())
+        self.seq.append(0)
+        self._bump()
+        try:
+            async for text in ws:
+                msg = json.loads(text)
+                self.received[index].append(msg)
+                self.received_at[index].append(time.monotonic())
+                self._bump()
+                await self._answer(index, msg)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._bump()
+
+    async def _answer(self, index: int, msg: dict[str, Any]) -> None:
+        channel, products = msg["channel"], msg["product_ids"]
+        subs = {channel: products or [channel]}
+        await self.send(index, "subscriptions", [{"subscriptions": subs}])
+        if channel == "ticker" and msg["type"] == "subscribe":
+            tickers = [ticker(p, self.prices.get(p, "100")) for p in products]
+            await self.send(index, "ticker", [{"type": "snapshot", "tickers": tickers}])
+
+    async def send(
+        self, index: int, channel: str, events: list[dict[str, Any]], skip: int = 0
+    ) -> None:
+        """An envelope with the connection's next sequence_num (plus ``skip``)."""
+        self.seq[index] += 1 + skip
+        frame = {
+            "channel": channel,
+            "client_id": "",
+            "timestamp": TS,
+            "sequence_num": self.seq[index],
+            "events": events,
+        }
+        await self.connections[index].send(json.dumps(frame))
+
+    async def update(self, index: int, *prices: tuple[str, str], skip: int = 0) -> None:
+        """One ``update`` event with a ticker per (product, price)."""
+        tickers = [ticker(p, price) for p, price in prices]
+        await self.send(index, "ticker", [{"type": "update", "tickers": tickers}], skip)
+
+    def drop(self, index: int) -> None:
+        """Cut the TCP connection without a closing handshake."""
+        transport = self.connections[index].transport
+        assert transport is not None
+        transport.abort()
+
+
+@asynccontextmanager
+async def fake_server() -> AsyncIterator[tuple[FakeCoinbase, str]]:
+    fake = FakeCoinbase()
+    async with serve(fake.handler, "127.0.0.1", 0) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield fake, f"ws://127.0.0.1:{port}"
+
+
+def settings(url: str, products: Iterable[str] = (), idle: float = 5.0) -> CoinbaseWsSection:
+    return CoinbaseWsSection(
+        enabled=True,
+        url=url,
+        products=list(products),
+        idle_timeout_seconds=idle,
+        backoff_initial_seconds=0.05,
+        backoff_max_seconds=0.2,
+        max_message_bytes=64 * 1024,
+    )
+
+
+@asynccontextmanager
+async def running_pool(url: str, idle: float = 5.0, **kwargs: Any) -> AsyncIterator[CoinbaseWsPool]:
+    kwargs.setdefault("subscribe_interval", 0.01)
+    pool = CoinbaseWsPool(settings(url, idle=idle), **kwargs)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        yield pool
+        tg.cancel_scope.cancel()
+
+
+async def next_tick(sub: Subscription) -> Tick:
+    with anyio.fail_after(WAIT):
+        return await sub.receive()
+
+
+def channels(messages: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    return [(m["type"], m["channel"], m["product_ids"]) for m in messages]
+
+
+async def test_two_subscribers_share_one_connection() -> None:
+    """Two subscribers ride one socket; each gets only the products it asked for."""
+    async with fake_server() as (fake, url), running_pool(url) as pool:
+        a = pool.subscribe(["BTC-USD"])
+        b = pool.subscribe(["BTC-USD", "ETH-USD"])
+        with anyio.fail_after(WAIT):
+            await pool.wait_ready()
+        await fake.wait_for(lambda: len(fake.sent_by(0)) == 2)
+        assert channels(fake.sent_by(0)) == [
+            ("subscribe", "heartbeats", []),
+            ("subscribe", "ticker", ["BTC-USD", "ETH-USD"]),
+        ]
+        assert (await next_tick(a)).product_id == "BTC-USD"
+        assert sorted([(await next_tick(b)).product_id, (await next_tick(b)).product_id]) == [
+            "BTC-USD",
+            "ETH-USD",
+        ]
+        await fake.update(0, ("ETH-USD", "2001"), ("BTC-USD", "50001"))
+        tick_a = await next_tick(a)
+        assert (tick_a.product_id, tick_a.ticker.price) == ("BTC-USD", 50001.0)
+        assert [(await next_tick(b)).product_id for _ in range(2)] == ["ETH-USD", "BTC-USD"]
+        assert a.pending() == 0
+        assert len(fake.connections) == 1
+        stats = pool.statistics()
+        assert (stats.connected, stats.connections, stats.subscribers) == (True, 1, 2)
+        assert stats.products == ["BTC-USD", "ETH-USD"]
+
+
+async def test_subscribe_and_unsubscribe_send_only_the_diff() -> None:
+    """A new holder subscribes only new products; leaving unsubscribes only unheld ones."""
+    async with fake_server() as (fake, url), running_pool(url) as pool:
+        a = pool.subscribe(["BTC-USD"])
+        await fake.wait_for(lambda: len(fake.sent_by(0)) == 2)
+        b = pool.subscribe(["BTC-USD", "ETH-USD"])
+        await fake.wait_for(lambda: len(fake.sent_by(0)) == 3)
+        assert channels(fake.sent_by(0))[2] == ("subscribe", "ticker", ["ETH-USD"])
+        b.close()
+        await fake.wait_for(lambda: len(fake.sent_by(0)) == 4)
+        assert channels(fake.sent_by(0))[3] == ("unsubscribe", "ticker", ["ETH-USD"])
+        assert [t async for t in b] == []
+        assert (await next_tick(a)).ticker.event_type == "snapshot"
+        await fake.update(0, ("BTC-USD", "123.5"))
+        tick = await next_tick(a)
+        assert (tick.product_id, tick.ticker.price) == ("BTC-USD", 123.5)
+        a.close()
+        await fake.wait_for(lambda: len(fake.sent_by(0)) == 5)
+        assert channels(fake.sent_by(0))[4] == ("unsubscribe", "ticker", ["BTC-USD"])
+        assert pool.statistics().subscribers == 0
+        assert len(fake.connections) == 1
+
+
+async def test_reconnect_resubscribes_and_marks_first_tick_per_product() -> None:
+    """After a drop the pool backs off, resubscribes everything and flags first ticks."""
+    async with fake_server() as (fake, url), running_pool(url, rand=lambda: 1.0) as pool:
+        sub = pool.subscribe(["BTC-USD", "ETH-USD"])
+        first = [await next_tick(sub), await next_tick(sub)]
+        assert [t.stale_after_reconnect for t in first] == [False, False]
+        dropped_at = time.monotonic()
+        fake.drop(0)
+        await fake.wait_for(lambda: len(fake.sent_by(1)) == 2)
+        assert fake.connected_at[1] - dropped_at >= 0.05  # backoff_initial * jitter 1.0
+        assert channels(fake.sent_by(1)) == [
+            ("subscribe", "heartbeats", []),
+            ("subscribe", "ticker", ["BTC-USD", "ETH-USD"]),
+        ]
+        again = [await next_tick(sub), await next_tick(sub)]
+        assert {(t.product_id, t.stale_after_reconnect, t.connection) for t in again} == {
+            ("BTC-USD", True, 2),
+            ("ETH-USD", True, 2),
+        }
+        await fake.update(1, ("BTC-USD", "7"), ("ETH-USD", "8"), ("BTC-USD", "9"))
+        later = [await next_tick(sub) for _ in range(3)]
+        assert [t.stale_after_reconnect for t in later] == [False, False, False]
+        stats = pool.statistics()
+        assert (stats.reconnects, stats.connections) == (1, 2)
+
+
+async def test_malformed_frames_never_kill_the_connection() -> None:
+    """Garbage, binary and wrong-typed frames are counted; ticks keep flowing."""
+    health = FeedHealth("coinbase_ws")
+    async with fake_server() as (fake, url):
+        pool = CoinbaseWsPool(settings(url), subscribe_interval=0.01)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pool.run, health)
+            sub = pool.subscribe(["BTC-USD"])
+            await next_tick(sub)
+            ws = fake.connections[0]
+            for bad in (
+                "{not json",
+                b"\x00\x01binary",
+                "[1, 2, 3]",
+                '{"channel":"ticker","sequence_num":"x","events":[]}',
+                '{"channel":"ticker","events":{"type":"update"}}',
+                '{"channel":"ticker","events":[{"type":"update","tickers":[{"product_id":1}]}]}',
+            ):
+                await ws.send(bad)
+            await ws.send(json.dumps({"type": "error", "message": "failure to subscribe"}))
+            await fake.send(0, "status", [{"type": "snapshot", "products": []}])
+            await fake.send(0, "ticker", [{"type": "update", "tickers": [ticker("", "")]}])
+            await fake.update(0, ("BTC-USD", "42"))
+            tick = await next_tick(sub)
+            assert tick.ticker.price == 42.0
+            stats = pool.statistics()
+            assert (stats.malformed, stats.error_frames, stats.skipped_tickers) == (6, 1, 1)
+            assert (stats.connections, stats.gaps) == (1, 0)
+            assert health.errors == 7
+            tg.cancel_scope.cancel()
+
+
+async def test_sequence_and_heartbeat_gaps_are_counted() -> None:
+    """A sequence_num jump and a heartbeat_counter jump are each one counted gap."""
+    async with fake_server() as (fake, url), running_pool(url) as pool:
+        sub = pool.subscribe(["BTC-USD"])
+        await next_tick(sub)
+        for counter in ("10", "11", "14"):
+            await fake.send(0, "heartbeats", [{"current_time": "x", "heartbeat_counter": counter}])
+        await fake.update(0, ("BTC-USD", "1"), skip=3)
+        await next_tick(sub)
+        stats = pool.statistics()
+        assert (stats.gaps, stats.missed_messages, stats.heartbeat_gaps) == (1, 3, 1)
+        assert stats.connections == 1
+
+
+async def test_idle_stall_triggers_reconnect() -> None:
+    """A server that goes silent is abandoned after idle_timeout and redialled."""
+    async with fake_server() as (fake, url), running_pool(url, idle=0.3) as pool:
+        sub = pool.subscribe(["BTC-USD"])
+        await next_tick(sub)
+        start = time.monotonic()
+        await fake.wait_for(lambda: len(fake.sent_by(1)) == 2)
+        assert time.monotonic() - start >= 0.25
+        assert channels(fake.sent_by(1))[1] == ("subscribe", "ticker", ["BTC-USD"])
+        tick = await next_tick(sub)
+        assert tick.stale_after_reconnect
+        assert pool.statistics().reconnects >= 1
+
+
+async def test_heartbeats_first_then_ticker_paced_within_five_seconds() -> None:
+    """heartbeats and ticker go in separate messages, spaced by the pacing interval."""
+    async with fake_server() as (fake, url), running_pool(url, subscribe_interval=0.25) as pool:
+        pool.subscribe(["BTC-USD"])
+        await fake.wait_for(lambda: len(fake.sent_by(0)) == 2)
+        assert channels(fake.sent_by(0)) == [
+            ("subscribe", "heartbeats", []),
+            ("subscribe", "ticker", ["BTC-USD"]),
+        ]
+        first, second = fake.received_at[0]
+        assert second - fake.connected_at[0] < 5.0
+        assert second - first >= 0.2
+        with pool.subscribe(["ETH-USD"]), pool.subscribe(["SOL-USD", "BTC-USD"]):
+            await fake.wait_for(lambda: len(fake.sent_by(0)) == 3)
+            assert channels(fake.sent_by(0))[2] == ("subscribe", "ticker", ["ETH-USD", "SOL-USD"])
+            assert fake.received_at[0][2] - second >= 0.2
+
+
+async def test_feed_publishes_tick_events_after_subscribing() -> None:
+    """The feed starts once subscribed and publishes market.price.tick FeedEvents."""
+    async with fake_server() as (fake, url):
+        fake.prices["BTC-USD"] = "65086.18"
+        feed = CoinbaseWsFeed(settings(url, ["ETH-USD", "BTC-USD", "BTC-USD"]))
+        send, receive = anyio.create_memory_object_stream[FeedEvent](10)
+        health = FeedHealth("coinbase_ws")
+        before = health.last_beat
+        async with send, receive, anyio.create_task_group() as tg:
+            with anyio.fail_after(WAIT):
+                await tg.start(feed.run, send.send, health)
+            await fake.wait_for(lambda: len(fake.sent_by(0)) == 2)
+            assert ("subscribe", "ticker", ["BTC-USD", "ETH-USD"]) in channels(fake.sent_by(0))
+            events = {}
+            with anyio.fail_after(WAIT):
+                for _ in range(2):
+                    event = await receive.receive()
+                    events[event.symbol] = event
+            btc = events["BTC-USD"]
+            assert btc.topic == "market.price.tick"
+            assert btc.source == "coinbase"
+            assert btc.partition_key == "coinbase:BTC-USD:tick"
+            assert btc.ts == "2026-05-06T07:08:09.123Z"
+            assert btc.received_ts is not None
+            assert parse_iso_ms(btc.received_ts) > parse_iso_ms(btc.ts)
+            assert btc.event_id == f"coinbase:tick:BTC-USD:{TS}:3:0"
+            assert events["ETH-USD"].event_id == f"coinbase:tick:ETH-USD:{TS}:3:1"
+            assert btc.payload == {
+                "price": 65086.18,
+                "volume24h": 10.5,
+                "percentChange24h": -2.5,
+                "high24h": 999999.0,
+                "low24h": 1.0,
+                "low52w": None,
+                "high52w": 1000000.0,
+                "bestBid": 65086.18,
+                "bestAsk": 65086.18,
+                "bestBidQuantity": 0.1,
+                "bestAskQuantity": 0.2,
+                "staleAfterReconnect": False,
+            }
+            assert health.last_beat > before
+            tg.cancel_scope.cancel()
+
+
+async def test_feed_starts_offline_and_connects_when_the_server_appears() -> None:
+    """Unreachable Coinbase does not block startup; the pool keeps retrying and connects."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"ws://127.0.0.1:{port}"
+    feed = CoinbaseWsFeed(settings(url, ["BTC-USD"]), startup_timeout=0.3)
+    send, receive = anyio.create_memory_object_stream[FeedEvent](10)
+    async with send, receive, anyio.create_task_group() as tg:
+        with anyio.fail_after(2.0):
+            await tg.start(feed.run, send.send, FeedHealth("coinbase_ws"))
+        stats = feed.pool.statistics()
+        assert not stats.connected
+        assert stats.connect_failures >= 1
+        fake = FakeCoinbase()
+        async with serve(fake.handler, "127.0.0.1", port):
+            with anyio.fail_after(WAIT):
+                event = await receive.receive()
+            assert event.symbol == "BTC-USD"
+            assert feed.pool.statistics().connected
+            tg.cancel_scope.cancel()
+
+
+def test_bad_url_and_products_are_config_errors() -> None:
+    """A non-WebSocket URL or a malformed product id fails at construction."""
+    with pytest.raises(ConfigError, match="ws://"):
+        CoinbaseWsPool(settings("https://example.invalid"))
+    with pytest.raises(ConfigError, match=r"products\[1\]"):
+        CoinbaseWsFeed(settings("ws://127.0.0.1:1", ["BTC-USD", "btc usd"]))
+
+
+async def test_slow_subscriber_drops_oldest_without_blocking_others() -> None:
+    """A full subscriber queue drops its oldest tick and counts it; others get everything."""
+    async with fake_server() as (fake, url), running_pool(url, queue_size=2) as pool:
+        slow = pool.subscribe(["BTC-USD"])
+        fast = pool.subscribe(["BTC-USD"])
+        await next_tick(fast)
+        for price in ("1", "2", "3"):
+            await fake.update(0, ("BTC-USD", price))
+            assert (await next_tick(fast)).ticker.price == float(price)
+        assert fast.dropped == 0
+        assert [(await next_tick(slow)).ticker.price for _ in range(2)] == [2.0, 3.0]
+        assert (slow.dropped, pool.statistics().dropped) == (2, 2)
