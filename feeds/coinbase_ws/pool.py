@@ -101,6 +101,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_gaps: int
     sent: int
     dropped: int
+    last_backoff_seconds: float
     subscribers: int
     products: list[str]
 
@@ -246,6 +247,8 @@ class CoinbaseWsPool:
             0,
         )
         self._dropped = 0
+        self._last_backoff = 0.0
+        self._last_ticks: dict[str, Tick] = {}
 
     # --- subscriber API --------------------------------------------------------
 
@@ -265,8 +268,19 @@ class CoinbaseWsPool:
         return sub
 
     def _release(self, sub: Subscription) -> None:
-        if self._book.remove(sub):
+        gone = self._book.remove(sub)
+        for product in gone:
+            self._last_ticks.pop(product, None)
+        if gone:
             self._notify()
+
+    def last_tick(self, product: str) -> Tick | None:
+        """The latest tick of a product someone holds (a late subscriber's starting point).
+
+        Coinbase sends a snapshot only when a product is first subscribed, so a
+        second subscriber of a busy product would otherwise start blind.
+        """
+        return self._last_ticks.get(product)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -283,6 +297,7 @@ class CoinbaseWsPool:
             connected=self._conn is not None,
             reconnects=max(0, c["connections"] - 1),
             dropped=self._dropped,
+            last_backoff_seconds=self._last_backoff,
             subscribers=len(self._book),
             products=sorted(self._book.wanted()),
             **c,
@@ -303,7 +318,7 @@ class CoinbaseWsPool:
                     delays = backoff_delays(
                         s.backoff_initial_seconds, s.backoff_max_seconds, self._rand
                     )
-                delay = next(delays)
+                delay = self._last_backoff = next(delays)
                 log.info("coinbase_ws.reconnect_wait", delay_s=round(delay, 3))
                 await anyio.sleep(delay)
         finally:
@@ -476,5 +491,6 @@ class CoinbaseWsPool:
                 stale_after_reconnect=stale,
             )
             self._counts["ticks"] += 1
+            self._last_ticks[ticker.product_id] = tick
             for sub in holders:
                 sub._push(tick)

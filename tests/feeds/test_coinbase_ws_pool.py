@@ -412,3 +412,39 @@ async def test_slow_subscriber_drops_oldest_without_blocking_others() -> None:
         assert fast.dropped == 0
         assert [(await next_tick(slow)).ticker.price for _ in range(2)] == [2.0, 3.0]
         assert (slow.dropped, pool.statistics().dropped) == (2, 2)
+
+
+@pytest.mark.parametrize(("healthy_after", "delays"), [(0.0, [0.05] * 3), (60.0, [0.05, 0.1, 0.2])])
+async def test_backoff_grows_on_flapping_and_resets_after_healthy(
+    healthy_after: float, delays: list[float]
+) -> None:
+    """Short-lived connections double the backoff; healthy ones reset it."""
+    async with (
+        fake_server() as (fake, url),
+        running_pool(url, rand=lambda: 1.0, healthy_after_seconds=healthy_after) as pool,
+    ):
+        sub = pool.subscribe(["BTC-USD"])
+        seen = []
+        for index in range(3):
+            await next_tick(sub)
+            fake.drop(index)
+            await fake.wait_for(lambda i=index: len(fake.connections) == i + 2)
+            seen.append(pool.statistics().last_backoff_seconds)
+        assert seen == delays
+
+
+async def test_last_tick_is_kept_only_for_held_products() -> None:
+    """A late subscriber can read the latest tick; it is forgotten once nobody holds it."""
+    async with fake_server() as (fake, url), running_pool(url) as pool:
+        first = pool.subscribe(["BTC-USD"])
+        assert pool.last_tick("BTC-USD") is None
+        await next_tick(first)
+        await fake.update(0, ("BTC-USD", "5"))
+        tick = await next_tick(first)
+        late = pool.subscribe(["BTC-USD"])
+        assert pool.last_tick("BTC-USD") is tick
+        assert late.pending() == 0
+        late.close()
+        assert pool.last_tick("BTC-USD") is tick
+        first.close()
+        assert pool.last_tick("BTC-USD") is None
