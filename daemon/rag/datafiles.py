@@ -1,0 +1,95 @@
+"""Reading the input CSVs (plain or .gz) into Bars and Observations.
+
+Accepted formats (header row required, extra columns ignored):
+
+* candles: ``open_time_ms,open,high,low,close,volume``
+* funding: ``funding_time_ms,funding_rate`` (known at ``funding_time_ms``)
+* open interest, either
+  ``time_ms,open_interest`` (a snapshot known at ``time_ms``), or the daily
+  ``date,day_start_ms,<symbol>_oi_value_usd,...`` (lower-case symbol, e.g.
+  ``btcusdt_oi_value_usd``); a daily row is taken as known at the *end* of its
+  day (``day_start_ms + 24 h``) so it can never leak into that day's bars.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+from numpy.typing import NDArray
+
+from daemon.rag.errors import DataFileError
+from daemon.rag.features import DAY_MS, Bars, Observations
+
+CANDLE_COLUMNS = ("open_time_ms", "open", "high", "low", "close", "volume")
+
+
+def _open(path: Path) -> IO[str]:
+    try:
+        if path.suffix == ".gz":
+            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+        return path.open(encoding="utf-8")
+    except OSError as exc:
+        raise DataFileError(f"{path}: cannot open: {exc}") from None
+
+
+def _table(path: Path, wanted: tuple[str, ...]) -> NDArray[np.float64]:
+    """The wanted columns as an (n, len(wanted)) float array."""
+    with _open(path) as f:
+        try:
+            header = [h.strip() for h in f.readline().strip().split(",")]
+            missing = [w for w in wanted if w not in header]
+            if missing:
+                raise DataFileError(
+                    f"{path}: header lacks {', '.join(missing)} (found {','.join(header)})"
+                )
+            cols = [header.index(w) for w in wanted]
+            data = np.loadtxt(f, delimiter=",", usecols=cols, ndmin=2, dtype=np.float64)
+        except (ValueError, OSError, EOFError, UnicodeDecodeError) as exc:
+            raise DataFileError(f"{path}: malformed data: {exc}") from None
+    if data.size and not np.isfinite(data).all():
+        raise DataFileError(f"{path}: non-finite numbers")
+    return data.reshape(-1, len(wanted))
+
+
+def _header(path: Path) -> list[str]:
+    with _open(path) as f:
+        try:
+            return [h.strip() for h in f.readline().strip().split(",")]
+        except (OSError, EOFError, UnicodeDecodeError) as exc:
+            raise DataFileError(f"{path}: cannot read header: {exc}") from None
+
+
+def read_candles(path: Path) -> Bars:
+    """Candles sorted by open time, duplicates resolved to the last row."""
+    data = _table(path, CANDLE_COLUMNS)
+    if len(data) == 0:
+        raise DataFileError(f"{path}: no candles")
+    if (data[:, 1:5] <= 0).any():
+        raise DataFileError(f"{path}: prices must be positive")
+    return Bars.from_rows(data)
+
+
+def read_funding(path: Path) -> Observations:
+    """Funding settlements: ``funding_time_ms,funding_rate``."""
+    data = _table(path, ("funding_time_ms", "funding_rate"))
+    return Observations.of(data[:, 0].astype(np.int64), data[:, 1])
+
+
+def read_open_interest(path: Path, symbol: str) -> Observations:
+    """Open interest in either accepted format (see module docstring)."""
+    header = _header(path)
+    if "time_ms" in header and "open_interest" in header:
+        data = _table(path, ("time_ms", "open_interest"))
+        return Observations.of(data[:, 0].astype(np.int64), data[:, 1])
+    column = f"{symbol.lower()}_oi_value_usd"
+    if "day_start_ms" in header and column in header:
+        data = _table(path, ("day_start_ms", column))
+        return Observations.of(data[:, 0].astype(np.int64) + DAY_MS, data[:, 1])
+    raise DataFileError(
+        f"{path}: expected columns time_ms,open_interest or day_start_ms,{column} "
+        f"(found {','.join(header)})"
+    )

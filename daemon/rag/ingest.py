@@ -1,0 +1,184 @@
+"""Bars -> points -> store: incremental, idempotent, with a progress bar.
+
+Every bar past warm-up becomes a point with a deterministic id. Re-running
+recomputes everything (cheap, vectorized) and writes only points that are new
+or whose revision changed (an outcome whose horizon has now passed, funding or
+OI that arrived later), so re-ingesting the same file writes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from rich.progress import Progress
+
+from daemon.errors import StoreError
+from daemon.events import now_ms
+from daemon.rag.config import RagConfig
+from daemon.rag.embedding import Embedder, make_embedder, norm_stats
+from daemon.rag.errors import EmbeddingError
+from daemon.rag.features import (
+    OUTCOME_COLUMNS,
+    REQUIRED_STATE,
+    STATE_COLUMNS,
+    TIMEFRAME_MS,
+    Bars,
+    Observations,
+    outcome_columns,
+    state_columns,
+)
+from daemon.rag.schema import (
+    FEATURE_VERSION,
+    POINT_DTYPE,
+    SCHEMA_VERSION,
+    CollectionMeta,
+    derive,
+    oi_delta_pct,
+    point_id,
+    revision,
+)
+from daemon.rag.store import Store
+
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    bars: int
+    points: int
+    written: int
+    new: int
+    unchanged: int
+    incomplete: int
+    pending_outcomes: int
+    seconds: float
+
+
+def build_points(
+    symbol: str,
+    timeframe: str,
+    bars: Bars,
+    funding: Observations | None,
+    oi: Observations | None,
+    cfg: RagConfig,
+) -> tuple[NDArray[np.void], F64]:
+    """Points for every bar past warm-up, and their DERIVED feature rows."""
+    tf_ms = TIMEFRAME_MS[timeframe]
+    hour_ms = 3_600_000
+    ex = cfg.exchange
+    state = state_columns(
+        bars,
+        tf_ms,
+        funding,
+        oi,
+        int(ex.max_funding_age_hours * hour_ms),
+        int(ex.max_oi_age_hours * hour_ms),
+    )
+    outcomes = outcome_columns(bars, tf_ms)
+    valid = np.logical_and.reduce([np.isfinite(state[c]) for c in REQUIRED_STATE])
+    pts = np.zeros(int(valid.sum()), dtype=POINT_DTYPE)
+    open_ms = bars.open_ms[valid]
+    pts["id"] = [point_id(symbol, timeframe, t) for t in open_ms.tolist()]
+    pts["symbol"], pts["timeframe"] = symbol, timeframe
+    pts["open_time_ms"], pts["t_ms"] = open_ms, open_ms + tf_ms
+    for c in STATE_COLUMNS:
+        pts[c] = state[c][valid]
+    for c in OUTCOME_COLUMNS:
+        pts[c] = outcomes[c][valid]
+    pts["oi_delta_pct"] = oi_delta_pct(pts["open_interest_latest"], pts["open_interest_avg_24h"])
+    derived = derive({c: pts[c] for c in STATE_COLUMNS})
+    pts["complete"] = np.isfinite(derived).all(axis=1)
+    pts["rev"] = revision(pts)
+    return pts, derived
+
+
+def ensure_collection(store: Store, derived: F64, cfg: RagConfig) -> CollectionMeta:
+    """The collection's metadata, creating it (with frozen stats) on first ingest."""
+    meta = store.meta()
+    model = cfg.embedding.model
+    if meta is None:
+        mean, std = norm_stats(derived)
+        probe = make_embedder(model, mean, std, cfg.embedding.cache_dir)
+        meta = CollectionMeta(
+            schema_version=SCHEMA_VERSION,
+            feature_version=FEATURE_VERSION,
+            embedding_model=model,
+            vectors={"full": probe.dims("full"), "core": probe.dims("core")},
+            norm_mean=mean,
+            norm_std=std,
+            created_ms=now_ms(),
+        )
+        store.create(meta)
+        return meta
+    if meta.embedding_model != model:
+        raise EmbeddingError(
+            f"collection was built with embedding {meta.embedding_model!r} but "
+            f"rag.embedding.model is {model!r}; use another rag.store.collection_name"
+        )
+    if meta.feature_version != FEATURE_VERSION or meta.schema_version != SCHEMA_VERSION:
+        raise StoreError(
+            f"collection has feature version {meta.feature_version} (schema "
+            f"{meta.schema_version}); this build writes {FEATURE_VERSION} (schema "
+            f"{SCHEMA_VERSION}): use another rag.store.collection_name"
+        )
+    return meta
+
+
+@contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[Progress | None]:
+    if not enabled:
+        yield None
+        return
+    with Progress(transient=False) as progress:
+        yield progress
+
+
+def ingest(
+    store: Store,
+    symbol: str,
+    timeframe: str,
+    bars: Bars,
+    funding: Observations | None,
+    oi: Observations | None,
+    cfg: RagConfig,
+    *,
+    progress: bool = False,
+    batch_size: int = 0,
+) -> IngestReport:
+    """Compute, embed and upsert what changed; ``batch_size`` 0 = one write."""
+    started = time.perf_counter()
+    pts, derived = build_points(symbol, timeframe, bars, funding, oi, cfg)
+    meta = ensure_collection(store, derived, cfg)
+    embedder: Embedder = make_embedder(
+        meta.embedding_model, meta.norm_mean, meta.norm_std, cfg.embedding.cache_dir
+    )
+    known = store.revisions(symbol, timeframe)
+    changed = np.array(
+        [known.get(i) != r for i, r in zip(pts["id"].tolist(), pts["rev"].tolist(), strict=True)],
+        dtype=bool,
+    )
+    todo = np.flatnonzero(changed)
+    step = batch_size or max(len(todo), 1)
+    with _progress(progress, len(todo)) as bar:
+        task = bar.add_task(f"ingest {symbol} {timeframe}", total=len(todo)) if bar else None
+        for lo in range(0, len(todo), step):
+            sel = todo[lo : lo + step]
+            vectors = {n: embedder.embed(derived[sel], n) for n in meta.vectors}
+            store.upsert(pts[sel], vectors)
+            if bar is not None and task is not None:
+                bar.advance(task, len(sel))
+    return IngestReport(
+        bars=len(bars),
+        points=len(pts),
+        written=len(todo),
+        new=sum(1 for i in pts["id"].tolist() if i not in known),
+        unchanged=len(pts) - len(todo),
+        incomplete=int((~pts["complete"]).sum()),
+        pending_outcomes=int((~np.isfinite(pts["outcome_24h"])).sum()),
+        seconds=time.perf_counter() - started,
+    )

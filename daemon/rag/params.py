@@ -1,0 +1,102 @@
+"""``rag.query_patterns`` params: the seed's JSON Schema as msgspec Structs.
+
+Validation failures become -32602 with the failing field named in
+``error.data.field`` (dotted path, e.g. ``current_state.rsi_7``). Beyond the
+seed's schema: unknown members are rejected (a typo in ``query_config`` must
+not silently fall back to a default), numbers must be finite, and the values
+we divide by (price, EMAs, the 24 h OI average) must be > 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+from daemon.errors import RpcError
+
+INVALID_PARAMS = -32602
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+
+
+class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class CurrentState(_Strict, frozen=True):
+    price: Positive
+    rsi_7: Percent
+    rsi_14: Percent
+    macd: float
+    ema_20: Positive
+    ema_20_4h: Positive
+    ema_50_4h: Positive
+    funding_rate: float
+    open_interest_latest: NonNegative
+    open_interest_avg_24h: Positive
+    price_change_1h: float | None = None
+    price_change_4h: float | None = None
+
+
+class QueryConfig(_Strict, frozen=True):
+    lookback_days: Annotated[float, msgspec.Meta(ge=1, le=365)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] | None = None
+    min_similarity: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    include_regime_filters: bool | None = None
+    # Not in the seed's params (it is server config there); a per-query override.
+    min_matches: Annotated[int, msgspec.Meta(ge=0, le=50)] | None = None
+
+
+class QueryParams(_Strict, frozen=True):
+    symbol: Annotated[str, msgspec.Meta(pattern="^[A-Z]+USDT$", max_length=16)]
+    timestamp: NonNegative
+    current_state: CurrentState
+    query_config: QueryConfig | None = None
+    # Checked by the server when rag.server.api_key is set; ignored in-process.
+    api_key: str | None = None
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_FIELD = re.compile(r"(?:missing required|contains unknown) field `([^`]+)`")
+
+
+def _field_of(text: str) -> tuple[str, str]:
+    """(dotted field, reason) from a msgspec validation message."""
+    m = _AT.match(text)
+    msg = m.group("msg") if m else text
+    path = (m.group("path") or "") if m else ""
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", path) if p]
+    named = _FIELD.search(msg)
+    if named:
+        parts.append(named.group(1))
+    return ".".join(parts) or "params", msg
+
+
+def invalid(field: str, reason: str) -> RpcError:
+    """The -32602 error naming ``field``."""
+    return RpcError(INVALID_PARAMS, "Invalid params", {"field": field, "reason": reason})
+
+
+def parse_params(params: Any) -> QueryParams:
+    """Validate raw params (a dict from JSON, or an in-process dict/QueryParams)."""
+    if isinstance(params, QueryParams):
+        parsed = params
+    elif not isinstance(params, dict):
+        raise invalid("params", "params must be an object")
+    else:
+        try:
+            parsed = msgspec.convert(params, QueryParams)
+        except msgspec.ValidationError as exc:
+            raise invalid(*_field_of(str(exc))) from None
+    for name in CurrentState.__struct_fields__:
+        value = getattr(parsed.current_state, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise invalid(f"current_state.{name}", "must be a finite number")
+    if not math.isfinite(parsed.timestamp):
+        raise invalid("timestamp", "must be a finite number")
+    return parsed

@@ -1,0 +1,216 @@
+"""``query_patterns``: the one function both the server and in-process callers use.
+
+Everything a client can see (matches, statistics, metadata, errors as
+RpcError with the seed's codes) is decided here, so the agent's tool gets the
+same answer whether it calls this directly or goes through TCP 7879.
+
+No look-ahead at query time either: only points whose bar closed at or before
+the query ``timestamp`` are searched, and an outcome is reported only if its
+horizon had passed by then (otherwise ``null``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import numpy as np
+
+from daemon.errors import MarketwakeError, RpcError, StoreError
+from daemon.rag.config import RagConfig
+from daemon.rag.embedding import Embedder, EmbeddingCache, make_embedder
+from daemon.rag.errors import EmbeddingError
+from daemon.rag.features import DAY_MS, H4_MS, HOUR_MS
+from daemon.rag.params import CurrentState, QueryParams, parse_params
+from daemon.rag.schema import CollectionMeta, derive, oi_delta_pct
+from daemon.rag.statistics import outcome_stats
+from daemon.rag.store import QueryFilter, Range, Store
+
+SUGGESTION: Final = "Try increasing lookback_days or reducing min_similarity"
+# When each outcome becomes known, relative to the bar close.
+HORIZON_MS: Final = {
+    "outcome_1h": HOUR_MS,
+    "outcome_4h": H4_MS,
+    "outcome_24h": DAY_MS,
+    "max_runup_1h": HOUR_MS,
+    "max_drawdown_1h": HOUR_MS,
+    "hit_stop_loss": H4_MS,
+    "hit_take_profit": H4_MS,
+}
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+def _iso(t_ms: int) -> str:
+    return datetime.fromtimestamp(t_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def regime_ranges(state: CurrentState, flat_band_pct: float) -> tuple[Range, Range]:
+    """Same OI regime (rising / flat / falling vs 24 h avg) and same funding sign."""
+    delta = float(
+        oi_delta_pct(
+            np.array([state.open_interest_latest]), np.array([state.open_interest_avg_24h])
+        )[0]
+    )
+    b = flat_band_pct
+    if delta > b:
+        oi = Range(field="oi_delta_pct", gt=b)
+    elif delta < -b:
+        oi = Range(field="oi_delta_pct", lt=-b)
+    else:
+        oi = Range(field="oi_delta_pct", gte=-b, lte=b)
+    f = state.funding_rate
+    if f > 0:
+        funding = Range(field="funding_rate", gt=0.0)
+    elif f < 0:
+        funding = Range(field="funding_rate", lt=0.0)
+    else:
+        funding = Range(field="funding_rate", gte=0.0, lte=0.0)
+    return oi, funding
+
+
+def _match(hit_score: float, p: dict[str, Any], query_ms: int) -> dict[str, Any]:
+    t = int(p["t_ms"])
+    outcomes: dict[str, Any] = {}
+    for name, horizon in HORIZON_MS.items():
+        v = p.get(name)
+        known = v is not None and t + horizon <= query_ms
+        outcomes[name] = (bool(v) if name.startswith("hit_") else v) if known else None
+    return {
+        "similarity": round(min(max(hit_score, 0.0), 1.0), 6),
+        "timestamp": t,
+        "date": _iso(t),
+        "market_state": {
+            "rsi_7": p["rsi_7"],
+            "rsi_14": p["rsi_14"],
+            "macd": p["macd"],
+            "ema_ratio": p["ema_20_4h"] / p["ema_50_4h"],
+            "oi_delta_pct": p["oi_delta_pct"],
+            "funding_rate": p["funding_rate"],
+        },
+        "outcomes": outcomes,
+    }
+
+
+class RagService:
+    """Holds the store, the embedder matching the collection, and the query cache."""
+
+    def __init__(self, cfg: RagConfig, store: Store) -> None:
+        self._cfg = cfg
+        self._store = store
+        emb = cfg.embedding
+        self._cache = EmbeddingCache(emb.cache_ttl_seconds, emb.cache_max_entries)
+        self._embedder: tuple[int, Embedder] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def cache(self) -> EmbeddingCache:
+        return self._cache
+
+    def query_patterns(self, params: Any) -> dict[str, Any]:
+        """Validate, embed, search, summarize; every failure is an RpcError."""
+        try:
+            return self._query(parse_params(params))
+        except RpcError:
+            raise
+        except StoreError as exc:
+            raise RpcError(-32003, "Qdrant error", {"reason": str(exc)}) from None
+        except EmbeddingError as exc:
+            raise RpcError(-32004, "Embedding error", {"reason": str(exc)}) from None
+        except MarketwakeError as exc:
+            raise RpcError(exc.rpc_code, "Server error", {"reason": str(exc)}) from None
+        except Exception as exc:  # noqa: BLE001 - a query must never take the server down
+            raise RpcError(-32000, "Server error", {"reason": type(exc).__name__}) from None
+
+    def _meta(self) -> CollectionMeta:
+        meta = self._store.meta()
+        if meta is None:
+            raise StoreError("collection does not exist yet: run `marketwake rag ingest` first")
+        if meta.embedding_model != self._cfg.embedding.model:
+            raise EmbeddingError(
+                f"collection was built with {meta.embedding_model!r}, "
+                f"rag.embedding.model is {self._cfg.embedding.model!r}"
+            )
+        return meta
+
+    def _embedder_for(self, meta: CollectionMeta) -> Embedder:
+        with self._lock:
+            if self._embedder is None or self._embedder[0] != meta.created_ms:
+                emb = make_embedder(
+                    meta.embedding_model,
+                    meta.norm_mean,
+                    meta.norm_std,
+                    self._cfg.embedding.cache_dir,
+                )
+                self._embedder = (meta.created_ms, emb)
+            return self._embedder[1]
+
+    def _embed(self, meta: CollectionMeta, state: CurrentState) -> tuple[str, Any, bool]:
+        full = state.price_change_1h is not None and state.price_change_4h is not None
+        vector = "full" if full else "core"
+        cols = {
+            k: np.array([getattr(state, k) or 0.0], dtype=np.float64)
+            for k in state.__struct_fields__
+        }
+        derived = derive(cols)
+        key = f"{vector}:{meta.created_ms}:".encode() + derived.tobytes()
+        cached = self._cache.get(key) if self._cfg.embedding.cache_embeddings else None
+        if cached is not None:
+            return vector, cached, True
+        vec = self._embedder_for(meta).embed(derived, vector)[0]
+        if self._cfg.embedding.cache_embeddings:
+            self._cache.put(key, vec)
+        return vector, vec, False
+
+    def _query(self, p: QueryParams) -> dict[str, Any]:
+        started = time.perf_counter()
+        d = self._cfg.query_defaults
+        qc = p.query_config
+        lookback = (qc and qc.lookback_days) or d.lookback_days
+        top_k = (qc and qc.top_k) or d.top_k
+        min_sim = d.min_similarity if qc is None or qc.min_similarity is None else qc.min_similarity
+        regime = (
+            d.include_regime_filters
+            if qc is None or qc.include_regime_filters is None
+            else qc.include_regime_filters
+        )
+        min_matches = d.min_matches if qc is None or qc.min_matches is None else qc.min_matches
+        meta = self._meta()
+        if not self._store.has_symbol(p.symbol):
+            raise RpcError(-32002, "Symbol not found", {"symbol": p.symbol})
+        t_embed = time.perf_counter()
+        vector, qvec, cache_hit = self._embed(meta, p.current_state)
+        t_search = time.perf_counter()
+        now = int(p.timestamp)
+        ranges = [Range(field="t_ms", gt=now - lookback * DAY_MS, lte=now)]
+        applied = ["symbol", "timerange"]
+        if regime:
+            ranges.extend(regime_ranges(p.current_state, d.oi_flat_band_pct))
+            applied += ["oi_delta", "funding_sign"]
+        flt = QueryFilter(symbol=p.symbol, ranges=tuple(ranges))
+        hits = self._store.search(vector, qvec, flt, top_k, min_sim)
+        t_done = time.perf_counter()
+        required = min(min_matches, top_k)
+        if len(hits) < required:
+            data = {"matches_found": len(hits), "min_required": required, "suggestion": SUGGESTION}
+            raise RpcError(-32001, "Insufficient matches found", data)
+        matches = [_match(h.score, h.payload, now) for h in hits]
+        return {
+            "matches": matches,
+            "statistics": outcome_stats(matches),
+            "metadata": {
+                "query_duration_ms": _ms(time.perf_counter() - started),
+                "embedding_duration_ms": _ms(t_search - t_embed),
+                "retrieval_duration_ms": _ms(t_done - t_search),
+                "filters_applied": applied,
+                "schema_version": meta.schema_version,
+                "feature_version": meta.feature_version,
+                "embedding_model": meta.embedding_model,
+                "vector": vector,
+                "embedding_cache_hit": cache_hit,
+            },
+        }
