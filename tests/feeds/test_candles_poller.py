@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import pytest
@@ -354,3 +354,98 @@ async def test_products_and_timeframes_are_independent_series(
         ("coinbase:ETH-USD:5m", T0 + 3_600_000),
     ]
     assert set(GRANULARITY) == {"1m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "1d"}
+
+
+CHILD = """
+import sys
+from pathlib import Path
+
+import anyio
+import structlog
+
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+from daemon.config import CandlesSection
+from daemon.events import encode
+from feeds.base import FeedHealth
+from feeds.candles import CandlesFeed
+
+
+async def publish(event):
+    sys.stdout.buffer.write(encode(event) + b"\\n")
+    sys.stdout.buffer.flush()
+
+
+async def main():
+    section = CandlesSection(
+        enabled=True, base_url=sys.argv[1], products=["BTC-USD"], timeframes=["1m"],
+        poll_seconds=0.001,
+    )
+    feed = CandlesFeed(section, Path(sys.argv[2]), min_request_interval=0.0)
+    await feed.run(publish, FeedHealth("candles"))
+
+
+anyio.run(main)
+"""
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_child(tmp_path: Path) -> tuple[Path, BinaryIO]:
+    """The child script, and a file for its log lines (read them when this test fails)."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    return script, (tmp_path / "child.err").open("wb")
+
+
+async def test_sigkill_mid_run_then_restart_emits_each_close_once(
+    exchange: tuple[FakeCoinbase, str], tmp_path: Path
+) -> None:
+    """SIGKILL the poller process mid-run; a restart from its SQLite file resumes after the mark.
+
+    The only duplicate allowed is the documented one: the very last close the
+    killed process published, if the kill landed between publish and commit,
+    and it then carries the same eventId.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    from daemon.events import decode
+
+    fake, url = exchange
+    fake.now_ms = T0 + 5_000
+    fake.advance_per_time_ms = 20_000
+    script, err = write_child(tmp_path)
+    with anyio.fail_after(20), err:
+        async with await anyio.open_process(
+            [sys.executable, str(script), url, str(tmp_path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        ) as proc:
+            assert proc.stdout is not None
+            buffer = b""
+            async for chunk in proc.stdout:
+                buffer += chunk
+                if buffer.count(b"\n") >= 8 and proc.returncode is None:
+                    proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            assert proc.returncode == -signal.SIGKILL
+    lines = [line for line in buffer.split(b"\n") if line]
+    before = [decode(line) for line in lines]
+    fake.advance_per_time_ms = 0
+    fake.now_ms += 30 * 60_000
+    sink = Sink()
+    async with make_feed(url, tmp_path, timeframes=["1m"]).open() as feed:
+        await feed.poll_once(sink, FeedHealth("candles"))
+    after = sink.events
+    if after and after[0].event_id == before[-1].event_id:
+        after = after[1:]  # killed between publish and commit: same id, deduped downstream
+    ids = [e.event_id for e in before + after]
+    closes = [e.payload["closeTimeMs"] for e in before + after]
+    assert len(set(ids)) == len(ids)
+    settled_last = (fake.now_ms - 2_000) // 60_000 * 60_000
+    assert closes == list(range(closes[0], settled_last + 1, 60_000))
+    assert len(before) >= 8 and len(after) >= 30
