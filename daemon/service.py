@@ -32,11 +32,11 @@ from anyio.abc import TaskGroup, TaskStatus
 from daemon import config as config_mod
 from daemon.bus import Bus, Subscription
 from daemon.config import Config
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, StoreError
 from daemon.events import FeedEvent
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
-from daemon.state import StateCache
+from daemon.state import StateCache, read_snapshot, write_snapshot
 from feeds.base import Feed, FeedHealth
 
 log = structlog.get_logger("service")
@@ -44,6 +44,7 @@ log = structlog.get_logger("service")
 FeedFactory = Callable[[Config], Sequence[Feed]]
 Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 STATUS_FILE = "status.json"
+SNAPSHOT_FILE = "state_cache.json"
 
 
 class FeedStatus(msgspec.Struct, frozen=True):
@@ -109,6 +110,24 @@ class Service:
         async for event in sub:
             self.state.apply(event)
 
+    def _load_snapshot(self) -> None:
+        """Warm start: indicators continue where the last run stopped."""
+        try:
+            data = read_snapshot(self.state_dir / SNAPSHOT_FILE)
+            if data is not None:
+                n = self.state.load(data)
+                log.info("state cache restored", series=n)
+        except StoreError as exc:
+            log.warning("state snapshot unreadable; starting cold", error=str(exc))
+
+    async def _save_snapshot(self) -> None:
+        data = self.state.dump()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            await anyio.to_thread.run_sync(write_snapshot, self.state_dir / SNAPSHOT_FILE, data)
+        except StoreError as exc:
+            log.warning("state snapshot not written", error=str(exc))
+
     # -- feeds ---------------------------------------------------------------
 
     async def _publish(self, event: FeedEvent) -> None:
@@ -160,6 +179,7 @@ class Service:
         while True:
             await anyio.sleep(self.config.daemon.status_interval_seconds)
             status = self.write_status(running=True)
+            await self._save_snapshot()
             stats = status.bus
             log.info(
                 "status",
@@ -240,6 +260,7 @@ class Service:
 
     async def run(self) -> Status:
         """Run until a signal, or until every (finite) feed has finished."""
+        self._load_snapshot()
         async with anyio.create_task_group() as tg:
             for consumer, sub in self._subs:
                 tg.start_soon(consumer, sub)
@@ -261,6 +282,7 @@ class Service:
                 self._feeds_scope.cancel()
             self.bus.close()
         status = self.write_status(running=False)
+        await self._save_snapshot()
         log.info("daemon stopped", published=status.bus["published"])
         return status
 

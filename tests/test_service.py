@@ -140,3 +140,14 @@ async def test_watchdog_withheld_while_a_feed_is_stalled(
     assert "WATCHDOG=1" in early
     assert "WATCHDOG=1" not in late
     assert svc.stalled_feeds() == ["silent"]
+
+
+async def test_state_cache_survives_a_restart(tmp_path: Path) -> None:
+    """Indicators continue across runs: the snapshot is written at stop and read at start."""
+    cfg = make_config(tmp_path)
+    first = Service(cfg, lambda _: [ListFeed("a", [candle(i) for i in range(20)])])
+    await first.run()
+    second = Service(cfg, lambda _: [ListFeed("b", [candle(i) for i in range(20, 25)])])
+    await second.run()
+    series = second.state.series("BTC-USD", "1m")
+    assert series is not None and len(series.candles) == 25
