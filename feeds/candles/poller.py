@@ -39,6 +39,8 @@ log = structlog.get_logger("feeds.candles")
 
 # Never wait longer than this for a Retry-After, whatever the server says.
 _MAX_RETRY_AFTER = 300.0
+# While idle between polls, beat at least this often (if the last poll was clean).
+_IDLE_BEAT_SECONDS = 15.0
 
 
 class _GaveUp(FeedError):
@@ -74,6 +76,7 @@ class CandlesFeed:
         self.clock = clock
         # server clock minus local clock; None until /time has answered once
         self.offset_ms: int | None = None
+        self.last_poll_ok = False
         self._last_request = 0.0
         self._last_updated: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -108,13 +111,29 @@ class CandlesFeed:
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Poll until cancelled; ``started()`` after the first poll, whatever its outcome."""
+        """Poll until cancelled; ``started()`` once the state store and session are open.
+
+        Not after the first poll: with the exchange down that poll can take
+        minutes of retries, and startup (READY=1) should not wait on Coinbase.
+        """
         async with self.open():
-            await self.poll_once(publish, health)
             task_status.started()
             while True:
-                await anyio.sleep(self.next_sleep())
                 await self.poll_once(publish, health)
+                await self._idle(self.next_sleep(), health)
+
+    async def _idle(self, seconds: float, health: FeedHealth) -> None:
+        """Sleep until the next poll, beating meanwhile only if the last poll was clean.
+
+        Polls can be minutes apart (1h candles: 300 s), longer than the
+        service's stall limit; a poller that is waiting as scheduled after a
+        good poll is alive, one whose last poll failed is not.
+        """
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await anyio.sleep(min(left, _IDLE_BEAT_SECONDS))
+            if self.last_poll_ok:
+                health.beat()
 
     def next_sleep(self) -> float:
         """Until the next poll: the interval, or sooner if a close settles before it."""
@@ -130,6 +149,8 @@ class CandlesFeed:
 
     async def poll_once(self, publish: Publish, health: FeedHealth) -> int:
         """One pass over every series; returns how many closes were published."""
+        errors = health.errors
+        self.last_poll_ok = False
         server_now = await self._server_now(health)
         if server_now is None:
             return 0
@@ -143,6 +164,7 @@ class CandlesFeed:
                 except FeedError as exc:
                     health.error()
                     log.error("candles.poll_failed", product=product, timeframe=tf, error=str(exc))
+        self.last_poll_ok = health.errors == errors
         return published
 
     async def _server_now(self, health: FeedHealth) -> int | None:

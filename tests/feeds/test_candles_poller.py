@@ -449,3 +449,20 @@ async def test_sigkill_mid_run_then_restart_emits_each_close_once(
     settled_last = (fake.now_ms - 2_000) // 60_000 * 60_000
     assert closes == list(range(closes[0], settled_last + 1, 60_000))
     assert len(before) >= 8 and len(after) >= 30
+
+
+async def test_next_poll_comes_early_when_a_close_settles_sooner(
+    exchange: tuple[FakeCoinbase, str], tmp_path: Path
+) -> None:
+    """1h candles poll every 300 s, but 10 s before a close the next poll is due at close + 2 s."""
+    fake, url = exchange
+    feed = make_feed(url, tmp_path, timeframes=["1h"])
+    assert feed.next_sleep() == feed.poll_seconds == 300.0  # no server time yet
+    fake.now_ms = T0 + 3_600_000 - 10_000
+    async with feed.open():
+        await feed.poll_once(Sink(), FeedHealth("candles"))
+    assert 11.0 <= feed.next_sleep() <= 12.0
+    fake.now_ms = T0 + 1_000_000
+    async with feed.open():
+        await feed.poll_once(Sink(), FeedHealth("candles"))
+    assert feed.next_sleep() == 300.0
