@@ -192,6 +192,22 @@ class _Connection:
         self.reason = ""
 
 
+def check_settings(settings: CoinbaseWsSection) -> None:
+    """Reject values the pool cannot run with, naming the key (ConfigError)."""
+    key = "feeds.coinbase_ws."
+    if not settings.url.startswith(("ws://", "wss://")):
+        raise ConfigError(f"{key}url: expected a ws:// or wss:// URL, found {settings.url!r}")
+    if not settings.idle_timeout_seconds > 0:
+        raise ConfigError(f"{key}idle_timeout_seconds: must be > 0")
+    if not 0 < settings.backoff_initial_seconds <= settings.backoff_max_seconds:
+        raise ConfigError(
+            f"{key}backoff_initial_seconds/backoff_max_seconds: need 0 < initial <= max "
+            f"(found {settings.backoff_initial_seconds}, {settings.backoff_max_seconds})"
+        )
+    if settings.max_message_bytes < 1024:
+        raise ConfigError(f"{key}max_message_bytes: must be >= 1024")
+
+
 def _log_often(count: int) -> bool:
     """Log the first ten occurrences, then at powers of two (bounded log volume)."""
     return count <= 10 or count & (count - 1) == 0
@@ -211,10 +227,7 @@ class CoinbaseWsPool:
         max_subscribers: int = 10_000,
         rand: Callable[[], float] = random.random,
     ) -> None:
-        if not settings.url.startswith(("ws://", "wss://")):
-            raise ConfigError(
-                f"feeds.coinbase_ws.url: expected ws:// or wss://, got {settings.url!r}"
-            )
+        check_settings(settings)
         self._settings = settings
         self._open_timeout = open_timeout
         self._interval = subscribe_interval
@@ -287,7 +300,7 @@ class CoinbaseWsPool:
         self._changed = anyio.Event()
 
     async def wait_ready(self) -> None:
-        """Return once a connection has been subscribed to every wanted product."""
+        """Return once the first connection has subscribed every product wanted so far."""
         await self._ready.wait()
 
     def statistics(self) -> PoolStatistics:

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -392,10 +393,19 @@ async def test_feed_starts_offline_and_connects_when_the_server_appears() -> Non
             tg.cancel_scope.cancel()
 
 
-def test_bad_url_and_products_are_config_errors() -> None:
-    """A non-WebSocket URL or a malformed product id fails at construction."""
+def test_bad_settings_and_products_are_config_errors() -> None:
+    """A bad URL, backoff, idle timeout or product id fails at construction, naming the key."""
     with pytest.raises(ConfigError, match="ws://"):
         CoinbaseWsPool(settings("https://example.invalid"))
+    good = settings("ws://127.0.0.1:1")
+    for key, value in (
+        ("backoff_initial_seconds", 0.0),
+        ("backoff_max_seconds", 0.01),
+        ("idle_timeout_seconds", 0.0),
+        ("max_message_bytes", 10),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            CoinbaseWsPool(msgspec.structs.replace(good, **{key: value}))
     with pytest.raises(ConfigError, match=r"products\[1\]"):
         CoinbaseWsFeed(settings("ws://127.0.0.1:1", ["BTC-USD", "btc usd"]))
 
