@@ -1,0 +1,1 @@
+"""The wake scheduler: turns WAKE decisions into budgeted, collected agent runs."""

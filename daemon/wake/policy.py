@@ -1,0 +1,55 @@
+"""The per-agent wake policy: the ``[wake]`` table of ``agents/<id>/agent.toml``.
+
+Every field has a default so an agent with no ``[wake]`` table still gets a
+safe, cheap policy: a small hourly budget, collect mode and the ``log`` runner
+(which never calls an LLM). Unknown keys are rejected so a typo fails loudly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+OutputCap = Annotated[int, msgspec.Meta(ge=256, le=16 * 1024 * 1024)]
+
+
+class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Which runner an agent run uses.
+
+    ``log`` records the run and calls nothing (the default); ``command`` pipes
+    the wake context as JSON to ``command`` (an argv list, never a shell line).
+    """
+
+    kind: Literal["log", "command"] = "log"
+    command: list[str] = msgspec.field(default_factory=list)
+    timeout_seconds: PosFloat = 300.0
+    # Each of stdout and stderr is kept up to this many bytes; the rest is drained.
+    max_output_bytes: OutputCap = 64 * 1024
+
+    def __post_init__(self) -> None:
+        if self.kind == "command" and not self.command:
+            raise ValueError("runner.command must name the program to run when kind = 'command'")
+        if any(not arg for arg in self.command[:1]):
+            raise ValueError("runner.command[0] must not be empty")
+
+
+class WakePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How often, and how, WAKE decisions turn into agent runs."""
+
+    # Sliding one-hour window over wake runs (audit runs are not counted); 0 = never wake.
+    max_runs_per_hour: NonNegInt = 12
+    # After a wake run ends, a wake that would start a new run is suppressed for this long.
+    cooldown_after_run_seconds: NonNegFloat = 60.0
+    # collect: wakes merge into one pending run; immediate: one run per wake, in order.
+    queue_mode: Literal["collect", "immediate"] = "collect"
+    # collect mode: how long the first wake of an idle agent waits for company.
+    debounce_seconds: NonNegFloat = 2.0
+    # collect mode: wakes kept in detail per run; older ones become one summary line.
+    max_collected: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 20
+    # Start an audit run after this many seconds without any run (0 = off).
+    audit_interval_seconds: NonNegFloat = 0.0
+    runner: RunnerConfig = msgspec.field(default_factory=RunnerConfig)
