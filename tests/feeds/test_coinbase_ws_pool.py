@@ -458,3 +458,34 @@ async def test_last_tick_is_kept_only_for_held_products() -> None:
         assert pool.last_tick("BTC-USD") is tick
         first.close()
         assert pool.last_tick("BTC-USD") is None
+
+
+async def test_oversized_frame_reconnects_and_resubscribes() -> None:
+    """A frame above max_message_bytes closes that connection; the pool redials."""
+    async with fake_server() as (fake, url), running_pool(url) as pool:
+        sub = pool.subscribe(["BTC-USD"])
+        await next_tick(sub)
+        big = [ticker("BTC-USD", "1", padding="x" * 70_000)]
+        await fake.send(0, "ticker", [{"type": "update", "tickers": big}])
+        await fake.wait_for(lambda: len(fake.sent_by(1)) == 2)
+        assert (await next_tick(sub)).stale_after_reconnect
+        assert pool.statistics().reconnects == 1
+
+
+async def test_feed_marks_first_event_per_product_after_reconnect() -> None:
+    """The FeedEvent payload carries staleAfterReconnect on the first tick after a drop only."""
+    async with fake_server() as (fake, url):
+        feed = CoinbaseWsFeed(settings(url, ["BTC-USD"]))
+        send, receive = anyio.create_memory_object_stream[FeedEvent](10)
+        async with send, receive, anyio.create_task_group() as tg:
+            await tg.start(feed.run, send.send, FeedHealth("coinbase_ws"))
+            with anyio.fail_after(WAIT):
+                assert (await receive.receive()).payload["staleAfterReconnect"] is False
+                fake.drop(0)
+                first = await receive.receive()
+                await fake.update(1, ("BTC-USD", "3"))
+                second = await receive.receive()
+            assert first.payload["staleAfterReconnect"] is True
+            assert second.payload["staleAfterReconnect"] is False
+            assert first.event_id != second.event_id
+            tg.cancel_scope.cancel()
