@@ -8,6 +8,7 @@ error shape). Its clock only moves when a test moves it.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -50,6 +51,7 @@ class FakeCoinbase:
         self.time_faults: list[str] = []
         self.spans: list[int] = []  # buckets asked for per candles request
         self.requests = 0
+        self.products = {"BTC-USD", "ETH-USD"}
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -70,6 +72,9 @@ class FakeCoinbase:
         self.requests += 1
         if self.faults:
             return self._fault(*self.faults.pop(0))
+        if request.match_info["product"] not in self.products:
+            product = request.match_info["product"]
+            return _error(404, "NOT_FOUND", f"Product {product} not supported")
         q = request.query
         gran = ENUM_SECONDS.get(q.get("granularity", ""))
         if gran is None or "start" not in q or "end" not in q:
@@ -466,3 +471,30 @@ async def test_next_poll_comes_early_when_a_close_settles_sooner(
     async with feed.open():
         await feed.poll_once(Sink(), FeedHealth("candles"))
     assert feed.next_sleep() == 300.0
+
+
+async def test_unknown_product_is_not_retried_and_others_still_flow(
+    exchange: tuple[FakeCoinbase, str], tmp_path: Path
+) -> None:
+    """A 404 for one product is one recorded error per poll; the other product's closes flow."""
+    fake, url = exchange
+    fake.now_ms = T0 + 10_000
+    sink, health = Sink(), FeedHealth("candles")
+    async with make_feed(url, tmp_path, products=["NOPE-USD", "BTC-USD"]).open() as feed:
+        requests = fake.requests
+        assert await feed.poll_once(sink, health) == 1
+        assert fake.requests - requests == 3  # /time, one 404, one good
+        assert not feed.last_poll_ok
+    assert health.errors == 1
+    assert [e.symbol for e in sink.events] == ["BTC-USD"]
+
+
+async def test_unreachable_exchange_is_recorded_not_raised(tmp_path: Path) -> None:
+    """Connection refused on every attempt: errors are counted, poll_once returns 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the poll: nothing listens
+    health = FeedHealth("candles")
+    async with make_feed(f"http://127.0.0.1:{port}", tmp_path).open() as feed:
+        assert await feed.poll_once(Sink(), health) == 0
+    assert health.errors == 4  # every attempt of /time
