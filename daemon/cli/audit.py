@@ -1,10 +1,155 @@
-"""``marketwake audit tail`` and ``marketwake why``: read the audit log."""
+"""``marketwake audit tail`` and ``marketwake why``: read the audit log.
+
+The audit directory is ``--dir`` if given, else ``<daemon.state_dir>/audit``
+from ``--config``, else ``./state/audit``.
+"""
 
 from __future__ import annotations
 
+import sys
+import time
+from pathlib import Path
+
 import click
+import msgspec
+from rich.console import Console
+
+from daemon import config as config_mod
+from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
+from daemon.audit.render import render, to_json
+from daemon.audit.why import collect, explain, render_explanation
+
+DIR_HELP = "Audit directory (default: <state_dir>/audit from --config, else ./state/audit)."
+RECORD_TYPES = ("hook", "wake", "run", "risk", "order")
+
+
+def audit_dir(directory: Path | None, config_path: Path | None) -> Path:
+    """Where the audit log lives, by the precedence in the module docstring."""
+    if directory is not None:
+        return directory
+    if config_path is not None:
+        return Path(config_mod.load(config_path).daemon.state_dir) / "audit"
+    return Path("state") / "audit"
+
+
+def _since(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+
+
+def _console() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
 
 
 @click.group("audit")
 def audit_group() -> None:
     """Read the audit log of hook evaluations, wakes, risk verdicts and orders."""
+
+
+@audit_group.command("tail")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing records as they are written.")
+@click.option("-n", "--lines", default=20, show_default=True, help="How many past records to show.")
+@click.option("--agent", help="Only this agent id.")
+@click.option("--hook", help="Only this hook id.")
+@click.option(
+    "--decision",
+    help="Only hook records with this decision (WAKE, IGNORE, ALERT, TRADE_INTENT, ERROR).",
+)
+@click.option("--symbol", help="Only this symbol.")
+@click.option("--since", help="Only records newer than this: 15m, 2h, 3d or an RFC 3339 time.")
+@click.option(
+    "--type",
+    "types",
+    multiple=True,
+    type=click.Choice(RECORD_TYPES),
+    help="Only these record types (repeatable).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the stored JSON lines.")
+@click.option("--dir", "directory", type=click.Path(path_type=Path), help=DIR_HELP)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="Config file (TOML) for state_dir.",
+)
+@click.option(
+    "--poll", default=0.25, show_default=True, hidden=True, help="Follow poll interval (s)."
+)
+def tail_command(
+    follow: bool,
+    lines: int,
+    agent: str | None,
+    hook: str | None,
+    decision: str | None,
+    symbol: str | None,
+    since: str | None,
+    types: tuple[str, ...],
+    as_json: bool,
+    directory: Path | None,
+    config_path: Path | None,
+    poll: float,
+) -> None:
+    """Show the latest audit records, filtered; with -f keep following."""
+    where = audit_dir(directory, config_path)
+    flt = AuditFilter(
+        agent=agent,
+        hook=hook,
+        decision=decision,
+        symbol=symbol,
+        since_ms=_since(since),
+        types=frozenset(types) if types else None,
+    )
+    console = _console()
+
+    def show(rec: dict[str, object]) -> None:
+        if as_json:
+            click.echo(to_json(rec))
+        else:
+            console.print(render(rec))
+        sys.stdout.flush()
+
+    follower = Follower(where, flt) if follow else None  # start before reading: no gap
+    for rec in tail(where, flt, lines):
+        show(rec)
+    if follower is None:
+        return
+    while True:
+        batch = follower.poll()
+        for rec in batch:
+            show(rec)
+        if not batch:
+            time.sleep(poll)
+
+
+@click.command("why")
+@click.argument("ident")
+@click.option("--since", help="Only search records newer than this: 15m, 2h, 3d or a time.")
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
+@click.option("--dir", "directory", type=click.Path(path_type=Path), help=DIR_HELP)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="Config file (TOML) for state_dir.",
+)
+def why_command(
+    ident: str, since: str | None, as_json: bool, directory: Path | None, config_path: Path | None
+) -> None:
+    """Explain what happened to an event (eventId) or trace (traceId), per agent.
+
+    Exits 1 when the audit log has no record of IDENT.
+    """
+    where = audit_dir(directory, config_path)
+    exp = explain(collect(where, ident, _since(since)), ident)
+    if as_json:
+        click.echo(msgspec.json.encode(exp).decode())
+    else:
+        console = _console()
+        for line in render_explanation(exp):
+            console.print(line)
+    if not exp.found:
+        sys.exit(1)

@@ -1,0 +1,135 @@
+"""Audit records as one readable, coloured line each (rich), or as JSON.
+
+Colour carries the decision: WAKE green, TRADE_INTENT magenta, ALERT yellow,
+IGNORE dim, errors and rejections red, anything suppressed struck through in
+yellow, so a wall of IGNOREs does not hide the one line that mattered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from rich.text import Text
+
+from daemon.audit.reader import Record, decision_of
+
+_DECISION_STYLE = {
+    "WAKE": "bold green",
+    "TRADE_INTENT": "bold magenta",
+    "ALERT": "bold yellow",
+    "IGNORE": "dim",
+    "ERROR": "bold red",
+}
+_encoder = msgspec.json.Encoder()
+
+
+def to_json(rec: Record) -> str:
+    """The record as one compact JSON line (as stored)."""
+    return _encoder.encode(rec).decode()
+
+
+def _s(rec: Record, key: str, default: str = "") -> str:
+    value: Any = rec.get(key)
+    return default if value is None else str(value)
+
+
+def _clock(rec: Record) -> str:
+    ts = _s(rec, "ts")
+    return ts[11:23] if len(ts) >= 23 else ts
+
+
+def _hook(rec: Record, line: Text) -> None:
+    decision = decision_of(rec)
+    suppressed = _s(rec, "suppressedBy", "none")
+    style = _DECISION_STYLE.get(decision, "bold")
+    line.append(f"{_s(rec, 'hookId')} ", style="cyan")
+    if suppressed != "none":
+        line.append(decision, style="yellow strike")
+        line.append(f" [suppressed: {suppressed}]", style="yellow")
+    else:
+        line.append(decision, style=style)
+    if rec.get("reason"):
+        line.append(f" {rec['reason']}")
+    if rec.get("error"):
+        line.append(f" error: {rec['error']}", style="red")
+    line.append(
+        f"  {_s(rec, 'symbol', '-')} {_s(rec, 'topic')} {float(rec.get('runtimeMs') or 0):.2f}ms",
+        style="dim",
+    )
+
+
+def _wake(rec: Record, line: Text) -> None:
+    outcome = _s(rec, "outcome")
+    style = {"woke": "bold green", "queued": "green", "suppressed": "yellow"}.get(outcome, "bold")
+    line.append(f"wake {outcome}", style=style)
+    if outcome == "suppressed":
+        line.append(f" by {_s(rec, 'suppressedBy')}", style="yellow")
+    if rec.get("runId"):
+        line.append(f" run {rec['runId']}")
+    reasons = rec.get("reasons") or []
+    if reasons:
+        line.append(f" ({'; '.join(str(r) for r in reasons)})", style="dim")
+
+
+def _run(rec: Record, line: Text) -> None:
+    status = _s(rec, "status")
+    line.append(
+        f"run {_s(rec, 'runId')} {status}",
+        style="red" if status in ("failed", "timeout") else "blue",
+    )
+    if rec.get("durationMs") is not None:
+        line.append(f" in {float(rec['durationMs']):.0f}ms", style="dim")
+    if rec.get("error"):
+        line.append(f" error: {rec['error']}", style="red")
+    if rec.get("summary"):
+        line.append(f" {rec['summary']}")
+
+
+def _risk(rec: Record, line: Text) -> None:
+    if rec.get("approved"):
+        line.append("risk approved", style="green")
+    else:
+        codes = ", ".join(
+            str(r.get("code")) for r in rec.get("reasons") or [] if isinstance(r, dict)
+        )
+        line.append(f"risk REJECTED {codes}", style="bold red")
+    intent = rec.get("intent") or {}
+    if isinstance(intent, dict) and intent:
+        line.append(
+            f"  {intent.get('action', '')} {intent.get('side', '')} {intent.get('volume', '')} "
+            f"{_s(rec, 'symbol')}",
+            style="dim",
+        )
+
+
+def _order(rec: Record, line: Text) -> None:
+    status = _s(rec, "status")
+    style = {"FILLED": "bold magenta", "CANCELED": "yellow", "REJECTED": "red"}.get(
+        status, "magenta"
+    )
+    line.append(f"order {status}", style=style)
+    price = rec.get("price")
+    at = f" @ {price}" if price is not None else ""
+    line.append(
+        f" {_s(rec, 'side')} {_s(rec, 'volume')} {_s(rec, 'symbol')}{at} "
+        f"({_s(rec, 'orderType')}, {_s(rec, 'role')}) {_s(rec, 'clientOrderId')}"
+    )
+
+
+_RENDERERS = {"hook": _hook, "wake": _wake, "run": _run, "risk": _risk, "order": _order}
+
+
+def render(rec: Record) -> Text:
+    """One human-readable line for any record type."""
+    line = Text()
+    line.append(f"{_clock(rec)} ", style="dim")
+    line.append(f"{_s(rec, 'agentId', '?')} ", style="bold")
+    renderer = _RENDERERS.get(_s(rec, "type"))
+    if renderer is None:
+        line.append(to_json(rec))
+    else:
+        renderer(rec, line)
+    if rec.get("traceId"):
+        line.append(f"  trace={rec['traceId']}", style="dim")
+    return line

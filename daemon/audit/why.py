@@ -1,0 +1,200 @@
+"""``marketwake why``: everything the audit log knows about one event or trace.
+
+Given an eventId or a traceId we gather the hook evaluations, wake decisions,
+runs, risk verdicts and orders that share it (an eventId is widened to the
+traceIds its records carry, since runs and orders only know the trace) and tell,
+per agent, what each hook decided and why the agent did or did not wake or trade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+from rich.text import Text
+
+from daemon.audit.reader import AuditFilter, Record, decision_of, iter_records
+
+Outcome = Literal[
+    "TRADED", "TRADE_REJECTED", "WOKE", "QUEUED", "SUPPRESSED", "HOOK_ERROR", "NO_WAKE", "NOT_SEEN"
+]
+
+
+class AgentStory(msgspec.Struct, kw_only=True, rename="camel"):
+    """One agent's part in the story: an outcome, a one-line why, and the evidence."""
+
+    agent_id: str
+    outcome: Outcome = "NOT_SEEN"
+    why: str = ""
+    details: list[str] = msgspec.field(default_factory=list)
+    records: list[Record] = msgspec.field(default_factory=list)
+
+
+class Explanation(msgspec.Struct, kw_only=True, rename="camel"):
+    """The answer to ``why <id>``."""
+
+    query: str
+    event_ids: list[str]
+    trace_ids: list[str]
+    agents: list[AgentStory]
+
+    @property
+    def found(self) -> bool:
+        """True when at least one record matched."""
+        return bool(self.agents)
+
+
+def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Record]:
+    """Records whose eventId or traceId is ``ident``, plus all records of their traces."""
+    flt = AuditFilter(since_ms=since_ms)
+    direct = [
+        r
+        for r in iter_records(directory, flt, contains=[ident])
+        if ident in (r.get("eventId"), r.get("traceId"))
+    ]
+    traces = {str(r["traceId"]) for r in direct if r.get("traceId")} - {ident}
+    if not traces:
+        return direct
+    linked = [
+        r
+        for r in iter_records(directory, flt, contains=sorted(traces))
+        if r.get("traceId") in traces and ident not in (r.get("eventId"), r.get("traceId"))
+    ]
+    return sorted([*direct, *linked], key=lambda r: str(r.get("ts", "")))
+
+
+def _hook_line(r: Record) -> str:
+    decision = decision_of(r)
+    text = f"hook {r.get('hookId')} ({r.get('kind')}, rev {str(r.get('revision') or '')[:12]}) → {decision}"
+    if r.get("reason"):
+        text += f": {r['reason']}"
+    if r.get("error"):
+        text += f" [error: {r['error']}]"
+    if r.get("suppressedBy") not in (None, "none"):
+        text += f" [suppressed by {r['suppressedBy']}]"
+    return text
+
+
+def _other_line(r: Record) -> str:
+    kind = r.get("type")
+    if kind == "wake":
+        by = f" by {r.get('suppressedBy')}" if r.get("outcome") == "suppressed" else ""
+        run = f" → run {r.get('runId')}" if r.get("runId") else ""
+        return f"wake scheduler: {r.get('outcome')}{by}{run}"
+    if kind == "run":
+        err = f" [error: {r['error']}]" if r.get("error") else ""
+        return f"run {r.get('runId')} ({r.get('runner')}) {r.get('status')}{err}"
+    if kind == "risk":
+        if r.get("approved"):
+            return f"risk approved {r.get('symbol')} (order {r.get('clientOrderId')})"
+        reasons = r.get("reasons") or []
+        text = "; ".join(
+            f"{x.get('code')}: {x.get('message')}" for x in reasons if isinstance(x, dict)
+        )
+        return f"risk rejected {r.get('symbol')}: {text}"
+    if kind == "order":
+        price = f" @ {r['price']}" if r.get("price") is not None else ""
+        return (
+            f"order {r.get('clientOrderId')} {r.get('status')} {r.get('side')} {r.get('volume')} "
+            f"{r.get('symbol')}{price} ({r.get('role')})"
+        )
+    return f"{kind} record"
+
+
+def _judge(recs: list[Record]) -> tuple[Outcome, str]:
+    """The agent's outcome and a one-line reason, most consequential first."""
+    hooks = [r for r in recs if r.get("type") == "hook"]
+    by_type = {t: [r for r in recs if r.get("type") == t] for t in ("wake", "risk", "order")}
+    wanted = [r for r in hooks if decision_of(r) in ("WAKE", "TRADE_INTENT")]
+    suppressed = [r for r in wanted if r.get("suppressedBy") not in (None, "none")]
+    if by_type["order"]:
+        last = by_type["order"][-1]
+        return "TRADED", f"order {last.get('clientOrderId')} is {last.get('status')}"
+    rejected = [r for r in by_type["risk"] if not r.get("approved")]
+    if rejected:
+        codes = sorted(
+            {
+                str(x.get("code"))
+                for r in rejected
+                for x in r.get("reasons") or []
+                if isinstance(x, dict)
+            }
+        )
+        return "TRADE_REJECTED", f"the risk engine rejected the trade intent: {', '.join(codes)}"
+    pairs: tuple[tuple[str, Outcome], ...] = (("woke", "WOKE"), ("queued", "QUEUED"))
+    for outcome, label in pairs:
+        hit = [w for w in by_type["wake"] if w.get("outcome") == outcome]
+        if hit:
+            who = (
+                ", ".join(str(r.get("hookId")) for r in wanted if decision_of(r) == "WAKE")
+                or "a hook"
+            )
+            return label, f"{who} returned WAKE; run {hit[-1].get('runId')}"
+    sup_w = [w for w in by_type["wake"] if w.get("outcome") == "suppressed"]
+    if sup_w or suppressed:
+        by = sorted({str(r.get("suppressedBy")) for r in [*sup_w, *suppressed]})
+        return "SUPPRESSED", f"a hook asked to act but it was suppressed by {', '.join(by)}"
+    errors = [r for r in hooks if r.get("error")]
+    if errors and not wanted:
+        return (
+            "HOOK_ERROR",
+            f"{len(errors)} hook(s) failed: {errors[0].get('hookId')}: {errors[0].get('error')}",
+        )
+    if hooks:
+        ignores = [r for r in hooks if decision_of(r) in ("IGNORE", "ALERT")]
+        reasons = "; ".join(
+            f"{r.get('hookId')}: {r.get('reason') or '(no reason)'}" for r in ignores[:5]
+        )
+        return "NO_WAKE", f"no hook returned WAKE or TRADE_INTENT ({reasons})"
+    return "NOT_SEEN", "no hook evaluation of this event was recorded"
+
+
+def explain(records: Iterable[Record], query: str) -> Explanation:
+    """Group ``records`` per agent and judge each agent's outcome."""
+    recs = list(records)
+    stories: dict[str, AgentStory] = {}
+    for r in recs:
+        agent = str(r.get("agentId") or "?")
+        story = stories.setdefault(agent, AgentStory(agent_id=agent))
+        story.records.append(r)
+        story.details.append(_hook_line(r) if r.get("type") == "hook" else _other_line(r))
+    for story in stories.values():
+        story.outcome, story.why = _judge(story.records)
+    return Explanation(
+        query=query,
+        event_ids=sorted({str(r["eventId"]) for r in recs if r.get("eventId")}),
+        trace_ids=sorted({str(r["traceId"]) for r in recs if r.get("traceId")}),
+        agents=sorted(stories.values(), key=lambda s: s.agent_id),
+    )
+
+
+_OUTCOME_STYLE = {
+    "TRADED": "bold magenta",
+    "TRADE_REJECTED": "bold red",
+    "WOKE": "bold green",
+    "QUEUED": "green",
+    "SUPPRESSED": "bold yellow",
+    "HOOK_ERROR": "bold red",
+    "NO_WAKE": "dim",
+}
+
+
+def render_explanation(exp: Explanation) -> list[Text]:
+    """Readable lines: a header, then per agent its outcome, why, and the evidence."""
+    if not exp.found:
+        return [Text(f"no audit records for {exp.query}", style="yellow")]
+    lines = [
+        Text(
+            f"{exp.query}: events {', '.join(exp.event_ids) or '-'}; traces {', '.join(exp.trace_ids)}",
+            style="bold",
+        )
+    ]
+    for story in exp.agents:
+        head = Text(f"agent {story.agent_id}: ", style="bold")
+        head.append(story.outcome, style=_OUTCOME_STYLE.get(story.outcome, "bold"))
+        head.append(f" — {story.why}")
+        lines.append(head)
+        lines.extend(Text(f"    {d}") for d in story.details)
+    return lines

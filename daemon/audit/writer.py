@@ -1,0 +1,222 @@
+"""AuditWriter: batched, rotated, disk-bounded JSONL without blocking the event loop.
+
+``write()`` only encodes the record and appends it to an in-memory batch. A
+flusher task (:meth:`AuditWriter.run`) writes the batch from a worker thread
+every ``flush_interval`` seconds, or as soon as ``flush_every`` records are
+waiting. :meth:`AuditWriter.aclose` (or leaving :func:`open_audit`) writes
+what is left and fsyncs, so a clean stop loses nothing.
+
+Memory stays bounded: if ``max_pending`` records are waiting (the disk is
+slower than the producers), ``write()`` flushes inline rather than dropping
+records; ``inline_flushes`` counts how often that happened.
+
+Disk stays bounded: files are ``audit-YYYY-MM-DD[.N].jsonl`` (the day of the
+record's ``ts``); a part rolls over at ``max_file_bytes``; after a write the
+oldest files are deleted while the total exceeds ``max_total_bytes`` or their
+day is more than ``max_days`` before the newest day. The file being written is
+never deleted, so the worst case is ``max_total_bytes + max_file_bytes``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import anyio
+from anyio.abc import TaskStatus
+
+from daemon.audit.files import day_of, file_name, list_files
+from daemon.audit.records import AuditRecord, encode_line, now_ts
+from daemon.errors import StoreError
+
+MiB = 1024 * 1024
+
+
+class AuditWriter:
+    """Appends audit records under ``directory`` (created on first write)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        flush_every: int = 256,
+        flush_interval: float = 0.2,
+        max_pending: int = 50_000,
+        max_total_bytes: int = 512 * MiB,
+        max_file_bytes: int | None = None,
+        max_days: int = 30,
+    ) -> None:
+        if flush_every < 1 or max_pending < flush_every or max_total_bytes < 1 or max_days < 1:
+            raise ValueError("flush_every >= 1, max_pending >= flush_every, bounds >= 1")
+        self.directory = Path(directory)
+        self.flush_every = flush_every
+        self.flush_interval = flush_interval
+        self.max_pending = max_pending
+        self.max_total_bytes = max_total_bytes
+        self.max_file_bytes = max_file_bytes or max(1, max_total_bytes // 8)
+        self.max_days = max_days
+        self.written = 0
+        self.inline_flushes = 0
+        self.deleted_files = 0
+        self._pending: list[tuple[str, bytes]] = []
+        self._wake: anyio.Event | None = None
+        self._flushed: anyio.Event | None = None
+        self._io_lock = threading.Lock()
+        self._fh: BinaryIO | None = None
+        self._fh_key: tuple[str, int] | None = None
+        self._closed = False
+
+    # --- producer side (event loop, never blocks for long) -----------------
+
+    def write(self, record: AuditRecord) -> None:
+        """Queue one record; returns at once."""
+        line = encode_line(record)
+        self._pending.append((day_of(record.ts, now_ts()[:10]), line))
+        if self._closed or len(self._pending) >= self.max_pending:
+            self.inline_flushes += not self._closed
+            self.flush_sync()
+        elif len(self._pending) >= self.flush_every and self._wake is not None:
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        """Records queued but not yet written."""
+        return len(self._pending)
+
+    # --- flusher ------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Flush batches until cancelled; the final flush is :meth:`aclose`'s job."""
+        self._wake = anyio.Event()
+        task_status.started()
+        while True:
+            with anyio.move_on_after(self.flush_interval):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if self._pending:
+                await self.flush()
+                if self._flushed is not None:
+                    self._flushed.set()
+                    self._flushed = None
+
+    async def next_flush(self) -> None:
+        """Wait until the flusher task has written its next batch (health checks, tests)."""
+        if self._flushed is None:
+            self._flushed = anyio.Event()
+        await self._flushed.wait()
+
+    async def flush(self) -> None:
+        """Write everything queued so far, from a worker thread."""
+        if self._pending:
+            batch, self._pending = self._pending, []
+            await anyio.to_thread.run_sync(self._write_batch, batch)
+
+    def flush_sync(self) -> None:
+        """Write everything queued so far in this thread (shutdown, back-pressure)."""
+        batch, self._pending = self._pending, []
+        if batch:
+            self._write_batch(batch)
+        if self._closed:
+            with self._io_lock:
+                self._close_file()
+
+    def close(self) -> None:
+        """Synchronous :meth:`aclose` for code without an event loop."""
+        self._closed = True
+        self.flush_sync()
+
+    async def aclose(self) -> None:
+        """Write what is left, fsync and close; later writes go straight to disk."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self.flush()
+            await anyio.to_thread.run_sync(self._close_file)
+
+    # --- file I/O (worker thread, serialized) -------------------------------
+
+    def _write_batch(self, batch: list[tuple[str, bytes]]) -> None:
+        with self._io_lock:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                start = 0
+                while start < len(batch):
+                    day = batch[start][0]
+                    end = start
+                    while end < len(batch) and batch[end][0] == day:
+                        end += 1
+                    self._append(day, b"".join(line for _, line in batch[start:end]))
+                    start = end
+                self._enforce_bounds()
+            except OSError as exc:
+                raise StoreError(f"{self.directory}: cannot write audit log: {exc}") from None
+        self.written += len(batch)
+
+    def _append(self, day: str, data: bytes) -> None:
+        fh = self._open_for(day)
+        fh.write(data)
+        fh.flush()
+
+    def _open_for(self, day: str) -> BinaryIO:
+        """The handle to append ``day`` to, rolling to a new part when full."""
+        if self._fh is not None and self._fh_key is not None and self._fh_key[0] == day:
+            if self._fh.tell() < self.max_file_bytes:
+                return self._fh
+            part = self._fh_key[1] + 1
+        else:
+            parts = [f.part for f in list_files(self.directory) if f.day == day]
+            part = max(parts, default=0)
+        self._close_file()
+        while True:
+            path = self.directory / file_name(day, part)
+            if not path.exists() or path.stat().st_size < self.max_file_bytes:
+                break
+            part += 1
+        self._fh = path.open("ab")
+        self._fh_key = (day, part)
+        return self._fh
+
+    def _close_file(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+
+    def _enforce_bounds(self) -> None:
+        files = list_files(self.directory)
+        if not files:
+            return
+        oldest_kept = (
+            date.fromisoformat(files[-1].day) - timedelta(days=self.max_days - 1)
+        ).isoformat()
+        current = self.directory / file_name(*self._fh_key) if self._fh_key else None
+        sizes = {f.path: f.path.stat().st_size for f in files}
+        total = sum(sizes.values())
+        for f in files:
+            if f.path == current:
+                continue
+            if f.day >= oldest_kept and total <= self.max_total_bytes:
+                break
+            f.path.unlink(missing_ok=True)
+            total -= sizes[f.path]
+            self.deleted_files += 1
+
+
+@asynccontextmanager
+async def open_audit(directory: Path, **options: Any) -> AsyncIterator[AuditWriter]:
+    """An :class:`AuditWriter` with its flusher running; flushed and closed on exit."""
+    writer = AuditWriter(directory, **options)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            try:
+                yield writer
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        await writer.aclose()

@@ -1,0 +1,142 @@
+"""AuditWriter: exact fields, batching, rotation, disk bounds, flush on close."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+
+from daemon.audit.files import list_files
+from daemon.audit.records import order_record, risk_record
+from daemon.audit.writer import AuditWriter, open_audit
+from daemon.trading.broker import OrderRequest
+from daemon.trading.intents import RiskLimits, parse_intent
+from daemon.trading.paper import PaperBroker
+from daemon.trading.portfolio import PortfolioView
+from daemon.trading.risk import RiskEngine
+from tests.audit.factory import hook, ts
+
+DESIGN_FIELDS = {
+    "ts", "agentId", "hookId", "revision", "kind", "eventId", "topic", "symbol", "decision",
+    "reason", "dedupeKey", "suppressedBy", "runtimeMs", "error", "traceId",
+}  # fmt: skip
+
+
+def lines(directory: Path) -> list[dict[str, object]]:
+    return [
+        json.loads(line) for f in list_files(directory) for line in f.path.read_text().splitlines()
+    ]
+
+
+def test_hook_record_has_exactly_the_design_fields(tmp_path: Path) -> None:
+    """A hook line carries design.md's fields plus type, nulls included."""
+    w = AuditWriter(tmp_path)
+    w.write(hook())
+    w.close()
+    (rec,) = lines(tmp_path)
+    assert set(rec) == DESIGN_FIELDS | {"type"}
+    assert rec["type"] == "hook" and rec["dedupeKey"] is None and rec["suppressedBy"] == "none"
+
+
+async def test_batch_flushes_when_full(tmp_path: Path) -> None:
+    """Records wait in memory until flush_every of them are queued."""
+    async with open_audit(tmp_path, flush_every=3, flush_interval=3600) as w:
+        w.write(hook())
+        w.write(hook())
+        await anyio.sleep(0.02)
+        assert w.written == 0 and w.pending == 2 and lines(tmp_path) == []
+        w.write(hook())
+        with anyio.fail_after(5):
+            await w.next_flush()
+        assert len(lines(tmp_path)) == 3
+
+
+async def test_batch_flushes_on_interval(tmp_path: Path) -> None:
+    """A lone record reaches disk within the flush interval."""
+    async with open_audit(tmp_path, flush_every=1000, flush_interval=0.02) as w:
+        w.write(hook())
+        with anyio.fail_after(5):
+            await w.next_flush()
+    assert len(lines(tmp_path)) == 1
+
+
+async def test_clean_stop_loses_nothing(tmp_path: Path) -> None:
+    """Leaving open_audit writes every queued record; later writes go straight to disk."""
+    async with open_audit(tmp_path, flush_every=10_000, flush_interval=3600) as w:
+        for i in range(500):
+            w.write(hook(reason=f"r{i}"))
+    assert [r["reason"] for r in lines(tmp_path)] == [f"r{i}" for i in range(500)]
+    w.write(hook(reason="late"))
+    assert lines(tmp_path)[-1]["reason"] == "late"
+
+
+def test_daily_rotation(tmp_path: Path) -> None:
+    """Records land in audit-YYYY-MM-DD.jsonl by the day of their ts."""
+    w = AuditWriter(tmp_path)
+    for day in ("2026-02-17", "2026-02-17", "2026-02-18", "2026-02-19"):
+        w.write(hook(ts=ts(day)))
+    w.close()
+    names = [f.path.name for f in list_files(tmp_path)]
+    assert names == ["audit-2026-02-17.jsonl", "audit-2026-02-18.jsonl", "audit-2026-02-19.jsonl"]
+    assert len((tmp_path / names[0]).read_text().splitlines()) == 2
+
+
+def test_disk_bound_deletes_oldest(tmp_path: Path) -> None:
+    """Total size stays under max_total_bytes + max_file_bytes; the newest records survive."""
+    w = AuditWriter(
+        tmp_path, flush_every=1, max_pending=1, max_total_bytes=4000, max_file_bytes=1000
+    )
+    for i in range(200):
+        w.write(hook(reason=f"r{i:03d}"))
+    w.close()
+    total = sum(f.path.stat().st_size for f in list_files(tmp_path))
+    assert total <= 5000 and w.deleted_files > 0
+    reasons = [r["reason"] for r in lines(tmp_path)]
+    assert reasons[-1] == "r199" and "r000" not in reasons
+    assert reasons == sorted(reasons)  # parts are read back in write order
+
+
+def test_max_days(tmp_path: Path) -> None:
+    """Days older than max_days before the newest day are deleted."""
+    w = AuditWriter(tmp_path, max_days=2)
+    for d in range(10, 15):
+        w.write(hook(ts=ts(f"2026-02-{d}")))
+    w.close()
+    assert [f.day for f in list_files(tmp_path)] == ["2026-02-13", "2026-02-14"]
+
+
+def test_backpressure_flushes_inline(tmp_path: Path) -> None:
+    """With no flusher running, max_pending records trigger an inline write, not a drop."""
+    w = AuditWriter(tmp_path, flush_every=5, max_pending=5)
+    for _ in range(5):
+        w.write(hook())
+    assert w.pending == 0 and w.inline_flushes == 1 and len(lines(tmp_path)) == 5
+    w.close()
+
+
+async def test_trading_records_round_trip(tmp_path: Path) -> None:
+    """risk_record and order_record turn a verdict and a broker order into audit lines."""
+
+    async def publish(_: object) -> None:
+        return None
+
+    intent = parse_intent(
+        {"action": "PLACE_MARKET_ORDER", "symbol": "BTC", "side": "buy", "volume": 1.0}
+    )
+    verdict = RiskEngine(RiskLimits()).check(intent, PortfolioView(), 100.0, 0)
+    broker = PaperBroker(tmp_path / "paper", publish)
+    try:
+        w = AuditWriter(tmp_path / "audit")
+        w.write(risk_record(verdict, intent, agent_id="a", trace_id="t"))
+        await broker.on_tick("BTC", 100.0, 1)
+        placed = await broker.submit(
+            OrderRequest(client_order_id="c1", agent_id="a", intent=intent, trace_id="t")
+        )
+        w.write(order_record(placed, "paper"))
+        w.close()
+    finally:
+        broker.close()
+    risk, order = lines(tmp_path / "audit")
+    assert risk["approved"] is False and risk["reasons"][0]["code"] == "STOP_LOSS_REQUIRED"  # type: ignore[index]
+    assert (order["status"], order["price"], order["traceId"]) == ("FILLED", 100.0, "t")
