@@ -15,6 +15,7 @@ import re
 from typing import Any, Final
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
@@ -82,6 +83,11 @@ class CoinbaseWsFeed:
         self.products = check_products(settings.products)
         self.pool = pool if pool is not None else CoinbaseWsPool(settings)
         self._startup_timeout = startup_timeout
+
+    def statistics(self) -> dict[str, Any]:
+        """The pool's counters as plain data (for status output and logs)."""
+        stats: dict[str, Any] = msgspec.to_builtins(self.pool.statistics())
+        return stats
 
     async def run(
         self,

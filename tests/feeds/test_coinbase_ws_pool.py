@@ -367,6 +367,12 @@ async def test_feed_publishes_tick_events_after_subscribing() -> None:
                 "staleAfterReconnect": False,
             }
             assert health.last_beat > before
+            stats = feed.statistics()
+            assert (stats["connected"], stats["ticks"], stats["products"]) == (
+                True,
+                2,
+                ["BTC-USD", "ETH-USD"],
+            )
             tg.cancel_scope.cancel()
 
 
