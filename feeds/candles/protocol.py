@@ -309,16 +309,18 @@ def closed_event(
     candle: Candle, *, source: str, symbol: str, timeframe: str, received_ms: int
 ) -> FeedEvent:
     """``market.candle.closed``; its id depends only on (source, symbol, tf, close)."""
+    payload = candle_payload(candle)
+    close_iso = str(payload["closeTime"])
     return FeedEvent(
         event_id=candle_event_id(source, symbol, timeframe, candle.end_ms),
-        ts=iso_ms(candle.end_ms),
+        ts=close_iso,
         source=source,
         topic=MARKET_CANDLE_CLOSED,
-        payload=candle_payload(candle),
+        payload=payload,
         symbol=symbol,
         timeframe=timeframe,
         partition_key=partition_key(source, symbol, timeframe),
-        received_ts=iso_ms(received_ms),
+        received_ts=close_iso if received_ms == candle.end_ms else iso_ms(received_ms),
     )
 
 
