@@ -126,6 +126,21 @@ class RagService:
         except Exception as exc:  # noqa: BLE001 - a query must never take the server down
             raise RpcError(-32000, "Server error", {"reason": type(exc).__name__}) from None
 
+    def health(self, params: Any = None) -> dict[str, Any]:
+        """Liveness and what is loaded (for operators; takes no params)."""
+        try:
+            meta = self._store.meta()
+            points = self._store.count()
+        except StoreError as exc:
+            raise RpcError(-32003, "Qdrant error", {"reason": str(exc)}) from None
+        return {
+            "status": "ok",
+            "points": points,
+            "embedding_model": meta.embedding_model if meta else None,
+            "feature_version": meta.feature_version if meta else None,
+            "cache": {"hits": self._cache.hits, "misses": self._cache.misses},
+        }
+
     def _meta(self) -> CollectionMeta:
         meta = self._store.meta()
         if meta is None:

@@ -1,0 +1,316 @@
+"""query_patterns against an independent brute-force recomputation, and its errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from daemon.errors import RpcError
+from daemon.rag.config import EmbeddingSection, RagConfig, StoreSection
+from daemon.rag.embedding import EmbeddingCache
+from daemon.rag.service import RagService
+from daemon.rag.store_embedded import EmbeddedStore
+from tests.rag.conftest import Collection, params_from
+
+H = 3_600_000
+DAY = 24 * H
+
+
+def ref_derived(s: Any) -> np.ndarray:
+    """The 10 scale-free features, written out independently of daemon.rag.schema."""
+    return np.array(
+        [
+            s["rsi_7"],
+            s["rsi_14"],
+            s["macd"] / s["price"] * 100,
+            (s["price"] / s["ema_20"] - 1) * 100,
+            (s["price"] / s["ema_20_4h"] - 1) * 100,
+            (s["ema_20_4h"] / s["ema_50_4h"] - 1) * 100,
+            s["funding_rate"] * 1e4,
+            (s["open_interest_latest"] / s["open_interest_avg_24h"] - 1) * 100,
+            s["price_change_1h"],
+            s["price_change_4h"],
+        ],
+        dtype=np.float64,
+    )
+
+
+def _meta(col: Collection) -> dict[str, Any]:
+    d = col.path / "trading_patterns"
+    return json.loads((d / (d / "CURRENT").read_text().strip() / "meta.json").read_text())
+
+
+def _regime(delta: float, funding: float) -> tuple[int, int]:
+    oi = 1 if delta > 1.0 else (-1 if delta < -1.0 else 0)
+    return oi, int(np.sign(funding))
+
+
+def expected(
+    col: Collection, params: dict[str, Any], regime: bool, dims: int = 10
+) -> list[tuple[int, float]]:
+    """(timestamp, cosine) of the matches by brute force over the stored points."""
+    meta = _meta(col)
+    mean, std = np.array(meta["norm_mean"])[:dims], np.array(meta["norm_std"])[:dims]
+    q = (ref_derived(params["current_state"])[:dims] - mean) / std
+    q /= np.linalg.norm(q)
+    ts, cfg = params["timestamp"], params["query_config"]
+    qs = params["current_state"]
+    q_reg = _regime(
+        (qs["open_interest_latest"] / qs["open_interest_avg_24h"] - 1) * 100, qs["funding_rate"]
+    )
+    found = []
+    for p in col.points():
+        if not p["complete"] or not ts - cfg["lookback_days"] * DAY < p["t_ms"] <= ts:
+            continue
+        if regime and _regime(p["oi_delta_pct"], p["funding_rate"]) != q_reg:
+            continue
+        v = (ref_derived(p)[:dims] - mean) / std
+        cos = float(v @ q / np.linalg.norm(v))
+        if cos >= cfg["min_similarity"]:
+            found.append((int(p["t_ms"]), cos))
+    found.sort(key=lambda x: (-x[1], -x[0]))
+    return found[: cfg["top_k"]]
+
+
+def _query_point(col: Collection) -> np.void:
+    pts = col.points()
+    return pts[np.flatnonzero(pts["complete"])[600]]
+
+
+def test_norm_stats_are_feature_means(collection: Collection) -> None:
+    """The stored normalization stats are the per-feature mean/std over the first ingest."""
+    pts = collection.points()
+    d = np.array([ref_derived(p) for p in pts])
+    meta = _meta(collection)
+    for k in range(10):
+        col = d[:, k][np.isfinite(d[:, k])]
+        assert meta["norm_mean"][k] == pytest.approx(col.mean(), rel=1e-9, abs=1e-12)
+        assert meta["norm_std"][k] == pytest.approx(col.std(), rel=1e-9)
+
+
+@pytest.mark.parametrize("regime", [True, False])
+def test_matches_equal_brute_force(collection: Collection, regime: bool) -> None:
+    """Same matches, order and similarity as an independent brute force, with/without regimes."""
+    svc = RagService(collection.cfg, collection.store)
+    ts = int(collection.points()["t_ms"][-1])
+    params = params_from(
+        _query_point(collection), ts, top_k=12, min_similarity=0.5, include_regime_filters=regime
+    )
+    out = svc.query_patterns(params)
+    want = expected(collection, params, regime)
+    assert len(want) == 12
+    assert [m["timestamp"] for m in out["matches"]] == [t for t, _ in want]
+    assert [m["similarity"] for m in out["matches"]] == pytest.approx(
+        [c for _, c in want], abs=1e-5
+    )
+    filters = ["symbol", "timerange"] + (["oi_delta", "funding_sign"] if regime else [])
+    assert out["metadata"]["filters_applied"] == filters
+
+
+def test_statistics_recomputed(collection: Collection) -> None:
+    """mean/median/p10/p90/counts/win rate and hit counts equal numpy over the match outcomes."""
+    svc = RagService(collection.cfg, collection.store)
+    pts = collection.points()
+    ts = int(pts["t_ms"][-1])
+    out = svc.query_patterns(
+        params_from(_query_point(collection), ts, top_k=20, min_similarity=0.3)
+    )
+    by_t = {int(p["t_ms"]): p for p in pts}
+    rows = [by_t[m["timestamp"]] for m in out["matches"]]
+    o4 = np.array([r["outcome_4h"] for r in rows if np.isfinite(r["outcome_4h"])])
+    st = out["statistics"]
+    assert st["total_matches"] == len(rows) == 20
+    assert st["outcome_4h"]["mean"] == pytest.approx(o4.mean())
+    assert st["outcome_4h"]["median"] == pytest.approx(np.median(o4))
+    assert st["outcome_4h"]["p10"] == pytest.approx(np.percentile(o4, 10))
+    assert st["outcome_4h"]["p90"] == pytest.approx(np.percentile(o4, 90))
+    assert st["outcome_4h"]["positive_count"] == int((o4 > 0).sum())
+    assert st["outcome_4h"]["negative_count"] == int((o4 < 0).sum())
+    assert st["outcome_4h"]["win_rate"] == pytest.approx((o4 > 0).mean())
+    assert st["stop_loss_hits"] == sum(1 for r in rows if r["hit_stop_loss"] == 1.0)
+    assert st["take_profit_hits"] == sum(1 for r in rows if r["hit_take_profit"] == 1.0)
+    sims = [m["similarity"] for m in out["matches"]]
+    assert st["avg_similarity"] == pytest.approx(np.mean(sims))
+    assert st["similarity_range"] == [min(sims), max(sims)]
+
+
+def test_no_look_ahead_at_query_time(collection: Collection) -> None:
+    """Only bars closed by the query time match; outcomes whose horizon ends later are null."""
+    svc = RagService(collection.cfg, collection.store)
+    point = _query_point(collection)
+    ts = int(point["t_ms"]) + 2 * H
+    out = svc.query_patterns(params_from(point, ts, top_k=50, min_similarity=0.0, lookback_days=1))
+    assert out["matches"]
+    for m in out["matches"]:
+        assert ts - DAY < m["timestamp"] <= ts
+        o = m["outcomes"]
+        assert (o["outcome_4h"] is None) == (m["timestamp"] + 4 * H > ts)
+        assert (o["hit_stop_loss"] is None) == (m["timestamp"] + 4 * H > ts)
+        assert (o["outcome_1h"] is None) == (m["timestamp"] + H > ts)
+        assert o["outcome_24h"] is None
+
+
+def test_core_vector_without_price_changes(collection: Collection) -> None:
+    """Without the optional price changes the 8-feature vector is used, matching brute force."""
+    svc = RagService(collection.cfg, collection.store)
+    ts = int(collection.points()["t_ms"][-1])
+    params = params_from(_query_point(collection), ts, top_k=5, min_similarity=0.5)
+    del params["current_state"]["price_change_1h"], params["current_state"]["price_change_4h"]
+    out = svc.query_patterns(params)
+    assert out["metadata"]["vector"] == "core"
+    full = {
+        **params,
+        "current_state": {
+            **params["current_state"],
+            "price_change_1h": 0.0,
+            "price_change_4h": 0.0,
+        },
+    }
+    want = expected(collection, full, True, dims=8)
+    assert [m["timestamp"] for m in out["matches"]] == [t for t, _ in want]
+
+
+def test_response_shape_and_metadata(collection: Collection) -> None:
+    """The seed's members are all there, with our versions and model."""
+    svc = RagService(collection.cfg, collection.store)
+    ts = int(collection.points()["t_ms"][-1])
+    out = svc.query_patterns(params_from(_query_point(collection), ts, min_similarity=0.5))
+    m = out["matches"][0]
+    assert set(m) == {"similarity", "timestamp", "date", "market_state", "outcomes"}
+    assert set(m["market_state"]) == {
+        "rsi_7",
+        "rsi_14",
+        "macd",
+        "ema_ratio",
+        "oi_delta_pct",
+        "funding_rate",
+    }
+    assert m["date"].endswith("Z") and m["date"][:4] == "2025"
+    meta = out["metadata"]
+    assert meta["schema_version"] == 1 and meta["embedding_model"] == "numeric"
+    assert meta["feature_version"] == "v1_rsi_macd_ema4h_fund_oi"
+    assert meta["query_duration_ms"] >= meta["retrieval_duration_ms"] >= 0
+
+
+def _code(svc: RagService, params: Any) -> RpcError:
+    with pytest.raises(RpcError) as info:
+        svc.query_patterns(params)
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda p: p.update(symbol="btcusdt"), "symbol"),
+        (lambda p: p.pop("timestamp"), "timestamp"),
+        (lambda p: p["current_state"].pop("rsi_7"), "current_state.rsi_7"),
+        (lambda p: p["current_state"].update(rsi_14=100.5), "current_state.rsi_14"),
+        (lambda p: p["current_state"].update(price=-1), "current_state.price"),
+        (lambda p: p["current_state"].update(macd="1"), "current_state.macd"),
+        (lambda p: p["current_state"].update(funding_rate=True), "current_state.funding_rate"),
+        (lambda p: p["query_config"].update(top_k=51), "query_config.top_k"),
+        (lambda p: p["query_config"].update(lookback_days=0.5), "query_config.lookback_days"),
+        (lambda p: p["query_config"].update(min_similarity=1.5), "query_config.min_similarity"),
+        (lambda p: p["query_config"].update(topk=3), "query_config.topk"),
+        (lambda p: p.update(current_state=[1]), "current_state"),
+    ],
+)
+def test_invalid_params_name_the_field(collection: Collection, mutate: Any, field: str) -> None:
+    """-32602 names the failing field in error.data."""
+    svc = RagService(collection.cfg, collection.store)
+    params = params_from(_query_point(collection), 1)
+    mutate(params)
+    err = _code(svc, params)
+    assert (err.code, err.data["field"]) == (-32602, field)
+
+
+def test_params_not_an_object(collection: Collection) -> None:
+    """Positional params are -32602 too."""
+    assert _code(RagService(collection.cfg, collection.store), [1, 2]).code == -32602
+
+
+def test_insufficient_matches(collection: Collection) -> None:
+    """Fewer than min_matches above min_similarity: -32001 with counts and a suggestion."""
+    svc = RagService(collection.cfg, collection.store)
+    point = _query_point(collection)
+    err = _code(svc, params_from(point, int(point["t_ms"]), lookback_days=1, min_similarity=0.999))
+    assert err.code == -32001 and err.message == "Insufficient matches found"
+    assert err.data["min_required"] == 3 and err.data["matches_found"] < 3
+    assert "lookback_days" in err.data["suggestion"]
+
+
+def test_unknown_symbol(collection: Collection) -> None:
+    """A well-formed symbol with no data: -32002."""
+    params = params_from(_query_point(collection), 1)
+    params["symbol"] = "ETHUSDT"
+    err = _code(RagService(collection.cfg, collection.store), params)
+    assert err.code == -32002 and err.data == {"symbol": "ETHUSDT"}
+
+
+def test_missing_collection_is_store_error(tmp_path: Path, collection: Collection) -> None:
+    """Nothing ingested yet: -32003 telling the operator to ingest."""
+    cfg = RagConfig(store=StoreSection(path=str(tmp_path)))
+    err = _code(
+        RagService(cfg, EmbeddedStore(str(tmp_path), "x")), params_from(_query_point(collection), 1)
+    )
+    assert err.code == -32003 and "rag ingest" in err.data["reason"]
+
+
+def test_corrupt_store_is_store_error(tmp_path: Path, collection: Collection) -> None:
+    """A CURRENT pointing at nothing: -32003, not a crash."""
+    store = EmbeddedStore(str(tmp_path), "x")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "CURRENT").write_text("gen-000009")
+    svc = RagService(RagConfig(store=StoreSection(path=str(tmp_path))), store)
+    assert _code(svc, params_from(_query_point(collection), 1)).code == -32003
+
+
+def test_embedding_mismatch(collection: Collection) -> None:
+    """A server configured for the text model refuses a numeric collection: -32004."""
+    cfg = RagConfig(embedding=EmbeddingSection(model="bge-small-en-v1.5"))
+    err = _code(RagService(cfg, collection.store), params_from(_query_point(collection), 1))
+    assert err.code == -32004 and "numeric" in err.data["reason"]
+
+
+class _Exploding:
+    def meta(self) -> Any:
+        raise ZeroDivisionError
+
+
+def test_unexpected_failure_is_server_error(collection: Collection) -> None:
+    """An unexpected exception becomes -32000 with its type, never escapes."""
+    err = _code(RagService(collection.cfg, _Exploding()), params_from(_query_point(collection), 1))  # type: ignore[arg-type]
+    assert err.code == -32000 and err.data == {"reason": "ZeroDivisionError"}
+
+
+def test_embedding_cache_ttl_and_bound() -> None:
+    """Entries expire after the TTL and the oldest are evicted beyond the bound."""
+    now = [0.0]
+    cache = EmbeddingCache(10.0, 2, clock=lambda: now[0])
+    v = np.ones(3, dtype=np.float32)
+    cache.put(b"a", v)
+    assert cache.get(b"a") is v
+    now[0] = 10.5
+    assert cache.get(b"a") is None
+    for k in (b"x", b"y", b"z"):
+        cache.put(k, v)
+    assert cache.get(b"x") is None and cache.get(b"z") is v
+
+
+def test_query_embedding_is_cached(collection: Collection) -> None:
+    """The second identical query hits the cache."""
+    svc = RagService(collection.cfg, collection.store)
+    params = params_from(
+        _query_point(collection), int(collection.points()["t_ms"][-1]), min_similarity=0.5
+    )
+    first, second = svc.query_patterns(params), svc.query_patterns(params)
+    assert (
+        not first["metadata"]["embedding_cache_hit"] and second["metadata"]["embedding_cache_hit"]
+    )
+    assert first["matches"] == second["matches"]
+    assert "fastembed" not in sys.modules
