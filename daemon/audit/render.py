@@ -36,7 +36,7 @@ def _s(rec: Record, key: str, default: str = "") -> str:
 
 def _clock(rec: Record) -> str:
     ts = _s(rec, "ts")
-    return ts[11:23] if len(ts) >= 23 else ts
+    return f"{ts[:10]} {ts[11:23]}" if len(ts) >= 23 else ts
 
 
 def _hook(rec: Record, line: Text) -> None:

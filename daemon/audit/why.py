@@ -85,7 +85,10 @@ def _other_line(r: Record) -> str:
         return f"wake scheduler: {r.get('outcome')}{by}{run}"
     if kind == "run":
         err = f" [error: {r['error']}]" if r.get("error") else ""
-        return f"run {r.get('runId')} ({r.get('runner')}) {r.get('status')}{err}"
+        took = (
+            f" in {r['durationMs']:.0f} ms" if isinstance(r.get("durationMs"), float | int) else ""
+        )
+        return f"run {r.get('runId')} ({r.get('runner')}) {r.get('status')}{took}{err}"
     if kind == "risk":
         if r.get("approved"):
             return f"risk approved {r.get('symbol')} (order {r.get('clientOrderId')})"

@@ -1,0 +1,100 @@
+"""`marketwake audit tail`: filters, --json, --config, bad input, and -f as a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from daemon.audit.writer import AuditWriter
+from daemon.cli.audit import audit_group
+from tests.audit.factory import hook, order, ts, wake
+
+
+@pytest.fixture
+def logdir(tmp_path: Path) -> Path:
+    d = tmp_path / "audit"
+    w = AuditWriter(d)
+    w.write(hook(ts=ts("2026-02-16"), reason="yesterday"))
+    w.write(hook(decision="WAKE", reason="two green"))
+    w.write(
+        hook(agent_id="beta", hook_id="autotrade_doji", decision="TRADE_INTENT", symbol="BTC-USD")
+    )
+    w.write(wake())
+    w.write(order())
+    w.close()
+    return d
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(audit_group, ["tail", *args])
+    return result.exit_code, result.output
+
+
+def test_tail_prints_readable_lines(logdir: Path) -> None:
+    """Default output is one readable line per record: time, agent, hook, decision, reason."""
+    code, out = invoke("--dir", str(logdir), "-n", "3")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 3
+    assert "beta autotrade_doji TRADE_INTENT" in lines[0]
+    assert "alpha wake woke" in lines[1]
+    assert "order FILLED buy 0.01 ETH-USD @ 1000.0" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("args", "reasons"),
+    [
+        (["--agent", "alpha", "--type", "hook"], ["yesterday", "two green"]),
+        (["--decision", "WAKE"], ["two green"]),
+        (["--hook", "autotrade_doji"], ["one green candle"]),
+        (["--symbol", "BTC-USD"], ["one green candle"]),
+        (["--since", "2026-02-17T00:00:00Z", "--type", "hook"], ["two green", "one green candle"]),
+    ],
+)
+def test_tail_filters_json(logdir: Path, args: list[str], reasons: list[str]) -> None:
+    """--json prints the stored lines, and each filter narrows them."""
+    code, out = invoke("--dir", str(logdir), "--json", *args)
+    assert code == 0, out
+    assert [json.loads(line)["reason"] for line in out.splitlines()] == reasons
+
+
+def test_tail_dir_from_config(logdir: Path, tmp_path: Path) -> None:
+    """Without --dir the log is <daemon.state_dir>/audit of --config."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{logdir.parent}"\n')
+    code, out = invoke("--config", str(cfg), "--json", "-n", "1")
+    assert code == 0 and json.loads(out)["type"] == "order"
+
+
+def test_tail_bad_since_is_a_usage_error(logdir: Path) -> None:
+    """A malformed --since exits 2 and explains the accepted forms."""
+    code, out = invoke("--dir", str(logdir), "--since", "last tuesday")
+    assert code == 2 and "expected a duration" in out
+
+
+def test_tail_missing_dir_prints_nothing(tmp_path: Path) -> None:
+    """An absent audit directory is an empty log, not a crash."""
+    assert invoke("--dir", str(tmp_path / "none")) == (0, "")
+
+
+def test_tail_follow_prints_appended_records(logdir: Path) -> None:
+    """tail -f prints the backlog, then records appended later, until stopped."""
+    cmd = [sys.executable, "-m", "daemon.cli", "audit", "tail", "-f", "--json", "-n", "1"]
+    cmd += ["--agent", "alpha", "--dir", str(logdir), "--poll", "0.02"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert json.loads(proc.stdout.readline())["type"] == "order"
+            w = AuditWriter(logdir)
+            w.write(hook(agent_id="beta", reason="filtered out"))
+            w.write(hook(reason="appended later"))
+            w.close()
+            assert json.loads(proc.stdout.readline())["reason"] == "appended later"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)

@@ -1,0 +1,91 @@
+"""`why` over a synthetic story written through the AuditWriter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from daemon.audit.why import collect, explain
+from daemon.audit.writer import AuditWriter
+from daemon.cli.audit import why_command
+from tests.audit.factory import hook, order, risk, run, ts, wake
+
+EVENT = "coinbase:ETH-USD:5m:1"
+
+
+@pytest.fixture
+def logdir(tmp_path: Path) -> Path:
+    w = AuditWriter(tmp_path)
+    # alpha wakes and auto-trades; the run and order records carry only the trace.
+    w.write(hook(decision="WAKE", reason="two green candles"))
+    w.write(
+        hook(hook_id="autotrade_doji", kind="autotrade", decision="TRADE_INTENT", reason="doji")
+    )
+    w.write(risk(client_order_id="mw-1", hook_id="autotrade_doji", event_id=EVENT))
+    w.write(order(status="OPEN"))
+    w.write(order(status="FILLED"))
+    w.write(wake(run_id="r1", hook_ids=["wake_two_green"], reasons=["two green candles"]))
+    w.write(run(status="started"))
+    w.write(run(status="finished", duration_ms=1200.0))
+    # beta wakes only.
+    w.write(hook(agent_id="beta", decision="WAKE", reason="breakout"))
+    w.write(wake(agent_id="beta", run_id="r2"))
+    # gamma would wake but is cooling down; delta ignores; eps is rejected; zeta fails.
+    w.write(hook(agent_id="gamma", decision="WAKE", suppressed_by="cooldown"))
+    w.write(hook(agent_id="delta", reason="one green candle"))
+    w.write(hook(agent_id="eps", hook_id="autotrade_x", kind="autotrade", decision="TRADE_INTENT"))
+    reasons = [{"code": "DAILY_LOSS", "message": "PnL -600 beyond -500"}]
+    w.write(risk(agent_id="eps", approved=False, reasons=reasons, event_id=EVENT))
+    w.write(hook(agent_id="zeta", decision=None, error="HookTimeout: overran 250 ms"))
+    # another event of alpha's, which must not leak in.
+    w.write(hook(event_id="other", trace_id="t2", decision="WAKE", ts=ts(sec=9)))
+    w.write(run(trace_id="t2", run_id="r9", ts=ts(sec=10)))
+    w.close()
+    return tmp_path
+
+
+EXPECTED = {
+    "alpha": "TRADED",
+    "beta": "WOKE",
+    "gamma": "SUPPRESSED",
+    "delta": "NO_WAKE",
+    "eps": "TRADE_REJECTED",
+    "zeta": "HOOK_ERROR",
+}
+
+
+@pytest.mark.parametrize("ident", [EVENT, "t1"])
+def test_why_explains_each_agent(logdir: Path, ident: str) -> None:
+    """By eventId or traceId, every agent gets the right outcome and its linked records."""
+    exp = explain(collect(logdir, ident), ident)
+    assert {s.agent_id: s.outcome for s in exp.agents} == EXPECTED
+    assert exp.trace_ids == ["t1"] and exp.event_ids == [EVENT]
+    alpha = next(s for s in exp.agents if s.agent_id == "alpha")
+    assert len(alpha.records) == 8
+    assert any("run r1 (log) finished" in d for d in alpha.details)
+    assert "mw-1 is FILLED" in alpha.why
+
+
+def test_why_reasons_are_specific(logdir: Path) -> None:
+    """The one-line why names the suppressor, the risk code, the error and the IGNORE reason."""
+    why = {s.agent_id: s.why for s in explain(collect(logdir, EVENT), EVENT).agents}
+    assert "cooldown" in why["gamma"]
+    assert "DAILY_LOSS" in why["eps"]
+    assert "HookTimeout" in why["zeta"]
+    assert "one green candle" in why["delta"]
+    assert "wake_two_green returned WAKE; run r2" in why["beta"]
+
+
+def test_why_cli_text_json_and_missing(logdir: Path) -> None:
+    """The why command prints per-agent outcomes, --json parses, an unknown id exits 1."""
+    runner = CliRunner()
+    text = runner.invoke(why_command, [EVENT, "--dir", str(logdir)])
+    assert text.exit_code == 0, text.output
+    assert "agent gamma: SUPPRESSED" in text.output and "agent alpha: TRADED" in text.output
+    data = json.loads(runner.invoke(why_command, ["t1", "--dir", str(logdir), "--json"]).output)
+    assert {a["agentId"]: a["outcome"] for a in data["agents"]} == EXPECTED
+    missing = runner.invoke(why_command, ["nope", "--dir", str(logdir)])
+    assert missing.exit_code == 1 and "no audit records for nope" in missing.output
