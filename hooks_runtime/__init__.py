@@ -1,1 +1,78 @@
-"""The hook sandbox: restricted compile, worker process, IPC protocol and pool."""
+"""The hook sandbox: restricted compile, worker processes, IPC protocol and pool.
+
+Usage from the daemon (one pool for the whole process, one worker per agent)::
+
+    from hooks_runtime import SandboxConfig, open_worker_pool, load_hook
+
+    async with open_worker_pool(SandboxConfig()) as pool:      # SandboxUnavailable if
+        hooks = [load_hook(p) for p in paths]                   # a required layer is off
+        results = await pool.evaluate("agent-1", hooks, event_dict, state_dict)
+        for r in results:          # one HookResult per hook, in order, never raises
+            r.ok, r.decision, r.error_kind, r.error, r.runtime_ms, r.output
+
+* ``HookSpec`` (hook_id, kind, revision, source): ``load_hook(path)`` builds it from
+  a file (kind from the ``wake_``/``autotrade_``/``copytrade_`` prefix, revision =
+  content hash), ``spec_from_source`` from a string. Sources travel to the worker
+  once per revision and are cached there as code objects.
+* ``pool.evaluate`` runs all of an agent's hooks for one event in one round
+  trip. ``error_kind`` is one of ``compile``, ``runtime``, ``invalid_result``,
+  ``memory``, ``timeout``, ``crashed`` (the hook ran and failed: it counts towards
+  backoff) or ``backoff``/``paused`` (the hook was skipped). ``ERROR_CLASSES``
+  maps kinds to the exception classes of :mod:`daemon.errors` for callers that
+  want to raise.
+* ``pool.compile(agent, hooks)`` compiles without running: a loader can check a
+  new revision and keep the previous good one running when it fails (the
+  recommended policy, see docs/sandbox.md).
+* ``pool.breaker`` (:class:`HookBreaker`) holds backoff and pauses;
+  ``pool.resume(agent, hook)`` lifts one; persisting pauses is the caller's job
+  (``breaker.paused()`` / ``breaker.pause(...)``).
+* ``pool.ready`` is the last worker's READY report (active and missing layers).
+* ``pool.discard(agent)`` stops an agent's worker.
+"""
+
+from __future__ import annotations
+
+from daemon.errors import (
+    HookCompileError,
+    HookCrashed,
+    HookError,
+    HookResultInvalid,
+    HookTimeout,
+)
+from hooks_runtime.breaker import HookBreaker
+from hooks_runtime.config import KNOWN_LAYERS, SandboxConfig
+from hooks_runtime.hookfile import HookSpec, hook_paths, kind_of, load_hook, spec_from_source
+from hooks_runtime.pool import HookResult, WorkerPool, open_worker_pool
+from hooks_runtime.protocol import ErrorKind, HookKind
+from hooks_runtime.validate import ALLOWED_DECISIONS, validate_result
+
+#: Exception class per recorded error kind (skips map to the HookError base).
+ERROR_CLASSES: dict[str, type[HookError]] = {
+    "compile": HookCompileError,
+    "runtime": HookError,
+    "invalid_result": HookResultInvalid,
+    "memory": HookCrashed,
+    "timeout": HookTimeout,
+    "crashed": HookCrashed,
+    "backoff": HookError,
+    "paused": HookError,
+}
+
+__all__ = [
+    "ALLOWED_DECISIONS",
+    "ERROR_CLASSES",
+    "KNOWN_LAYERS",
+    "ErrorKind",
+    "HookBreaker",
+    "HookKind",
+    "HookResult",
+    "HookSpec",
+    "SandboxConfig",
+    "WorkerPool",
+    "hook_paths",
+    "kind_of",
+    "load_hook",
+    "open_worker_pool",
+    "spec_from_source",
+    "validate_result",
+]

@@ -2,9 +2,99 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
 import click
+import msgspec
+
+from daemon.errors import HookCompileError
+from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 
 
 @click.group("hooks")
 def hooks_group() -> None:
     """Work with agent hook files."""
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise click.BadParameter(f"{path}: cannot read {what} JSON: {exc}") from None
+
+
+def _collect(path: Path) -> tuple[str, list[Path]]:
+    """(agent id, hook files) for one hook file or an agent (or hooks) directory."""
+    if path.is_file():
+        return "cli", [path]
+    hooks_dir = path / "hooks" if (path / "hooks").is_dir() else path
+    agent = path.name if hooks_dir != path else path.parent.name
+    files = hook_paths(hooks_dir)
+    if not files:
+        raise click.BadParameter(f"{hooks_dir}: no wake_*/autotrade_*/copytrade_* hook files")
+    return agent or "cli", files
+
+
+def _record(path: Path, **fields: Any) -> str:
+    return json.dumps({"file": str(path), **fields}, ensure_ascii=False, allow_nan=False)
+
+
+async def _run(
+    agent: str, files: list[Path], event: dict[str, Any], state: Any, config: SandboxConfig
+) -> bool:
+    specs: list[tuple[Path, HookSpec]] = []
+    all_ok = True
+    for f in files:
+        try:
+            specs.append((f, load_hook(f, config.max_source_bytes)))
+        except HookCompileError as exc:
+            all_ok = False
+            click.echo(_record(f, hook=f.stem, error={"kind": "compile", "message": str(exc)}))
+    async with open_worker_pool(config) as pool:
+        if pool.ready is not None:
+            click.echo(f"sandbox layers active: {', '.join(pool.ready.active)}", err=True)
+        results = await pool.evaluate(agent, [s for _, s in specs], event, state)
+    for (f, _), r in zip(specs, results, strict=True):
+        fields = msgspec.to_builtins(r)
+        fields.pop("hook_id", None)
+        click.echo(_record(f, hook=r.hook_id, **fields))
+        all_ok = all_ok and r.ok
+    return all_ok
+
+
+@hooks_group.command("test")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--event",
+    "event_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A FeedEvent as JSON (camelCase, as on the bus).",
+)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The read-only state the hooks see, as JSON (default: {}).",
+)
+@click.option("--timeout-ms", type=float, default=None, help="Per-hook budget (default 250).")
+def test_command(
+    path: Path, event_path: Path, state_path: Path | None, timeout_ms: float | None
+) -> None:
+    """Evaluate one hook file, or every hook of an agent directory in one worker.
+
+    Prints one JSON line per hook (its decision, or the recorded error) and
+    exits 0 only if every hook produced a valid decision.
+    """
+    event = _read_json(event_path, "event")
+    if not isinstance(event, dict):
+        raise click.BadParameter(f"{event_path}: the event must be a JSON object")
+    state = _read_json(state_path, "state") if state_path else {}
+    config = SandboxConfig() if timeout_ms is None else SandboxConfig(timeout_ms=timeout_ms)
+    agent, files = _collect(path)
+    ok = anyio.run(_run, agent, files, event, state, config)
+    sys.exit(0 if ok else 1)

@@ -1,0 +1,320 @@
+"""The async worker pool: one long-lived sandbox worker per agent.
+
+``evaluate`` sends all of an agent's hooks for one event in one request and
+reads one result per hook as it arrives, each against its own deadline. A hook
+that overruns gets its worker SIGKILLed (process group) and replaced by a warm
+spare; it is blamed with ``timeout`` and the hooks after it are re-run on the
+fresh worker. Every result is validated again here (the authoritative check).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from daemon.errors import HookCrashed, HookResultInvalid, SandboxUnavailable
+from hooks_runtime.breaker import HookBreaker
+from hooks_runtime.config import SandboxConfig
+from hooks_runtime.hookfile import HookSpec
+from hooks_runtime.process import WorkerProcess
+from hooks_runtime.protocol import Batch, ErrorKind, HookCall, HookKind, Ready, Result
+from hooks_runtime.validate import validate_result
+
+_WORKER_ERROR_KINDS = frozenset({"compile", "runtime", "invalid_result", "memory"})
+_USAGE_CHECK_EVERY = 64  # batches between /proc reads of a worker's RSS and CPU
+
+
+class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one hook made of one event: a valid decision, or an error kind + message."""
+
+    hook_id: str
+    kind: HookKind
+    revision: str
+    runtime_ms: float
+    decision: dict[str, Any] | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    output: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the hook produced a valid decision."""
+        return self.error_kind is None
+
+
+def _error(h: HookSpec, kind: ErrorKind, msg: str, ms: float = 0.0) -> HookResult:
+    return HookResult(
+        hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms, error_kind=kind,
+        error=msg,
+    )  # fmt: skip
+
+
+class WorkerPool:
+    """Use :func:`open_worker_pool`; this class needs the pool's task group."""
+
+    def __init__(
+        self,
+        config: SandboxConfig,
+        tg: anyio.abc.TaskGroup,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.breaker = HookBreaker(
+            config.backoff_base_seconds,
+            config.backoff_max_seconds,
+            config.pause_after_failures,
+            clock,
+        )
+        self._tg = tg
+        self._workers: dict[str, WorkerProcess] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._spares: list[WorkerProcess] = []
+        self._refilling = 0
+        self._spare_error: BaseException | None = None
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.ready: Ready | None = None  # the latest worker's layer report
+        self.respawns = 0
+
+    # --- public API -------------------------------------------------------
+
+    async def evaluate(
+        self, agent_id: str, hooks: Sequence[HookSpec], event: dict[str, Any], state: Any
+    ) -> list[HookResult]:
+        """Evaluate ``hooks`` (in order) on ``event``; one result per hook, never raises
+        for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start)."""
+        return await self._gated(agent_id, hooks, event, state, compile_only=False)
+
+    async def compile(self, agent_id: str, hooks: Sequence[HookSpec]) -> list[HookResult]:
+        """Compile ``hooks`` in the agent's worker without running them (for the loader:
+        a failing new revision can be reported while the previous one keeps running)."""
+        return await self._run(agent_id, hooks, {}, None, compile_only=True)
+
+    def resume(self, agent_id: str, hook_id: str) -> bool:
+        """Lift a pause or backoff of one hook."""
+        return self.breaker.resume((agent_id, hook_id))
+
+    async def discard(self, agent_id: str) -> None:
+        """Stop an agent's worker (agent removed or disabled)."""
+        async with self._lock(agent_id):
+            w = self._workers.pop(agent_id, None)
+            if w is not None:
+                self._retire(w)
+
+    # --- evaluation -------------------------------------------------------
+
+    async def _gated(
+        self,
+        agent_id: str,
+        hooks: Sequence[HookSpec],
+        event: dict[str, Any],
+        state: Any,
+        compile_only: bool,
+    ) -> list[HookResult]:
+        gates = [self.breaker.gate((agent_id, h.hook_id), h.revision) for h in hooks]
+        runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
+        ran = iter(await self._run(agent_id, runnable, event, state, compile_only))
+        out: list[HookResult] = []
+        for h, g in zip(hooks, gates, strict=True):
+            if g is not None:
+                out.append(_error(h, g[0], g[1]))
+                continue
+            r = next(ran)
+            self.breaker.record((agent_id, h.hook_id), h.revision, r.error)
+            out.append(r)
+        return out
+
+    async def _run(
+        self,
+        agent_id: str,
+        hooks: Sequence[HookSpec],
+        event: dict[str, Any],
+        state: Any,
+        compile_only: bool,
+    ) -> list[HookResult]:
+        results: list[HookResult] = []
+        if not hooks:
+            return results
+        async with self._lock(agent_id):
+            pending = list(hooks)
+            while pending:
+                worker = await self._worker_for(agent_id)
+                done = await self._batch(worker, pending, event, state, compile_only)
+                results.extend(done)
+                pending = pending[len(done) :]
+                if not worker.alive or worker.poisoned or self._worn_out(worker):
+                    self._workers.pop(agent_id, None)
+                    self._retire(worker)
+        return results
+
+    async def _batch(
+        self,
+        worker: WorkerProcess,
+        hooks: list[HookSpec],
+        event: dict[str, Any],
+        state: Any,
+        compile_only: bool,
+    ) -> list[HookResult]:
+        """Results for a prefix of ``hooks``: all of them, or up to the one that killed
+        the worker (which is then dead and the caller re-runs the rest)."""
+        batch_id = next(self._ids)
+        calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
+        out: list[HookResult] = []
+        try:
+            await worker.send(
+                worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only))
+            )
+        except HookCrashed as exc:
+            worker.kill()
+            return [_error(hooks[0], "crashed", str(exc))]
+        worker.batches += 1
+        cfg = self.config
+        budgets = [
+            (cfg.timeout_ms + (cfg.compile_timeout_ms if c.source else 0)) / 1000 for c in calls
+        ]
+        results, failure, msg = await worker.collect(batch_id, budgets, time.monotonic())
+        for h, call, res in zip(hooks, calls, results, strict=False):
+            if call.source is not None:
+                worker.known[h.hook_id] = h.revision
+            worker.evaluations += 1
+            out.append(self._accept(worker, h, res, compile_only))
+        if failure is not None:
+            worker.kill()
+            culprit = hooks[len(results)]
+            out.append(_error(culprit, failure, msg, budgets[len(results)] * 1000))
+        return out
+
+    def _accept(
+        self, worker: WorkerProcess, h: HookSpec, res: Result, compile_only: bool
+    ) -> HookResult:
+        ms = res.runtime_us / 1000
+        if res.error_kind:
+            if res.error_kind not in _WORKER_ERROR_KINDS:
+                worker.kill()
+                return _error(
+                    h, "crashed", f"worker reported unknown error kind {res.error_kind!r}"
+                )
+            if res.error_kind == "memory":
+                worker.poisoned = True
+            return _error(h, res.error_kind, res.error, ms)  # type: ignore[arg-type]
+        if compile_only:
+            return HookResult(hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms)
+        try:
+            decision = validate_result(res.value, h.kind, self.config.max_result_bytes)
+        except HookResultInvalid as exc:
+            return _error(h, "invalid_result", str(exc), ms)
+        return HookResult(
+            hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
+            decision=decision, output=res.output,
+        )  # fmt: skip
+
+    def _worn_out(self, worker: WorkerProcess) -> bool:
+        if worker.evaluations >= self.config.recycle_after:
+            return True
+        if worker.batches % _USAGE_CHECK_EVERY:
+            return False
+        rss, cpu = worker.usage()
+        limit = self.config.recycle_rss_mb * 1024 * 1024
+        return rss > limit or cpu > self.config.cpu_seconds / 2
+
+    # --- workers ----------------------------------------------------------
+
+    def _lock(self, agent_id: str) -> anyio.Lock:
+        lock = self._locks.get(agent_id)
+        if lock is None:
+            lock = self._locks[agent_id] = anyio.Lock(fast_acquire=True)
+        return lock
+
+    async def _worker_for(self, agent_id: str) -> WorkerProcess:
+        w = self._workers.get(agent_id)
+        if w is not None and w.alive:
+            return w
+        if self._closed:
+            raise SandboxUnavailable("the hook worker pool is closed")
+        if self._spares:
+            w = self._spares.pop()
+        else:
+            if self._spare_error is not None:
+                err, self._spare_error = self._spare_error, None
+                raise err
+            w = await WorkerProcess.start(self.config)
+            self.ready = w.ready
+        self._workers[agent_id] = w
+        self.respawns += 1
+        self._refill()
+        return w
+
+    def _refill(self) -> None:
+        while len(self._spares) + self._refilling < self.config.spare_workers:
+            self._refilling += 1
+            self._tg.start_soon(self._spawn_spare)
+
+    async def _spawn_spare(self) -> None:
+        try:
+            w = await WorkerProcess.start(self.config)
+        except Exception as exc:  # noqa: BLE001 - re-raised by the next _worker_for
+            self._spare_error = exc
+            return
+        finally:
+            self._refilling -= 1
+        if self._closed:
+            self._retire(w)
+        else:
+            self.ready = w.ready
+            self._spares.append(w)
+
+    def _retire(self, w: WorkerProcess) -> None:
+        w.kill()
+        self._tg.start_soon(_reap, w)
+
+    async def start(self) -> None:
+        """Start one worker now so a missing required layer fails at startup."""
+        w = await WorkerProcess.start(self.config)
+        self.ready = w.ready
+        self._spares.append(w)
+        self._refill()
+
+    async def aclose(self) -> None:
+        """Kill every worker and reap them."""
+        self._closed = True
+        workers = [*self._workers.values(), *self._spares]
+        self._workers.clear()
+        self._spares.clear()
+        for w in workers:
+            self._retire(w)
+
+    def worker_pids(self) -> dict[str, int]:
+        """Live worker pid per agent (spares excluded), for diagnostics and tests."""
+        return {a: w.pid for a, w in self._workers.items() if w.alive}
+
+    def spare_pids(self) -> list[int]:
+        """Pids of the warm spares."""
+        return [w.pid for w in self._spares]
+
+
+async def _reap(w: WorkerProcess) -> None:
+    await anyio.to_thread.run_sync(w.proc.wait)
+
+
+def _source_for(worker: WorkerProcess, h: HookSpec) -> str | None:
+    return None if worker.known.get(h.hook_id) == h.revision else h.source
+
+
+@asynccontextmanager
+async def open_worker_pool(config: SandboxConfig | None = None) -> AsyncIterator[WorkerPool]:
+    """Start a pool (raises :exc:`SandboxUnavailable` if a required layer is missing)."""
+    async with anyio.create_task_group() as tg:
+        pool = WorkerPool(config or SandboxConfig(), tg)
+        try:
+            await pool.start()
+            yield pool
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.aclose()

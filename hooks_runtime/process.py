@@ -1,0 +1,296 @@
+"""The parent's handle on one worker process: spawn, handshake, framed I/O, kill.
+
+The worker is started with ``close_fds``, ``start_new_session`` (so one killpg
+takes any stray children too), a minimal environment and an empty 0500 working
+directory that is removed as soon as the worker is up. ``-S`` keeps
+site-packages off ``sys.path``; the entries the worker needs (this project,
+RestrictedPython, msgspec and the optional layer packages) are passed in argv.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+import anyio
+
+from daemon.errors import HookCrashed, SandboxUnavailable
+from hooks_runtime.config import SandboxConfig
+from hooks_runtime.protocol import (
+    Fatal,
+    FrameEncoder,
+    FrameReader,
+    FromWorker,
+    Ready,
+    Result,
+    Setup,
+    decode_from_worker,
+)
+from hooks_runtime.worker import BOOT
+
+F_SETPIPE_SZ = 1031
+WORKER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def _module_root(name: str) -> str | None:
+    try:
+        mod = __import__(name)
+    except ImportError:
+        return None
+    file = getattr(mod, "__file__", None)
+    if file is None:
+        return None
+    path = Path(file)
+    return str(path.parent.parent if path.name == "__init__.py" else path.parent)
+
+
+def worker_sys_path() -> list[str]:
+    """sys.path entries a ``-I -S`` worker needs, in order, without duplicates."""
+    names = ["hooks_runtime", "RestrictedPython", "msgspec", "landlock", "pyseccomp"]
+    roots = [r for r in (_module_root(n) for n in names) if r]
+    return list(dict.fromkeys(roots))
+
+
+def worker_command(bell_fd: int) -> list[str]:
+    """The exact argv of a worker whose doorbell pipe is ``bell_fd``."""
+    flags = ["-I", "-S", "-B", "-X", "int_max_str_digits=4300"]
+    return [sys.executable, *flags, "-c", BOOT, str(bell_fd), *worker_sys_path()]
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def wait_readable(fd: int, seconds: float) -> None:
+    """Return when ``fd`` is readable or ``seconds`` passed.
+
+    On asyncio this talks to the loop directly (a reader callback and a timer
+    on one future): it is the hot path of every evaluation, and a cancel scope
+    plus anyio's generic wait cost more than the worker's whole evaluation.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # another anyio backend (trio)
+        with anyio.move_on_after(seconds):
+            await anyio.wait_readable(fd)
+        return
+    fut: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, _wake, fut)
+    timer = loop.call_later(seconds, _wake, fut)
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+        timer.cancel()
+
+
+def _popen(cwd: str, bell_w: int) -> subprocess.Popen[bytes]:
+    """Spawn a worker (in a thread: fork+exec of a big parent takes milliseconds)."""
+    return subprocess.Popen(
+        worker_command(bell_w),
+        pass_fds=(bell_w,),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        start_new_session=True,
+        env=WORKER_ENV,
+        cwd=cwd,
+    )
+
+
+class WorkerProcess:
+    """One live worker; at most one request in flight (the pool holds a lock)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], bell: int, cfg: SandboxConfig) -> None:
+        self.proc = proc
+        self._bell = bell
+        self.pid = proc.pid
+        self.cfg = cfg
+        assert proc.stdin is not None and proc.stdout is not None
+        self._w = proc.stdin.fileno()
+        self._r = proc.stdout.fileno()
+        os.set_blocking(self._w, False)
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._bell, False)
+        try:  # room for a whole batch of results, so the worker never waits on us
+            fcntl.fcntl(self._r, F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass
+        self._reader = FrameReader(cfg.max_result_bytes + 2 * cfg.max_output_bytes + 4096)
+        self._pending: collections.deque[FromWorker] = collections.deque()
+        self.encoder = FrameEncoder()
+        self.ready: Ready | None = None
+        self.known: dict[str, str] = {}  # hook_id -> revision compiled in this worker
+        self.evaluations = 0
+        self.batches = 0
+        self.poisoned = False  # a MemoryError happened: replace after this batch
+        self.alive = True
+
+    @classmethod
+    async def start(cls, cfg: SandboxConfig) -> WorkerProcess:
+        """Spawn, send the setup frame and wait for READY (or raise)."""
+        cwd = tempfile.mkdtemp(prefix="mw-hook-")
+        os.chmod(cwd, 0o500)
+        bell_r, bell_w = os.pipe()
+        try:
+            try:
+                proc = await anyio.to_thread.run_sync(_popen, cwd, bell_w)
+            except BaseException:
+                os.close(bell_r)
+                raise
+            finally:
+                os.close(bell_w)
+            worker = cls(proc, bell_r, cfg)
+            try:
+                await worker._handshake()
+            except BaseException:
+                worker.kill()
+                raise
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
+        return worker
+
+    async def _handshake(self) -> None:
+        await self.send(self.encoder.encode(Setup(self.cfg)))
+        deadline = time.monotonic() + self.cfg.startup_timeout_ms / 1000
+        try:
+            frame = await self.recv(deadline)
+        except HookCrashed as exc:
+            raise SandboxUnavailable(f"hook worker failed to start: {exc}") from None
+        if isinstance(frame, Fatal):
+            raise SandboxUnavailable(f"hook worker refused setup: {frame.message}")
+        if not isinstance(frame, Ready):
+            raise SandboxUnavailable("hook worker did not report READY in time")
+        self.ready = frame
+        need = [n for n in self.cfg.require_layers if n not in frame.active]
+        if need:
+            why = "; ".join(f"{n}: {frame.missing.get(n, 'not reported')}" for n in need)
+            raise SandboxUnavailable(f"required sandbox layer(s) not active: {why}")
+
+    async def send(self, data: bytes) -> None:
+        """Write a whole frame (the worker drains its pipe, so this finishes)."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._w, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._w)
+            except OSError as exc:
+                raise HookCrashed(f"worker pipe closed: {exc.strerror}") from None
+
+    async def recv(self, deadline: float) -> FromWorker | None:
+        """The next frame, or None when ``deadline`` (monotonic) passes first."""
+        while not self._pending:
+            try:
+                data = os.read(self._r, 1 << 16)
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                await wait_readable(self._r, left)
+                continue
+            if not data:
+                raise HookCrashed(f"worker exited ({self._exit_reason()})")
+            for body in self._reader.feed(data):
+                self._pending.append(decode_from_worker(body))
+        return self._pending.popleft()
+
+    async def collect(
+        self, batch_id: int, budgets: list[float], sent_at: float
+    ) -> tuple[list[Result], Literal["timeout", "crashed"] | None, str]:
+        """Results of a batch of ``len(budgets)`` hooks, each held to its own budget
+        (seconds, counted from the previous hook's finish).
+
+        Returns (results so far, failure kind or None, message). On a failure the
+        hook at ``len(results)`` is the culprit and the worker must be killed.
+        """
+        results: list[Result] = []
+        start = sent_at
+        while True:
+            try:
+                got = self._drain_results(batch_id, len(results))
+            except HookCrashed as exc:
+                return results, "crashed", str(exc)
+            now = time.monotonic()
+            for r in got:  # a lying worker can only move each start between prev and now
+                start = min(max(r.done_at, start), now)
+            results.extend(got)
+            if len(results) >= len(budgets):
+                self._drain_bell()
+                return results, None, ""
+            deadline = start + budgets[len(results)]
+            if now >= deadline:
+                ms = budgets[len(results)] * 1000
+                return results, "timeout", f"exceeded its {ms:.0f} ms budget"
+            await wait_readable(self._bell, deadline - now)
+            self._drain_bell()
+
+    def _drain_results(self, batch_id: int, have: int) -> list[Result]:
+        got: list[Result] = []
+        while True:
+            try:
+                data = os.read(self._r, 1 << 20)
+            except BlockingIOError:
+                return got
+            if not data:
+                raise HookCrashed(f"worker exited ({self._exit_reason()})")
+            for body in self._reader.feed(data):
+                frame = decode_from_worker(body)
+                if not isinstance(frame, Result):
+                    raise HookCrashed(f"worker sent an unexpected {type(frame).__name__} frame")
+                if frame.id != batch_id or frame.index != have + len(got):
+                    raise HookCrashed("worker answered out of order")
+                got.append(frame)
+
+    def _drain_bell(self) -> None:
+        try:
+            os.read(self._bell, 4096)
+        except BlockingIOError:
+            pass
+
+    def _exit_reason(self) -> str:
+        try:
+            code = self.proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            return "pipe closed"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group; the pool reaps it."""
+        if not self.alive:
+            return
+        self.alive = False
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+        os.close(self._bell)
+
+    def usage(self) -> tuple[int, float]:
+        """(RSS bytes, CPU seconds) from /proc, or zeros if unreadable."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            ticks = os.sysconf("SC_CLK_TCK")
+            cpu = (int(fields[11]) + int(fields[12])) / ticks
+            rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            return rss, cpu
+        except (OSError, IndexError, ValueError):
+            return 0, 0.0

@@ -1,0 +1,149 @@
+"""Typed frames between the daemon and a sandbox worker (sans-I/O).
+
+A frame is a 4-byte big-endian length followed by a msgpack body; the body is
+one of the tagged Structs below. msgpack (not pickle) means a hostile worker can
+only ever send us plain data, and the length cap bounds what we buffer.
+One request is outstanding per worker; the worker answers a batch with one
+``Result`` per hook, written as soon as that hook is done, and then one byte on
+a separate doorbell pipe. The parent sleeps on the doorbell only (one wakeup per
+batch) and, when a deadline passes, drains the results pipe to see which hook
+is still running; ``Result.done_at`` tells it when that hook started.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal
+
+import msgspec
+
+from daemon.errors import HookCrashed
+from hooks_runtime.config import SandboxConfig
+
+HookKind = Literal["wake", "autotrade", "copytrade"]
+ErrorKind = Literal[
+    "compile", "runtime", "invalid_result", "memory", "timeout", "crashed", "backoff", "paused"
+]
+
+_HEADER = struct.Struct(">I")
+
+
+class Setup(msgspec.Struct, tag="setup", frozen=True):
+    """First frame to a new worker: the limits it applies to itself before READY."""
+
+    config: SandboxConfig
+
+
+class HookCall(msgspec.Struct, frozen=True, array_like=True):
+    """One hook of a batch; ``source`` is sent only when the worker lacks this revision."""
+
+    hook_id: str
+    revision: str
+    kind: HookKind
+    source: str | None = None
+
+
+class Batch(msgspec.Struct, tag="batch", frozen=True):
+    """Evaluate ``hooks`` in order on one event; ``compile_only`` just compiles them."""
+
+    id: int
+    event: dict[str, Any]
+    state: Any
+    hooks: list[HookCall]
+    compile_only: bool = False
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    """The worker is hardened and waiting; ``missing`` maps a layer to why it is off."""
+
+    pid: int
+    active: list[str]
+    missing: dict[str, str]
+    fds: list[int]
+    python: str
+
+
+class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
+    """The outcome of hook ``index`` of batch ``id``."""
+
+    id: int
+    index: int
+    runtime_us: int
+    done_at: float  # worker's time.monotonic() (CLOCK_MONOTONIC is system-wide)
+    value: Any = None
+    error_kind: str = ""
+    error: str = ""
+    output: str = ""
+
+
+class Fatal(msgspec.Struct, tag="fatal", frozen=True):
+    """The worker could not start (bad setup); it exits after sending this."""
+
+    message: str
+
+
+ToWorker = Setup | Batch
+FromWorker = Ready | Result | Fatal
+
+
+class FrameEncoder:
+    """Encodes frames into one reusable buffer (no per-frame concatenation)."""
+
+    def __init__(self) -> None:
+        self._enc = msgspec.msgpack.Encoder()
+        self._buf = bytearray(64)
+
+    def encode(self, msg: ToWorker | FromWorker) -> bytes:
+        """The framed bytes of ``msg``."""
+        self._enc.encode_into(msg, self._buf, _HEADER.size)
+        _HEADER.pack_into(self._buf, 0, len(self._buf) - _HEADER.size)
+        return bytes(self._buf)
+
+
+class FrameReader:
+    """Accumulates bytes and yields complete frame bodies; enforces the size cap."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add ``data``; return the bodies of all frames now complete."""
+        self._buf += data
+        frames: list[bytes] = []
+        while len(self._buf) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buf, 0)
+            if size > self.max_frame_bytes:
+                raise HookCrashed(
+                    f"frame of {size} bytes exceeds the {self.max_frame_bytes}-byte cap"
+                )
+            end = _HEADER.size + size
+            if len(self._buf) < end:
+                break
+            frames.append(bytes(self._buf[_HEADER.size : end]))
+            del self._buf[:end]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes buffered towards an incomplete frame."""
+        return len(self._buf)
+
+
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_from_worker = msgspec.msgpack.Decoder(FromWorker)
+
+
+def decode_to_worker(body: bytes) -> ToWorker:
+    """Decode a parent → worker frame body (raises msgspec errors on garbage)."""
+    msg: ToWorker = _to_worker.decode(body)
+    return msg
+
+
+def decode_from_worker(body: bytes) -> FromWorker:
+    """Decode a worker → parent body; anything malformed is a crashed worker."""
+    try:
+        msg: FromWorker = _from_worker.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise HookCrashed(f"worker sent a malformed frame: {exc}") from None
+    return msg

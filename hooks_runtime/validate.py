@@ -1,0 +1,93 @@
+"""Exact-type validation of a hook's result, run in the worker and again in the daemon.
+
+``isinstance`` is not enough: a ``dict`` subclass can override ``items()`` and a
+``str`` subclass can make ``==`` lie. Only the exact JSON types pass, floats
+must be finite, and depth and size are capped. The daemon's check (after msgpack
+decoding) is the authoritative one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+from daemon.errors import HookResultInvalid
+
+ALLOWED_DECISIONS: Final[dict[str, frozenset[str]]] = {
+    "wake": frozenset({"IGNORE", "WAKE", "ALERT"}),
+    "autotrade": frozenset({"IGNORE", "TRADE_INTENT", "ALERT"}),
+    "copytrade": frozenset({"IGNORE", "TRADE_INTENT", "ALERT"}),
+}
+DECISION_KEYS: Final = frozenset(
+    {"decision", "reason", "dedupeKey", "cooldownSeconds", "intent", "data"}
+)
+MAX_DEPTH: Final = 32
+_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+def _check_json(value: Any, depth: int, budget: list[int], where: str) -> None:
+    """Recursive exact-type walk; ``budget`` counts down approximate encoded bytes."""
+    t = type(value)
+    if depth > MAX_DEPTH:
+        raise HookResultInvalid(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    budget[0] -= 8
+    if t is str:
+        budget[0] -= len(value)
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise HookResultInvalid(f"{where}: string is not valid UTF-8") from None
+    elif t is float:
+        if not math.isfinite(value):
+            raise HookResultInvalid(f"{where}: number is not finite ({value!r})")
+    elif t is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                raise HookResultInvalid(f"{where}: dict key {type(k).__name__} is not a str")
+            budget[0] -= len(k)
+            _check_json(v, depth + 1, budget, f"{where}.{k}")
+    elif t is list:
+        for i, v in enumerate(value):
+            _check_json(v, depth + 1, budget, f"{where}[{i}]")
+    elif t not in _SCALARS:
+        raise HookResultInvalid(f"{where}: {t.__name__} is not a JSON type")
+    if budget[0] < 0:
+        raise HookResultInvalid(f"{where}: result is larger than the size cap")
+
+
+def _check_fields(result: dict[str, Any], kind: str) -> None:
+    unknown = sorted(set(result) - DECISION_KEYS)
+    if unknown:
+        raise HookResultInvalid(f"unknown key(s) {unknown}; allowed: {sorted(DECISION_KEYS)}")
+    decision = result.get("decision")
+    allowed = ALLOWED_DECISIONS[kind]
+    if type(decision) is not str or decision not in allowed:
+        raise HookResultInvalid(
+            f"decision {decision!r} is not allowed for a {kind} hook (one of {sorted(allowed)})"
+        )
+    if type(result.get("reason")) is not str:
+        raise HookResultInvalid("reason must be a str")
+    if result.get("dedupeKey") is not None and type(result["dedupeKey"]) is not str:
+        raise HookResultInvalid("dedupeKey must be a str")
+    cooldown = result.get("cooldownSeconds")
+    if cooldown is not None and (
+        type(cooldown) not in (int, float) or not math.isfinite(cooldown) or cooldown < 0
+    ):
+        raise HookResultInvalid("cooldownSeconds must be a finite number >= 0")
+    intent = result.get("intent")
+    if decision == "TRADE_INTENT" and type(intent) is not dict:
+        raise HookResultInvalid("TRADE_INTENT needs an intent dict")
+    if decision != "TRADE_INTENT" and intent is not None:
+        raise HookResultInvalid(f"intent is only allowed with TRADE_INTENT, not {decision}")
+
+
+def validate_result(value: Any, kind: str, max_bytes: int) -> dict[str, Any]:
+    """Return ``value`` as a decision dict, or raise :exc:`HookResultInvalid`."""
+    if kind not in ALLOWED_DECISIONS:
+        raise HookResultInvalid(f"unknown hook kind {kind!r}")
+    if type(value) is not dict:
+        raise HookResultInvalid(f"evaluate() must return a dict, not {type(value).__name__}")
+    _check_json(value, 0, [max_bytes], "result")
+    _check_fields(value, kind)
+    return value

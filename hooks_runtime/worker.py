@@ -1,0 +1,217 @@
+"""The sandbox worker: a long-lived process that compiles and runs one agent's hooks.
+
+Started by :mod:`hooks_runtime.spawn` as ``python -I -S -B -X int_max_str_digits=4300
+-c BOOT <sys.path entries>``. It imports everything it will ever need, moves the
+IPC pipes off fds 0/1, hardens itself (:mod:`hooks_runtime.hardening`), reports
+READY with the active layers, then serves batches until its stdin closes.
+
+Each hook of a batch is compiled at most once per revision (cached as a code
+object), executed into fresh globals, called with a shallow copy of the event
+whose nested values are read-only, and the shared read-only state. Its result is
+validated here, inside the deadline, and streamed back at once so the parent
+can time and blame each hook separately.
+"""
+
+from __future__ import annotations
+
+import _strptime  # type: ignore[import-not-found]  # noqa: F401  datetime.strptime imports it lazily (HA #132469)
+import decimal
+import gc
+import os
+import sys
+import time
+import types
+from typing import Any
+
+import msgspec
+
+from daemon.errors import HookCompileError, HookResultInvalid
+from hooks_runtime import hardening, policy
+from hooks_runtime.config import SandboxConfig
+from hooks_runtime.protocol import (
+    Batch,
+    Fatal,
+    FrameEncoder,
+    FrameReader,
+    HookCall,
+    Ready,
+    Result,
+    Setup,
+    decode_to_worker,
+)
+from hooks_runtime.validate import validate_result
+
+try:  # optional layers: import now, before the filesystem is closed
+    import landlock  # noqa: F401
+    import pyseccomp  # noqa: F401
+except ImportError:  # pragma: no cover - reported as a missing layer later
+    pass
+
+#: The command-line program a worker runs: argv[1] is the doorbell fd, argv[2:] are
+#: prepended to sys.path (``-S`` leaves site-packages out).
+BOOT = (
+    "import sys;sys.path[:0]=sys.argv[2:];"
+    "from hooks_runtime.worker import main;main(int(sys.argv[1]))"
+)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(exc: BaseException, filename: str, limit: int) -> str:
+    """``Type: message (line N)``, never raising, whatever the exception holds."""
+    try:
+        line = None
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == filename:
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        where = f" (line {line})" if line else ""
+        return _clip(f"{type(exc).__name__}: {exc}{where}", limit)
+    except BaseException:  # noqa: BLE001 - a hostile __str__ must not kill the worker
+        return type(exc).__name__
+
+
+class Evaluator:
+    """Compiled-code cache plus the per-hook evaluation steps."""
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        # hook_id -> (revision, code object or compile error message)
+        self.cache: dict[str, tuple[str, types.CodeType | str]] = {}
+
+    def _code(self, call: HookCall) -> types.CodeType:
+        if call.source is not None:
+            try:
+                code: types.CodeType | str = policy.compile_hook(
+                    call.source, self._filename(call), self.cfg.max_source_bytes
+                )
+            except HookCompileError as exc:
+                code = _clip(str(exc), self.cfg.max_error_chars)
+            self.cache[call.hook_id] = (call.revision, code)
+        entry = self.cache.get(call.hook_id)
+        if entry is None or entry[0] != call.revision:
+            raise HookCompileError(f"worker has no source for revision {call.revision}")
+        if isinstance(entry[1], str):
+            raise HookCompileError(entry[1])
+        return entry[1]
+
+    @staticmethod
+    def _filename(call: HookCall) -> str:
+        return f"<hook {call.hook_id}@{call.revision[:12]}>"
+
+    def evaluate(
+        self, call: HookCall, event: dict[str, Any], state: Any, compile_only: bool
+    ) -> tuple[Any, str]:
+        """Run one hook; returns (validated decision, printed output)."""
+        code = self._code(call)
+        if compile_only:
+            return None, ""
+        out = policy.OutputBuffer(self.cfg.max_output_bytes)
+        seed = f"{call.revision}:{event.get('eventId')}"
+        glb = policy.fresh_globals("hook", seed, out)
+        decimal.setcontext(decimal.Context())
+        exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
+        fn = glb.get("evaluate")
+        if type(fn) is not types.FunctionType:
+            raise HookCompileError("the hook defines no evaluate(event, state) function")
+        value = fn(dict(event), state)
+        decision = validate_result(value, call.kind, self.cfg.max_result_bytes)
+        del glb, fn, value
+        gc.collect()  # cyclic finalizers run now, charged to this hook
+        return decision, out.text()
+
+    def run(self, batch: Batch, send: Any) -> None:
+        """Evaluate every hook of ``batch``, sending one Result each, in order."""
+        event = {k: policy.freeze(v) for k, v in batch.event.items()}
+        state = policy.freeze(batch.state)
+        for index, call in enumerate(batch.hooks):
+            send(self._one(batch, index, call, event, state))
+
+    def _one(self, batch: Batch, index: int, call: HookCall, event: Any, state: Any) -> Result:
+        t0 = time.perf_counter_ns()
+        limit = self.cfg.max_error_chars
+        kind, msg, value, output = "", "", None, ""
+        try:
+            value, output = self.evaluate(call, event, state, batch.compile_only)
+        except HookCompileError as exc:
+            kind, msg = "compile", _clip(str(exc), limit)
+        except HookResultInvalid as exc:
+            kind, msg = "invalid_result", _clip(str(exc), limit)
+        except MemoryError:
+            kind, msg = "memory", "MemoryError: the hook exceeded the worker's memory limit"
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, GeneratorExit too
+            kind, msg = "runtime", describe(exc, self._filename(call), limit)
+        t1 = time.perf_counter_ns()
+        done_at = time.monotonic()
+        return Result(batch.id, index, (t1 - t0) // 1000, done_at, value, kind, msg, output)
+
+
+def _send_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _frames(fd: int, reader: FrameReader) -> Any:
+    """Yield decoded frames from ``fd`` until EOF."""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            return
+        for body in reader.feed(data):
+            yield decode_to_worker(body)
+
+
+def _clean_fds(expected: set[int]) -> tuple[bool, list[int]]:
+    listed = hardening.open_fds()
+    fds = []
+    for fd in listed:
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            pass  # the directory handle used for listing
+    return set(fds) == expected, fds
+
+
+def main(bell_fd: int) -> None:
+    """Worker entry point."""
+    parent_pid = os.getppid()
+    ipc_in, ipc_out, bell = hardening.isolate_fds(bell_fd)
+    fds_ok, fds = _clean_fds({0, 1, 2, ipc_in, ipc_out, bell})
+    enc = FrameEncoder()
+    reader = FrameReader(64 * 1024 * 1024)
+    frames = _frames(ipc_in, reader)
+    setup = next(frames, None)
+    if not isinstance(setup, Setup):
+        _send_all(ipc_out, enc.encode(Fatal("first frame must be setup")))
+        os._exit(2)
+    cfg = setup.config
+    reader.max_frame_bytes = cfg.max_frame_bytes
+    active, missing = hardening.harden(cfg, parent_pid)
+    if fds_ok:
+        active.insert(0, "fds")
+    else:
+        missing["fds"] = f"unexpected open fds {fds}"
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    py = sys.version.split()[0]
+    _send_all(ipc_out, enc.encode(Ready(os.getpid(), active, missing, fds, py)))
+    evaluator = Evaluator(cfg)
+
+    def send(result: Result) -> None:
+        _send_all(ipc_out, enc.encode(result))
+
+    try:
+        for frame in frames:
+            if not isinstance(frame, Batch):
+                os._exit(2)
+            evaluator.run(frame, send)
+            os.write(bell, b"!")
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError):
+        os._exit(2)
+    os._exit(0)

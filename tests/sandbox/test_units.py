@@ -1,0 +1,231 @@
+"""Sans-I/O parts of the sandbox: frames, result validation, breaker, config, compile policy."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+
+from daemon.errors import HookCompileError, HookCrashed, HookResultInvalid
+from hooks_runtime import HookBreaker, SandboxConfig, kind_of, validate_result
+from hooks_runtime.policy import (
+    MATH,
+    STATISTICS,
+    compile_hook,
+    freeze,
+    guarded_getattr,
+    guarded_inplacevar,
+    make_import,
+)
+from hooks_runtime.protocol import (
+    Batch,
+    FrameEncoder,
+    FrameReader,
+    HookCall,
+    Result,
+    decode_from_worker,
+    decode_to_worker,
+)
+
+
+def test_frames_round_trip_split_anywhere() -> None:
+    """Frames survive being fed one byte at a time and come out whole and typed."""
+    enc = FrameEncoder()
+    batch = Batch(7, {"eventId": "e"}, {"a": [1]}, [HookCall("h", "r1", "wake", "src")])
+    data = enc.encode(batch) + enc.encode(Batch(8, {}, None, []))
+    reader = FrameReader(1 << 20)
+    bodies = [b for i in range(len(data)) for b in reader.feed(data[i : i + 1])]
+    assert [decode_to_worker(b) for b in bodies] == [batch, Batch(8, {}, None, [])]
+    assert reader.pending == 0
+
+
+def test_frame_over_cap_is_a_crash() -> None:
+    """A length prefix above the cap is refused before anything is buffered."""
+    reader = FrameReader(100)
+    with pytest.raises(HookCrashed, match="exceeds the 100-byte cap"):
+        reader.feed((101).to_bytes(4, "big") + b"x")
+
+
+def test_garbage_from_worker_is_a_crash() -> None:
+    """Undecodable or wrongly typed worker frames raise HookCrashed, never pickle-like objects."""
+    with pytest.raises(HookCrashed):
+        decode_from_worker(b"\xc1garbage")
+    with pytest.raises(HookCrashed):
+        decode_from_worker(msgspec.msgpack.encode({"type": "result", "id": "x"}))
+    body = msgspec.msgpack.encode(Result(1, 0, 5, 1.0, {"decision": "WAKE"}))
+    assert decode_from_worker(body) == Result(1, 0, 5, 1.0, {"decision": "WAKE"})
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "match"),
+    [
+        ([], "wake", "must return a dict"),
+        ({"decision": "TRADE_INTENT", "reason": "x", "intent": {}}, "wake", "not allowed"),
+        ({"decision": "WAKE", "reason": "x"}, "autotrade", "not allowed"),
+        ({"decision": "WAKE"}, "wake", "reason must be a str"),
+        ({"decision": "WAKE", "reason": "x", "cooldown": 1}, "wake", "unknown key"),
+        ({"decision": "WAKE", "reason": "x", "cooldownSeconds": -1}, "wake", "cooldownSeconds"),
+        ({"decision": "WAKE", "reason": "x", "cooldownSeconds": True}, "wake", "cooldownSeconds"),
+        ({"decision": "WAKE", "reason": "x", "cooldownSeconds": math.inf}, "wake", "finite"),
+        ({"decision": "WAKE", "reason": "x", "data": math.nan}, "wake", "not finite"),
+        ({"decision": "WAKE", "reason": "x", "dedupeKey": 5}, "wake", "dedupeKey"),
+        ({"decision": "TRADE_INTENT", "reason": "x"}, "autotrade", "needs an intent"),
+        ({"decision": "ALERT", "reason": "x", "intent": {}}, "wake", "only allowed with"),
+        ({"decision": "WAKE", "reason": "x", "data": {1: 2}}, "wake", "key int"),
+        ({"decision": "WAKE", "reason": "x", "data": (1,)}, "wake", "tuple is not a JSON"),
+        ({"decision": "WAKE", "reason": "\ud800"}, "wake", "not valid UTF-8"),
+        ({"decision": "WAKE", "reason": "x" * 70_000}, "wake", "size cap"),
+        ({"decision": "WAKE", "reason": "x", "data": freeze({"a": 1})}, "wake", "mappingproxy"),
+        ({"decision": "copy", "reason": "x"}, "copytrade", "not allowed"),
+    ],
+)
+def test_invalid_results_are_rejected(value: object, kind: str, match: str) -> None:
+    """Every contract breach is a HookResultInvalid naming the problem."""
+    with pytest.raises(HookResultInvalid, match=match):
+        validate_result(value, kind, 64 * 1024)
+
+
+def test_subclass_results_fail_exact_type_checks() -> None:
+    """dict and str subclasses pass isinstance but not the exact-type check."""
+
+    class D(dict):  # type: ignore[type-arg]
+        pass
+
+    class S(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = str.__hash__
+
+    with pytest.raises(HookResultInvalid, match="must return a dict, not D"):
+        validate_result(D(decision="WAKE", reason="x"), "wake", 1000)
+    with pytest.raises(HookResultInvalid, match="S is not a JSON type"):
+        validate_result({"decision": S("BOGUS"), "reason": "x"}, "wake", 1000)
+
+
+def test_deep_nesting_is_rejected() -> None:
+    """Nesting deeper than 32 levels is invalid (bounded recursion in the validator)."""
+    deep: list[object] = []
+    for _ in range(40):
+        deep = [deep]
+    with pytest.raises(HookResultInvalid, match="deeper"):
+        validate_result({"decision": "WAKE", "reason": "x", "data": deep}, "wake", 1 << 20)
+
+
+def test_breaker_backs_off_exponentially_then_pauses() -> None:
+    """Failures double the skip window; the Nth pauses until resume; success clears."""
+    now = [0.0]
+    b = HookBreaker(1.0, 3.0, 4, clock=lambda: now[0])
+    key = ("a", "h")
+    b.record(key, "r1", "boom")
+    assert b.gate(key, "r1") == ("backoff", "backing off 1.0s after 1 failure(s)")
+    now[0] = 1.0
+    assert b.gate(key, "r1") is None
+    b.record(key, "r1", "boom")
+    now[0] = 2.5
+    assert b.gate(key, "r1") is not None  # 2 s window
+    now[0] = 3.0
+    b.record(key, "r1", "boom")
+    now[0] = 5.9
+    assert b.gate(key, "r1") is not None  # capped at 3 s
+    now[0] = 6.0
+    b.record(key, "r1", "boom")
+    gate = b.gate(key, "r1")
+    assert gate is not None and gate[0] == "paused"
+    now[0] = 1e9
+    assert b.gate(key, "r1") is not None and list(b.paused()) == [key]
+    assert b.resume(key) and b.gate(key, "r1") is None
+    b.record(key, "r1", "boom")
+    b.record(key, "r1", None)
+    assert b.failures(key) == 0
+
+
+def test_breaker_new_revision_starts_clean() -> None:
+    """A paused hook runs again once its file changes (a new revision)."""
+    b = HookBreaker(1.0, 10.0, 1, clock=lambda: 0.0)
+    b.pause(("a", "h"), "r1", "restored from store")
+    assert b.gate(("a", "h"), "r1") is not None
+    assert b.gate(("a", "h"), "r2") is None
+
+
+def test_config_rejects_unknown_layers_and_keys() -> None:
+    """Typos in the [hooks.sandbox] section fail at startup."""
+    with pytest.raises(msgspec.ValidationError, match="unknown sandbox layer"):
+        msgspec.convert({"require_layers": ["seccmp"]}, SandboxConfig)
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        msgspec.convert({"timeout": 1}, SandboxConfig)
+    assert msgspec.convert({}, SandboxConfig).timeout_ms == 250.0
+
+
+def test_kind_comes_from_the_prefix() -> None:
+    """wake_/autotrade_/copytrade_ prefixes give the kind; others are rejected."""
+    assert kind_of("wake_x.py") == "wake"
+    assert kind_of("copytrade_y.py") == "copytrade"
+    with pytest.raises(HookCompileError):
+        kind_of("helper.py")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "class A:\n    pass",
+        "from math import _members",
+        "def f(_write_=lambda o: o, /):\n    pass",
+        "try:\n    pass\nexcept* ValueError:\n    pass",
+        "\uff45\uff56\uff41\uff4c('1')",  # NFKC "eval"
+        "x = 1\0",
+        "def evaluate(e, s):\n    return f'{e.__class__}'",
+        "g = (x for x in [1])\ng.gi_frame",
+        "y = " + "+".join(["x"] * 3000),
+        "while True:\n    break\nbreak",
+        "import os as _os",
+        "x = 1\n" * 50_000,
+    ],
+)
+def test_policy_rejects_at_compile_time(source: str) -> None:
+    """Classes, underscore names, try/except*, NFKC tricks, NUL, deep ASTs, oversize: compile
+    errors, whatever exception RestrictedPython or the compiler raised inside."""
+    with pytest.raises(HookCompileError):
+        compile_hook(source, "<t>", 256 * 1024)
+
+
+def test_getattr_guard_refuses_dunders_formats_and_modules() -> None:
+    """The guard raises for _names, format*, mro, frames, and never hands out a module."""
+    import types
+
+    for obj, name in [("x", "format"), ("x", "format_map"), (str, "mro"), (1, "__class__")]:
+        with pytest.raises(AttributeError):
+            guarded_getattr(obj, name)
+    with pytest.raises(TypeError):
+        guarded_getattr("x", type("S", (str,), {})("upper"))
+    with pytest.raises(AttributeError):
+        guarded_getattr(types, "ModuleType")  # attributes of a module: refused
+    with pytest.raises(AttributeError):
+        guarded_getattr(STATISTICS, "sys")
+    assert guarded_getattr(MATH, "floor") is math.floor
+    assert guarded_getattr(MATH, "missing", 5) == 5
+
+
+def test_imports_are_namespaces_only() -> None:
+    """Allowed names give immutable namespaces; os, operator, string, json, re are refused."""
+    imp = make_import("seed")
+    assert imp("math") is MATH
+    with pytest.raises(TypeError):
+        MATH.floor = None  # type: ignore[attr-defined]
+    for name in ["os", "operator", "string", "json", "re", "sys", "statistics.sys"]:
+        with pytest.raises(ImportError):
+            imp(name)
+    with pytest.raises(ImportError):
+        imp("math", level=1)
+    assert imp("random").random() == make_import("seed")("random").random()
+
+
+def test_inplacevar_is_table_driven() -> None:
+    """x op= y works on numbers, str and list, not on other types or unknown ops."""
+    assert guarded_inplacevar("+=", 1, 2) == 3
+    assert guarded_inplacevar("+=", [1], [2]) == [1, 2]
+    with pytest.raises(TypeError):
+        guarded_inplacevar("|=", {1}, {2})
+    with pytest.raises(TypeError):
+        guarded_inplacevar("@=", 1, 2)
