@@ -10,6 +10,11 @@ Memory stays bounded: if ``max_pending`` records are waiting (the disk is
 slower than the producers), ``write()`` flushes inline rather than dropping
 records; ``inline_flushes`` counts how often that happened.
 
+A failed write (disk full, directory gone) never takes the daemon down: the
+flusher logs it, counts it in ``errors``, keeps the batch and retries on the
+next interval; only beyond ``max_pending`` are the oldest records dropped
+(``dropped``). A batch that failed halfway may be written twice on retry.
+
 Disk stays bounded: files are ``audit-YYYY-MM-DD[.N].jsonl`` (the day of the
 record's ``ts``); a part rolls over at ``max_file_bytes``; after a write the
 oldest files are deleted while the total exceeds ``max_total_bytes`` or their
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
+import structlog
 from anyio.abc import TaskStatus
 
 from daemon.audit.files import day_of, file_name, list_files
@@ -35,6 +41,7 @@ from daemon.audit.records import AuditRecord, encode_line, now_ts
 from daemon.errors import StoreError
 
 MiB = 1024 * 1024
+log = structlog.get_logger("audit")
 
 
 class AuditWriter:
@@ -62,6 +69,9 @@ class AuditWriter:
         self.max_days = max_days
         self.written = 0
         self.inline_flushes = 0
+        self.errors = 0
+        self.dropped = 0
+        self.last_error = ""
         self.deleted_files = 0
         self._pending: list[tuple[str, bytes]] = []
         self._wake: anyio.Event | None = None
@@ -74,12 +84,18 @@ class AuditWriter:
     # --- producer side (event loop, never blocks for long) -----------------
 
     def write(self, record: AuditRecord) -> None:
-        """Queue one record; returns at once."""
+        """Queue one record; returns at once (except under back-pressure, see above)."""
         line = encode_line(record)
         self._pending.append((day_of(record.ts, now_ts()[:10]), line))
-        if self._closed or len(self._pending) >= self.max_pending:
-            self.inline_flushes += not self._closed
+        if self._closed:
             self.flush_sync()
+        elif len(self._pending) >= self.max_pending:
+            self.inline_flushes += 1
+            batch, self._pending = self._pending, []
+            try:
+                self._write_batch(batch)
+            except StoreError as exc:
+                self._keep(batch, exc)
         elif len(self._pending) >= self.flush_every and self._wake is not None:
             self._wake.set()
 
@@ -99,13 +115,29 @@ class AuditWriter:
                 await self._wake.wait()
             self._wake = anyio.Event()
             if self._pending:
-                await self.flush()
+                batch, self._pending = self._pending, []
+                try:
+                    await anyio.to_thread.run_sync(self._write_batch, batch)
+                except StoreError as exc:
+                    self._keep(batch, exc)
                 if self._flushed is not None:
                     self._flushed.set()
                     self._flushed = None
 
+    def _keep(self, batch: list[tuple[str, bytes]], exc: StoreError) -> None:
+        """A write failed: requeue the batch (oldest dropped beyond max_pending), log it."""
+        self.errors += 1
+        self.last_error = str(exc)
+        keep = batch + self._pending
+        overflow = max(0, len(keep) - self.max_pending)
+        self.dropped += overflow
+        self._pending = keep[overflow:]
+        log.warning(
+            "audit_write_failed", error=str(exc), pending=len(self._pending), dropped=self.dropped
+        )
+
     async def next_flush(self) -> None:
-        """Wait until the flusher task has written its next batch (health checks, tests)."""
+        """Wait for the flusher task's next write attempt (health checks, tests)."""
         if self._flushed is None:
             self._flushed = anyio.Event()
         await self._flushed.wait()

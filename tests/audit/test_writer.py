@@ -140,3 +140,20 @@ async def test_trading_records_round_trip(tmp_path: Path) -> None:
     risk, order = lines(tmp_path / "audit")
     assert risk["approved"] is False and risk["reasons"][0]["code"] == "STOP_LOSS_REQUIRED"  # type: ignore[index]
     assert (order["status"], order["price"], order["traceId"]) == ("FILLED", 100.0, "t")
+
+
+async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
+    """A failing disk is counted and retried; nothing is lost once it recovers."""
+    target = tmp_path / "audit"
+    target.write_text("not a directory")
+    async with open_audit(target, flush_every=1, flush_interval=3600) as w:
+        w.write(hook(reason="first"))
+        with anyio.fail_after(5):
+            await w.next_flush()
+        assert w.errors == 1 and w.pending == 1 and "cannot write audit log" in w.last_error
+        target.unlink()
+        w.write(hook(reason="second"))
+        with anyio.fail_after(5):
+            await w.next_flush()
+    assert [r["reason"] for r in lines(target)] == ["first", "second"]
+    assert w.dropped == 0
