@@ -203,17 +203,23 @@ class CandlesFeed:
                 if hwm is not None and candle.end_ms <= hwm:
                     continue  # already published: an overlapping window
                 if p.is_closed(candle, server_now, self.settle_ms):
-                    event = p.closed_event(
-                        candle, source=self.source, symbol=product, timeframe=tf,
-                        received_ms=self.clock(),
-                    )  # fmt: skip
-                    await publish(event)
-                    store.advance(key, candle.end_ms)
-                    hwm = candle.end_ms
+                    hwm = await self._publish_closed(candle, product, tf, publish)
                     published += 1
                 elif self.config.emit_updated and candle.end_ms > server_now:
                     await self._publish_updated(candle, product, tf, server_now, publish)
         return published
+
+    async def _publish_closed(
+        self, candle: p.Candle, product: str, tf: str, publish: Publish
+    ) -> int:
+        """Publish one close, then commit it as the series' mark; returns the new mark."""
+        event = p.closed_event(
+            candle, source=self.source, symbol=product, timeframe=tf, received_ms=self.clock()
+        )
+        await publish(event)
+        # A kill between these two lines re-emits this close (same eventId) on restart.
+        self._require_store().advance(p.partition_key(self.source, product, tf), candle.end_ms)
+        return candle.end_ms
 
     async def _publish_updated(
         self, candle: p.Candle, product: str, tf: str, server_now: int, publish: Publish
