@@ -188,8 +188,7 @@ class CandlesFeed:
         self, product: str, tf: str, server_now: int, publish: Publish, health: FeedHealth
     ) -> int:
         key = p.partition_key(self.source, product, tf)
-        store = self._require_store()
-        hwm = store.get(key)
+        hwm = self._require_store().get(key)
         todo = p.plan(hwm, server_now, p.timeframe_ms(tf), max_backfill=self.config.max_backfill)
         if todo.skipped:
             log.warning("candles.backfill_capped", partition=key, skipped=todo.skipped)
