@@ -53,6 +53,7 @@ class FeedStatus(msgspec.Struct, frozen=True):
     errors: int
     finished: bool
     stalled: bool
+    stats: dict[str, Any] = {}
 
 
 class Status(msgspec.Struct, frozen=True):
@@ -87,6 +88,7 @@ class Service:
         self.bus = Bus(queue_size=config.bus.queue_size)
         self.state = StateCache.from_config(config.state)
         self.health: dict[str, FeedHealth] = {}
+        self.feeds: dict[str, Feed] = {}
         self.finished: set[str] = set()
         self.started_at = time.time()
         self._feeds_scope: anyio.CancelScope | None = None
@@ -135,6 +137,7 @@ class Service:
 
     async def _run_feed(self, feed: Feed, *, task_status: TaskStatus[None]) -> None:
         health = self.health[feed.name] = FeedHealth(feed.name)
+        self.feeds[feed.name] = feed
         self.finished.discard(feed.name)
         log.info("feed starting", feed=feed.name)
         await feed.run(self._publish, health, task_status=task_status)
@@ -148,6 +151,7 @@ class Service:
             self._feeds_scope = scope
             feeds = self.build_feeds(config)
             self.health = {}
+            self.feeds = {}
             async with anyio.create_task_group() as tg:
                 for feed in feeds:
                     await tg.start(self._run_feed, feed)
@@ -228,6 +232,7 @@ class Service:
                 h.errors,
                 name in self.finished,
                 name not in self.finished and h.silent_for() > limit,
+                self._feed_stats(name),
             )
             for name, h in self.health.items()
         ]
@@ -246,6 +251,14 @@ class Service:
             feeds,
             self.state.statistics(),
         )
+
+    def _feed_stats(self, name: str) -> dict[str, Any]:
+        """A feed's own counters, if it keeps any (``statistics()`` returning plain data)."""
+        stats = getattr(self.feeds.get(name), "statistics", None)
+        if stats is None:
+            return {}
+        value = stats()
+        return dict(value) if isinstance(value, dict) else msgspec.to_builtins(value)
 
     def write_status(self, *, running: bool) -> Status:
         """Write status.json atomically (temp file + rename)."""

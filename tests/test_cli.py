@@ -124,3 +124,15 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     assert "SYNTHETIC" in res.stdout and "summary" in res.stdout
     assert "market.candle.closed         120" in res.stdout
     assert len((tmp_path / "recording.jsonl").read_bytes().splitlines()) == 120
+
+
+def test_status_after_a_run(tmp_path: Path) -> None:
+    """`marketwake status` reads the last status.json: not running, bus counters, feeds."""
+    assert mw("demo", "--dir", str(tmp_path), "--candles", "30", "--speed", "0", "--quiet")
+    res = mw("status", "--state-dir", str(tmp_path / "state"))
+    assert res.returncode == 0, res.stderr
+    assert "daemon: not running" in res.stdout
+    assert "bus: published 30" in res.stdout
+    assert "feed replay: finished" in res.stdout
+    missing = mw("status", "--state-dir", str(tmp_path / "nothing"))
+    assert missing.returncode == 1 and "has the daemon run?" in missing.stderr

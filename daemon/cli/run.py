@@ -104,6 +104,9 @@ def _render_status(data: dict[str, Any]) -> str:
             f"feed {feed['name']}: {state}, silent {feed['silent_seconds']:.1f}s, "
             f"errors {feed['errors']}"
         )
+        flat = {k: v for k, v in feed.get("stats", {}).items() if isinstance(v, (int, float, str))}
+        if flat:
+            lines.append("    " + ", ".join(f"{k} {v}" for k, v in flat.items()))
     lines.append("state: " + ", ".join(f"{k} {v}" for k, v in data["state"].items()))
     return "\n".join(lines)
 
