@@ -27,10 +27,10 @@ def file_name(day: str, part: int) -> str:
     return f"audit-{day}.jsonl" if part == 0 else f"audit-{day}.{part}.jsonl"
 
 
-def day_of(ts: str, fallback: str) -> str:
-    """The UTC day of an audit ``ts``, or ``fallback`` when it is not a timestamp."""
+def day_of(ts: str) -> str | None:
+    """The UTC day of an audit ``ts``, or None when it is not a timestamp."""
     day = ts[:10]
-    return day if _DAY.match(day) else fallback
+    return day if _DAY.match(day) else None
 
 
 def list_files(directory: Path) -> list[AuditFile]:

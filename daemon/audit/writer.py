@@ -86,7 +86,7 @@ class AuditWriter:
     def write(self, record: AuditRecord) -> None:
         """Queue one record; returns at once (except under back-pressure, see above)."""
         line = encode_line(record)
-        self._pending.append((day_of(record.ts, now_ts()[:10]), line))
+        self._pending.append((day_of(record.ts) or now_ts()[:10], line))
         if self._closed:
             self.flush_sync()
         elif len(self._pending) >= self.max_pending:
