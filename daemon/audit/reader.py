@@ -153,7 +153,12 @@ class Follower:
     def poll(self) -> list[Record]:
         """New matching records in file order."""
         out: list[Record] = []
-        for f in list_files(self.directory):
+        files = list_files(self.directory)
+        live = {f.path for f in files}
+        for gone in [p for p in self._offsets if p not in live]:  # deleted by retention
+            self._offsets.pop(gone)
+            self._partial.pop(gone, None)
+        for f in files:
             for line in self._new_lines(f.path):
                 rec = parse_line(line, self.stats)
                 if rec is not None and self.flt.matches(rec):
@@ -164,6 +169,9 @@ class Follower:
         start = self._offsets.get(path, 0)
         try:
             with path.open("rb") as fh:
+                if fh.seek(0, 2) < start:  # truncated or replaced: start over
+                    start = 0
+                    self._partial.pop(path, None)
                 fh.seek(start)
                 data = fh.read(8 * 1024 * 1024)
         except FileNotFoundError:

@@ -117,12 +117,15 @@ def tail_command(
         show(rec)
     if follower is None:
         return
-    while True:
-        batch = follower.poll()
-        for rec in batch:
-            show(rec)
-        if not batch:
-            time.sleep(poll)
+    try:
+        while True:
+            batch = follower.poll()
+            for rec in batch:
+                show(rec)
+            if not batch:
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        return  # Ctrl-C is how one stops following
 
 
 @click.command("why")

@@ -56,6 +56,10 @@ class Broker(Protocol):
         """Record, then place the order; an already-known id returns the existing order."""
         ...
 
+    async def recover(self) -> list[Order]:
+        """At startup: finish orders recorded but never sent (ask the venue first if live)."""
+        ...
+
     async def cancel(self, client_order_id: str) -> Order:
         """Cancel a working order; raises :exc:`BrokerError` if unknown or finished."""
         ...
@@ -74,4 +78,8 @@ class Broker(Protocol):
 
     def view(self) -> PortfolioView:
         """Positions, working orders, marks and today's PnL, for the risk engine."""
+        ...
+
+    def now_ms(self) -> int:
+        """The broker's clock (epoch ms); pass it as the risk engine's ``now``."""
         ...

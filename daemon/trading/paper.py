@@ -26,8 +26,15 @@ import msgspec
 
 from daemon import events as ev
 from daemon.events import FeedEvent
-from daemon.trading.broker import BrokerError, OrderRequest
-from daemon.trading.matching import Candle, apply_fill, candle_fill, marketable_price, tick_fill
+from daemon.trading.broker import Broker, BrokerError, OrderRequest
+from daemon.trading.matching import (
+    Applied,
+    Candle,
+    apply_fill,
+    candle_fill,
+    marketable_price,
+    tick_fill,
+)
 from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import WORKING, Order, OrderRole, PortfolioView, Position
 from feeds.base import Publish
@@ -296,14 +303,13 @@ class PaperBroker:
     def _fill(self, order: Order, price: float, ts_ms: int, out: list[FeedEvent]) -> None:
         """Execute ``order`` at ``price``: position, PnL, brackets, OCO; all in one txn."""
         pos = self._positions.get(order.symbol)
-        qty = pos.quantity if pos else 0.0
-        signed = order.signed_volume
-        if order.role in _CHILD_ROLES:
-            if qty == 0 or (qty > 0) == (signed > 0):
-                self._cancel(order, "position already closed", ts_ms, out)
-                return
-            signed = max(-abs(qty), min(abs(qty), signed))
-        applied = apply_fill(qty, pos.avg_price if pos else 0.0, signed, price)
+        signed = self._fill_volume(order, pos)
+        if signed is None:
+            self._cancel(order, "position already closed", ts_ms, out)
+            return
+        applied = apply_fill(
+            pos.quantity if pos else 0.0, pos.avg_price if pos else 0.0, signed, price
+        )
         filled = msgspec.structs.replace(
             order, status="FILLED", fill_price=price, filled_ms=ts_ms, updated_ms=ts_ms
         )
@@ -312,66 +318,63 @@ class PaperBroker:
             order.client_order_id, order.symbol, signed, price, ts_ms, applied.realized
         )
         out.append(self._order_event(ev.ACCOUNT_ORDER_FILLED, filled, "filled"))
-        self._update_position(
-            order, pos, applied.quantity, applied.avg_price, ts_ms, price, applied.realized, out
-        )
-        if order.role == "entry":
+        self._update_position(filled, pos, applied, out)
+        self._after_fill(filled, applied.quantity, out)
+
+    @staticmethod
+    def _fill_volume(order: Order, pos: Position | None) -> float | None:
+        """Signed fill size; a bracket child is capped at the position and never flips it."""
+        signed = order.signed_volume
+        if order.role not in _CHILD_ROLES:
+            return signed
+        qty = pos.quantity if pos else 0.0
+        if qty == 0 or (qty > 0) == (signed > 0):
+            return None
+        return max(-abs(qty), min(abs(qty), signed))
+
+    def _after_fill(self, filled: Order, quantity: float, out: list[FeedEvent]) -> None:
+        """Grow brackets on an entry; one-cancels-other; drop brackets of a flat position."""
+        ts_ms = filled.updated_ms
+        if filled.role == "entry":
             self._spawn_children(filled, out)
-        elif order.parent_id is not None:
-            for sib in [o for o in self._working.values() if o.parent_id == order.parent_id]:
-                self._cancel(sib, f"one-cancels-other: {order.role} filled", ts_ms, out)
-        if applied.quantity == 0:
-            for child in [
-                o
-                for o in self._working.values()
-                if o.symbol == order.symbol and o.role in _CHILD_ROLES
-            ]:
-                self._cancel(child, "position closed", ts_ms, out)
+        elif filled.parent_id is not None:
+            for sib in [o for o in self._working.values() if o.parent_id == filled.parent_id]:
+                self._cancel(sib, f"one-cancels-other: {filled.role} filled", ts_ms, out)
+        if quantity == 0:
+            for child in list(self._working.values()):
+                if child.symbol == filled.symbol and child.role in _CHILD_ROLES:
+                    self._cancel(child, "position closed", ts_ms, out)
 
     def _update_position(
-        self,
-        order: Order,
-        old: Position | None,
-        qty: float,
-        avg: float,
-        ts_ms: int,
-        price: float,
-        realized: float,
-        out: list[FeedEvent],
+        self, filled: Order, old: Position | None, applied: Applied, out: list[FeedEvent]
     ) -> None:
+        """Store the new position; publish closed/opened when it goes flat, opens or flips."""
+        ts_ms, qty = filled.updated_ms, applied.quantity
         old_qty = old.quantity if old else 0.0
         flipped = old_qty != 0 and qty != 0 and (old_qty > 0) != (qty > 0)
         if old is not None and (qty == 0 or flipped):
-            payload = {**msgspec.to_builtins(old), "closePrice": price, "realizedPnl": realized}
-            out.append(
-                self._event(
-                    ev.ACCOUNT_POSITION_CLOSED,
-                    order,
-                    f"closed:{order.client_order_id}",
-                    payload,
-                    ts_ms,
-                )
-            )
+            payload = {
+                **msgspec.to_builtins(old),
+                "closePrice": filled.fill_price,
+                "realizedPnl": applied.realized,
+            }
+            key = f"closed:{filled.client_order_id}"
+            out.append(self._event(ev.ACCOUNT_POSITION_CLOSED, filled, key, payload, ts_ms))
         new = None
         if qty != 0:
             opened_ms = old.opened_ms if old is not None and not flipped else ts_ms
-            new = Position(symbol=order.symbol, quantity=qty, avg_price=avg, opened_ms=opened_ms)
+            new = Position(
+                symbol=filled.symbol, quantity=qty, avg_price=applied.avg_price, opened_ms=opened_ms
+            )
             if old is None or flipped:
+                key = f"opened:{filled.client_order_id}"
                 payload = msgspec.to_builtins(new)
-                out.append(
-                    self._event(
-                        ev.ACCOUNT_POSITION_OPENED,
-                        order,
-                        f"opened:{order.client_order_id}",
-                        payload,
-                        ts_ms,
-                    )
-                )
-        self._store.put_position(order.symbol, new)
+                out.append(self._event(ev.ACCOUNT_POSITION_OPENED, filled, key, payload, ts_ms))
+        self._store.put_position(filled.symbol, new)
         if new is None:
-            self._positions.pop(order.symbol, None)
+            self._positions.pop(filled.symbol, None)
         else:
-            self._positions[order.symbol] = new
+            self._positions[filled.symbol] = new
 
     def _spawn_children(self, entry: Order, out: list[FeedEvent]) -> None:
         specs: list[tuple[OrderRole, float | None]] = [
@@ -433,3 +436,8 @@ class PaperBroker:
     async def _emit(self, out: list[FeedEvent]) -> None:
         for event in out:
             await self._publish(event)
+
+
+def _conforms(broker: PaperBroker) -> Broker:
+    """Lets mypy prove PaperBroker satisfies the Broker protocol."""
+    return broker

@@ -93,3 +93,18 @@ def test_follower_picks_up_appends_and_new_files(tmp_path: Path) -> None:
     w.write(hook(ts=ts("2026-02-18"), reason="next day"))
     w.close()
     assert [r["reason"] for r in f.poll()] == ["next day"]
+
+
+def test_follower_survives_truncation_and_deletion(tmp_path: Path) -> None:
+    """A truncated file is re-read from the start; a deleted one is forgotten."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(reason="a"))
+    w.close()
+    f = Follower(tmp_path)
+    path = max(tmp_path.iterdir())
+    path.write_bytes(b'{"type":"hook","reason":"fresh"}\n')
+    assert [r["reason"] for r in f.poll()] == ["fresh"]
+    path.unlink()
+    assert f.poll() == []
+    path.write_bytes(b'{"type":"hook","reason":"again"}\n')
+    assert [r["reason"] for r in f.poll()] == ["again"]
