@@ -1,0 +1,69 @@
+"""Clocks for the wake scheduler: the system clock, and a manual one for tests.
+
+The scheduler works in epoch seconds (not monotonic time) because budgets and
+cooldowns are persisted and must mean the same thing after a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import anyio
+import anyio.lowlevel
+
+
+class Clock(Protocol):
+    """Tells the time and sleeps until a given time."""
+
+    def now(self) -> float:
+        """Epoch seconds."""
+        ...
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Return once ``now() >= deadline``."""
+        ...
+
+
+class SystemClock:
+    """Wall-clock time; sleeps with anyio."""
+
+    def now(self) -> float:
+        """Epoch seconds from ``time.time``."""
+        return time.time()
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep for what is left until ``deadline``."""
+        await anyio.sleep(max(0.0, deadline - time.time()))
+
+
+class ManualClock:
+    """A clock that moves only when told, so tests cover hours without waiting."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, anyio.Event]] = []
+
+    def now(self) -> float:
+        """The current manual time."""
+        return self._now
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Wait until :meth:`advance` moves the clock past ``deadline``."""
+        if deadline <= self._now:
+            await anyio.lowlevel.checkpoint()
+            return
+        entry = (deadline, anyio.Event())
+        self._sleepers.append(entry)
+        try:
+            await entry[1].wait()
+        finally:
+            if entry in self._sleepers:
+                self._sleepers.remove(entry)
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and wake every sleeper whose deadline passed."""
+        self._now += seconds
+        for deadline, event in list(self._sleepers):
+            if deadline <= self._now:
+                event.set()

@@ -1,0 +1,374 @@
+"""WakeScheduler: one per agent; decides what each WAKE turns into.
+
+``submit()`` returns at once with the decision, and the scheduler's own task
+(:meth:`WakeScheduler.run`) starts runs one at a time. The rules, in order:
+
+* **paused**: an agent that is paused wakes for nothing (``suppressedBy=paused``).
+* **collect mode**: a wake joins the pending run if there is one (``queued``);
+  the first wake of an idle agent opens a pending run that starts after
+  ``debounce_seconds``; a wake during an in-flight run opens the one follow-up
+  run that every later wake joins. A run keeps the newest ``max_collected``
+  wakes in detail and summarizes older ones in one line.
+* **immediate mode**: every wake becomes its own run; runs go one after another.
+* **cooldown**: after a wake run ends, a wake that would start a *new* run on
+  an idle agent within ``cooldown_after_run_seconds`` is suppressed. Runs that
+  were already pending wait for the cooldown to end instead.
+* **budget**: at most ``max_runs_per_hour`` wake runs start in any hour
+  (sliding window, pending runs count as promised); a wake that would need one
+  more run is suppressed (``suppressedBy=budget``). Joining a pending run is free.
+* **audit runs** fill silence: when ``audit_interval_seconds`` pass without any
+  run starting, an audit run starts. They are bounded by construction (at most
+  one per interval), so they neither use the hourly budget nor the cooldown,
+  and any run resets their timer; a paused agent skips them (recorded).
+
+Every wake gets exactly one ``wake`` record when submitted (``woke``,
+``queued`` or ``suppressed``) and another ``suppressed`` one if its pending run
+is later dropped (the agent was paused meanwhile). Each run gets a ``run``
+record when it starts and one when it ends. Run starts and ends are persisted
+so the budget and cooldown survive a restart; pending runs do not (they were
+recorded as queued; after a restart new events wake the agent again).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import structlog
+
+from daemon.audit.records import AuditRecord, RunRecord, WakeRecord, now_ts
+from daemon.events import iso_ms
+from daemon.wake.budget import SlidingWindowBudget
+from daemon.wake.clock import Clock, SystemClock
+from daemon.wake.context import (
+    RunKind,
+    RunResult,
+    SuppressedBy,
+    WakeContext,
+    WakeOutcome,
+    WakeReason,
+    WakeRequest,
+    summarize_earlier,
+)
+from daemon.wake.policy import WakePolicy
+from daemon.wake.runners import Runner, build_runner
+from daemon.wake.store import RunStore
+
+log = structlog.get_logger("wake")
+RecordSink = Callable[[AuditRecord], None]
+StateProvider = Callable[[str], "dict[str, Any] | None"]
+HOUR = 3600.0
+AUDIT_HOOK = "audit"
+_FINAL: dict[str, Literal["finished", "failed", "timeout"]] = {
+    "ok": "finished",
+    "failed": "failed",
+    "timeout": "timeout",
+}
+
+
+def _discard(record: AuditRecord) -> None:
+    """The default sink: records go nowhere."""
+
+
+@dataclass
+class _PendingRun:
+    run_id: str
+    kind: RunKind
+    due_at: float
+    wakes: deque[WakeRequest] = field(default_factory=deque)
+    earlier: Counter[str] = field(default_factory=Counter)
+
+    def add(self, wake: WakeRequest, cap: int) -> None:
+        """Keep the newest ``cap`` wakes; count older ones by hook."""
+        if len(self.wakes) >= cap:
+            self.earlier[self.wakes.popleft().hook_id] += 1
+        self.wakes.append(wake)
+
+    def event_ids(self) -> list[str]:
+        return [w.event_id for w in self.wakes if w.event_id is not None]
+
+
+class WakeScheduler:
+    """Budgets, merges and starts the runs of one agent."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        policy: WakePolicy,
+        *,
+        store: RunStore,
+        runner: Runner | None = None,
+        sink: RecordSink = _discard,
+        clock: Clock | None = None,
+        state: StateProvider | None = None,
+        paused: bool = False,
+    ) -> None:
+        self.agent_id = agent_id
+        self.policy = policy
+        self.store = store
+        self.sink = sink
+        self.clock: Clock = clock or SystemClock()
+        self.state = state
+        self.paused = paused
+        self._own_runner = runner is None
+        self.runner: Runner = runner or build_runner(policy.runner)
+        now = self.clock.now()
+        starts = store.starts_since(agent_id, now - HOUR)
+        self.budget = SlidingWindowBudget(policy.max_runs_per_hour, HOUR, starts)
+        self._last_wake_end = store.last_finish(agent_id)
+        self._last_start = store.last_start(agent_id) or now
+        self._pending: deque[_PendingRun] = deque()
+        self._in_flight: _PendingRun | None = None
+        self._changed = anyio.Event()
+        self.counters: Counter[str] = Counter()
+
+    # --- control (sync, from the dispatcher) ---------------------------------
+
+    def submit(self, wake: WakeRequest) -> WakeOutcome:
+        """Decide what a WAKE turns into; never blocks."""
+        if wake.agent_id != self.agent_id:
+            raise ValueError(f"wake for agent {wake.agent_id!r} sent to {self.agent_id!r}")
+        outcome = self._decide(wake, self.clock.now())
+        self._record_wake(wake, outcome)
+        self._changed.set()
+        return outcome
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause or resume waking (pending runs are dropped when they come due)."""
+        self.paused = paused
+        self._changed.set()
+
+    def update_policy(self, policy: WakePolicy) -> None:
+        """Apply an edited policy without losing history (hot reload)."""
+        self.policy = policy
+        self.budget = self.budget.resized(policy.max_runs_per_hour)
+        if self._own_runner:
+            self.runner = build_runner(policy.runner)
+        self._changed.set()
+
+    @property
+    def busy(self) -> bool:
+        """A run is in flight or pending."""
+        return self._in_flight is not None or bool(self._pending)
+
+    def _cooldown_end(self) -> float:
+        if self._last_wake_end is None:
+            return -math.inf
+        return self._last_wake_end + self.policy.cooldown_after_run_seconds
+
+    def _decide(self, wake: WakeRequest, now: float) -> WakeOutcome:
+        if self.paused:
+            return WakeOutcome(outcome="suppressed", suppressed_by="paused")
+        policy = self.policy
+        if policy.queue_mode == "collect":
+            joinable = [p for p in self._pending if p.kind == "wake"]
+            if joinable:
+                joinable[-1].add(wake, policy.max_collected)
+                return WakeOutcome(outcome="queued", run_id=joinable[-1].run_id)
+        if not self.busy and now < self._cooldown_end():
+            return WakeOutcome(outcome="suppressed", suppressed_by="cooldown")
+        promised = sum(p.kind == "wake" for p in self._pending)
+        if not self.budget.allows(now, promised) or promised >= policy.max_collected:
+            return WakeOutcome(outcome="suppressed", suppressed_by="budget")
+        debounce = policy.debounce_seconds if policy.queue_mode == "collect" else 0.0
+        run = _PendingRun(self._new_run_id(), "wake", now if self.busy else now + debounce)
+        run.add(wake, policy.max_collected)
+        starts_now = not self.busy and debounce == 0 and now >= self._cooldown_end()
+        self._pending.append(run)
+        return WakeOutcome(outcome="woke" if starts_now else "queued", run_id=run.run_id)
+
+    def _new_run_id(self) -> str:
+        return f"{self.agent_id}-{uuid.uuid4().hex[:16]}"
+
+    # --- the loop ------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start runs as they come due, forever (cancel to stop)."""
+        task_status.started()
+        while True:
+            await self.step()
+
+    async def step(self) -> None:
+        """Start the next due run, or wait until something may be due."""
+        self._changed = anyio.Event()
+        now = self.clock.now()
+        due_at = self._next_due(now)
+        if due_at is not None and due_at <= now:
+            await self._start(self._pending.popleft() if self._pending else self._audit_run(now))
+            return
+        await self._wait(self._changed, math.inf if due_at is None else due_at)
+
+    def _next_due(self, now: float) -> float | None:
+        if self._pending:  # only wake runs wait in the queue; audit runs start on the spot
+            return max(self._pending[0].due_at, self._cooldown_end())
+        if self.policy.audit_interval_seconds > 0:
+            return self._last_start + self.policy.audit_interval_seconds
+        return None
+
+    def _audit_run(self, now: float) -> _PendingRun:
+        return _PendingRun(self._new_run_id(), "audit", now)
+
+    async def _wait(self, changed: anyio.Event, deadline: float) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def until_changed() -> None:
+                await changed.wait()
+                tg.cancel_scope.cancel()
+
+            async def until_deadline() -> None:
+                await self.clock.sleep_until(deadline)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(until_changed)
+            if deadline < math.inf:
+                tg.start_soon(until_deadline)
+
+    async def _start(self, run: _PendingRun) -> None:
+        now = self.clock.now()
+        blocked = self._blocked(run, now)
+        if blocked != "none":
+            self._drop(run, blocked, now)
+            return
+        self._last_start = now
+        if run.kind == "wake":
+            self.budget.record(now)
+        self.store.record_start(self.agent_id, run.run_id, run.kind, now)
+        self._in_flight = run
+        try:
+            await self._execute(run, self._context(run, now))
+        finally:
+            self._in_flight = None
+
+    def _blocked(self, run: _PendingRun, now: float) -> SuppressedBy:
+        if self.paused:
+            return "paused"
+        if run.kind == "wake" and not self.budget.allows(now):
+            return "budget"
+        return "none"
+
+    def _drop(self, run: _PendingRun, by: SuppressedBy, now: float) -> None:
+        """A pending run that may not start: record each of its wakes as suppressed."""
+        self.counters[f"dropped_{by}"] += 1
+        if run.kind == "audit":
+            self._last_start = now  # retry one interval later, not in a loop
+            self.sink(self._wake_record(None, "suppressed", by, None, AUDIT_HOOK, "audit run"))
+            return
+        for wake in run.wakes:
+            self._record_wake(wake, WakeOutcome(outcome="suppressed", suppressed_by=by))
+
+    def _context(self, run: _PendingRun, now: float) -> WakeContext:
+        return WakeContext(
+            agent_id=self.agent_id,
+            run_id=run.run_id,
+            kind=run.kind,
+            triggered_at=iso_ms(int(now * 1000)),
+            reasons=[WakeReason.of(w) for w in run.wakes],
+            earlier=summarize_earlier(run.earlier),
+            earlier_count=sum(run.earlier.values()),
+            state=self._snapshot(),
+        )
+
+    def _snapshot(self) -> dict[str, Any] | None:
+        if self.state is None:
+            return None
+        try:
+            return self.state(self.agent_id)
+        except Exception:  # a broken provider must not stop the run
+            log.exception("state snapshot failed", agent=self.agent_id)
+            return None
+
+    async def _execute(self, run: _PendingRun, ctx: WakeContext) -> None:
+        trace = run.wakes[0].trace_id if run.wakes else None
+        self.sink(self._run_record(run, trace))
+        self.counters[f"runs_{run.kind}"] += 1
+        t0 = time.perf_counter()
+        result = RunResult(status="failed", error="cancelled: the scheduler stopped")
+        try:
+            result = await self._call_runner(ctx)
+        finally:
+            duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+            end = self.clock.now()
+            if run.kind == "wake":
+                self._last_wake_end = end
+            self.store.record_finish(run.run_id, end, result.status)
+            self.sink(self._run_record(run, trace, duration_ms, result))
+
+    async def _call_runner(self, ctx: WakeContext) -> RunResult:
+        try:
+            return await self.runner.run(ctx)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # a runner bug is a failed run, not a dead scheduler
+            log.exception("runner raised", agent=self.agent_id, run=ctx.run_id)
+            return RunResult(status="failed", error=f"runner raised {exc!r}")
+
+    # --- records -------------------------------------------------------------
+
+    def _record_wake(self, wake: WakeRequest, outcome: WakeOutcome) -> None:
+        self.counters[outcome.outcome] += 1
+        if outcome.suppressed_by != "none":
+            self.counters[f"suppressed_{outcome.suppressed_by}"] += 1
+        self.sink(
+            self._wake_record(
+                wake,
+                outcome.outcome,
+                outcome.suppressed_by,
+                outcome.run_id,
+                wake.hook_id,
+                wake.reason,
+            )
+        )
+
+    def _wake_record(
+        self,
+        wake: WakeRequest | None,
+        outcome: Literal["woke", "queued", "suppressed"],
+        by: SuppressedBy,
+        run_id: str | None,
+        hook_id: str,
+        reason: str,
+    ) -> WakeRecord:
+        return WakeRecord(
+            ts=now_ts(),
+            agent_id=self.agent_id,
+            trace_id=wake.trace_id if wake else None,
+            event_id=wake.event_id if wake else None,
+            outcome=outcome,
+            suppressed_by=by,
+            hook_ids=[hook_id],
+            reasons=[reason],
+            run_id=run_id,
+        )
+
+    def _run_record(
+        self,
+        run: _PendingRun,
+        trace_id: str | None,
+        duration_ms: float | None = None,
+        result: RunResult | None = None,
+    ) -> RunRecord:
+        earlier = summarize_earlier(run.earlier)
+        summary = f"{run.kind} run, {len(run.wakes)} wake(s)" + (f"; {earlier}" if earlier else "")
+        if result is not None:
+            summary += f"; {result.summary()}"
+        return RunRecord(
+            ts=now_ts(),
+            agent_id=self.agent_id,
+            trace_id=trace_id,
+            run_id=run.run_id,
+            runner=self.runner.name,
+            status="started" if result is None else _FINAL[result.status],
+            event_ids=run.event_ids(),
+            duration_ms=duration_ms,
+            error=result.error if result else None,
+            summary=summary,
+        )

@@ -1,0 +1,103 @@
+"""Run history in SQLite, so the hourly budget and the post-run cooldown survive a restart.
+
+One row per run: started when the runner is called, finished when it returns.
+A run the daemon never saw finish (a crash) counts as finished when it
+started, so the cooldown is not skipped. Rows older than ``keep_seconds``
+are pruned on every start, which keeps the file small. Writes are single
+small statements in WAL mode (well under a millisecond), so they run inline.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from daemon.errors import StoreError
+
+FILE_NAME = "wake.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS wake_runs (
+    run_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    status TEXT NOT NULL DEFAULT 'started'
+);
+CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
+"""
+
+
+class RunStore:
+    """Persisted run starts and finishes of every agent."""
+
+    def __init__(self, path: Path, *, keep_seconds: float = 7 * 86400) -> None:
+        self.path = Path(path)
+        self.keep_seconds = keep_seconds
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open wake run store {self.path}: {exc}") from None
+
+    @classmethod
+    def in_dir(cls, state_dir: Path) -> RunStore:
+        """The store under a daemon state directory."""
+        return cls(Path(state_dir) / FILE_NAME)
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        try:
+            with self._lock:
+                return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"wake run store {self.path}: {exc}") from None
+
+    def record_start(self, agent_id: str, run_id: str, kind: str, started_at: float) -> None:
+        """A run began; also drops history nobody needs any more."""
+        self._exec(
+            "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at) VALUES (?,?,?,?)",
+            (run_id, agent_id, kind, started_at),
+        )
+        self._exec("DELETE FROM wake_runs WHERE started_at < ?", (started_at - self.keep_seconds,))
+
+    def record_finish(self, run_id: str, finished_at: float, status: str) -> None:
+        """A run ended with ``status``."""
+        self._exec(
+            "UPDATE wake_runs SET finished_at = ?, status = ? WHERE run_id = ?",
+            (finished_at, status, run_id),
+        )
+
+    def starts_since(self, agent_id: str, since: float, kind: str = "wake") -> list[float]:
+        """Start times of ``kind`` runs after ``since``, oldest first."""
+        rows = self._exec(
+            "SELECT started_at FROM wake_runs WHERE agent_id = ? AND kind = ? AND started_at > ?"
+            " ORDER BY started_at",
+            (agent_id, kind, since),
+        )
+        return [float(r[0]) for r in rows]
+
+    def last_finish(self, agent_id: str, kind: str = "wake") -> float | None:
+        """When the agent's latest ``kind`` run ended (its start, if it never ended)."""
+        rows = self._exec(
+            "SELECT MAX(COALESCE(finished_at, started_at)) FROM wake_runs"
+            " WHERE agent_id = ? AND kind = ?",
+            (agent_id, kind),
+        )
+        return None if rows[0][0] is None else float(rows[0][0])
+
+    def last_start(self, agent_id: str) -> float | None:
+        """When any run of the agent last started."""
+        rows = self._exec("SELECT MAX(started_at) FROM wake_runs WHERE agent_id = ?", (agent_id,))
+        return None if rows[0][0] is None else float(rows[0][0])
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()

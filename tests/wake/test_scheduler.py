@@ -1,0 +1,284 @@
+"""WakeScheduler: budget, cooldown, collect and immediate modes, audits, pause, restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from daemon.wake.clock import SystemClock
+from daemon.wake.context import RunResult, WakeContext
+from daemon.wake.scheduler import WakeScheduler
+from daemon.wake.store import RunStore
+from tests.wake.helpers import GateRunner, Harness, policy, wake
+
+
+async def test_budget_suppresses_the_extra_run_until_the_window_slides(tmp_path: Path) -> None:
+    """With 3 runs/hour the 4th wake is suppressed by budget; an hour later it runs again."""
+    h = Harness(tmp_path, policy(max_runs_per_hour=3, queue_mode="immediate"))
+    async with h.running():
+        for i in range(3):
+            assert h.sched.submit(wake(i)).outcome == "woke"
+            await h.settle()
+            await h.advance(60)
+        out = h.sched.submit(wake(3))
+        assert (out.outcome, out.suppressed_by) == ("suppressed", "budget")
+        await h.advance(3600 - 3 * 60 + 1)  # the first run slides out of the window
+        assert h.sched.submit(wake(4)).outcome == "woke"
+        await h.settle()
+    assert [c.reasons[0].event_id for c in h.runner.contexts] == ["ev0", "ev1", "ev2", "ev4"]
+    [sup] = h.wakes("suppressed")
+    assert (sup.suppressed_by, sup.event_id, sup.trace_id) == ("budget", "ev3", "tr3")
+    assert sup.hook_ids == ["wake_two_green"] and sup.reasons == ["reason 3"]
+
+
+async def test_cooldown_after_run_suppresses_then_expires(tmp_path: Path) -> None:
+    """A wake within the cooldown after a run is suppressed; after it, the agent wakes."""
+    h = Harness(tmp_path, policy(cooldown_after_run_seconds=60))
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        await h.advance(30)
+        out = h.sched.submit(wake(2))
+        assert (out.outcome, out.suppressed_by) == ("suppressed", "cooldown")
+        await h.advance(30)
+        assert h.sched.submit(wake(3)).outcome == "woke"
+        await h.settle()
+    assert len(h.runner.contexts) == 2
+    assert [w.suppressed_by for w in h.wakes("suppressed")] == ["cooldown"]
+    assert h.sched.counters["suppressed_cooldown"] == 1
+
+
+async def test_collect_merges_wakes_during_a_run_into_one_follow_up(tmp_path: Path) -> None:
+    """Wakes arriving while a run is in flight join exactly one follow-up run with all reasons."""
+    runner = GateRunner(hold=True)
+    h = Harness(tmp_path, policy(), runner=runner)
+    async with h.running():
+        first = h.sched.submit(wake(1))
+        await h.settle()
+        assert len(runner.contexts) == 1
+        queued = [h.sched.submit(wake(i)) for i in (2, 3, 4)]
+        assert {q.outcome for q in queued} == {"queued"}
+        assert len({q.run_id for q in queued}) == 1 and queued[0].run_id != first.run_id
+        runner.release.set()
+        await h.settle()
+        assert len(runner.contexts) == 2
+        runner.release.set()
+        await h.settle()
+    follow_up = runner.contexts[1]
+    assert follow_up.run_id == queued[0].run_id
+    assert [r.reason for r in follow_up.reasons] == ["reason 2", "reason 3", "reason 4"]
+    assert [r.trace_id for r in follow_up.reasons] == ["tr2", "tr3", "tr4"]
+    assert follow_up.earlier is None
+    assert len(h.runs("finished")) == 2
+    assert h.runs("finished")[1].event_ids == ["ev2", "ev3", "ev4"]
+
+
+async def test_collect_debounce_window_merges_first_wakes(tmp_path: Path) -> None:
+    """The first wake of an idle agent waits debounce_seconds; wakes inside it share the run."""
+    h = Harness(tmp_path, policy(debounce_seconds=5))
+    async with h.running():
+        assert h.sched.submit(wake(1)).outcome == "queued"
+        await h.advance(2)
+        h.sched.submit(wake(2))
+        await h.advance(2.9)
+        assert h.runner.contexts == []
+        await h.advance(0.2)
+        assert len(h.runner.contexts) == 1
+    assert [r.event_id for r in h.runner.contexts[0].reasons] == ["ev1", "ev2"]
+
+
+async def test_collect_cap_summarizes_the_oldest(tmp_path: Path) -> None:
+    """Beyond max_collected, the oldest wakes become one summary line in the context."""
+    runner = GateRunner(hold=True)
+    h = Harness(tmp_path, policy(max_collected=3), runner=runner)
+    async with h.running():
+        h.sched.submit(wake(0))
+        await h.settle()
+        hooks = ["two_green", "crash"] * 3 + ["two_green", "x", "y", "z"]
+        for i, hook in enumerate(hooks, start=1):
+            h.sched.submit(wake(i, hook=hook))
+        runner.hold = False
+        runner.release.set()
+        await h.settle()
+    ctx = runner.contexts[1]
+    assert [r.hook_id for r in ctx.reasons] == ["x", "y", "z"]
+    assert ctx.earlier == "...and 7 earlier wakes: 4x two_green, 3x crash"
+    assert ctx.earlier_count == 7
+    assert len(h.wakes("queued")) == 10  # every merged wake was still recorded
+
+
+async def test_immediate_mode_runs_each_wake_subject_to_budget(tmp_path: Path) -> None:
+    """Immediate mode gives each wake its own run, in order, and suppresses beyond the budget."""
+    runner = GateRunner(hold=True)
+    h = Harness(tmp_path, policy(queue_mode="immediate", max_runs_per_hour=3), runner=runner)
+    async with h.running():
+        outcomes = [h.sched.submit(wake(i)) for i in range(4)]
+        assert [o.outcome for o in outcomes] == ["woke", "queued", "queued", "suppressed"]
+        assert outcomes[3].suppressed_by == "budget"
+        for _ in range(3):
+            await h.settle()
+            runner.release.set()
+        await h.settle()
+    assert [[r.event_id for r in c.reasons] for c in runner.contexts] == [["ev0"], ["ev1"], ["ev2"]]
+    assert len({c.run_id for c in runner.contexts}) == 3
+
+
+async def test_pending_run_waits_for_the_cooldown(tmp_path: Path) -> None:
+    """A follow-up collected during a run starts only once the cooldown after that run ends."""
+    runner = GateRunner(hold=True)
+    h = Harness(tmp_path, policy(cooldown_after_run_seconds=30), runner=runner)
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        h.sched.submit(wake(2))
+        runner.hold = False
+        runner.release.set()
+        await h.settle()
+        await h.advance(29)
+        assert len(runner.contexts) == 1
+        await h.advance(1)
+        assert len(runner.contexts) == 2
+
+
+async def test_scheduled_audit_runs_fill_silence(tmp_path: Path) -> None:
+    """An audit run starts after audit_interval without runs; a wake run resets the timer."""
+    h = Harness(tmp_path, policy(audit_interval_seconds=600))
+    async with h.running():
+        await h.advance(599)
+        assert h.runner.contexts == []
+        await h.advance(1)
+        assert [c.kind for c in h.runner.contexts] == ["audit"]
+        await h.advance(300)
+        h.sched.submit(wake(1))
+        await h.settle()
+        await h.advance(599)
+        assert [c.kind for c in h.runner.contexts] == ["audit", "wake"]
+        await h.advance(1)
+    assert [c.kind for c in h.runner.contexts] == ["audit", "wake", "audit"]
+    assert h.runner.contexts[0].reasons == [] and h.sched.counters["runs_audit"] == 2
+    assert h.sched.budget.used(h.clock.now()) == 1  # audit runs do not use the wake budget
+
+
+async def test_audit_runs_with_the_system_clock(tmp_path: Path) -> None:
+    """With real time and a short interval, audit runs keep coming."""
+    third = anyio.Event()
+
+    class Counting(GateRunner):
+        async def run(self, ctx: WakeContext) -> RunResult:
+            result = await super().run(ctx)
+            if len(self.contexts) == 3:
+                third.set()
+            return result
+
+    runner = Counting()
+    h = Harness(tmp_path, policy(audit_interval_seconds=0.02), runner=runner, clock=SystemClock())
+    with anyio.fail_after(5):
+        async with h.running():
+            await third.wait()
+    assert [c.kind for c in runner.contexts] == ["audit"] * 3
+
+
+async def test_paused_agent_suppresses_wakes_and_drops_pending(tmp_path: Path) -> None:
+    """A paused agent records wakes as suppressed by paused, including already pending ones."""
+    h = Harness(tmp_path, policy(debounce_seconds=5, audit_interval_seconds=60))
+    async with h.running():
+        h.sched.submit(wake(1))
+        h.sched.set_paused(True)
+        out = h.sched.submit(wake(2))
+        assert (out.outcome, out.suppressed_by) == ("suppressed", "paused")
+        await h.advance(60)
+        h.sched.set_paused(False)
+        h.sched.submit(wake(3))
+        await h.advance(5)
+    assert [c.reasons[0].event_id for c in h.runner.contexts] == ["ev3"]
+    paused = h.wakes("suppressed")
+    assert [(w.event_id, w.suppressed_by) for w in paused] == [
+        ("ev2", "paused"),
+        ("ev1", "paused"),
+        (None, "paused"),  # the audit run that came due while paused
+    ]
+    assert paused[2].hook_ids == ["audit"]
+
+
+async def test_budget_and_cooldown_survive_a_restart(tmp_path: Path) -> None:
+    """Reopening the SQLite store restores the hourly budget and the post-run cooldown."""
+    pol = policy(max_runs_per_hour=2, cooldown_after_run_seconds=120, queue_mode="immediate")
+    h = Harness(tmp_path, pol)
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        await h.advance(200)
+        h.sched.submit(wake(2))
+        await h.settle()
+    h.store.close()
+    store = RunStore(tmp_path / "wake.sqlite3")
+    again = WakeScheduler("a1", pol, store=store, runner=GateRunner(), clock=h.clock)
+    assert again.submit(wake(3)).suppressed_by == "cooldown"
+    h.clock.advance(120)
+    assert again.submit(wake(4)).suppressed_by == "budget"
+    h.clock.advance(3600 - 320 + 1)
+    assert again.submit(wake(5)).outcome == "woke"
+    store.close()
+
+
+async def test_run_records_and_a_failing_runner(tmp_path: Path) -> None:
+    """Each run has started/ended records; a runner that raises is a failed run, not a crash."""
+
+    class Exploding:
+        name = "boom"
+        calls = 0
+
+        async def run(self, ctx: WakeContext) -> RunResult:
+            Exploding.calls += 1
+            if Exploding.calls == 1:
+                raise RuntimeError("kaput")
+            return RunResult(status="ok", exit_code=0, stdout="done\n")
+
+    h = Harness(tmp_path, policy(), runner=Exploding())
+    async with h.running():
+        first = h.sched.submit(wake(1))
+        await h.settle()
+        h.sched.submit(wake(2))
+        await h.settle()
+    started, failed, _, finished = h.runs()
+    assert (started.status, started.run_id, started.trace_id) == ("started", first.run_id, "tr1")
+    assert failed.status == "failed" and "kaput" in (failed.error or "")
+    assert finished.status == "finished" and finished.duration_ms is not None
+    assert finished.runner == "boom" and "stdout: done" in finished.summary
+    assert h.wakes("woke")[0].run_id == first.run_id
+
+
+async def test_state_snapshot_in_context(tmp_path: Path) -> None:
+    """The context carries the provider's state; a provider that raises gives None."""
+    snaps = iter([{"price": 1.5}])
+
+    def provider(agent_id: str) -> dict[str, object]:
+        return {"agent": agent_id, **next(snaps)}
+
+    h = Harness(tmp_path, policy(), state=provider)
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        h.sched.submit(wake(2))
+        await h.settle()
+    assert h.runner.contexts[0].state == {"agent": "a1", "price": 1.5}
+    assert h.runner.contexts[1].state is None
+
+
+async def test_policy_update_keeps_history(tmp_path: Path) -> None:
+    """A hot-reloaded policy applies at once and keeps the runs already counted."""
+    h = Harness(tmp_path, policy(queue_mode="immediate"))
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        h.sched.update_policy(policy(max_runs_per_hour=1))
+        assert h.sched.submit(wake(2)).suppressed_by == "budget"
+
+
+def test_wake_for_another_agent_is_refused(tmp_path: Path) -> None:
+    """Submitting another agent's wake is a wiring bug and says so."""
+    h = Harness(tmp_path, policy())
+    with pytest.raises(ValueError, match="sent to 'a1'"):
+        h.sched.submit(wake(1, agent="other"))
