@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from daemon.events import iso_ms, now_ms
+from daemon.events import (
+    ACCOUNT_ORDER_CANCELED,
+    ACCOUNT_ORDER_FILLED,
+    ACCOUNT_ORDER_PLACED,
+    FeedEvent,
+    iso_ms,
+    now_ms,
+)
 from daemon.trading.intents import TradeIntent
 from daemon.trading.portfolio import Order
 from daemon.trading.risk import Verdict
@@ -159,3 +166,20 @@ def order_record(order: Order, broker: str) -> OrderRecord:
         price=order.fill_price or order.limit_price or order.stop_price,
         reason=order.reason,
     )
+
+
+_ORDER_TOPICS = frozenset({ACCOUNT_ORDER_PLACED, ACCOUNT_ORDER_FILLED, ACCOUNT_ORDER_CANCELED})
+
+
+def order_record_from_event(event: FeedEvent) -> OrderRecord | None:
+    """The audit record of an ``account.order.*`` event from a broker (None otherwise).
+
+    Fills triggered later by ticks and candles reach the audit log this way.
+    """
+    if event.topic not in _ORDER_TOPICS:
+        return None
+    try:
+        order = msgspec.convert(event.payload, Order)
+    except msgspec.ValidationError:
+        return None
+    return order_record(order, event.source)
