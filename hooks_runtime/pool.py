@@ -274,9 +274,8 @@ class WorkerPool:
         w.kill()
         self._tg.start_soon(_reap, w)
 
-    async def start(self) -> None:
-        """Start one worker now so a missing required layer fails at startup."""
-        w = await WorkerProcess.start(self.config)
+    def adopt_spare(self, w: WorkerProcess) -> None:
+        """Take a started worker as a spare (the pool's first worker proves the layers)."""
         self.ready = w.ready
         self._spares.append(w)
         self._refill()
@@ -309,12 +308,20 @@ def _source_for(worker: WorkerProcess, h: HookSpec) -> str | None:
 
 @asynccontextmanager
 async def open_worker_pool(config: SandboxConfig | None = None) -> AsyncIterator[WorkerPool]:
-    """Start a pool (raises :exc:`SandboxUnavailable` if a required layer is missing)."""
+    """Start a pool; raises :exc:`SandboxUnavailable` (unwrapped) if the first worker
+    cannot start or lacks a required layer. Exceptions from the body propagate as is."""
+    cfg = config or SandboxConfig()
+    first = await WorkerProcess.start(cfg)
+    failure: BaseException | None = None
     async with anyio.create_task_group() as tg:
-        pool = WorkerPool(config or SandboxConfig(), tg)
+        pool = WorkerPool(cfg, tg)
+        pool.adopt_spare(first)
         try:
-            await pool.start()
             yield pool
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, outside the group
+            failure = exc
         finally:
             with anyio.CancelScope(shield=True):
                 await pool.aclose()
+    if failure is not None:
+        raise failure

@@ -96,7 +96,7 @@ async def wait_readable(fd: int, seconds: float) -> None:
 
 
 def _popen(cwd: str, bell_w: int) -> subprocess.Popen[bytes]:
-    """Spawn a worker (in a thread: fork+exec of a big parent takes milliseconds)."""
+    """Spawn a worker with a minimal environment in an empty directory."""
     return subprocess.Popen(
         worker_command(bell_w),
         pass_fds=(bell_w,),
@@ -146,7 +146,9 @@ class WorkerProcess:
         bell_r, bell_w = os.pipe()
         try:
             try:
-                proc = await anyio.to_thread.run_sync(_popen, cwd, bell_w)
+                # Not in a thread: PR_SET_PDEATHSIG fires when the *thread* that
+                # forked the worker exits, so spawn from the long-lived loop thread.
+                proc = _popen(cwd, bell_w)  # vfork+exec: about 1 ms
             except BaseException:
                 os.close(bell_r)
                 raise
@@ -157,6 +159,7 @@ class WorkerProcess:
                 await worker._handshake()
             except BaseException:
                 worker.kill()
+                worker.proc.wait()  # SIGKILLed: returns at once
                 raise
         finally:
             shutil.rmtree(cwd, ignore_errors=True)

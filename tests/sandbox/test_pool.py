@@ -1,0 +1,319 @@
+"""The worker pool end to end: deadlines and respawn, isolation between evaluations and
+agents, process hygiene, hardening layers, backoff and pause, recycling, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+from click.testing import CliRunner
+
+from daemon.cli.main import cli
+from daemon.errors import SandboxUnavailable
+from hooks_runtime import HookBreaker, SandboxConfig, WorkerPool, open_worker_pool, spec_from_source
+from hooks_runtime.process import WORKER_ENV, worker_sys_path
+from tests.sandbox.conftest import SECRET_VALUE, TEST_CONFIG, Sentinels
+from tests.sandbox.test_hostile import CANARY, EVENT, STATE
+
+LOOP = spec_from_source("wake_loop", "wake", "def evaluate(e, s):\n    while True:\n        pass\n")
+FAIL = spec_from_source("wake_fail", "wake", "def evaluate(e, s):\n    return 1 / 0\n")
+
+
+def _ok(hook_id: str, reason: str = "ok") -> object:
+    src = f'def evaluate(e, s):\n    return {{"decision": "IGNORE", "reason": "{reason}"}}\n'
+    return spec_from_source(hook_id, "wake", src)
+
+
+def _read(path: str) -> str:
+    return Path(path).read_bytes().decode()
+
+
+async def _eventually(cond: Callable[[], bool]) -> bool:
+    """Poll ``cond`` for up to 5 s: reaping happens in a thread we cannot await."""
+    for _ in range(500):
+        if cond():
+            return True
+        await anyio.sleep(0.01)
+    return False
+
+
+async def test_timeout_blames_only_the_overrunning_hook(pool: WorkerPool) -> None:
+    """The looping hook gets `timeout`; hooks before and after it still get decisions,
+    the after ones on a fresh worker, and the killed worker is reaped."""
+    a, b = _ok("wake_a"), _ok("wake_b")
+    await pool.evaluate("t1", [a, b], EVENT, STATE)  # warm: sources compiled
+    old = pool.worker_pids()["t1"]
+    t0 = time.monotonic()
+    results = await pool.evaluate("t1", [a, LOOP, b], EVENT, STATE)
+    elapsed = time.monotonic() - t0
+    assert [r.error_kind for r in results] == [None, "timeout", None]
+    assert results[2].decision == {"decision": "IGNORE", "reason": "ok"}
+    assert pool.worker_pids()["t1"] != old
+    assert await _eventually(lambda: not os.path.exists(f"/proc/{old}"))
+    budget = (TEST_CONFIG.timeout_ms + TEST_CONFIG.compile_timeout_ms) / 1000
+    assert budget <= elapsed < budget + 1.0
+
+
+async def test_other_agents_are_served_while_one_hangs(pool: WorkerPool) -> None:
+    """Agents have their own workers: a bystander's evaluations finish during a hang."""
+    done: list[float] = []
+
+    async def bystander() -> None:
+        for _ in range(20):
+            r = await pool.evaluate("calm", [CANARY], EVENT, STATE)
+            assert r[0].ok
+        done.append(time.monotonic())
+
+    await pool.evaluate("calm", [CANARY], EVENT, STATE)  # both workers up
+    await pool.evaluate("hung", [CANARY], EVENT, STATE)
+    t0 = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.evaluate, "hung", [LOOP], EVENT, STATE)
+        tg.start_soon(bystander)
+    hung_deadline = (TEST_CONFIG.timeout_ms + TEST_CONFIG.compile_timeout_ms) / 1000
+    assert done and done[0] - t0 < hung_deadline
+
+
+async def test_worker_process_hygiene(pool: WorkerPool, sentinels: Sentinels) -> None:
+    """Minimal env (no secret), own session, deleted cwd, only IPC fds, limits and
+    no_new_privs visible from outside in /proc."""
+    await pool.evaluate("hyg", [CANARY], EVENT, STATE)
+    pid = pool.worker_pids()["hyg"]
+    try:
+        environ = _read(f"/proc/{pid}/environ")
+    except PermissionError:
+        pytest.skip("cannot read another process's environ here")
+    assert sorted(environ.strip("\0").split("\0")) == sorted(
+        f"{k}={v}" for k, v in WORKER_ENV.items()
+    )
+    assert SECRET_VALUE not in environ
+    assert os.getpgid(pid) == pid and os.getsid(pid) == pid
+    assert os.readlink(f"/proc/{pid}/cwd").endswith("(deleted)")
+    assert pool.ready is not None and pool.ready.fds == [0, 1, 2, 3, 4, 5]
+    status = _read(f"/proc/{pid}/status")
+    assert "NoNewPrivs:\t1" in status
+    if "seccomp" in pool.ready.active:
+        assert "Seccomp:\t2" in status
+    limits = _read(f"/proc/{pid}/limits")
+    assert f"Max address space         {TEST_CONFIG.memory_mb * 1024 * 1024}" in limits
+    assert "Max file size             0" in limits and "Max processes             0" in limits
+
+
+def _children() -> dict[int, str]:
+    """pid -> state letter of every child of this process."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            out[int(stat.parent.name)] = fields[0]
+    return out
+
+
+async def test_process_tree_matches_pool(pool: WorkerPool) -> None:
+    """After kills and respawns, our only children are the live workers and spares."""
+    await pool.evaluate("tree", [LOOP], EVENT, STATE)
+    expected = set(pool.worker_pids().values()) | set(pool.spare_pids())
+
+    await _eventually(lambda: set(_children()) == expected)
+    kids = _children()
+    assert set(kids) == expected and "Z" not in kids.values()
+
+
+async def test_layers_report(pool_layers: dict[str, object]) -> None:
+    """Report which hardening layers are active on this machine (printed with -s/-rA)."""
+    print(f"\nsandbox layers active: {pool_layers['active']}; missing: {pool_layers['missing']}")
+    assert {"fds", "rlimits", "no_new_privs"} <= set(pool_layers["active"])  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+async def pool_layers(pool: WorkerPool) -> dict[str, object]:
+    """The READY report of the shared pool."""
+    assert pool.ready is not None
+    return {"active": pool.ready.active, "missing": pool.ready.missing}
+
+
+async def test_missing_required_layer_refuses_to_run() -> None:
+    """A sandbox that would claim a layer it lacks refuses to start instead."""
+    cfg = SandboxConfig(seccomp=False, require_layers=["rlimits", "seccomp"])
+    with pytest.raises(SandboxUnavailable, match="seccomp: disabled by config"):
+        async with open_worker_pool(cfg):
+            pass
+
+
+async def test_failing_hook_backs_off_then_pauses(pool: WorkerPool) -> None:
+    """Consecutive failures back off, then pause; skipped hooks do not run; resume lifts it."""
+    now = [100.0]
+    pool.breaker = HookBreaker(1.0, 60.0, 3, clock=lambda: now[0])
+    kinds = []
+    for _ in range(3):
+        kinds.append((await pool.evaluate("bo", [FAIL, CANARY], EVENT, STATE))[0].error_kind)
+        kinds.append((await pool.evaluate("bo", [FAIL, CANARY], EVENT, STATE))[0].error_kind)
+        now[0] += 10
+    assert kinds == ["runtime", "backoff", "runtime", "backoff", "runtime", "paused"]
+    now[0] += 1e6
+    paused = await pool.evaluate("bo", [FAIL, CANARY], EVENT, STATE)
+    assert paused[0].error_kind == "paused" and "hooks resume" in (paused[0].error or "")
+    assert paused[1].ok
+    assert pool.resume("bo", "wake_fail")
+    assert (await pool.evaluate("bo", [FAIL], EVENT, STATE))[0].error_kind == "runtime"
+
+
+async def test_globals_do_not_carry_over(pool: WorkerPool) -> None:
+    """Module globals are rebuilt for every evaluation: the counter never passes 1."""
+    src = (
+        "SEEN = []\nCOUNT = 0\n"
+        "def evaluate(e, s):\n    global COUNT\n    COUNT += 1\n    SEEN.append(1)\n"
+        '    return {"decision": "IGNORE", "reason": str(COUNT + len(SEEN))}\n'
+    )
+    hook = spec_from_source("wake_counter", "wake", src)
+    reasons = [(await pool.evaluate("g", [hook, hook], EVENT, STATE)) for _ in range(3)]
+    assert {r.decision["reason"] for rs in reasons for r in rs if r.decision} == {"2"}
+
+
+async def test_same_revision_same_event_same_decision(pool: WorkerPool) -> None:
+    """`random` is seeded from (revision, eventId): replays decide exactly like live runs."""
+    src = (
+        "import random\ndef evaluate(e, s):\n"
+        '    return {"decision": "IGNORE", "reason": str(random.random())}\n'
+    )
+    hook = spec_from_source("wake_rand", "wake", src)
+    first = await pool.evaluate("r1", [hook], EVENT, STATE)
+    again = await pool.evaluate("r2", [hook], EVENT, STATE)
+    other = await pool.evaluate("r1", [hook], {**EVENT, "eventId": "other"}, STATE)
+    assert first[0].decision == again[0].decision != other[0].decision
+
+
+async def test_new_revision_that_fails_compile_leaves_old_one_usable(pool: WorkerPool) -> None:
+    """compile() reports a bad revision per hook; the previous revision still evaluates."""
+    good = _ok("wake_rev", "v1")
+    bad = spec_from_source("wake_rev", "wake", "def evaluate(e, s)\n")
+    other = _ok("wake_other")
+    checked = await pool.compile("rev", [bad, other])
+    assert [r.error_kind for r in checked] == ["compile", None]
+    results = await pool.evaluate("rev", [good, other], EVENT, STATE)
+    assert results[0].decision == {"decision": "IGNORE", "reason": "v1"} and results[1].ok
+
+
+async def test_memory_error_and_recycling_replace_the_worker() -> None:
+    """A MemoryError retires the worker after the batch; so does the evaluation count."""
+    cfg = SandboxConfig(timeout_ms=500, recycle_after=3)
+    hog = spec_from_source("wake_hog", "wake", "def evaluate(e, s):\n    x = [0] * 10**9\n")
+    async with open_worker_pool(cfg) as p:
+        await p.evaluate("m", [hog], EVENT, STATE)
+        assert "m" not in p.worker_pids()
+        r = await p.evaluate("m", [CANARY], EVENT, STATE)
+        pid = p.worker_pids()["m"]
+        assert r[0].ok
+        await p.evaluate("m", [CANARY, CANARY], EVENT, STATE)  # 3rd evaluation: recycled
+        assert "m" not in p.worker_pids()
+        await p.evaluate("m", [CANARY], EVENT, STATE)
+        assert p.worker_pids()["m"] != pid
+
+
+LAYER_PROBE = r"""
+import json, os, socket, sys, threading
+sys.path[:0] = json.loads(sys.argv[1])
+from hooks_runtime import hardening
+from hooks_runtime.config import SandboxConfig
+sentinel, port = sys.argv[2], int(sys.argv[3])
+active, missing = hardening.harden(SandboxConfig(), os.getppid())
+out = {"active": active}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "allowed"
+    except BaseException as e:
+        out[name] = type(e).__name__
+attempt("socket", lambda: socket.create_connection(("127.0.0.1", port), timeout=2))
+attempt("fork", lambda: os._exit(0) if os.fork() == 0 else None)
+attempt("exec", lambda: os.execv("/bin/sh", ["sh", "-c", "touch " + sentinel]))
+attempt("write_file", lambda: open(sentinel, "w").write("x"))
+attempt("read_passwd", lambda: open("/etc/passwd").read())
+attempt("read_environ", lambda: open("/proc/self/environ").read())
+attempt("kill_parent", lambda: os.kill(os.getppid(), 0))
+attempt("big_alloc", lambda: bytearray(1 << 30))
+t = threading.Thread(target=lambda: None)
+attempt("thread", lambda: (t.start(), t.join()))
+print(json.dumps(out))
+"""
+
+
+def test_os_layers_stop_escape_primitives(sentinels: Sentinels) -> None:
+    """If RestrictedPython were bypassed, the OS layers still refuse sockets, fork, exec,
+    file reads/writes, signals to others and big allocations (each per active layer)."""
+    args = [json.dumps(worker_sys_path()), str(sentinels.file), str(sentinels.port)]
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", LAYER_PROBE, *args],
+        capture_output=True,
+        env=WORKER_ENV,
+        timeout=30,
+        check=True,
+    )
+    out = json.loads(proc.stdout)
+    print(f"\nOS layer probe: {out}")
+    assert out["big_alloc"] == "MemoryError"
+    if "seccomp" in out["active"]:
+        for name in ("socket", "fork", "exec", "kill_parent"):
+            assert out[name] == "PermissionError", name
+        assert out["thread"] == "allowed"
+    if "landlock" in out["active"]:
+        for name in ("write_file", "read_passwd", "read_environ"):
+            assert out[name] == "PermissionError", name
+    sentinels.check([])
+
+
+@pytest.mark.parametrize(
+    ("event", "hook", "decision"),
+    [
+        ("candle", "wake_two_green", "WAKE"),
+        ("doji", "autotrade_doji_reversal", "TRADE_INTENT"),
+        ("crash", "wake_crash_alert", "ALERT"),
+    ],
+)
+def test_cli_runs_the_example_agent(tmp_path: Path, event: str, hook: str, decision: str) -> None:
+    """`marketwake hooks test agents/example` evaluates every example hook in one worker."""
+    green = [{"open": 1.0, "high": 2.2, "low": 0.9, "close": 2.0, "closeTime": "t1"}] * 2
+    doji = [
+        {"open": 2.0, "high": 2.1, "low": 0.9, "close": 1.0, "closeTime": "t1"},
+        {"open": 1.0, "high": 1.5, "low": 0.5, "close": 1.05, "closeTime": "t2"},
+    ]
+    base = {"eventId": "e", "ts": "2026-01-01T00:05:00.000Z", "source": "t", "symbol": "BTC-USD"}
+    events = {
+        "candle": ({**base, "topic": "market.candle.closed", "timeframe": "5m", "payload": {}}, green),
+        "doji": ({**base, "topic": "market.candle.closed", "timeframe": "5m", "payload": {}}, doji),
+        "crash": ({**base, "topic": "market.price.tick", "payload": {"percentChange24h": -12.5}}, []),
+    }  # fmt: skip
+    ev, candles = events[event]
+    (tmp_path / "e.json").write_text(json.dumps(ev))
+    (tmp_path / "s.json").write_text(json.dumps({"candles": {"BTC-USD": {"5m": candles}}}))
+    agent = Path(__file__).parents[2] / "agents" / "example"
+    args = ["hooks", "test", str(agent), "--event", str(tmp_path / "e.json")]
+    res = CliRunner().invoke(cli, [*args, "--state", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(ln) for ln in res.stdout.splitlines()]
+    assert len(lines) == 3
+    by_hook = {ln["hook"]: ln for ln in lines}
+    assert by_hook[hook]["decision"]["decision"] == decision
+    others = [ln["decision"]["decision"] for h, ln in by_hook.items() if h != hook]
+    assert others == ["IGNORE", "IGNORE"]
+
+
+def test_cli_fails_on_a_bad_hook(tmp_path: Path) -> None:
+    """A hook that raises is printed as a recorded error and the exit code is 1."""
+    hook = tmp_path / "wake_bad.py"
+    hook.write_text("def evaluate(event, state):\n    return event['nope']\n")
+    (tmp_path / "e.json").write_text(json.dumps(EVENT))
+    res = CliRunner().invoke(cli, ["hooks", "test", str(hook), "--event", str(tmp_path / "e.json")])
+    assert res.exit_code == 1
+    line = json.loads(res.stdout.splitlines()[0])
+    assert line["error_kind"] == "runtime" and "KeyError" in line["error"]
