@@ -2,9 +2,226 @@
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
 import click
+import msgspec
+
+from daemon.config import load
+from daemon.events import now_ms
+from daemon.rag.config import RagConfig
+from daemon.rag.features import DAY_MS, TIMEFRAME_MS, Bars, Observations
+
+_SYMBOL = re.compile(r"^[A-Z]+USDT$")
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def rag_config(path: Path | None) -> RagConfig:
+    """The [rag] section of ``path``, of ./config.toml if present, else the defaults."""
+    if path is not None:
+        return load(path).rag
+    if Path("config.toml").exists():
+        return load(Path("config.toml")).rag
+    return RagConfig()
 
 
 @click.group("rag")
 def rag_group() -> None:
-    """Similar historical market states (Qdrant + JSON-RPC 2.0 on TCP 7879)."""
+    """Similar historical market states (embedded store or Qdrant; JSON-RPC 2.0 on TCP 7879)."""
+
+
+def _fetch(
+    cfg: RagConfig, symbol: str, timeframe: str, days: float
+) -> tuple[Bars, Observations, Observations]:
+    from daemon.rag.exchange import fetch_history
+
+    now = now_ms()
+    start = now - int(days * DAY_MS)
+    ex = cfg.exchange
+    return anyio.run(
+        fetch_history, ex.base_url, symbol, timeframe, start, now, ex.request_timeout_seconds
+    )
+
+
+def _files(
+    symbol: str, candles: Path, funding: Path | None, oi: Path | None
+) -> tuple[Bars, Observations | None, Observations | None]:
+    from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
+
+    return (
+        read_candles(candles),
+        read_funding(funding) if funding else None,
+        read_open_interest(oi, symbol) if oi else None,
+    )
+
+
+@rag_group.command("ingest")
+@click.option("--symbol", required=True, help="e.g. BTCUSDT")
+@click.option("--candles", type=_FILE, help="CSV(.gz): open_time_ms,open,high,low,close,volume")
+@click.option("--timeframe", default="5m", show_default=True, type=click.Choice(list(TIMEFRAME_MS)))
+@click.option("--funding", type=_FILE, help="CSV(.gz): funding_time_ms,funding_rate")
+@click.option("--open-interest", "open_interest", type=_FILE, help="CSV(.gz), see docs/rag.md")
+@click.option("--from-exchange", is_flag=True, help="Fetch from Binance USD-M REST instead.")
+@click.option(
+    "--days", default=30.0, show_default=True, help="History to fetch with --from-exchange."
+)
+@click.option("--config", "config_path", type=_FILE, help="config.toml ([rag] section)")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def ingest_cmd(
+    symbol: str,
+    candles: Path | None,
+    timeframe: str,
+    funding: Path | None,
+    open_interest: Path | None,
+    from_exchange: bool,
+    days: float,
+    config_path: Path | None,
+    quiet: bool,
+) -> None:
+    """Compute features and outcomes per bar and upsert them (incremental, idempotent)."""
+    from daemon.rag.ingest import ingest
+    from daemon.rag.store import open_store
+
+    if not _SYMBOL.match(symbol):
+        raise click.BadParameter("must look like BTCUSDT (^[A-Z]+USDT$)", param_hint="--symbol")
+    if from_exchange == (candles is not None):
+        raise click.UsageError("give exactly one of --candles FILE or --from-exchange")
+    cfg = rag_config(config_path)
+    if from_exchange:
+        bars, fund, oi = _fetch(cfg, symbol, timeframe, days)
+    else:
+        assert candles is not None
+        bars, fund, oi = _files(symbol, candles, funding, open_interest)  # type: ignore[assignment]
+    store = open_store(cfg.store)
+    try:
+        batch = 0 if cfg.store.kind == "embedded" else 512
+        report = ingest(
+            store, symbol, timeframe, bars, fund, oi, cfg, progress=not quiet, batch_size=batch
+        )
+    finally:
+        store.close()
+    click.echo(
+        f"{symbol} {timeframe}: {report.bars} bars, {report.points} points "
+        f"({report.new} new, {report.written} written, {report.unchanged} unchanged), "
+        f"{report.incomplete} without funding/OI (kept, not searchable), "
+        f"{report.pending_outcomes} awaiting their 24 h outcome, {report.seconds:.2f} s"
+    )
+
+
+@rag_group.command("serve")
+@click.option("--host", default=None, help="Default: rag.server.host (127.0.0.1)")
+@click.option("--port", default=None, type=int, help="Default: rag.server.port (7879)")
+@click.option("--config", "config_path", type=_FILE, help="config.toml ([rag] section)")
+def serve_cmd(host: str | None, port: int | None, config_path: Path | None) -> None:
+    """Serve rag.query_patterns as JSON-RPC 2.0 over TCP (one JSON text per line)."""
+    from daemon.rag.server import RagServer, methods_for
+    from daemon.rag.service import RagService
+    from daemon.rag.store import open_store
+
+    cfg = rag_config(config_path)
+    server_cfg = msgspec.structs.replace(
+        cfg.server,
+        host=host if host is not None else cfg.server.host,
+        port=port if port is not None else cfg.server.port,
+    )
+    store = open_store(cfg.store)
+    server = RagServer(server_cfg, methods_for(RagService(cfg, store)))
+    click.echo(
+        f"rag: serving {cfg.store.kind} store on {server_cfg.host}:{server_cfg.port}", err=True
+    )
+    try:
+        anyio.run(server.serve)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        store.close()
+
+
+def _send(host: str, port: int, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(msgspec.json.encode(request) + b"\n")
+        buf = b""
+        while b"\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    if not buf.strip():
+        raise click.ClickException(f"{host}:{port} closed the connection without a reply")
+    reply: dict[str, Any] = json.loads(buf.split(b"\n", 1)[0])
+    return reply
+
+
+@rag_group.command("query")
+@click.option(
+    "--params", "params_file", default="-", show_default=True, help="JSON params file, - = stdin"
+)
+@click.option("--method", default="rag.query_patterns", show_default=True)
+@click.option("--host", default=None)
+@click.option("--port", default=None, type=int)
+@click.option(
+    "--api-key", default=None, help="Sent as params.api_key (default: rag.server.api_key)"
+)
+@click.option("--in-process", is_flag=True, help="Query the store directly, no server.")
+@click.option("--config", "config_path", type=_FILE, help="config.toml ([rag] section)")
+def query_cmd(
+    params_file: str,
+    method: str,
+    host: str | None,
+    port: int | None,
+    api_key: str | None,
+    in_process: bool,
+    config_path: Path | None,
+) -> None:
+    """Send one request and print the JSON response (exit 1 on an error response)."""
+    cfg = rag_config(config_path)
+    text = sys.stdin.read() if params_file == "-" else Path(params_file).read_text()
+    try:
+        params = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"params are not JSON: {exc}") from None
+    if in_process:
+        reply = _in_process(cfg, method, params)
+    else:
+        key = api_key if api_key is not None else cfg.server.api_key
+        if key and isinstance(params, dict):
+            params = {**params, "api_key": key}
+        request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        timeout = cfg.server.timeout_ms / 1000 + 5
+        try:
+            reply = _send(host or cfg.server.host, port or cfg.server.port, request, timeout)
+        except OSError as exc:
+            raise click.ClickException(f"cannot reach the rag server: {exc}") from None
+    click.echo(json.dumps(reply, indent=2))
+    if "error" in reply:
+        sys.exit(1)
+
+
+def _in_process(cfg: RagConfig, method: str, params: Any) -> dict[str, Any]:
+    from daemon.errors import RpcError
+    from daemon.rag.server import methods_for
+    from daemon.rag.service import RagService
+    from daemon.rag.store import open_store
+
+    store = open_store(cfg.store)
+    try:
+        handler = methods_for(RagService(cfg, store)).get(method)
+        if handler is None:
+            return {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "error": {"code": -32601, "message": "Method not found"},
+            }
+        try:
+            return {"jsonrpc": "2.0", "id": 1, "result": handler(params)}
+        except RpcError as exc:
+            err = {"code": exc.code, "message": exc.message, "data": exc.data}
+            return {"jsonrpc": "2.0", "id": 1, "error": err}
+    finally:
+        store.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import warnings
 from pathlib import Path
 from typing import IO
 
@@ -47,7 +48,9 @@ def _table(path: Path, wanted: tuple[str, ...]) -> NDArray[np.float64]:
                     f"{path}: header lacks {', '.join(missing)} (found {','.join(header)})"
                 )
             cols = [header.index(w) for w in wanted]
-            data = np.loadtxt(f, delimiter=",", usecols=cols, ndmin=2, dtype=np.float64)
+            with warnings.catch_warnings():  # an empty body is reported below, not warned
+                warnings.simplefilter("ignore", UserWarning)
+                data = np.loadtxt(f, delimiter=",", usecols=cols, ndmin=2, dtype=np.float64)
         except (ValueError, OSError, EOFError, UnicodeDecodeError) as exc:
             raise DataFileError(f"{path}: malformed data: {exc}") from None
     if data.size and not np.isfinite(data).all():

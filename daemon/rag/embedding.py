@@ -81,7 +81,9 @@ class NumericEmbedder:
 def render(row: F64, vector: str) -> str:
     """The canonical text of one state (fixed order and rounding, so it is stable)."""
     names = DERIVED[: VECTORS[vector]]
-    return "; ".join(f"{n.replace('_', ' ')} {v:.2f}" for n, v in zip(names, row, strict=True))
+    return "; ".join(
+        f"{n.replace('_', ' ')} {v:.2f}" for n, v in zip(names, row[: len(names)], strict=True)
+    )
 
 
 def _fastembed_module() -> Any:

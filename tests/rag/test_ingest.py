@@ -1,0 +1,317 @@
+"""Ingest: incremental and idempotent, persistent, input formats, missing data, exchange mode."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from daemon.errors import FeedError
+from daemon.rag.config import EmbeddingSection, ExchangeSection, RagConfig, StoreSection
+from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
+from daemon.rag.errors import DataFileError, EmbeddingError
+from daemon.rag.exchange import fetch_history
+from daemon.rag.features import Bars
+from daemon.rag.ingest import ingest
+from daemon.rag.schema import point_id
+from daemon.rag.service import RagService
+from daemon.rag.store_embedded import EmbeddedStore
+from tests.rag import synth
+from tests.rag.conftest import (
+    OI_START_BAR,
+    TF_MS,
+    Collection,
+    make_collection,
+    observations,
+    params_from,
+)
+from tests.rag.fake_binance import FakeBinance
+
+H = 3_600_000
+
+
+def test_incremental_reingest_adds_nothing_twice(tmp_path: Path) -> None:
+    """A prefix, then the full file, then the full file again: ids never duplicate."""
+    rows = synth.candles(2500, seed=21, tf=TF_MS)
+    col = make_collection(tmp_path, rows=rows[:1800])
+    first = col.store.count()
+    fund, oi = observations(col.funding), observations(col.oi)
+    full = synth.funding(int(rows[0, 0]) - 8 * H, int(rows[-1, 0]) + TF_MS)
+    again = ingest(
+        col.store, "BTCUSDT", "15m", Bars.from_rows(rows), observations(full), oi, col.cfg
+    )
+    assert again.new == 700
+    # The last day of the prefix had pending outcomes (and funding ran out): rewritten in place.
+    assert again.written > again.new
+    assert col.store.count() == first + 700 == again.points
+    third = ingest(
+        col.store, "BTCUSDT", "15m", Bars.from_rows(rows), observations(full), oi, col.cfg
+    )
+    assert (third.written, third.new, third.unchanged) == (0, 0, third.points)
+    ids = col.points()["id"]
+    assert len(np.unique(ids)) == len(ids)
+    assert set(ids.tolist()) >= {point_id("BTCUSDT", "15m", int(rows[-1, 0]))}
+    del fund
+
+
+def test_point_ids_are_deterministic() -> None:
+    """The same bar always gets the same id; another symbol/timeframe/time gets another."""
+    a = point_id("BTCUSDT", "5m", 1_700_000_000_000)
+    assert a == point_id("BTCUSDT", "5m", 1_700_000_000_000)
+    assert (
+        len(
+            {
+                a,
+                point_id("ETHUSDT", "5m", 1_700_000_000_000),
+                point_id("BTCUSDT", "1m", 1_700_000_000_000),
+            }
+        )
+        == 3
+    )
+    assert 0 <= a < 2**63
+
+
+def test_persistence_across_restart(collection: Collection) -> None:
+    """A new store object on the same directory answers exactly as before."""
+    ts = int(collection.points()["t_ms"][-1])
+    params = params_from(
+        collection.points()[collection.points()["complete"]][300], ts, min_similarity=0.5
+    )
+    before = RagService(collection.cfg, collection.store).query_patterns(params)
+    reopened = EmbeddedStore(str(collection.path), "trading_patterns")
+    after = RagService(collection.cfg, reopened).query_patterns(params)
+    assert reopened.count() == collection.store.count()
+    assert after["matches"] == before["matches"] and after["statistics"] == before["statistics"]
+
+
+def test_missing_oi_points_are_kept_but_never_matched(collection: Collection) -> None:
+    """Bars without OI are stored incomplete (NaN, not 0) and never appear in results."""
+    pts = collection.points()
+    oi_start = int(collection.rows[OI_START_BAR, 0])
+    early = pts[pts["t_ms"] < oi_start]
+    assert len(early) > 0 and not early["complete"].any()
+    assert np.isnan(early["open_interest_latest"]).all()
+    ts = int(pts["t_ms"][-1])
+    params = params_from(
+        pts[pts["complete"]][10], ts, top_k=50, min_similarity=0.0, include_regime_filters=False
+    )
+    out = RagService(collection.cfg, collection.store).query_patterns(params)
+    assert len(out["matches"]) == 50
+    assert all(m["timestamp"] >= oi_start for m in out["matches"])
+
+
+def test_csv_formats_and_gzip(tmp_path: Path) -> None:
+    """Candles (.gz, columns reordered), funding, both OI formats are read as documented."""
+    rows = synth.candles(50, tf=TF_MS)
+    text = "volume,open_time_ms,open,high,low,close\n" + "".join(
+        f"{r[5]},{int(r[0])},{r[1]},{r[2]},{r[3]},{r[4]}\n" for r in rows[::-1]
+    )
+    gz = tmp_path / "c.csv.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    bars = read_candles(gz)
+    assert np.array_equal(bars.open_ms, rows[:, 0].astype(np.int64))
+    assert np.allclose(bars.close, rows[:, 4])
+    f = synth.write_csv(
+        tmp_path / "f.csv", "funding_time_ms,funding_rate", np.array([[2, 0.1], [1, -0.2]])
+    )
+    assert read_funding(f).time_ms.tolist() == [1, 2]
+    g = synth.write_csv(tmp_path / "g.csv", "time_ms,open_interest", np.array([[5, 10.0]]))
+    assert read_open_interest(g, "BTCUSDT").value.tolist() == [10.0]
+    daily = tmp_path / "d.csv"
+    daily.write_text(
+        "date,day_start_ms,btcusdt_oi_value_usd,ethusdt_oi_value_usd\n2025-11-07,1762473600000,8.3e9,5.6e9\n"
+    )
+    eth = read_open_interest(daily, "ETHUSDT")
+    # A daily value is known at the end of its day, never during it.
+    assert eth.time_ms.tolist() == [1762473600000 + 24 * H] and eth.value.tolist() == [5.6e9]
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("open_time_ms,open,high,low,close\n1,1,1,1,1\n", "lacks volume"),
+        ("open_time_ms,open,high,low,close,volume\n1,1,x,1,1,1\n", "malformed"),
+        ("open_time_ms,open,high,low,close,volume\n", "no candles"),
+        ("open_time_ms,open,high,low,close,volume\n1,1,1,0,1,1\n", "positive"),
+    ],
+)
+def test_bad_candle_files(tmp_path: Path, content: str, fragment: str) -> None:
+    """Malformed candle CSVs raise DataFileError naming the file and the problem."""
+    p = tmp_path / "bad.csv"
+    p.write_text(content)
+    with pytest.raises(DataFileError, match=fragment):
+        read_candles(p)
+
+
+def test_unknown_oi_format(tmp_path: Path) -> None:
+    """An OI file in neither accepted format says which columns it expected."""
+    p = tmp_path / "oi.csv"
+    p.write_text("when,value\n1,2\n")
+    with pytest.raises(DataFileError, match="time_ms,open_interest"):
+        read_open_interest(p, "BTCUSDT")
+
+
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect")
+def test_remote_qdrant_adapter_gives_same_answers(collection: Collection) -> None:
+    """The Qdrant adapter (against qdrant-client's in-memory mode) matches the embedded store."""
+    from qdrant_client import QdrantClient
+
+    from daemon.rag.store_qdrant import QdrantStore
+
+    rows = collection.rows
+    q = QdrantStore(QdrantClient(":memory:"), "trading_patterns")
+    args = (
+        "BTCUSDT",
+        "15m",
+        Bars.from_rows(rows),
+        observations(collection.funding),
+        observations(collection.oi),
+    )
+    report = ingest(q, *args, collection.cfg, batch_size=500)
+    assert q.count() == collection.store.count() == report.written
+    assert ingest(q, *args, collection.cfg).written == 0
+    qm, em = q.meta(), collection.store.meta()
+    assert qm is not None and em is not None
+    assert (qm.norm_mean, qm.norm_std, qm.vectors) == (em.norm_mean, em.norm_std, em.vectors)
+    pts = collection.points()
+    params = params_from(
+        pts[pts["complete"]][600], int(pts["t_ms"][-1]), top_k=10, min_similarity=0.5
+    )
+    remote = RagService(collection.cfg, q).query_patterns(params)
+    local = RagService(collection.cfg, collection.store).query_patterns(params)
+    assert [m["timestamp"] for m in remote["matches"]] == [m["timestamp"] for m in local["matches"]]
+    assert [m["similarity"] for m in remote["matches"]] == pytest.approx(
+        [m["similarity"] for m in local["matches"]], abs=1e-5
+    )
+    assert remote["statistics"]["outcome_4h"] == pytest.approx(local["statistics"]["outcome_4h"])
+    assert not q.has_symbol("ETHUSDT")
+
+
+def _text_cfg(tmp_path: Path) -> RagConfig:
+    return RagConfig(
+        store=StoreSection(path=str(tmp_path), collection_name="text"),
+        embedding=EmbeddingSection(model="bge-small-en-v1.5", cache_dir=str(tmp_path / "models")),
+    )
+
+
+def _ingest_text(tmp_path: Path, cfg: RagConfig) -> EmbeddedStore:
+    rows = synth.candles(1200, seed=4, tf=TF_MS)
+    fund = synth.funding(int(rows[0, 0]) - 8 * H, int(rows[-1, 0]) + TF_MS)
+    oi = synth.open_interest(int(rows[0, 0]) - 24 * H, int(rows[-1, 0]) + TF_MS)
+    store = EmbeddedStore(str(tmp_path), "text")
+    ingest(store, "BTCUSDT", "15m", Bars.from_rows(rows), observations(fund), observations(oi), cfg)
+    return store
+
+
+def test_fastembed_absent_is_actionable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without fastembed installed, the text model fails with how to fix it."""
+    monkeypatch.setitem(sys.modules, "fastembed", None)
+    with pytest.raises(EmbeddingError, match=r"pip install 'marketwake\[fastembed\]'.*numeric"):
+        _ingest_text(tmp_path, _text_cfg(tmp_path))
+
+
+def test_fastembed_model_not_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fastembed present but the model files absent: the error names the directory to fill."""
+
+    class TextEmbedding:
+        def __init__(self, model_name: str, cache_dir: str | None, local_files_only: bool) -> None:
+            assert local_files_only
+            raise ValueError(f"Could not find {model_name} in {cache_dir}")
+
+    monkeypatch.setitem(
+        sys.modules, "fastembed", types.SimpleNamespace(TextEmbedding=TextEmbedding)
+    )
+    with pytest.raises(EmbeddingError, match=r"not available in .*models.*rag.embedding.cache_dir"):
+        _ingest_text(tmp_path, _text_cfg(tmp_path))
+
+
+def test_fastembed_present_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a (stand-in) local model, ingest and query use the text embedding, and say so."""
+    seen: list[str] = []
+
+    class TextEmbedding:
+        def __init__(self, model_name: str, cache_dir: str | None, local_files_only: bool) -> None:
+            assert model_name == "BAAI/bge-small-en-v1.5"
+
+        def embed(self, texts: list[str]) -> Any:
+            seen.extend(texts[:1])
+            for t in texts:
+                v = np.zeros(384)
+                for i, ch in enumerate(t.encode()):
+                    v[(i * 31 + ch) % 384] += 1.0
+                yield v
+
+    monkeypatch.setitem(
+        sys.modules, "fastembed", types.SimpleNamespace(TextEmbedding=TextEmbedding)
+    )
+    cfg = _text_cfg(tmp_path)
+    store = _ingest_text(tmp_path, cfg)
+    meta = store.meta()
+    assert (
+        meta is not None
+        and meta.embedding_model == "bge-small-en-v1.5"
+        and meta.vectors["full"] == 384
+    )
+    assert seen[0].startswith("rsi 7 ")
+    p = store._snap.points
+    params = params_from(p[p["complete"]][100], int(p["t_ms"][-1]), min_similarity=0.5)
+    out = RagService(cfg, store).query_patterns(params)
+    assert out["metadata"]["embedding_model"] == "bge-small-en-v1.5"
+    assert out["matches"][0]["similarity"] == pytest.approx(1.0, abs=1e-5)
+    numeric = RagConfig(store=cfg.store)
+    with pytest.raises(Exception, match="Embedding error"):
+        RagService(numeric, store).query_patterns(params)
+
+
+def _exchange_series(now: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    start = (now - 20 * 24 * H) // (4 * H) * (4 * H)
+    n = (now - start) // TF_MS + 1  # the last kline is still open at ``now``
+    rows = synth.candles(int(n), seed=9, start=start, tf=TF_MS)
+    fund = synth.funding(start - 8 * H, now)
+    oi = synth.open_interest(start - 24 * H, now, step=TF_MS)
+    return rows, fund, oi
+
+
+async def test_fetch_history_pages_and_drops_open_kline() -> None:
+    """klines/funding/OI are paged through completely; the still-open kline is dropped."""
+    now = synth.T0 + 30 * 24 * H + 7 * 60_000
+    rows, fund, oi = _exchange_series(now)
+    fake = FakeBinance(rows, fund, oi)
+    runner = web.AppRunner(fake.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        bars, f, o = await fetch_history(
+            f"http://127.0.0.1:{port}", "BTCUSDT", "15m", int(rows[0, 0]), now, 5
+        )
+        with pytest.raises(FeedError, match=r"HTTP 400.*Invalid symbol"):
+            await fetch_history(
+                f"http://127.0.0.1:{port}", "XYZUSDT", "15m", int(rows[0, 0]), now, 5
+            )
+    finally:
+        await runner.cleanup()
+    assert np.array_equal(bars.open_ms, rows[:-1, 0].astype(np.int64))
+    assert np.allclose(bars.close, rows[:-1, 4])
+    assert fake.requests.count("/fapi/v1/klines") >= 2  # more than one page of 1500
+    assert np.allclose(f.value, fund[fund[:, 0] >= rows[0, 0] - 24 * H, 1], atol=1e-8)
+    assert fake.requests.count("/futures/data/openInterestHist") >= 4  # pages of 500
+    assert len(o.time_ms) == int(((oi[:, 0] >= rows[0, 0] - 24 * H) & (oi[:, 0] <= now)).sum())
+
+
+async def test_exchange_unreachable_is_feed_error() -> None:
+    """A closed port becomes a FeedError, not an aiohttp exception."""
+    with pytest.raises(FeedError):
+        await fetch_history("http://127.0.0.1:9", "BTCUSDT", "15m", 0, 10_000_000, 2)
+
+
+def test_exchange_config_default_is_binance() -> None:
+    """The documented default base URL, overridable in [rag.exchange]."""
+    assert ExchangeSection().base_url == "https://fapi.binance.com"
