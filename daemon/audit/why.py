@@ -106,6 +106,20 @@ def _other_line(r: Record) -> str:
     return f"{kind} record"
 
 
+def _trade_summary(orders: list[Record]) -> str:
+    """'entry X FILLED @ p; closed by stop_loss @ q' from the order records, in order."""
+    entries = [r for r in orders if r.get("role") in ("entry", "close")] or orders
+    last = entries[-1]
+    price = f" @ {last['price']}" if last.get("price") is not None else ""
+    text = f"order {last.get('clientOrderId')} {last.get('status')}{price}"
+    exits = [
+        r for r in orders if r is not last and r.get("status") == "FILLED" and r not in entries
+    ]
+    if exits:
+        text += f"; closed by {exits[-1].get('role')} @ {exits[-1].get('price')}"
+    return text
+
+
 def _judge(recs: list[Record]) -> tuple[Outcome, str]:
     """The agent's outcome and a one-line reason, most consequential first."""
     hooks = [r for r in recs if r.get("type") == "hook"]
@@ -113,8 +127,7 @@ def _judge(recs: list[Record]) -> tuple[Outcome, str]:
     wanted = [r for r in hooks if decision_of(r) in ("WAKE", "TRADE_INTENT")]
     suppressed = [r for r in wanted if r.get("suppressedBy") not in (None, "none")]
     if by_type["order"]:
-        last = by_type["order"][-1]
-        return "TRADED", f"order {last.get('clientOrderId')} is {last.get('status')}"
+        return "TRADED", _trade_summary(by_type["order"])
     rejected = [r for r in by_type["risk"] if not r.get("approved")]
     if rejected:
         codes = sorted(

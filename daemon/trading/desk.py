@@ -1,8 +1,11 @@
 """TradeDesk: the one call the dispatcher makes for a TRADE_INTENT.
 
-It runs the agent's risk engine against the broker's view, audits the verdict,
-submits an approved order under the client order id derived from the
-dedupeKey, and audits the order. An intent whose client order id the broker
+It runs the agent's risk engine against the broker's view, audits the verdict
+and submits an approved order under the client order id derived from the
+dedupeKey. Order records come from the broker's own ``account.order.*``
+events (placed, filled later by a tick, canceled by one-cancels-other...):
+give the broker a publish wrapped by :func:`audited_publish` so each state
+change is audited exactly once, whoever caused it. An intent whose client order id the broker
 already knows (a retry, a replay, a restart) is not risk-checked again: the
 broker returns the order it has, finishing it if a crash interrupted it.
 """
@@ -13,11 +16,13 @@ from typing import Protocol
 
 import msgspec
 
-from daemon.audit.records import AuditRecord, order_record, risk_record
+from daemon.audit.records import AuditRecord, order_record_from_event, risk_record
+from daemon.events import FeedEvent
 from daemon.trading.broker import Broker, OrderRequest, client_order_id
 from daemon.trading.intents import RiskLimits, TradeIntent, TradingState
 from daemon.trading.portfolio import Order
 from daemon.trading.risk import RiskEngine, Verdict
+from feeds.base import Publish
 
 
 class AuditSink(Protocol):
@@ -26,6 +31,18 @@ class AuditSink(Protocol):
     def write(self, record: AuditRecord) -> None:
         """Record one audit line."""
         ...
+
+
+def audited_publish(publish: Publish, audit: AuditSink) -> Publish:
+    """``publish`` that first audits every ``account.order.*`` event it forwards."""
+
+    async def wrapped(event: FeedEvent) -> None:
+        record = order_record_from_event(event)
+        if record is not None:
+            audit.write(record)
+        await publish(event)
+
+    return wrapped
 
 
 class TradeOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,7 +89,7 @@ class TradeDesk:
         hook_id: str | None = None,
         event_id: str | None = None,
     ) -> TradeOutcome:
-        """Check, audit, submit, audit. ``dedupe_key`` must be stable across retries."""
+        """Check, audit the verdict, submit. ``dedupe_key`` must be stable across retries."""
         coid = client_order_id(agent_id, dedupe_key)
         if self.broker.get_order(coid) is not None:
             request = OrderRequest(
@@ -101,7 +118,6 @@ class TradeDesk:
             client_order_id=coid, agent_id=agent_id, intent=verdict.order, trace_id=trace_id
         )
         order = await broker.submit(request)
-        self._write(order_record(order, broker.name))
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=order)
 
     def _write(self, record: AuditRecord) -> None:

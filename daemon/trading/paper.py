@@ -177,6 +177,9 @@ class PaperBroker:
             if price is None:
                 self.ignored_events += 1
                 return
+            if p.get("staleAfterReconnect") is True:
+                self._advance(event.symbol, price, ts)  # a snapshot, not a trade: mark only
+                return
             await self.on_tick(event.symbol, price, ts)
             return
         o, h = _number(p, "open", "o"), _number(p, "high", "h")

@@ -66,7 +66,7 @@ def test_why_explains_each_agent(logdir: Path, ident: str) -> None:
     alpha = next(s for s in exp.agents if s.agent_id == "alpha")
     assert len(alpha.records) == 8
     assert any("run r1 (log) finished" in d for d in alpha.details)
-    assert "mw-1 is FILLED" in alpha.why
+    assert alpha.why == "order mw-1 FILLED @ 1000.0"
 
 
 def test_why_reasons_are_specific(logdir: Path) -> None:

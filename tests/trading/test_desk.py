@@ -9,7 +9,7 @@ import pytest
 
 from daemon.audit.records import AuditRecord, OrderRecord, RiskRecord, order_record_from_event
 from daemon.events import FeedEvent
-from daemon.trading.desk import TradeDesk
+from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import RiskLimits, TradingState, parse_intent
 from daemon.trading.paper import PaperBroker
 
@@ -35,34 +35,35 @@ def events() -> list[FeedEvent]:
 
 
 @pytest.fixture
-def broker(tmp_path: Path, events: list[FeedEvent]) -> Iterator[PaperBroker]:
+def audit() -> Audit:
+    return Audit()
+
+
+@pytest.fixture
+def broker(tmp_path: Path, events: list[FeedEvent], audit: Audit) -> Iterator[PaperBroker]:
     async def publish(event: FeedEvent) -> None:
         events.append(event)
 
-    b = PaperBroker(tmp_path, publish, synchronous="NORMAL")
+    b = PaperBroker(tmp_path, audited_publish(publish, audit), synchronous="NORMAL")
     yield b
     b.close()
 
 
-async def test_approved_intent_is_traded_and_audited(broker: PaperBroker) -> None:
-    """An approved intent becomes a filled order; risk and order records share the trace."""
-    audit = Audit()
+async def test_approved_intent_is_traded_and_audited(broker: PaperBroker, audit: Audit) -> None:
+    """An approved intent becomes a filled order; risk and each order state share the trace."""
     desk = TradeDesk(broker, audit)
     await broker.on_tick("BTC", 100.0, 1)
     out = await desk.handle(INTENT, agent_id="a", dedupe_key="k", trace_id="t", hook_id="h")
     assert out.order is not None and out.order.status == "FILLED" and not out.duplicate
-    risk, order = audit
-    assert (
-        isinstance(risk, RiskRecord)
-        and risk.approved
-        and risk.client_order_id == out.client_order_id
-    )
-    assert isinstance(order, OrderRecord) and (order.status, order.trace_id) == ("FILLED", "t")
+    risk, *orders = audit
+    assert isinstance(risk, RiskRecord) and risk.approved
+    assert risk.client_order_id == out.client_order_id
+    states = [(o.role, o.status, o.trace_id) for o in orders if isinstance(o, OrderRecord)]
+    assert states == [("entry", "OPEN", "t"), ("entry", "FILLED", "t"), ("stop_loss", "OPEN", "t")]
 
 
-async def test_rejected_intent_places_nothing(broker: PaperBroker) -> None:
+async def test_rejected_intent_places_nothing(broker: PaperBroker, audit: Audit) -> None:
     """A rejection is audited with its codes and no order reaches the broker."""
-    audit = Audit()
     desk = TradeDesk(broker, audit)
     desk.set_limits("a", RiskLimits(allowed_symbols=("ETH",)))
     await broker.on_tick("BTC", 100.0, 1)
@@ -72,15 +73,15 @@ async def test_rejected_intent_places_nothing(broker: PaperBroker) -> None:
     assert [type(r) for r in audit] == [RiskRecord] and broker.orders() == []
 
 
-async def test_duplicate_is_not_rechecked(broker: PaperBroker) -> None:
+async def test_duplicate_is_not_rechecked(broker: PaperBroker, audit: Audit) -> None:
     """The same dedupeKey returns the first order even after the state turned HALTED."""
-    audit = Audit()
     desk = TradeDesk(broker, audit)
     await broker.on_tick("BTC", 100.0, 1)
     first = await desk.handle(INTENT, agent_id="a", dedupe_key="k", trace_id="t")
     desk.set_state(TradingState.HALTED)
+    count = len(audit)
     again = await desk.handle(INTENT, agent_id="a", dedupe_key="k", trace_id="t")
-    assert again.duplicate and again.order == first.order and len(audit) == 2
+    assert again.duplicate and again.order == first.order and len(audit) == count
     halted = await desk.handle(INTENT, agent_id="a", dedupe_key="k2", trace_id="t")
     assert halted.verdict is not None and halted.verdict.codes == ["HALTED"]
     assert [o.role for o in broker.orders()] == ["entry", "stop_loss"]
