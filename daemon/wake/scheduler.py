@@ -41,9 +41,11 @@ from typing import Any, Literal
 
 import anyio
 import anyio.abc
+import msgspec
 import structlog
 
 from daemon.audit.records import AuditRecord, RunRecord, WakeRecord, now_ts
+from daemon.errors import StoreError
 from daemon.events import iso_ms
 from daemon.wake.budget import SlidingWindowBudget
 from daemon.wake.clock import Clock, SystemClock
@@ -63,7 +65,7 @@ from daemon.wake.store import RunStore
 
 log = structlog.get_logger("wake")
 RecordSink = Callable[[AuditRecord], None]
-StateProvider = Callable[[str], "dict[str, Any] | None"]
+StateProvider = Callable[[str], dict[str, Any] | None]
 HOUR = 3600.0
 AUDIT_HOOK = "audit"
 _FINAL: dict[str, Literal["finished", "failed", "timeout"]] = {
@@ -241,12 +243,20 @@ class WakeScheduler:
         self._last_start = now
         if run.kind == "wake":
             self.budget.record(now)
-        self.store.record_start(self.agent_id, run.run_id, run.kind, now)
+        self._persist(self.store.record_start, self.agent_id, run.run_id, run.kind, now)
         self._in_flight = run
         try:
             await self._execute(run, self._context(run, now))
         finally:
             self._in_flight = None
+
+    def _persist(self, write: Callable[..., None], *args: Any) -> None:
+        """Write run history; a failing disk costs restart memory, not the agent's runs."""
+        try:
+            write(*args)
+        except StoreError as exc:
+            self.counters["store_errors"] += 1
+            log.error("wake run history not saved", agent=self.agent_id, error=str(exc))
 
     def _blocked(self, run: _PendingRun, now: float) -> SuppressedBy:
         if self.paused:
@@ -264,6 +274,11 @@ class WakeScheduler:
             return
         for wake in run.wakes:
             self._record_wake(wake, WakeOutcome(outcome="suppressed", suppressed_by=by))
+        earlier = summarize_earlier(run.earlier)
+        if earlier is not None:  # the summarized wakes are suppressed too, as one line
+            hooks = sorted(run.earlier)
+            record = self._wake_record(None, "suppressed", by, run.run_id, hooks[0], earlier)
+            self.sink(msgspec.structs.replace(record, hook_ids=hooks))
 
     def _context(self, run: _PendingRun, now: float) -> WakeContext:
         return WakeContext(
@@ -299,7 +314,7 @@ class WakeScheduler:
             end = self.clock.now()
             if run.kind == "wake":
                 self._last_wake_end = end
-            self.store.record_finish(run.run_id, end, result.status)
+            self._persist(self.store.record_finish, run.run_id, end, result.status)
             self.sink(self._run_record(run, trace, duration_ms, result))
 
     async def _call_runner(self, ctx: WakeContext) -> RunResult:

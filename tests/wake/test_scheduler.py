@@ -282,3 +282,38 @@ def test_wake_for_another_agent_is_refused(tmp_path: Path) -> None:
     h = Harness(tmp_path, policy())
     with pytest.raises(ValueError, match="sent to 'a1'"):
         h.sched.submit(wake(1, agent="other"))
+
+
+async def test_dropped_run_records_its_summarized_wakes(tmp_path: Path) -> None:
+    """When a collected run is dropped, its detailed wakes and its summary line are recorded."""
+    runner = GateRunner(hold=True)
+    h = Harness(tmp_path, policy(max_collected=2), runner=runner)
+    async with h.running():
+        h.sched.submit(wake(0))
+        await h.settle()
+        for i, hook in enumerate(["a", "b", "a", "c", "d"], start=1):
+            h.sched.submit(wake(i, hook=hook))
+        h.sched.set_paused(True)
+        runner.release.set()
+        await h.settle()
+    assert len(runner.contexts) == 1
+    dropped = h.wakes("suppressed")
+    expected = [("ev4", "paused"), ("ev5", "paused")]
+    assert [(w.event_id, w.suppressed_by) for w in dropped[:2]] == expected
+    summary = dropped[2]
+    assert summary.event_id is None and summary.hook_ids == ["a", "b"]
+    assert summary.reasons == ["...and 3 earlier wakes: 2x a, 1x b"]
+
+
+async def test_store_failure_does_not_stop_runs(tmp_path: Path) -> None:
+    """If the run history cannot be written, runs still happen and the failure is counted."""
+    h = Harness(tmp_path, policy(queue_mode="immediate"))
+    h.store.close()  # every later write raises StoreError
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        h.sched.submit(wake(2))
+        await h.settle()
+    assert len(h.runner.contexts) == 2
+    assert h.sched.counters["store_errors"] == 4
+    assert [r.status for r in h.runs()] == ["started", "finished"] * 2
