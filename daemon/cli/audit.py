@@ -156,3 +156,7 @@ def why_command(
             console.print(line)
     if not exp.found:
         sys.exit(1)
+
+
+# Also reachable as ``marketwake audit why`` until the top-level command is registered.
+audit_group.add_command(why_command)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from daemon.audit.why import collect, explain
 from daemon.audit.writer import AuditWriter
-from daemon.cli.audit import why_command
+from daemon.cli.audit import audit_group, why_command
 from tests.audit.factory import hook, order, risk, run, ts, wake
 
 EVENT = "coinbase:ETH-USD:5m:1"
@@ -89,3 +89,9 @@ def test_why_cli_text_json_and_missing(logdir: Path) -> None:
     assert {a["agentId"]: a["outcome"] for a in data["agents"]} == EXPECTED
     missing = runner.invoke(why_command, ["nope", "--dir", str(logdir)])
     assert missing.exit_code == 1 and "no audit records for nope" in missing.output
+
+
+def test_why_is_also_an_audit_subcommand(logdir: Path) -> None:
+    """`marketwake audit why` reaches the same command."""
+    out = CliRunner().invoke(audit_group, ["why", "t1", "--dir", str(logdir)]).output
+    assert "agent beta: WOKE" in out
