@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from daemon.audit.records import AuditRecord, RunRecord, WakeRecord
 from daemon.wake.clock import ManualClock
@@ -66,7 +67,7 @@ def policy(**overrides: Any) -> WakePolicy:
         "debounce_seconds": 0.0,
     }
     base.update(overrides)
-    return WakePolicy(**base)
+    return msgspec.convert(base, WakePolicy)
 
 
 def wake(n: int, hook: str = "wake_two_green", agent: str = "a1") -> WakeRequest:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
+from daemon.audit.records import AuditRecord, RunRecord
 from daemon.wake.clock import SystemClock
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.scheduler import WakeScheduler
@@ -317,3 +320,39 @@ async def test_store_failure_does_not_stop_runs(tmp_path: Path) -> None:
     assert len(h.runner.contexts) == 2
     assert h.sched.counters["store_errors"] == 4
     assert [r.status for r in h.runs()] == ["started", "finished"] * 2
+
+
+async def test_command_runner_from_policy_end_to_end(tmp_path: Path) -> None:
+    """A policy with a command runner pipes the context to the program; a slow
+    program's run is recorded as timeout."""
+    out = tmp_path / "ctx.json"
+    code = f"import sys, pathlib; pathlib.Path({str(out)!r}).write_bytes(sys.stdin.buffer.read())"
+    cmd = {"kind": "command", "command": [sys.executable, "-c", code], "timeout_seconds": 20}
+    ended: list[RunRecord] = []
+    done = [anyio.Event(), anyio.Event()]
+
+    def sink(record: AuditRecord) -> None:
+        if isinstance(record, RunRecord) and record.status != "started":
+            ended.append(record)
+            done[len(ended) - 1].set()
+
+    store = RunStore(tmp_path / "wake.sqlite3")
+    sched = WakeScheduler("a1", policy(runner=cmd), store=store, sink=sink)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            await tg.start(sched.run)
+            sched.submit(wake(1))
+            await done[0].wait()
+            slow = [sys.executable, "-c", "import time; time.sleep(30)"]
+            sched.update_policy(policy(runner={**cmd, "command": slow, "timeout_seconds": 0.3}))
+            sched.submit(wake(2))
+            await done[1].wait()
+            tg.cancel_scope.cancel()
+    store.close()
+    ctx = json.loads(out.read_bytes())
+    assert ctx["agentId"] == "a1" and ctx["reasons"][0]["traceId"] == "tr1"
+    assert [(r.status, r.runner) for r in ended] == [
+        ("finished", "command"),
+        ("timeout", "command"),
+    ]
+    assert ended[1].error == "killed after 0.3 s" and "timeout" in ended[1].summary
