@@ -317,6 +317,7 @@ class PaperBroker:
             order, status="FILLED", fill_price=price, filled_ms=ts_ms, updated_ms=ts_ms
         )
         self._save(filled)
+        self._store.put_marks({order.symbol: self._marks.get(order.symbol, price)})
         self._store.add_fill(
             order.client_order_id, order.symbol, signed, price, ts_ms, applied.realized
         )

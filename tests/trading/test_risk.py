@@ -221,3 +221,15 @@ def test_all_failures_are_listed() -> None:
     limits = RiskLimits(allowed_symbols=("ETH",), max_order_notional=10)
     verdict = risk.RiskEngine(limits).check(intent(stopLoss=None), PortfolioView(), LAST, NOW)
     assert verdict.codes == [risk.SYMBOL_NOT_ALLOWED, risk.STOP_LOSS_REQUIRED, risk.ORDER_NOTIONAL]
+
+
+def test_every_code_is_covered_here() -> None:
+    """Each reason code defined in risk.py is exercised by a test in this module."""
+    defined = {v for k, v in vars(risk).items() if k.isupper() and isinstance(v, str) and k == v}
+    covered = {c[0] for c in CASES} | {
+        risk.KILL_SWITCH,
+        risk.HALTED,
+        risk.REDUCE_ONLY,
+        risk.NOTHING_TO_CLOSE,
+    }
+    assert defined == covered
