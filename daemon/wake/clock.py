@@ -12,6 +12,8 @@ from typing import Protocol
 import anyio
 import anyio.lowlevel
 
+MAX_NAP = 30.0
+
 
 class Clock(Protocol):
     """Tells the time and sleeps until a given time."""
@@ -33,8 +35,13 @@ class SystemClock:
         return time.time()
 
     async def sleep_until(self, deadline: float) -> None:
-        """Sleep for what is left until ``deadline``."""
-        await anyio.sleep(max(0.0, deadline - time.time()))
+        """Sleep until ``deadline``, re-reading the clock at least every ``MAX_NAP`` s.
+
+        Napping in slices keeps a wall-clock step (NTP, suspend) from stretching
+        a wait by the size of the step.
+        """
+        while (left := deadline - time.time()) > 0:  # noqa: ASYNC110 (time is the event)
+            await anyio.sleep(min(left, MAX_NAP))
 
 
 class ManualClock:

@@ -203,13 +203,13 @@ class WakeScheduler:
         """Start the next due run, or wait until something may be due."""
         self._changed = anyio.Event()
         now = self.clock.now()
-        due_at = self._next_due(now)
+        due_at = self._next_due()
         if due_at is not None and due_at <= now:
             await self._start(self._pending.popleft() if self._pending else self._audit_run(now))
             return
         await self._wait(self._changed, math.inf if due_at is None else due_at)
 
-    def _next_due(self, now: float) -> float | None:
+    def _next_due(self) -> float | None:
         if self._pending:  # only wake runs wait in the queue; audit runs start on the spot
             return max(self._pending[0].due_at, self._cooldown_end())
         if self.policy.audit_interval_seconds > 0:
