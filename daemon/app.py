@@ -11,8 +11,9 @@ from pathlib import Path
 
 import anyio
 
+from daemon.agents.pipeline import open_agents
 from daemon.config import Config
-from daemon.service import Consumer, Service, Status
+from daemon.service import Component, Consumer, Service, Status
 from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
@@ -40,11 +41,13 @@ def run_daemon(
     consumers: Sequence[tuple[str, Consumer]] = (),
 ) -> Status:
     """Run one daemon until a signal or until its finite feeds end."""
+    components: list[Component] = [open_agents] if config.hooks.enabled else []
     service = Service(
         config,
         build_feeds,
         config_path=config_path,
         record_path=record_path,
         consumers=consumers,
+        components=components,
     )
     return anyio.run(service.run)

@@ -19,6 +19,7 @@ import msgspec
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES
 from daemon.rag.config import RagConfig
+from hooks_runtime.config import SandboxConfig
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -128,12 +129,46 @@ class StateSection(Base, frozen=True):
     max_candles: int = 500
 
 
+class HooksSection(Base, frozen=True):
+    enabled: bool = True
+    # agents/<id>/agent.toml + agents/<id>/hooks/*.py; relative to the working directory.
+    agents_dir: str = "agents"
+    # How often the agents directory is rescanned for edits (hot reload).
+    reload_seconds: float = 2.0
+    # POST every ALERT as JSON here too ("" = log only).
+    alert_webhook: str = ""
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
+
+    def __post_init__(self) -> None:
+        if self.reload_seconds <= 0:
+            raise ValueError("reload_seconds must be > 0")
+
+
+class AuditSection(Base, frozen=True):
+    # "" = <daemon.state_dir>/audit
+    dir: str = ""
+    max_total_mb: int = 512
+    max_days: int = 30
+    flush_interval_seconds: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.max_total_mb < 1 or self.max_days < 1 or self.flush_interval_seconds <= 0:
+            raise ValueError("max_total_mb and max_days must be >= 1, flush interval > 0")
+
+
 class Config(Base, frozen=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     bus: BusSection = msgspec.field(default_factory=BusSection)
     feeds: FeedsSection = msgspec.field(default_factory=FeedsSection)
     state: StateSection = msgspec.field(default_factory=StateSection)
+    hooks: HooksSection = msgspec.field(default_factory=HooksSection)
+    audit: AuditSection = msgspec.field(default_factory=AuditSection)
     rag: RagConfig = msgspec.field(default_factory=RagConfig)
+
+    @property
+    def audit_dir(self) -> Path:
+        """Where the audit log lives."""
+        return Path(self.audit.dir) if self.audit.dir else Path(self.daemon.state_dir) / "audit"
 
 
 _SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey)", re.IGNORECASE)

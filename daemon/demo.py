@@ -9,6 +9,7 @@ follows at the end. Everything the demo writes stays under ``--dir``.
 from __future__ import annotations
 
 import resource
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,8 +20,9 @@ import msgspec
 from rich.console import Console
 
 from daemon.app import run_daemon
+from daemon.audit.reader import iter_records
 from daemon.bus import Subscription
-from daemon.config import Config, DaemonSection, FeedsSection, ReplaySection
+from daemon.config import Config, DaemonSection, FeedsSection, HooksSection, ReplaySection
 from daemon.events import MARKET_CANDLE_CLOSED
 from daemon.state import StateCache
 from feeds.synthetic import generate_candles
@@ -36,6 +38,7 @@ class DemoOptions:
     speed: float = 2400.0
     seed: int = 7
     quiet: bool = False
+    agents_dir: Path = Path("agents")
 
 
 @dataclass
@@ -52,8 +55,19 @@ class Printer:
         async for event in sub:
             self.topics[event.topic] += 1
             self.state.apply(event)
-            if event.topic == MARKET_CANDLE_CLOSED and not self.quiet:
+            if self.quiet:
+                continue
+            if event.topic == MARKET_CANDLE_CLOSED:
                 self._print_candle(event.ts, event.symbol or "?", event.payload)
+            elif event.topic.startswith("account."):
+                p = event.payload
+                self.console.print(
+                    f"[bold yellow]  {event.topic}[/] {event.symbol} "
+                    + " ".join(
+                        f"{k}={p[k]}" for k in ("side", "volume", "status", "price") if k in p
+                    ),
+                    soft_wrap=True,
+                )
 
     def _print_candle(self, ts: str, symbol: str, p: dict[str, Any]) -> None:
         close = float(p["close"])
@@ -77,8 +91,10 @@ class Printer:
 
 
 def demo_config(opts: DemoOptions, csv_path: Path) -> Config:
-    """An embedded config: replay of the synthetic CSV, state under the demo dir."""
+    """An embedded config: replay of the synthetic CSV, the example agents, state under
+    the demo dir."""
     return Config(
+        hooks=HooksSection(agents_dir=str(opts.agents_dir)),
         daemon=msgspec.convert(
             {"state_dir": str(opts.directory / "state"), "status_interval_seconds": 5.0},
             DaemonSection,
@@ -101,6 +117,7 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     """Generate data, run the daemon on it, print a summary. Returns an exit code."""
     console = console or Console()
     opts.directory.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(opts.directory / "state", ignore_errors=True)  # every demo starts fresh
     csv_path = opts.directory / f"synthetic_{DEMO_SYMBOL}_{DEMO_TIMEFRAME}.csv"
     generate_candles(csv_path, seed=opts.seed, n=opts.candles, timeframe=DEMO_TIMEFRAME)
     record_path = opts.directory / "recording.jsonl"
@@ -116,7 +133,36 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     )
     elapsed = time.perf_counter() - started
     _summary(console, printer, status.bus, elapsed, record_path)
+    _audit_summary(console, opts.directory / "state" / "audit")
     return 0
+
+
+def _audit_summary(console: Console, audit_dir: Path) -> None:
+    """What the hooks decided and what came of it, read back from the audit log."""
+    counts: Counter[str] = Counter()
+    last_wake = None
+    for rec in iter_records(audit_dir):
+        kind = rec.get("type")
+        if kind == "hook":
+            decision = rec.get("decision") or "ERROR"
+            by = rec.get("suppressedBy")
+            counts[f"hook {decision}" + (f" (suppressed: {by})" if by != "none" else "")] += 1
+            if decision == "WAKE":
+                last_wake = rec.get("traceId")
+        elif kind == "wake":
+            counts[f"wake {rec.get('outcome')}"] += 1
+        elif kind == "run":
+            counts[f"run {rec.get('status')}"] += 1
+        elif kind == "risk":
+            counts["risk " + ("approved" if rec.get("approved") else "rejected")] += 1
+        elif kind == "order":
+            counts[f"order {rec.get('status')}"] += 1
+    console.rule("hooks (from the audit log)")
+    for key, n in sorted(counts.items()):
+        console.print(f"  {key:<40} {n:>7}")
+    console.print(f"  tail it:   marketwake audit tail --dir {audit_dir}", soft_wrap=True)
+    if last_wake:
+        console.print(f"  ask why:   marketwake why {last_wake} --dir {audit_dir}", soft_wrap=True)
 
 
 def _summary(

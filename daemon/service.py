@@ -21,6 +21,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ log = structlog.get_logger("service")
 
 FeedFactory = Callable[[Config], Sequence[Feed]]
 Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
+# A component is entered before the feeds start and left after the bus closed
+# and drained (the hook pipeline is one).
+Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 STATUS_FILE = "status.json"
 SNAPSHOT_FILE = "state_cache.json"
 
@@ -79,8 +83,10 @@ class Service:
         config_path: Path | None = None,
         record_path: Path | None = None,
         consumers: Sequence[tuple[str, Consumer]] = (),
+        components: Sequence[Component] = (),
         notifier: Notifier | None = None,
     ) -> None:
+        self.components = components
         self.config = config
         self.config_path = config_path
         self.build_feeds = build_feeds
@@ -274,6 +280,16 @@ class Service:
     async def run(self) -> Status:
         """Run until a signal, or until every (finite) feed has finished."""
         self._load_snapshot()
+        async with AsyncExitStack() as stack:
+            for component in self.components:
+                await stack.enter_async_context(component(self))
+            await self._run_main()
+        status = self.write_status(running=False)
+        await self._save_snapshot()
+        log.info("daemon stopped", published=status.bus["published"])
+        return status
+
+    async def _run_main(self) -> None:
         async with anyio.create_task_group() as tg:
             for consumer, sub in self._subs:
                 tg.start_soon(consumer, sub)
@@ -294,10 +310,6 @@ class Service:
             if self._feeds_scope is not None:
                 self._feeds_scope.cancel()
             self.bus.close()
-        status = self.write_status(running=False)
-        await self._save_snapshot()
-        log.info("daemon stopped", published=status.bus["published"])
-        return status
 
     async def _wait_for_finish(self) -> None:
         if not self.health:

@@ -28,7 +28,17 @@ from daemon.logs import configure as configure_logging
 )
 @click.option("--seed", default=7, show_default=True, help="Generator seed (same seed, same data).")
 @click.option("--quiet", is_flag=True, help="Only print the summary.")
-def demo_command(directory: Path, candles: int, speed: float, seed: int, quiet: bool) -> None:
+@click.option(
+    "--agents",
+    "agents_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("agents"),
+    show_default=True,
+    help="Agent workspaces whose hooks evaluate the replay.",
+)
+def demo_command(
+    directory: Path, candles: int, speed: float, seed: int, quiet: bool, agents_dir: Path
+) -> None:
     """Run the daemon offline on a replay of generated, clearly synthetic candles.
 
     Shows a live stream of closed candles with indicators and ends with a
@@ -39,4 +49,4 @@ def demo_command(directory: Path, candles: int, speed: float, seed: int, quiet: 
     if candles < 1:
         raise click.BadParameter("must be at least 1", param_hint="--candles")
     configure_logging("console", "warning")
-    sys.exit(run_demo(DemoOptions(directory, candles, speed, seed, quiet)))
+    sys.exit(run_demo(DemoOptions(directory, candles, speed, seed, quiet, agents_dir)))

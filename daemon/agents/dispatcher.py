@@ -1,0 +1,300 @@
+"""The dispatcher: bus events -> each agent's hooks (one sandbox round trip) -> actions.
+
+Per agent, one task reads the agent's subscription in order, builds the
+read-only ``state`` and evaluates every current hook revision in one batch.
+Each result is audited (IGNOREs and errors too) and then acted on:
+
+* a decision with a ``dedupeKey`` the agent already acted on, or from a hook
+  still cooling down for the event's symbol, is suppressed (``dedupe`` /
+  ``cooldown``); both are persisted before acting, on event time;
+* a paused agent still evaluates (so ``why`` can explain) but acts on nothing;
+* WAKE goes to the agent's wake scheduler (which may suppress by budget);
+* ALERT goes to the alert notifier;
+* TRADE_INTENT is parsed and handed to the trade desk (the agent's risk
+  engine, then the broker under a client order id derived from the dedupe
+  key, so a retry after a crash cannot place a second order).
+
+Determinism: each agent keeps its *own* state cache, fed from the same
+subscription in the same order as its hooks see events (candles and ticks are
+always part of an agent's subscription). The ``state`` a hook gets is exactly
+"everything before and including this event", live and in replay alike.
+
+Hot reload lives in :mod:`daemon.agents.manager`; this module only acts on
+the :class:`AgentRuntime` it is given.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+
+from daemon.agents.store import AGENT_WIDE, HookStore
+from daemon.agents.workspace import Agent
+from daemon.alerts import Alert, AlertNotifier
+from daemon.audit.records import HookRecord, RiskRecord, now_ts
+from daemon.bus import Subscription
+from daemon.errors import MarketwakeError
+from daemon.events import FeedEvent, parse_iso_ms, to_dict, topic_matches, trace_id_for
+from daemon.state import StateCache
+from daemon.trading.desk import AuditSink, TradeDesk
+from daemon.trading.intents import parse_intent
+from daemon.wake.context import WakeRequest
+from daemon.wake.scheduler import WakeScheduler
+from hooks_runtime.pool import HookResult, WorkerPool
+
+log = structlog.get_logger("dispatcher")
+# Always in an agent's subscription: they feed the agent's own state cache.
+STATE_TOPICS = ("market.candle.>", "market.price.tick")
+RECENT_EVENTS = 4096  # per agent: re-emitted events (same eventId) are evaluated once
+
+
+@dataclass
+class AgentRuntime:
+    """One loaded agent and the live objects that serve it."""
+
+    agent: Agent
+    sub: Subscription
+    scheduler: WakeScheduler
+    state: StateCache
+    paused: bool = False
+    last_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    next_sub: Subscription | None = None
+
+    @property
+    def agent_id(self) -> str:
+        return self.agent.agent_id
+
+    def listens_to(self, topic: str) -> bool:
+        """Whether the agent's hooks evaluate this topic (not just its state)."""
+        return any(topic_matches(p, topic) for p in self.agent.config.topics)
+
+
+@dataclass
+class Dispatcher:
+    """Evaluates hooks for bus events and routes their decisions."""
+
+    pool: WorkerPool
+    store: HookStore
+    audit: AuditSink
+    desk: TradeDesk
+    alerts: AlertNotifier
+    evaluations: int = 0
+    suppressed: int = 0
+
+    # -- the per-agent loop ----------------------------------------------------
+
+    async def serve_agent(self, rt: AgentRuntime) -> None:
+        """Consume the agent's subscription(s) in order until they end."""
+        while True:
+            async for event in rt.sub:
+                await self.handle(rt, event)
+            if rt.next_sub is None:
+                return
+            rt.sub, rt.next_sub = rt.next_sub, None
+
+    def _fresh(self, rt: AgentRuntime, event: FeedEvent) -> bool:
+        if event.event_id in rt.recent:
+            return False
+        rt.recent[event.event_id] = None
+        if len(rt.recent) > RECENT_EVENTS:
+            rt.recent.popitem(last=False)
+        return True
+
+    def _wants(self, rt: AgentRuntime, event: FeedEvent) -> bool:
+        symbols = rt.agent.config.symbols
+        return not symbols or event.symbol is None or event.symbol in symbols
+
+    async def handle(self, rt: AgentRuntime, event: FeedEvent) -> list[HookResult]:
+        """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
+        if not self._fresh(rt, event):
+            return []
+        rt.state.apply(event)
+        if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
+            return []
+        hooks = list(rt.agent.hooks.values())
+        state = self.build_state(rt, event)
+        results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state)
+        self.evaluations += len(results)
+        trace = event.trace_id or trace_id_for(event.event_id)
+        for result in results:
+            await self._settle(rt, event, trace, result)
+        return results
+
+    def build_state(self, rt: AgentRuntime, event: FeedEvent) -> dict[str, Any]:
+        """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs."""
+        symbols = [event.symbol] if event.symbol else None
+        state = rt.state.export(symbols, candles=rt.agent.config.state_candles)
+        view = msgspec.to_builtins(self.desk.broker.view())
+        state["positions"] = view["positions"]
+        state["orders"] = view["openOrders"]
+        state["pnlToday"] = view["pnlToday"]
+        state["lastOutputs"] = dict(rt.last_outputs)
+        return state
+
+    # -- settling one result -----------------------------------------------------
+
+    async def _settle(self, rt: AgentRuntime, event: FeedEvent, trace: str, r: HookResult) -> None:
+        if not r.ok or r.decision is None:
+            self._audit_hook(rt, event, trace, r, error=f"{r.error_kind}: {r.error}")
+            if r.error_kind == "paused":
+                self._persist_pause(rt, r)
+            return
+        d = r.decision
+        rt.last_outputs[r.hook_id] = d
+        decision = d["decision"]
+        if decision == "IGNORE":
+            self._audit_hook(rt, event, trace, r)
+            return
+        blocked = self._blocked(rt, event, r.hook_id, d)
+        if blocked != "none":
+            self.suppressed += 1
+            self._audit_hook(rt, event, trace, r, suppressed_by=blocked)
+            return
+        if decision == "WAKE":
+            outcome = rt.scheduler.submit(self._wake_request(rt, event, trace, r.hook_id, d))
+            self._audit_hook(rt, event, trace, r, suppressed_by=outcome.suppressed_by)
+        elif decision == "ALERT":
+            self._audit_hook(rt, event, trace, r)
+            await self.alerts.send(self._alert(rt, event, trace, r.hook_id, d))
+        elif decision == "TRADE_INTENT":
+            self._audit_hook(rt, event, trace, r)
+            await self._trade(rt, event, trace, r.hook_id, d)
+
+    def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: dict[str, Any]) -> str:
+        """dedupe / cooldown / paused, or ``none``; records the key and cooldown if acting."""
+        if rt.paused:
+            return "paused"
+        event_ms = parse_iso_ms(event.ts)
+        scope = event.symbol or "*"
+        key = d.get("dedupeKey")
+        if isinstance(key, str) and self.store.seen(rt.agent_id, key):
+            return "dedupe"
+        if self.store.cooling(rt.agent_id, hook, scope, event_ms):
+            return "cooldown"
+        if isinstance(key, str):
+            self.store.mark(rt.agent_id, key, event_ms)
+        cooldown = d.get("cooldownSeconds")
+        if isinstance(cooldown, int | float) and cooldown > 0:
+            until = event_ms + int(cooldown * 1000)
+            self.store.start_cooldown(rt.agent_id, hook, scope, until)
+        return "none"
+
+    def _persist_pause(self, rt: AgentRuntime, r: HookResult) -> None:
+        paused = {(a, h) for a, h, _, _ in self.store.pauses()}
+        if (rt.agent_id, r.hook_id) in paused:
+            return
+        self.store.pause(rt.agent_id, r.hook_id, r.error or "paused")
+        log.warning("hook paused", agent=rt.agent_id, hook=r.hook_id, reason=r.error)
+        limit = rt.agent.config.pause_agent_after_paused_hooks
+        mine = sum(1 for a, h in paused | {(rt.agent_id, r.hook_id)} if a == rt.agent_id)
+        if limit and mine >= limit and not rt.paused:
+            self.pause_agent(rt, f"{mine} hooks paused")
+
+    def pause_agent(self, rt: AgentRuntime, reason: str) -> None:
+        """Stop acting for this agent (hooks still evaluate and are audited)."""
+        rt.paused = True
+        rt.scheduler.set_paused(True)
+        self.store.pause(rt.agent_id, AGENT_WIDE, reason)
+        log.warning("agent paused", agent=rt.agent_id, reason=reason)
+
+    def resume_agent(self, rt: AgentRuntime) -> None:
+        """Act again for this agent."""
+        rt.paused = False
+        rt.scheduler.set_paused(False)
+        log.info("agent resumed", agent=rt.agent_id)
+
+    # -- actions -------------------------------------------------------------------
+
+    @staticmethod
+    def _wake_request(
+        rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
+    ) -> WakeRequest:
+        return WakeRequest(
+            agent_id=rt.agent_id,
+            hook_id=hook,
+            reason=str(d.get("reason", "")),
+            event_id=event.event_id,
+            trace_id=trace,
+            symbol=event.symbol,
+            topic=event.topic,
+            ts=event.ts,
+        )
+
+    @staticmethod
+    def _alert(
+        rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
+    ) -> Alert:
+        return Alert(
+            agent_id=rt.agent_id,
+            hook_id=hook,
+            reason=str(d.get("reason", "")),
+            event_id=event.event_id,
+            trace_id=trace,
+            symbol=event.symbol,
+            ts=event.ts,
+        )
+
+    async def _trade(
+        self, rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
+    ) -> None:
+        try:
+            intent = parse_intent(d.get("intent"))
+        except MarketwakeError as exc:
+            self.audit.write(
+                RiskRecord(
+                    ts=now_ts(),
+                    agent_id=rt.agent_id,
+                    trace_id=trace,
+                    hook_id=hook,
+                    event_id=event.event_id,
+                    approved=False,
+                    reasons=[{"code": "INVALID_INTENT", "message": str(exc)}],
+                )
+            )
+            return
+        key = d.get("dedupeKey") or f"{hook}:{event.event_id}"
+        await self.desk.handle(
+            intent,
+            agent_id=rt.agent_id,
+            dedupe_key=str(key),
+            trace_id=trace,
+            hook_id=hook,
+            event_id=event.event_id,
+        )
+
+    def _audit_hook(
+        self,
+        rt: AgentRuntime,
+        event: FeedEvent,
+        trace: str,
+        r: HookResult,
+        *,
+        suppressed_by: str = "none",
+        error: str | None = None,
+    ) -> None:
+        d = r.decision or {}
+        key = d.get("dedupeKey")
+        self.audit.write(
+            HookRecord(
+                ts=now_ts(),
+                agent_id=rt.agent_id,
+                trace_id=trace,
+                hook_id=r.hook_id,
+                revision=r.revision,
+                kind=r.kind,
+                event_id=event.event_id,
+                topic=event.topic,
+                symbol=event.symbol,
+                decision=d.get("decision"),
+                reason=str(d.get("reason", "")),
+                dedupe_key=key if isinstance(key, str) else None,
+                suppressed_by=suppressed_by,  # type: ignore[arg-type]
+                runtime_ms=round(r.runtime_ms, 3),
+                error=error,
+            )
+        )

@@ -1,0 +1,252 @@
+"""Loads agent workspaces, keeps one runtime per enabled agent, hot-reloads edits.
+
+Every ``reload_seconds`` the agents directory is rescanned:
+
+* a hook file whose content changed is a new revision: it is recorded and
+  compiled in the agent's worker first; if it compiles it replaces the old
+  revision between two events, if not the compile error is recorded and
+  logged and **the previous good revision keeps running** (a typo in an edit
+  never silently turns a hook off); a deleted file stops being evaluated;
+* an edited ``agent.toml`` updates the wake policy and risk limits in place;
+  new topics get a new subscription before the old one is closed and
+  drained, so no event in flight is lost (an event seen on both is evaluated
+  once: the dispatcher skips eventIds it has just handled); an invalid file is
+  logged and the running config stays;
+* new agents start, removed or disabled agents stop;
+* ``marketwake hooks resume`` requests (left in the hook store) are applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from daemon.agents.dispatcher import STATE_TOPICS, AgentRuntime, Dispatcher
+from daemon.agents.store import AGENT_WIDE
+from daemon.agents.workspace import Agent, discover, load_agent
+from daemon.audit.records import AuditRecord
+from daemon.bus import Bus, Subscription
+from daemon.errors import ConfigError
+from daemon.state import StateCache
+from daemon.wake.scheduler import WakeScheduler
+from daemon.wake.store import RunStore
+from hooks_runtime.hookfile import HookSpec
+
+log = structlog.get_logger("agents")
+
+
+class AgentManager:
+    """Owns the runtimes of all agents and their hot reload."""
+
+    def __init__(
+        self,
+        *,
+        agents_dir: Path,
+        bus: Bus,
+        dispatcher: Dispatcher,
+        run_store: RunStore,
+        state_factory: Callable[[], StateCache],
+        max_source_bytes: int,
+        reload_seconds: float = 2.0,
+    ) -> None:
+        self.agents_dir = agents_dir
+        self.bus = bus
+        self.dispatcher = dispatcher
+        self.run_store = run_store
+        self.state_factory = state_factory
+        self.max_source_bytes = max_source_bytes
+        self.reload_seconds = reload_seconds
+        self.runtimes: dict[str, AgentRuntime] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._tg: TaskGroup | None = None
+        self._reload_scope = anyio.CancelScope()
+        self._loaded = anyio.Event()
+        self._done = anyio.Event()
+        self.reloads = 0
+
+    def _sink(self, record: AuditRecord) -> None:
+        self.dispatcher.audit.write(record)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load every agent and rescan until :meth:`stop_reloading`; return once every
+        agent has drained its subscription (the bus closing ends them)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                await self.rescan()
+                self._loaded.set()
+                task_status.started()
+                with self._reload_scope:
+                    while True:
+                        await anyio.sleep(self.reload_seconds)
+                        await self.rescan()
+        finally:
+            self._loaded.set()
+            self._done.set()
+
+    async def wait_loaded(self) -> None:
+        """Until the first scan has started every agent."""
+        await self._loaded.wait()
+
+    def stop_reloading(self) -> None:
+        """No more rescans; running agents keep draining."""
+        self._reload_scope.cancel()
+
+    async def wait_drained(self) -> None:
+        """Until every agent task has finished."""
+        await self._done.wait()
+
+    # -- scanning ------------------------------------------------------------------
+
+    async def rescan(self) -> None:
+        """Apply every change on disk since the last scan."""
+        seen: set[str] = set()
+        for path in discover(self.agents_dir):
+            try:
+                fresh = load_agent(path, self.max_source_bytes)
+            except ConfigError as exc:
+                log.error(
+                    "agent config invalid; keeping what runs", agent=path.name, error=str(exc)
+                )
+                seen.add(path.name)
+                continue
+            if not fresh.config.enabled:
+                continue
+            seen.add(fresh.agent_id)
+            rt = self.runtimes.get(fresh.agent_id)
+            if rt is None:
+                await self._start(fresh)
+            else:
+                await self._update(rt, fresh)
+        for agent_id in set(self.runtimes) - seen:
+            await self._stop(agent_id)
+        self._apply_resume_requests()
+
+    async def _accept_hooks(
+        self, agent: Agent, current: dict[str, HookSpec]
+    ) -> dict[str, HookSpec]:
+        """The hook set to run: new revisions that compile, old ones where they don't."""
+        store = self.dispatcher.store
+        for hook_id, problem in agent.errors.items():
+            log.error("hook file unreadable", agent=agent.agent_id, hook=hook_id, error=problem)
+        changed = [s for h, s in agent.hooks.items() if current.get(h) != s]
+        results = await self.dispatcher.pool.compile(agent.agent_id, changed) if changed else []
+        accepted = {h: s for h, s in current.items() if h in agent.hooks}
+        for spec, res in zip(changed, results, strict=True):
+            path = str(agent.hook_paths[spec.hook_id])
+            error = None if res.ok else f"{res.error_kind}: {res.error}"
+            if store.record_revision(agent.agent_id, spec.hook_id, spec.revision, path, error):
+                log.info(
+                    "hook revision",
+                    agent=agent.agent_id,
+                    hook=spec.hook_id,
+                    revision=spec.revision,
+                    error=error,
+                )
+            if res.ok:
+                accepted[spec.hook_id] = spec
+            elif spec.hook_id in current:
+                log.error(
+                    "new revision failed to compile; previous revision keeps running",
+                    agent=agent.agent_id,
+                    hook=spec.hook_id,
+                    error=error,
+                )
+        return accepted
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def _start(self, agent: Agent) -> None:
+        assert self._tg is not None
+        agent.hooks = await self._accept_hooks(agent, {})
+        scheduler = WakeScheduler(
+            agent.agent_id,
+            agent.config.wake,
+            store=self.run_store,
+            sink=self._sink,
+            state=self._wake_state,
+        )
+        rt = AgentRuntime(
+            agent=agent,
+            sub=self._subscribe(agent),
+            scheduler=scheduler,
+            state=self.state_factory(),
+        )
+        self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk)
+        self._restore_pauses(rt)
+        self.runtimes[agent.agent_id] = rt
+        scope = anyio.CancelScope()
+        self._scopes[agent.agent_id] = scope
+        self._tg.start_soon(self._serve, rt, scope)
+        log.info("agent started", agent=agent.agent_id, hooks=sorted(agent.hooks))
+
+    def _subscribe(self, agent: Agent) -> Subscription:
+        topics = [*agent.config.topics, *STATE_TOPICS]
+        return self.bus.subscribe(topics, name=f"agent:{agent.agent_id}")
+
+    def _wake_state(self, agent_id: str) -> dict[str, Any] | None:
+        """The state snapshot a run's context carries (symbols the agent follows)."""
+        rt = self.runtimes.get(agent_id)
+        if rt is None:
+            return None
+        return rt.state.export(rt.agent.config.symbols or None, candles=10)
+
+    async def _serve(self, rt: AgentRuntime, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                await tg.start(rt.scheduler.run)
+                await self.dispatcher.serve_agent(rt)
+                tg.cancel_scope.cancel()
+
+    async def _update(self, rt: AgentRuntime, fresh: Agent) -> None:
+        hooks = await self._accept_hooks(fresh, rt.agent.hooks)
+        old = rt.agent
+        if hooks != old.hooks or fresh.config != old.config:
+            self.reloads += 1
+            log.info("agent reloaded", agent=fresh.agent_id, hooks=sorted(hooks))
+        if fresh.config.topics != old.config.topics:
+            rt.next_sub = self._subscribe(fresh)
+            rt.sub.close()
+        if fresh.config.wake != old.config.wake:
+            rt.scheduler.update_policy(fresh.config.wake)
+        if fresh.config.risk != old.config.risk:
+            self.dispatcher.desk.set_limits(fresh.agent_id, fresh.config.risk)
+        fresh.hooks = hooks
+        fresh.hook_paths = {**old.hook_paths, **fresh.hook_paths}
+        rt.agent = fresh
+
+    async def _stop(self, agent_id: str) -> None:
+        rt = self.runtimes.pop(agent_id)
+        rt.sub.close()
+        self._scopes.pop(agent_id).cancel()
+        await self.dispatcher.pool.discard(agent_id)
+        log.info("agent stopped", agent=agent_id)
+
+    # -- pauses ----------------------------------------------------------------------
+
+    def _restore_pauses(self, rt: AgentRuntime) -> None:
+        for agent_id, hook, reason, _ in self.dispatcher.store.pauses():
+            if agent_id != rt.agent_id:
+                continue
+            if hook == AGENT_WIDE:
+                rt.paused = True
+                rt.scheduler.set_paused(True)
+            elif hook in rt.agent.hooks:
+                key = (agent_id, hook)
+                self.dispatcher.pool.breaker.pause(key, rt.agent.hooks[hook].revision, reason)
+
+    def _apply_resume_requests(self) -> None:
+        for agent_id, hook in self.dispatcher.store.take_resume_requests():
+            rt = self.runtimes.get(agent_id)
+            if rt is None:
+                continue
+            if hook == AGENT_WIDE:
+                self.dispatcher.resume_agent(rt)
+            else:
+                self.dispatcher.pool.resume(agent_id, hook)
+                log.info("hook resumed", agent=agent_id, hook=hook)

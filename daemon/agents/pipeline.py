@@ -1,0 +1,109 @@
+"""The hook pipeline as one service component: sandbox pool, audit log, broker, agents.
+
+Entered before the feeds start and left after the bus has closed, so agents
+drain every event they already received, the broker sees every market event,
+and the audit log is flushed last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+
+from daemon.agents.dispatcher import Dispatcher
+from daemon.agents.manager import AgentManager
+from daemon.agents.store import HookStore
+from daemon.alerts import build_notifier
+from daemon.audit.writer import open_audit
+from daemon.bus import Subscription
+from daemon.events import FeedEvent
+from daemon.state import StateCache
+from daemon.trading.desk import TradeDesk, audited_publish
+from daemon.trading.paper import PaperBroker
+from daemon.wake.store import RunStore
+from hooks_runtime.pool import open_worker_pool
+
+if TYPE_CHECKING:
+    from daemon.service import Service
+
+log = structlog.get_logger("pipeline")
+OUTBOX_SIZE = 10_000
+
+
+async def _feed_broker(broker: PaperBroker, sub: Subscription) -> None:
+    async for event in sub:
+        await broker.on_market_event(event)
+
+
+@asynccontextmanager
+async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
+    """Run the hook pipeline for ``service`` while the context is open."""
+    cfg = service.config
+    state_dir = Path(cfg.daemon.state_dir)
+    # The broker publishes account events through an outbox task, so an agent
+    # task that places an order never waits on its own full subscription.
+    send, receive = anyio.create_memory_object_stream[FeedEvent](OUTBOX_SIZE)
+    async with (
+        open_audit(
+            cfg.audit_dir,
+            flush_interval=cfg.audit.flush_interval_seconds,
+            max_total_bytes=cfg.audit.max_total_mb * 1024 * 1024,
+            max_days=cfg.audit.max_days,
+        ) as audit,
+        open_worker_pool(cfg.hooks.sandbox) as pool,
+        anyio.create_task_group() as tg,
+    ):
+        broker = PaperBroker(state_dir, audited_publish(send.send, audit))
+        hook_store = HookStore(state_dir / "hooks.sqlite3")
+        run_store = RunStore.in_dir(state_dir)
+        dispatcher = Dispatcher(
+            pool=pool,
+            store=hook_store,
+            audit=audit,
+            desk=TradeDesk(broker, audit),
+            alerts=build_notifier(cfg.hooks.alert_webhook),
+        )
+        manager = AgentManager(
+            agents_dir=Path(cfg.hooks.agents_dir),
+            bus=service.bus,
+            dispatcher=dispatcher,
+            run_store=run_store,
+            state_factory=lambda: _copy_state(service.state),
+            max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
+            reload_seconds=cfg.hooks.reload_seconds,
+        )
+        market = service.bus.subscribe("market.>", name="broker")
+        tg.start_soon(_feed_broker, broker, market)
+        tg.start_soon(_forward, receive, service)
+        await broker.recover()
+        tg.start_soon(manager.run)
+        await manager.wait_loaded()
+        log.info("agents loaded", agents=sorted(manager.runtimes))
+        try:
+            yield manager
+        finally:
+            manager.stop_reloading()
+            await manager.wait_drained()
+            send.close()
+            broker.close()
+            hook_store.close()
+            run_store.close()
+            tg.cancel_scope.cancel()
+
+
+def _copy_state(state: StateCache) -> StateCache:
+    """A private cache for one agent, warm-started from the service's cache."""
+    copy = StateCache(state.max_candles)
+    copy.load(state.dump())
+    return copy
+
+
+async def _forward(receive: anyio.abc.ObjectReceiveStream[FeedEvent], service: Service) -> None:
+    async with receive:
+        async for event in receive:
+            await service.bus.publish(event)

@@ -1,0 +1,138 @@
+"""Persistent hook bookkeeping (SQLite, WAL): revisions, dedupe keys, cooldowns, pauses.
+
+A restart must neither repeat an action (a dedupe key already acted on) nor
+forget a cooldown, so both are written before the decision is acted on.
+Cooldowns run on *event time*: replaying the same events gives the same
+suppressions as the live run did. Dedupe keys are kept for ``dedupe_days``
+(event time) and then pruned, which bounds the table.
+
+``marketwake hooks resume`` is a separate process: it deletes the pause row and
+leaves a resume request the daemon picks up on its next reload tick.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from daemon.errors import StoreError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS revisions (
+    agent TEXT NOT NULL, hook TEXT NOT NULL, revision TEXT NOT NULL,
+    path TEXT NOT NULL, first_seen REAL NOT NULL, compile_error TEXT,
+    PRIMARY KEY (agent, hook, revision));
+CREATE TABLE IF NOT EXISTS dedupe (
+    agent TEXT NOT NULL, key TEXT NOT NULL, event_ms INTEGER NOT NULL,
+    PRIMARY KEY (agent, key));
+CREATE TABLE IF NOT EXISTS cooldown (
+    agent TEXT NOT NULL, hook TEXT NOT NULL, scope TEXT NOT NULL, until_ms INTEGER NOT NULL,
+    PRIMARY KEY (agent, hook, scope));
+CREATE TABLE IF NOT EXISTS pauses (
+    agent TEXT NOT NULL, hook TEXT NOT NULL, reason TEXT NOT NULL, since REAL NOT NULL,
+    PRIMARY KEY (agent, hook));
+CREATE TABLE IF NOT EXISTS resume_requests (
+    agent TEXT NOT NULL, hook TEXT NOT NULL, requested REAL NOT NULL,
+    PRIMARY KEY (agent, hook));
+"""
+
+AGENT_WIDE = "*"  # the hook name of an agent-wide pause
+
+
+class HookStore:
+    """One SQLite file under the state dir; every method is a short transaction."""
+
+    def __init__(self, path: Path, *, dedupe_days: float = 30.0) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot open hook store: {exc}") from None
+        self.path = path
+        self.dedupe_ms = int(dedupe_days * 86_400_000)
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+    # -- revisions -----------------------------------------------------------
+
+    def record_revision(
+        self, agent: str, hook: str, revision: str, path: str, compile_error: str | None
+    ) -> bool:
+        """Remember a revision the first time it is seen; True if it is new."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO revisions VALUES (?, ?, ?, ?, ?, ?)",
+            (agent, hook, revision, path, time.time(), compile_error),
+        )
+        return cur.rowcount == 1
+
+    def revisions(self, agent: str, hook: str) -> list[tuple[str, float, str | None]]:
+        """(revision, first_seen, compile_error) of one hook, oldest first."""
+        rows = self._db.execute(
+            "SELECT revision, first_seen, compile_error FROM revisions"
+            " WHERE agent=? AND hook=? ORDER BY first_seen",
+            (agent, hook),
+        )
+        return list(rows)
+
+    # -- dedupe and cooldown ---------------------------------------------------
+
+    def seen(self, agent: str, key: str) -> bool:
+        """Whether this agent already acted on ``key``."""
+        row = self._db.execute("SELECT 1 FROM dedupe WHERE agent=? AND key=?", (agent, key))
+        return row.fetchone() is not None
+
+    def mark(self, agent: str, key: str, event_ms: int) -> None:
+        """Record that the agent acted on ``key``; prunes keys past retention."""
+        self._db.execute("INSERT OR IGNORE INTO dedupe VALUES (?, ?, ?)", (agent, key, event_ms))
+        self._db.execute(
+            "DELETE FROM dedupe WHERE agent=? AND event_ms < ?", (agent, event_ms - self.dedupe_ms)
+        )
+
+    def cooling(self, agent: str, hook: str, scope: str, event_ms: int) -> bool:
+        """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``."""
+        row = self._db.execute(
+            "SELECT until_ms FROM cooldown WHERE agent=? AND hook=? AND scope=?",
+            (agent, hook, scope),
+        ).fetchone()
+        return row is not None and event_ms < row[0]
+
+    def start_cooldown(self, agent: str, hook: str, scope: str, until_ms: int) -> None:
+        """Suppress this hook's actions for ``scope`` until ``until_ms`` (event time)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO cooldown VALUES (?, ?, ?, ?)", (agent, hook, scope, until_ms)
+        )
+
+    # -- pauses ----------------------------------------------------------------
+
+    def pause(self, agent: str, hook: str, reason: str) -> None:
+        """Persist a pause (``hook`` = AGENT_WIDE pauses the whole agent)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO pauses VALUES (?, ?, ?, ?)", (agent, hook, reason, time.time())
+        )
+
+    def pauses(self) -> list[tuple[str, str, str, float]]:
+        """Every persisted pause: (agent, hook, reason, since)."""
+        return list(self._db.execute("SELECT agent, hook, reason, since FROM pauses"))
+
+    def request_resume(self, agent: str, hook: str) -> bool:
+        """Lift a pause (CLI side); True if something was paused."""
+        with self._db:
+            cur = self._db.execute("DELETE FROM pauses WHERE agent=? AND hook=?", (agent, hook))
+            self._db.execute(
+                "INSERT OR REPLACE INTO resume_requests VALUES (?, ?, ?)",
+                (agent, hook, time.time()),
+            )
+        return cur.rowcount > 0
+
+    def take_resume_requests(self) -> list[tuple[str, str]]:
+        """Pending resume requests (daemon side), removed as they are returned."""
+        with self._db:
+            rows = list(self._db.execute("SELECT agent, hook FROM resume_requests"))
+            self._db.execute("DELETE FROM resume_requests")
+        return rows

@@ -1,0 +1,97 @@
+"""Agent workspaces on disk: ``agents/<id>/agent.toml`` and ``agents/<id>/hooks/*.py``.
+
+A workspace is read into an :class:`Agent`: its typed config and the current
+revision of every hook file. Hook files that cannot be read are kept as
+errors next to the good ones, so one broken file never hides the others.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from daemon.errors import ConfigError, HookCompileError
+from daemon.events import validate_pattern
+from daemon.trading.intents import RiskLimits
+from daemon.wake.policy import WakePolicy
+from hooks_runtime.hookfile import HookSpec, hook_paths, load_hook
+
+AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+AGENT_FILE = "agent.toml"
+
+
+class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``agent.toml``: what the agent listens to and the limits it runs under."""
+
+    enabled: bool = True
+    # Topic patterns (``*`` one token, ``>`` the rest) this agent's hooks see.
+    topics: list[str] = msgspec.field(default_factory=lambda: ["market.candle.closed"])
+    # Only events for these symbols (empty = every symbol; events without one pass).
+    symbols: list[str] = msgspec.field(default_factory=list)
+    # Candles per series in the hooks' ``state`` (more = slower round trips).
+    state_candles: int = 50
+    # Pause the whole agent after this many hooks are paused (0 = never).
+    pause_agent_after_paused_hooks: int = 0
+    wake: WakePolicy = msgspec.field(default_factory=WakePolicy)
+    risk: RiskLimits = msgspec.field(default_factory=RiskLimits)
+
+    def __post_init__(self) -> None:
+        if not self.topics:
+            raise ValueError("topics must list at least one topic pattern")
+        for pattern in self.topics:
+            validate_pattern(pattern)
+        if not 0 <= self.state_candles <= 1000:
+            raise ValueError("state_candles must be between 0 and 1000")
+
+
+@dataclass
+class Agent:
+    """One agent as loaded from disk."""
+
+    agent_id: str
+    path: Path
+    config: AgentConfig
+    hooks: dict[str, HookSpec] = field(default_factory=dict)
+    hook_paths: dict[str, Path] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def load_agent_config(path: Path) -> AgentConfig:
+    """Decode an ``agent.toml``; problems are one ConfigError naming the file and key."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return AgentConfig()
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        return msgspec.convert(raw, AgentConfig)
+    except msgspec.ValidationError as exc:
+        msg, _, where = str(exc).rpartition(" - at `")
+        key = where.rstrip("`").removeprefix("$").lstrip(".")
+        raise ConfigError(f"{path}: {key or '(top level)'}: {msg or exc}") from None
+
+
+def load_agent(path: Path, max_source_bytes: int) -> Agent:
+    """Read one workspace directory (config and hook files)."""
+    agent = Agent(path.name, path, load_agent_config(path / AGENT_FILE))
+    for hook_path in hook_paths(path / "hooks"):
+        try:
+            spec = load_hook(hook_path, max_source_bytes)
+        except HookCompileError as exc:
+            agent.errors[hook_path.stem] = str(exc)
+            continue
+        agent.hooks[spec.hook_id] = spec
+        agent.hook_paths[spec.hook_id] = hook_path
+    return agent
+
+
+def discover(agents_dir: Path) -> list[Path]:
+    """Workspace directories under ``agents_dir`` (hidden and invalid names skipped)."""
+    if not agents_dir.is_dir():
+        return []
+    return sorted(p for p in agents_dir.iterdir() if p.is_dir() and AGENT_ID.match(p.name))
