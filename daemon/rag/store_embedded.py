@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -26,10 +26,11 @@ from numpy.typing import NDArray
 
 from daemon.errors import StoreError
 from daemon.rag.schema import PAYLOAD_FIELDS, POINT_DTYPE, VECTORS, CollectionMeta
-from daemon.rag.store import F32, Hit, QueryFilter
+from daemon.rag.store import F32, Hit, QueryFilter, Range
 
 _FILTERABLE = ("t_ms", "oi_delta_pct", "funding_rate")
 _RECHECK_SECONDS = 0.25
+_MAX_PARTITIONS = 64
 _OPS = {
     "gt": np.greater,
     "gte": np.greater_equal,
@@ -47,6 +48,13 @@ def _row_payload(row: np.void) -> dict[str, object]:
 
 
 @dataclass(frozen=True, slots=True)
+class _Partition:
+    rows: NDArray[np.int64]
+    t: NDArray[np.float64]
+    vectors: dict[str, F32]
+
+
+@dataclass(frozen=True, slots=True)
 class _Snapshot:
     gen: str
     meta: CollectionMeta | None
@@ -57,6 +65,7 @@ class _Snapshot:
     # Contiguous in-RAM copies of the filtered columns (strided record access is slow).
     cols: dict[str, NDArray[np.float64]]
     complete: NDArray[np.bool_]
+    partitions: dict[tuple[str, tuple[Range, ...]], _Partition] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> _Snapshot:
@@ -79,6 +88,19 @@ class _Snapshot:
         cols = {f: np.ascontiguousarray(points[f]).astype(np.float64) for f in _FILTERABLE}
         complete = np.ascontiguousarray(points["complete"])
         return cls(gen, meta, points, vectors, slices, cols, complete)
+
+
+def _narrow(t: NDArray[np.float64], r: Range, lo: int, hi: int) -> tuple[int, int]:
+    """Shrink [lo, hi) of the sorted ``t`` to the rows inside the range."""
+    if r.gt is not None:
+        lo = max(lo, int(np.searchsorted(t, r.gt, side="right")))
+    if r.gte is not None:
+        lo = max(lo, int(np.searchsorted(t, r.gte, side="left")))
+    if r.lt is not None:
+        hi = min(hi, int(np.searchsorted(t, r.lt, side="left")))
+    if r.lte is not None:
+        hi = min(hi, int(np.searchsorted(t, r.lte, side="right")))
+    return lo, hi
 
 
 class EmbeddedStore:
@@ -135,34 +157,53 @@ class EmbeddedStore:
         sel = (p["symbol"] == symbol) & (p["timeframe"] == timeframe)
         return dict(zip(p["id"][sel].tolist(), p["rev"][sel].tolist(), strict=True))
 
-    def search(
-        self, vector: str, query: F32, flt: QueryFilter, limit: int, min_score: float
-    ) -> list[Hit]:
-        snap = self._reload()
-        span = snap.slices.get(flt.symbol)
-        if span is None or vector not in snap.vectors:
-            return []
-        lo, hi = span
-        t = snap.cols["t_ms"]
-        for r in flt.ranges:
-            if r.field == "t_ms":  # rows are time-sorted within a symbol: narrow the slice
-                if r.gt is not None:
-                    lo = max(lo, lo + int(np.searchsorted(t[lo:hi], r.gt, side="right")))
-                if r.lte is not None:
-                    hi = min(hi, lo + int(np.searchsorted(t[lo:hi], r.lte, side="right")))
+    def _partition(self, snap: _Snapshot, symbol: str, ranges: tuple[Range, ...]) -> _Partition:
+        """Complete rows of ``symbol`` passing the non-time ranges, built once per filter.
+
+        This is the embedded store's payload index: a regime filter (funding
+        sign x OI regime) picks one of a handful of partitions, each with its
+        own contiguous vectors, so a query is a slice and one small matmul.
+        """
+        key = (symbol, ranges)
+        part = snap.partitions.get(key)
+        if part is not None:
+            return part
+        lo, hi = snap.slices[symbol]
         mask = snap.complete[lo:hi].copy()
-        for r in flt.ranges:
+        for r in ranges:
             col = snap.cols[r.field][lo:hi]
             for op, bound in (("gt", r.gt), ("gte", r.gte), ("lt", r.lt), ("lte", r.lte)):
                 if bound is not None:
                     mask &= _OPS[op](col, bound)
-        idx = np.flatnonzero(mask)
-        scores = snap.vectors[vector][lo:hi][idx] @ query.astype(np.float32)
-        keep = scores >= min_score
-        idx, scores = idx[keep] + lo, scores[keep]
-        if len(idx) > limit:
+        rows = np.flatnonzero(mask) + lo
+        vectors = {n: np.ascontiguousarray(v[rows]) for n, v in snap.vectors.items()}
+        part = _Partition(rows, np.ascontiguousarray(snap.cols["t_ms"][rows]), vectors)
+        if len(snap.partitions) >= _MAX_PARTITIONS:
+            snap.partitions.clear()
+        snap.partitions[key] = part
+        return part
+
+    def search(
+        self, vector: str, query: F32, flt: QueryFilter, limit: int, min_score: float
+    ) -> list[Hit]:
+        snap = self._reload()
+        if flt.symbol not in snap.slices or vector not in snap.vectors:
+            return []
+        time_ranges = [r for r in flt.ranges if r.field == "t_ms"]
+        others = tuple(r for r in flt.ranges if r.field != "t_ms")
+        part = self._partition(snap, flt.symbol, others)
+        lo, hi = 0, len(part.rows)
+        for r in time_ranges:  # partitions are time-sorted: a time range is a slice
+            lo, hi = _narrow(part.t, r, lo, hi)
+        if hi <= lo:
+            return []
+        scores = part.vectors[vector][lo:hi] @ query.astype(np.float32)
+        sel = np.flatnonzero(scores >= min_score)
+        scores = scores[sel]
+        if len(sel) > limit:
             top = np.argpartition(-scores, limit - 1)[:limit]
-            idx, scores = idx[top], scores[top]
+            sel, scores = sel[top], scores[top]
+        idx = part.rows[lo + sel]
         p = snap.points
         order = np.lexsort((-p["t_ms"][idx], -scores))
         return [Hit(float(scores[i]), _row_payload(p[idx[i]])) for i in order]
