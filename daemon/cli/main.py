@@ -7,7 +7,7 @@ import sys
 import click
 
 from daemon import __version__
-from daemon.cli.audit import audit_group
+from daemon.cli.audit import audit_group, why_command
 from daemon.cli.demo import demo_command
 from daemon.cli.hooks import hooks_group
 from daemon.cli.rag import rag_group
@@ -30,6 +30,7 @@ cli.add_command(status_command)
 cli.add_command(config_group)
 cli.add_command(demo_command)
 cli.add_command(audit_group)
+cli.add_command(why_command)
 cli.add_command(hooks_group)
 cli.add_command(rag_group)
 
