@@ -1,0 +1,193 @@
+"""The hook pipeline end to end: real bus, real sandbox workers, real stores, audit log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from anyio.abc import TaskStatus
+
+from daemon.agents.pipeline import open_agents
+from daemon.agents.store import HookStore
+from daemon.config import Config
+from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, candle_event_id, iso_ms
+from daemon.service import Service
+from feeds.base import Feed, FeedHealth, Publish
+
+T0 = 1_700_000_000_000
+
+WAKE_EVERY = """
+def evaluate(event, state):
+    closes = state["candles"][event["symbol"]][event["timeframe"]]
+    return {"decision": "WAKE", "reason": "seen " + str(len(closes)),
+            "dedupeKey": "k:" + event["eventId"]}
+"""
+
+COOL = """
+def evaluate(event, state):
+    return {"decision": "ALERT", "reason": "cool", "cooldownSeconds": 300}
+"""
+
+
+def candle(i: int) -> FeedEvent:
+    close_ms = T0 + 60_000 * (i + 1)
+    return FeedEvent(
+        event_id=candle_event_id("t", "BTC-USD", "1m", close_ms),
+        ts=iso_ms(close_ms),
+        source="t",
+        topic=MARKET_CANDLE_CLOSED,
+        symbol="BTC-USD",
+        timeframe="1m",
+        partition_key="t:BTC-USD:1m",
+        payload={
+            "open": 100.0,
+            "high": 102.0,
+            "low": 99.0,
+            "close": 101.0 + i,
+            "volume": 1.0,
+            "openTimeMs": close_ms - 60_000,
+            "closeTimeMs": close_ms,
+            "openTime": iso_ms(close_ms - 60_000),
+            "closeTime": iso_ms(close_ms),
+        },
+    )
+
+
+class PacedFeed:
+    """Publishes candles, optionally pausing between them so a test can act mid-stream."""
+
+    name = "paced"
+
+    def __init__(self, events: list[FeedEvent], gap: float = 0.0) -> None:
+        self.events = events
+        self.gap = gap
+        self.published = 0
+        self.reached: dict[int, anyio.Event] = {}
+
+    def when(self, n: int) -> anyio.Event:
+        """An event set once ``n`` events have been published."""
+        return self.reached.setdefault(n, anyio.Event())
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        for e in self.events:
+            health.beat()
+            await publish(e)
+            self.published += 1
+            if self.published in self.reached:
+                self.reached[self.published].set()
+            if self.gap:
+                await anyio.sleep(self.gap)
+
+
+def workspace(root: Path, hooks: dict[str, str], toml: str = "") -> Path:
+    agents = root / "agents"
+    hooks_dir = agents / "alpha" / "hooks"
+    hooks_dir.mkdir(parents=True, exist_ok=True)
+    (agents / "alpha" / "agent.toml").write_text(toml)
+    for name, src in hooks.items():
+        (hooks_dir / name).write_text(src)
+    return agents
+
+
+def config(root: Path, agents: Path) -> Config:
+    return msgspec.convert(
+        {
+            "daemon": {"state_dir": str(root / "state")},
+            "hooks": {"agents_dir": str(agents), "reload_seconds": 0.05},
+        },
+        Config,
+    )
+
+
+def audit(root: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for f in sorted((root / "state" / "audit").glob("audit-*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines()]
+    return out
+
+
+async def run_service(root: Path, agents: Path, feed: Feed) -> Service:
+    svc = Service(config(root, agents), lambda _: [feed], components=[open_agents])
+    with anyio.fail_after(30):
+        await svc.run()
+    return svc
+
+
+async def test_every_event_is_audited_and_dedupe_survives_restart(tmp_path: Path) -> None:
+    """Each candle gets one hook record with the state including that candle; replaying the
+    same events after a restart suppresses every WAKE as a duplicate."""
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    events = [candle(i) for i in range(12)]
+    await run_service(tmp_path, agents, PacedFeed(events))
+    first = [r for r in audit(tmp_path) if r["type"] == "hook"]
+    assert [r["eventId"] for r in first] == [e.event_id for e in events]
+    assert [r["reason"] for r in first] == [f"seen {i + 1}" for i in range(12)]
+    assert {r["suppressedBy"] for r in first} == {"none"}
+    assert all(r["revision"] and r["traceId"] for r in first)
+
+    await run_service(tmp_path, agents, PacedFeed(events))
+    second = [r for r in audit(tmp_path) if r["type"] == "hook"][12:]
+    assert len(second) == 12
+    assert {r["suppressedBy"] for r in second} == {"dedupe"}
+
+
+async def test_cooldown_is_event_time_and_persisted(tmp_path: Path) -> None:
+    """A 300 s cooldown silences the next four 1m candles, in this run and the next."""
+    agents = workspace(tmp_path, {"wake_cool.py": COOL})
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(7)]))
+    got = [r["suppressedBy"] for r in audit(tmp_path) if r["type"] == "hook"]
+    assert got == ["none", "cooldown", "cooldown", "cooldown", "cooldown", "none", "cooldown"]
+    await run_service(tmp_path, agents, PacedFeed([candle(7)]))
+    assert audit(tmp_path)[-1]["suppressedBy"] == "cooldown"
+
+
+async def test_hot_reload_under_a_stream_keeps_every_event(tmp_path: Path) -> None:
+    """Editing a hook mid-stream switches revisions between events; a broken edit keeps the
+    previous revision running; no event is lost or evaluated twice."""
+    v1 = WAKE_EVERY.replace('"seen "', '"v1 "')
+    agents = workspace(tmp_path, {"wake_every.py": v1})
+    hook = agents / "alpha" / "hooks" / "wake_every.py"
+    events = [candle(i) for i in range(60)]
+    feed = PacedFeed(events, gap=0.02)
+
+    at_15, at_35 = feed.when(15), feed.when(35)
+
+    async def edit() -> None:
+        await at_15.wait()
+        hook.write_text(WAKE_EVERY.replace('"seen "', '"v2 "'))
+        await at_35.wait()
+        hook.write_text("def evaluate(event, state)\n    return {}\n")  # syntax error
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(edit)
+        await run_service(tmp_path, agents, feed)
+    hooks = [r for r in audit(tmp_path) if r["type"] == "hook"]
+    assert [r["eventId"] for r in hooks] == [e.event_id for e in events]
+    versions = [r["reason"].split()[0] for r in hooks]
+    assert versions[0] == "v1" and versions[-1] == "v2"
+    switch = versions.index("v2")
+    assert set(versions[:switch]) == {"v1"} and set(versions[switch:]) == {"v2"}
+    assert len({r["revision"] for r in hooks}) == 2
+    store = HookStore(tmp_path / "state" / "hooks.sqlite3")
+    revs = store.revisions("alpha", "wake_every")
+    store.close()
+    assert len(revs) == 3 and revs[-1][2] is not None and "compile" in revs[-1][2]
+
+
+@pytest.mark.parametrize("kind", ["wake", "autotrade"])
+async def test_decision_not_allowed_for_kind_is_a_recorded_error(tmp_path: Path, kind: str) -> None:
+    """A wake hook may not trade and an autotrade hook may not wake: recorded, not acted on."""
+    wrong = "TRADE_INTENT" if kind == "wake" else "WAKE"
+    src = f'def evaluate(event, state):\n    return {{"decision": "{wrong}", "reason": "x"}}\n'
+    agents = workspace(tmp_path, {f"{kind}_bad.py": src})
+    await run_service(tmp_path, agents, PacedFeed([candle(0)]))
+    (rec,) = [r for r in audit(tmp_path) if r["type"] == "hook"]
+    assert rec["decision"] is None and rec["error"]
+    assert not [r for r in audit(tmp_path) if r["type"] in ("wake", "risk")]
