@@ -154,6 +154,10 @@ def make_import(seed: str) -> Callable[..., Namespace]:
 # --- guards ------------------------------------------------------------------
 
 _OPAQUE: Final = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
+# Types that are never opaque: checked first because isinstance on a tuple is slower.
+_PLAIN: Final = frozenset(
+    {str, int, float, bool, type(None), dict, list, tuple, types.MappingProxyType}
+)
 _BLOCKED_NAMES: Final = frozenset(INSPECT_ATTRIBUTES) | {"format", "format_map", "mro"}
 _MISSING: Final = object()
 
@@ -164,10 +168,8 @@ def guarded_getattr(obj: Any, name: Any, default: Any = _MISSING) -> Any:
         raise TypeError("attribute name must be a str")
     if name.startswith("_") or name in _BLOCKED_NAMES:
         raise AttributeError(f"access to attribute {name!r} is not allowed")
-    if isinstance(obj, _OPAQUE):
-        raise AttributeError(  # noqa: TRY004 - attribute semantics for getattr(default)
-            f"attributes of {type(obj).__name__} objects are not accessible"
-        )
+    if type(obj) not in _PLAIN and isinstance(obj, _OPAQUE):
+        raise AttributeError(f"attributes of {type(obj).__name__} objects are not accessible")
     if type(obj) is Namespace:
         value = obj._members.get(name, _MISSING)
         if value is _MISSING:
@@ -181,17 +183,15 @@ def guarded_getattr(obj: Any, name: Any, default: Any = _MISSING) -> Any:
         if default is not _MISSING:
             return default
         raise AttributeError(f"{type(obj).__name__!s} has no attribute {name!r}") from None
-    if isinstance(value, _OPAQUE):
-        raise AttributeError(  # noqa: TRY004
-            f"{name!r} refers to a {type(value).__name__}, not accessible"
-        )
+    if type(value) not in _PLAIN and isinstance(value, _OPAQUE):
+        raise AttributeError(f"{name!r} refers to a {type(value).__name__}, not accessible")
     return value
 
 
 def guarded_getitem(obj: Any, key: Any) -> Any:
     """``a[b]``: plain item access, but never hands out a module, frame or code object."""
     value = obj[key]
-    if isinstance(value, _OPAQUE):
+    if type(value) not in _PLAIN and isinstance(value, _OPAQUE):
         raise TypeError(f"item refers to a {type(value).__name__}, not accessible")
     return value
 
@@ -313,13 +313,23 @@ def fresh_globals(hook_name: str, seed: str, out: OutputBuffer) -> dict[str, Any
     }
 
 
+_LEAVES: Final = frozenset({str, int, float, bool, type(None)})
+_BRANCHES: Final = (dict, list)
+
+
 def freeze(value: Any) -> Any:
-    """A read-only deep view of JSON data: dicts become mapping proxies, lists tuples."""
+    """A read-only deep view of decoded JSON data: dicts become mapping proxies, lists
+    tuples. Takes ownership: nested dicts are updated in place, not copied (the worker
+    owns what it just decoded), and all-scalar containers are wrapped at C speed."""
     t = type(value)
     if t is dict:
-        return types.MappingProxyType(
-            {k: (freeze(v) if type(v) in (dict, list) else v) for k, v in value.items()}
-        )
+        if not _LEAVES.issuperset(map(type, value.values())):
+            for k, v in value.items():
+                if type(v) in _BRANCHES:
+                    value[k] = freeze(v)
+        return types.MappingProxyType(value)
     if t is list:
-        return tuple([freeze(v) if type(v) in (dict, list) else v for v in value])
+        if _LEAVES.issuperset(map(type, value)):
+            return tuple(value)
+        return tuple([freeze(v) if type(v) in _BRANCHES else v for v in value])
     return value

@@ -24,7 +24,15 @@ from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.process import WorkerProcess
-from hooks_runtime.protocol import Batch, ErrorKind, HookCall, HookKind, Ready, Result
+from hooks_runtime.protocol import (
+    Batch,
+    ErrorKind,
+    HookCall,
+    HookKind,
+    Ready,
+    Result,
+    encode_state,
+)
 from hooks_runtime.validate import validate_result
 
 _WORKER_ERROR_KINDS = frozenset({"compile", "runtime", "invalid_result", "memory"})
@@ -142,11 +150,12 @@ class WorkerPool:
         results: list[HookResult] = []
         if not hooks:
             return results
+        state_raw = encode_state(state)
         async with self._lock(agent_id):
             pending = list(hooks)
             while pending:
                 worker = await self._worker_for(agent_id)
-                done = await self._batch(worker, pending, event, state, compile_only)
+                done = await self._batch(worker, pending, event, state_raw, compile_only)
                 results.extend(done)
                 pending = pending[len(done) :]
                 if not worker.alive or worker.poisoned or self._worn_out(worker):
@@ -159,7 +168,7 @@ class WorkerPool:
         worker: WorkerProcess,
         hooks: list[HookSpec],
         event: dict[str, Any],
-        state: Any,
+        state: msgspec.Raw,
         compile_only: bool,
     ) -> list[HookResult]:
         """Results for a prefix of ``hooks``: all of them, or up to the one that killed

@@ -44,11 +44,16 @@ class HookCall(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Batch(msgspec.Struct, tag="batch", frozen=True):
-    """Evaluate ``hooks`` in order on one event; ``compile_only`` just compiles them."""
+    """Evaluate ``hooks`` in order on one event; ``compile_only`` just compiles them.
+
+    ``state`` is pre-encoded msgpack (see :func:`encode_state`): the worker decodes
+    it per top-level key and reuses the frozen value of a key whose bytes did not
+    change since the previous batch (candles do not change between ticks).
+    """
 
     id: int
     event: dict[str, Any]
-    state: Any
+    state: msgspec.Raw
     hooks: list[HookCall]
     compile_only: bool = False
 
@@ -128,6 +133,17 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes buffered towards an incomplete frame."""
         return len(self._buf)
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_state(state: Any) -> msgspec.Raw:
+    """Encode a hook state once per event (JSON-like data; TypeError otherwise)."""
+    try:
+        return msgspec.Raw(_state_encoder.encode(state))
+    except (msgspec.EncodeError, TypeError) as exc:
+        raise TypeError(f"hook state is not plain data: {exc}") from None
 
 
 _to_worker = msgspec.msgpack.Decoder(ToWorker)

@@ -82,12 +82,54 @@ def _check_fields(result: dict[str, Any], kind: str) -> None:
         raise HookResultInvalid(f"intent is only allowed with TRADE_INTENT, not {decision}")
 
 
+class _Bad(Exception):
+    """Fast scan found a problem; the slow walk names it."""
+
+
+def _scan(value: Any, depth: int, budget: int) -> int:
+    """The hot path: same rules as :func:`_check_json` without building paths."""
+    t = type(value)
+    if t is str:
+        if not value.isascii():
+            value.encode("utf-8")
+        return budget - 8 - len(value)
+    if t is dict:
+        if depth >= MAX_DEPTH:
+            raise _Bad
+        budget -= 8
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _Bad
+            budget = _scan(v, depth + 1, budget - len(k))
+    elif t is list:
+        if depth >= MAX_DEPTH:
+            raise _Bad
+        budget -= 8
+        for v in value:
+            budget = _scan(v, depth + 1, budget)
+    elif t is float:
+        if not math.isfinite(value):
+            raise _Bad
+        budget -= 8
+    elif t in _SCALARS:
+        budget -= 8
+    else:
+        raise _Bad
+    if budget < 0:
+        raise _Bad
+    return budget
+
+
 def validate_result(value: Any, kind: str, max_bytes: int) -> dict[str, Any]:
     """Return ``value`` as a decision dict, or raise :exc:`HookResultInvalid`."""
     if kind not in ALLOWED_DECISIONS:
         raise HookResultInvalid(f"unknown hook kind {kind!r}")
     if type(value) is not dict:
         raise HookResultInvalid(f"evaluate() must return a dict, not {type(value).__name__}")
-    _check_json(value, 0, [max_bytes], "result")
+    try:
+        _scan(value, 0, max_bytes)
+    except (_Bad, UnicodeEncodeError, RecursionError):
+        _check_json(value, 0, [max_bytes], "result")
+        raise HookResultInvalid("result is not plain JSON data") from None
     _check_fields(value, kind)
     return value

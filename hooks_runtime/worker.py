@@ -47,6 +47,10 @@ try:  # optional layers: import now, before the filesystem is closed
 except ImportError:  # pragma: no cover - reported as a missing layer later
     pass
 
+_RAW_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.msgpack.Decoder()
+_STATE_CACHE_KEYS = 64
+
 #: The command-line program a worker runs: argv[1] is the doorbell fd, argv[2:] are
 #: prepended to sys.path (``-S`` leaves site-packages out).
 BOOT = (
@@ -81,6 +85,25 @@ class Evaluator:
         self.cfg = cfg
         # hook_id -> (revision, code object or compile error message)
         self.cache: dict[str, tuple[str, types.CodeType | str]] = {}
+        # top-level state key -> (its encoded bytes, frozen value) from the last batch
+        self.state_cache: dict[str, tuple[msgspec.Raw, Any]] = {}
+
+    def state(self, raw: msgspec.Raw) -> Any:
+        """Decode and freeze the batch state, reusing unchanged top-level values."""
+        try:
+            parts = _RAW_MAP.decode(raw)
+        except msgspec.ValidationError:  # not a str-keyed map: no reuse
+            self.state_cache = {}
+            return policy.freeze(_ANY.decode(raw))
+        old, new = self.state_cache, {}
+        for key, part in parts.items():
+            hit = old.get(key)
+            value = (
+                hit[1] if hit is not None and hit[0] == part else policy.freeze(_ANY.decode(part))
+            )
+            new[key] = (part, value)
+        self.state_cache = new if len(new) <= _STATE_CACHE_KEYS else {}
+        return types.MappingProxyType({k: v for k, (_, v) in new.items()})
 
     def _code(self, call: HookCall) -> types.CodeType:
         if call.source is not None:
@@ -120,13 +143,15 @@ class Evaluator:
         value = fn(dict(event), state)
         decision = validate_result(value, call.kind, self.cfg.max_result_bytes)
         del glb, fn, value
-        gc.collect()  # cyclic finalizers run now, charged to this hook
+        # Cyclic garbage (and its finalizers) made by this hook is all in the youngest
+        # generation (automatic gc is off): collect it now, charged to this hook.
+        gc.collect(0)
         return decision, out.text()
 
     def run(self, batch: Batch, send: Any) -> None:
         """Evaluate every hook of ``batch``, sending one Result each, in order."""
         event = {k: policy.freeze(v) for k, v in batch.event.items()}
-        state = policy.freeze(batch.state)
+        state = self.state(batch.state)
         for index, call in enumerate(batch.hooks):
             send(self._one(batch, index, call, event, state))
 

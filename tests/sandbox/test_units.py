@@ -26,17 +26,20 @@ from hooks_runtime.protocol import (
     Result,
     decode_from_worker,
     decode_to_worker,
+    encode_state,
 )
 
 
 def test_frames_round_trip_split_anywhere() -> None:
     """Frames survive being fed one byte at a time and come out whole and typed."""
     enc = FrameEncoder()
-    batch = Batch(7, {"eventId": "e"}, {"a": [1]}, [HookCall("h", "r1", "wake", "src")])
-    data = enc.encode(batch) + enc.encode(Batch(8, {}, None, []))
+    state = encode_state({"a": [1]})
+    batch = Batch(7, {"eventId": "e"}, state, [HookCall("h", "r1", "wake", "src")])
+    empty = Batch(8, {}, encode_state(None), [])
+    data = enc.encode(batch) + enc.encode(empty)
     reader = FrameReader(1 << 20)
     bodies = [b for i in range(len(data)) for b in reader.feed(data[i : i + 1])]
-    assert [decode_to_worker(b) for b in bodies] == [batch, Batch(8, {}, None, [])]
+    assert [decode_to_worker(b) for b in bodies] == [batch, empty]
     assert reader.pending == 0
 
 
@@ -229,3 +232,17 @@ def test_inplacevar_is_table_driven() -> None:
         guarded_inplacevar("|=", {1}, {2})
     with pytest.raises(TypeError):
         guarded_inplacevar("@=", 1, 2)
+
+
+def test_state_reuse_only_for_unchanged_keys() -> None:
+    """The worker reuses a frozen top-level state value only when its bytes are unchanged."""
+    from hooks_runtime.worker import Evaluator
+
+    ev = Evaluator(SandboxConfig())
+    first = ev.state(encode_state({"candles": [{"c": 1}], "ticks": {"p": 1}}))
+    second = ev.state(encode_state({"candles": [{"c": 1}], "ticks": {"p": 2}}))
+    assert second["candles"] is first["candles"]
+    assert second["ticks"] is not first["ticks"] and second["ticks"]["p"] == 2
+    assert ev.state(encode_state([1, {"a": 2}])) == (1, {"a": 2})
+    with pytest.raises(TypeError):
+        encode_state({"x": object()})
