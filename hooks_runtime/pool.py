@@ -155,12 +155,14 @@ class WorkerPool:
             pending = list(hooks)
             while pending:
                 worker = await self._worker_for(agent_id)
-                done = await self._batch(worker, pending, event, state_raw, compile_only)
+                try:
+                    done = await self._batch(worker, pending, event, state_raw, compile_only)
+                finally:
+                    if not worker.alive or worker.poisoned or self._worn_out(worker):
+                        self._workers.pop(agent_id, None)
+                        self._retire(worker)
                 results.extend(done)
                 pending = pending[len(done) :]
-                if not worker.alive or worker.poisoned or self._worn_out(worker):
-                    self._workers.pop(agent_id, None)
-                    self._retire(worker)
         return results
 
     async def _batch(
@@ -188,7 +190,11 @@ class WorkerPool:
         budgets = [
             (cfg.timeout_ms + (cfg.compile_timeout_ms if c.source else 0)) / 1000 for c in calls
         ]
-        results, failure, msg = await worker.collect(batch_id, budgets, time.monotonic())
+        try:
+            results, failure, msg = await worker.collect(batch_id, budgets, time.monotonic())
+        except BaseException:  # cancelled mid-batch: its results would confuse the next one
+            worker.kill()
+            raise
         for h, call, res in zip(hooks, calls, results, strict=False):
             if call.source is not None:
                 worker.known[h.hook_id] = h.revision
@@ -212,7 +218,8 @@ class WorkerPool:
                 )
             if res.error_kind == "memory":
                 worker.poisoned = True
-            return _error(h, res.error_kind, res.error, ms)  # type: ignore[arg-type]
+            msg = res.error[: self.config.max_error_chars]
+            return _error(h, res.error_kind, msg, ms)  # type: ignore[arg-type]
         if compile_only:
             return HookResult(hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms)
         try:

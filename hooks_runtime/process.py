@@ -35,6 +35,7 @@ from hooks_runtime.protocol import (
     Result,
     Setup,
     decode_from_worker,
+    result_frame_cap,
 )
 from hooks_runtime.worker import BOOT
 
@@ -128,7 +129,7 @@ class WorkerProcess:
             fcntl.fcntl(self._r, F_SETPIPE_SZ, 1 << 20)
         except OSError:
             pass
-        self._reader = FrameReader(cfg.max_result_bytes + 2 * cfg.max_output_bytes + 4096)
+        self._reader = FrameReader(result_frame_cap(cfg))
         self._pending: collections.deque[FromWorker] = collections.deque()
         self.encoder = FrameEncoder()
         self.ready: Ready | None = None

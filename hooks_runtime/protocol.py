@@ -81,6 +81,12 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
     output: str = ""
 
 
+def result_frame_cap(cfg: SandboxConfig) -> int:
+    """Largest Result frame body: a capped value plus capped output and error text
+    (in UTF-8, up to 4 bytes a character) plus the fixed fields."""
+    return cfg.max_result_bytes + 4 * (cfg.max_output_bytes + cfg.max_error_chars) + 1024
+
+
 class Fatal(msgspec.Struct, tag="fatal", frozen=True):
     """The worker could not start (bad setup); it exits after sending this."""
 

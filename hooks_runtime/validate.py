@@ -22,6 +22,8 @@ DECISION_KEYS: Final = frozenset(
     {"decision", "reason", "dedupeKey", "cooldownSeconds", "intent", "data"}
 )
 MAX_DEPTH: Final = 32
+INT_MIN: Final = -(2**63)
+INT_MAX: Final = 2**63 - 1
 _SCALARS: Final = (str, int, float, bool, type(None))
 
 
@@ -41,6 +43,9 @@ def _check_json(value: Any, depth: int, budget: list[int], where: str) -> None:
     elif t is float:
         if not math.isfinite(value):
             raise HookResultInvalid(f"{where}: number is not finite ({value!r})")
+    elif t is int:
+        if not INT_MIN <= value <= INT_MAX:
+            raise HookResultInvalid(f"{where}: integer outside the 64-bit range")
     elif t is dict:
         for k, v in value.items():
             if type(k) is not str:
@@ -109,6 +114,10 @@ def _scan(value: Any, depth: int, budget: int) -> int:
             budget = _scan(v, depth + 1, budget)
     elif t is float:
         if not math.isfinite(value):
+            raise _Bad
+        budget -= 8
+    elif t is int:
+        if not INT_MIN <= value <= INT_MAX:
             raise _Bad
         budget -= 8
     elif t in _SCALARS:

@@ -38,6 +38,7 @@ from hooks_runtime.protocol import (
     Result,
     Setup,
     decode_to_worker,
+    result_frame_cap,
 )
 from hooks_runtime.validate import validate_result
 
@@ -228,8 +229,21 @@ def main(bell_fd: int) -> None:
     _send_all(ipc_out, enc.encode(Ready(os.getpid(), active, missing, fds, py)))
     evaluator = Evaluator(cfg)
 
+    cap = result_frame_cap(cfg) + 4
+
     def send(result: Result) -> None:
-        _send_all(ipc_out, enc.encode(result))
+        try:
+            data = enc.encode(result)
+        except Exception as exc:  # noqa: BLE001 - validated data should always encode
+            data, cap_hit = b"", f"result could not be encoded: {type(exc).__name__}"
+        else:
+            cap_hit = "" if len(data) <= cap else "result frame is larger than the size cap"
+        if cap_hit:
+            r = result
+            data = enc.encode(
+                Result(r.id, r.index, r.runtime_us, r.done_at, None, "invalid_result", cap_hit)
+            )
+        _send_all(ipc_out, data)
 
     try:
         for frame in frames:

@@ -161,6 +161,9 @@ CASES: list[tuple[str, str, str]] = [
     ("oversized_result", _body('return {"decision": "WAKE", "reason": "x" * 200000}'), "invalid_result"),
     ("surrogate_result", _body('return {"decision": "WAKE", "reason": chr(0xD800)}'), "invalid_result"),
     ("list_result", _body("return [1]"), "invalid_result"),
+    ("int_overflow_result", _body('return {"decision": "WAKE", "reason": "x", "data": 2 ** 64}'), "invalid_result"),
+    ("wide_chars_result", _body('return {"decision": "WAKE", "reason": chr(0x1F600) * 30000}'), "invalid_result"),
+    ("wide_chars_output", _body("print(chr(0x1F600) * 20000)\n" + OK), "WAKE"),
     ("generator_result", _body("return (x for x in [1])"), "invalid_result"),
     ("missing_reason", _body('return {"decision": "WAKE"}'), "invalid_result"),
     ("unknown_decision", _body('return {"decision": "BUY", "reason": "x"}'), "invalid_result"),
@@ -196,6 +199,8 @@ MESSAGES = {
     "trade_from_wake": "not allowed for a wake hook",
     "surrogate_result": "not valid UTF-8",
     "oversized_result": "size cap",
+    "wide_chars_result": "larger than the size cap",
+    "int_overflow_result": "64-bit range",
 }
 
 

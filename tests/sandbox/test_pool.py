@@ -142,6 +142,17 @@ async def pool_layers(pool: WorkerPool) -> dict[str, object]:
     return {"active": pool.ready.active, "missing": pool.ready.missing}
 
 
+async def test_cancelled_evaluation_does_not_poison_the_agent(pool: WorkerPool) -> None:
+    """Cancelling a caller mid-batch kills that worker; the agent's next batch is clean."""
+    await pool.evaluate("cx", [CANARY], EVENT, STATE)
+    old = pool.worker_pids()["cx"]
+    with anyio.move_on_after(0.05):
+        await pool.evaluate("cx", [LOOP, CANARY], EVENT, STATE)
+    results = await pool.evaluate("cx", [CANARY], EVENT, STATE)
+    assert results[0].ok and pool.worker_pids()["cx"] != old
+    assert await _eventually(lambda: not os.path.exists(f"/proc/{old}"))
+
+
 async def test_missing_required_layer_refuses_to_run() -> None:
     """A sandbox that would claim a layer it lacks refuses to start instead."""
     cfg = SandboxConfig(seccomp=False, require_layers=["rlimits", "seccomp"])
