@@ -82,6 +82,9 @@ class RunRecord(_Record, frozen=True, kw_only=True, tag="run"):
     runner: str
     status: Literal["started", "finished", "failed", "timeout"]
     event_ids: list[str] = msgspec.field(default_factory=list)
+    # Every merged wake's trace (``traceId`` holds the first), so ``why`` finds the run
+    # from any of them.
+    trace_ids: list[str] = msgspec.field(default_factory=list)
     duration_ms: float | None = None
     error: str | None = None
     summary: str = ""

@@ -52,7 +52,7 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     direct = [
         r
         for r in iter_records(directory, flt, contains=[ident])
-        if ident in (r.get("eventId"), r.get("traceId"))
+        if ident in (r.get("eventId"), r.get("traceId")) or ident in (r.get("traceIds") or ())
     ]
     traces = {str(r["traceId"]) for r in direct if r.get("traceId")} - {ident}
     if not traces:

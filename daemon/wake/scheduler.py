@@ -383,6 +383,7 @@ class WakeScheduler:
             runner=self.runner.name,
             status="started" if result is None else _FINAL[result.status],
             event_ids=run.event_ids(),
+            trace_ids=list(dict.fromkeys(w.trace_id for w in run.wakes if w.trace_id)),
             duration_ms=duration_ms,
             error=result.error if result else None,
             summary=summary,

@@ -191,3 +191,19 @@ async def test_decision_not_allowed_for_kind_is_a_recorded_error(tmp_path: Path,
     (rec,) = [r for r in audit(tmp_path) if r["type"] == "hook"]
     assert rec["decision"] is None and rec["error"]
     assert not [r for r in audit(tmp_path) if r["type"] in ("wake", "risk")]
+
+
+async def test_why_links_a_wake_to_its_run(tmp_path: Path) -> None:
+    """Each WAKE's trace leads `why` to the hook decision, the scheduler outcome and the run."""
+    from daemon.audit.why import collect
+
+    toml = "[wake]\ndebounce_seconds = 0\ncooldown_after_run_seconds = 0\nmax_runs_per_hour = 100\n"
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(5)], gap=0.05))
+    records = audit(tmp_path)
+    runs = [r for r in records if r["type"] == "run" and r["status"] == "finished"]
+    assert runs, "the log runner ran"
+    traced = {t for r in runs for t in r["traceIds"]}
+    some = min(traced)
+    kinds = {r["type"] for r in collect(tmp_path / "state" / "audit", some)}
+    assert {"hook", "wake", "run"} <= kinds
