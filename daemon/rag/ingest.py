@@ -9,8 +9,6 @@ OI that arrived later), so re-ingesting the same file writes nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +19,7 @@ from daemon.errors import StoreError
 from daemon.events import now_ms
 from daemon.rag.config import RagConfig
 from daemon.rag.embedding import Embedder, make_embedder, norm_stats
-from daemon.rag.errors import EmbeddingError
+from daemon.rag.errors import DataFileError, EmbeddingError
 from daemon.rag.features import (
     OUTCOME_COLUMNS,
     REQUIRED_STATE,
@@ -36,6 +34,7 @@ from daemon.rag.schema import (
     FEATURE_VERSION,
     POINT_DTYPE,
     SCHEMA_VERSION,
+    VECTORS,
     CollectionMeta,
     derive,
     oi_delta_pct,
@@ -45,6 +44,7 @@ from daemon.rag.schema import (
 from daemon.rag.store import Store
 
 F64 = NDArray[np.float64]
+MIN_COMPLETE_TO_CREATE = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +102,13 @@ def ensure_collection(store: Store, derived: F64, cfg: RagConfig) -> CollectionM
     meta = store.meta()
     model = cfg.embedding.model
     if meta is None:
+        complete = int(np.isfinite(derived).all(axis=1).sum())
+        if complete < MIN_COMPLETE_TO_CREATE:
+            raise DataFileError(
+                f"the first ingest creates the collection and freezes its normalization "
+                f"statistics, so it needs at least {MIN_COMPLETE_TO_CREATE} complete bars "
+                f"(past the ~200 h warm-up, with funding and open interest); got {complete}"
+            )
         mean, std = norm_stats(derived)
         probe = make_embedder(model, mean, std, cfg.embedding.cache_dir)
         meta = CollectionMeta(
@@ -129,13 +136,24 @@ def ensure_collection(store: Store, derived: F64, cfg: RagConfig) -> CollectionM
     return meta
 
 
-@contextmanager
-def _progress(enabled: bool, total: int) -> Iterator[Progress | None]:
-    if not enabled:
-        yield None
-        return
-    with Progress(transient=False) as progress:
-        yield progress
+def _upsert(
+    store: Store,
+    pts: NDArray[np.void],
+    derived: F64,
+    todo: NDArray[np.intp],
+    embedder: Embedder,
+    label: str,
+    progress: bool,
+    batch_size: int,
+) -> None:
+    """Embed and write the rows ``todo`` in batches, with a rich progress bar."""
+    step = batch_size or max(len(todo), 1)
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task(label, total=len(todo))
+        for lo in range(0, len(todo), step):
+            sel = todo[lo : lo + step]
+            store.upsert(pts[sel], {n: embedder.embed(derived[sel], n) for n in VECTORS})
+            bar.advance(task, len(sel))
 
 
 def ingest(
@@ -154,29 +172,19 @@ def ingest(
     started = time.perf_counter()
     pts, derived = build_points(symbol, timeframe, bars, funding, oi, cfg)
     meta = ensure_collection(store, derived, cfg)
-    embedder: Embedder = make_embedder(
+    embedder = make_embedder(
         meta.embedding_model, meta.norm_mean, meta.norm_std, cfg.embedding.cache_dir
     )
     known = store.revisions(symbol, timeframe)
-    changed = np.array(
-        [known.get(i) != r for i, r in zip(pts["id"].tolist(), pts["rev"].tolist(), strict=True)],
-        dtype=bool,
-    )
-    todo = np.flatnonzero(changed)
-    step = batch_size or max(len(todo), 1)
-    with _progress(progress, len(todo)) as bar:
-        task = bar.add_task(f"ingest {symbol} {timeframe}", total=len(todo)) if bar else None
-        for lo in range(0, len(todo), step):
-            sel = todo[lo : lo + step]
-            vectors = {n: embedder.embed(derived[sel], n) for n in meta.vectors}
-            store.upsert(pts[sel], vectors)
-            if bar is not None and task is not None:
-                bar.advance(task, len(sel))
+    ids, revs = pts["id"].tolist(), pts["rev"].tolist()
+    todo = np.flatnonzero([known.get(i) != r for i, r in zip(ids, revs, strict=True)])
+    label = f"ingest {symbol} {timeframe}"
+    _upsert(store, pts, derived, todo, embedder, label, progress, batch_size)
     return IngestReport(
         bars=len(bars),
         points=len(pts),
         written=len(todo),
-        new=sum(1 for i in pts["id"].tolist() if i not in known),
+        new=sum(1 for i in ids if i not in known),
         unchanged=len(pts) - len(todo),
         incomplete=int((~pts["complete"]).sum()),
         pending_outcomes=int((~np.isfinite(pts["outcome_24h"])).sum()),

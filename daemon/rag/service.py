@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import numpy as np
 
 from daemon.errors import MarketwakeError, RpcError, StoreError
-from daemon.rag.config import RagConfig
+from daemon.rag.config import QueryDefaultsSection, RagConfig
 from daemon.rag.embedding import Embedder, EmbeddingCache, make_embedder
 from daemon.rag.errors import EmbeddingError
 from daemon.rag.features import DAY_MS, H4_MS, HOUR_MS
-from daemon.rag.params import CurrentState, QueryParams, parse_params
+from daemon.rag.params import CurrentState, QueryConfig, QueryParams, parse_params
 from daemon.rag.schema import CollectionMeta, derive, oi_delta_pct
 from daemon.rag.statistics import outcome_stats
 from daemon.rag.store import QueryFilter, Range, Store
@@ -94,6 +95,30 @@ def _match(hit_score: float, p: dict[str, Any], query_ms: int) -> dict[str, Any]
         },
         "outcomes": outcomes,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The query_config actually used: the request's values over the config defaults."""
+
+    lookback_days: float
+    top_k: int
+    min_similarity: float
+    regime: bool
+    min_matches: int
+
+    @classmethod
+    def resolve(cls, qc: QueryConfig | None, d: QueryDefaultsSection) -> Knobs:
+        qc = qc or QueryConfig()
+        return cls(
+            lookback_days=d.lookback_days if qc.lookback_days is None else qc.lookback_days,
+            top_k=d.top_k if qc.top_k is None else qc.top_k,
+            min_similarity=d.min_similarity if qc.min_similarity is None else qc.min_similarity,
+            regime=d.include_regime_filters
+            if qc.include_regime_filters is None
+            else qc.include_regime_filters,
+            min_matches=d.min_matches if qc.min_matches is None else qc.min_matches,
+        )
 
 
 class RagService:
@@ -183,49 +208,41 @@ class RagService:
 
     def _query(self, p: QueryParams) -> dict[str, Any]:
         started = time.perf_counter()
-        d = self._cfg.query_defaults
-        qc = p.query_config
-        lookback = (qc and qc.lookback_days) or d.lookback_days
-        top_k = (qc and qc.top_k) or d.top_k
-        min_sim = d.min_similarity if qc is None or qc.min_similarity is None else qc.min_similarity
-        regime = (
-            d.include_regime_filters
-            if qc is None or qc.include_regime_filters is None
-            else qc.include_regime_filters
-        )
-        min_matches = d.min_matches if qc is None or qc.min_matches is None else qc.min_matches
+        knobs = Knobs.resolve(p.query_config, self._cfg.query_defaults)
         meta = self._meta()
         if not self._store.has_symbol(p.symbol):
             raise RpcError(-32002, "Symbol not found", {"symbol": p.symbol})
         t_embed = time.perf_counter()
         vector, qvec, cache_hit = self._embed(meta, p.current_state)
         t_search = time.perf_counter()
-        now = int(p.timestamp)
-        ranges = [Range(field="t_ms", gt=now - lookback * DAY_MS, lte=now)]
-        applied = ["symbol", "timerange"]
-        if regime:
-            ranges.extend(regime_ranges(p.current_state, d.oi_flat_band_pct))
-            applied += ["oi_delta", "funding_sign"]
-        flt = QueryFilter(symbol=p.symbol, ranges=tuple(ranges))
-        hits = self._store.search(vector, qvec, flt, top_k, min_sim)
+        flt, applied = self._filter(p, knobs)
+        hits = self._store.search(vector, qvec, flt, knobs.top_k, knobs.min_similarity)
         t_done = time.perf_counter()
-        required = min(min_matches, top_k)
+        required = min(knobs.min_matches, knobs.top_k)
         if len(hits) < required:
             data = {"matches_found": len(hits), "min_required": required, "suggestion": SUGGESTION}
             raise RpcError(-32001, "Insufficient matches found", data)
-        matches = [_match(h.score, h.payload, now) for h in hits]
-        return {
-            "matches": matches,
-            "statistics": outcome_stats(matches),
-            "metadata": {
-                "query_duration_ms": _ms(time.perf_counter() - started),
-                "embedding_duration_ms": _ms(t_search - t_embed),
-                "retrieval_duration_ms": _ms(t_done - t_search),
-                "filters_applied": applied,
-                "schema_version": meta.schema_version,
-                "feature_version": meta.feature_version,
-                "embedding_model": meta.embedding_model,
-                "vector": vector,
-                "embedding_cache_hit": cache_hit,
-            },
+        matches = [_match(h.score, h.payload, int(p.timestamp)) for h in hits]
+        metadata = {
+            "query_duration_ms": _ms(time.perf_counter() - started),
+            "embedding_duration_ms": _ms(t_search - t_embed),
+            "retrieval_duration_ms": _ms(t_done - t_search),
+            "filters_applied": applied,
+            "schema_version": meta.schema_version,
+            "feature_version": meta.feature_version,
+            "embedding_model": meta.embedding_model,
+            "vector": vector,
+            "embedding_cache_hit": cache_hit,
         }
+        return {"matches": matches, "statistics": outcome_stats(matches), "metadata": metadata}
+
+    def _filter(self, p: QueryParams, knobs: Knobs) -> tuple[QueryFilter, list[str]]:
+        """Symbol, the lookback window ending at the query time, and the regime."""
+        now = int(p.timestamp)
+        ranges = [Range(field="t_ms", gt=now - knobs.lookback_days * DAY_MS, lte=now)]
+        applied = ["symbol", "timerange"]
+        if knobs.regime:
+            band = self._cfg.query_defaults.oi_flat_band_pct
+            ranges.extend(regime_ranges(p.current_state, band))
+            applied += ["oi_delta", "funding_sign"]
+        return QueryFilter(symbol=p.symbol, ranges=tuple(ranges)), applied

@@ -60,6 +60,18 @@ def test_incremental_reingest_adds_nothing_twice(tmp_path: Path) -> None:
     del fund
 
 
+def test_first_ingest_needs_complete_bars(tmp_path: Path) -> None:
+    """Without funding/OI (or too short for warm-up) the collection is not created with junk stats."""
+    rows = synth.candles(1200, tf=TF_MS)
+    store = EmbeddedStore(str(tmp_path), "t")
+    cfg = RagConfig(store=StoreSection(path=str(tmp_path)))
+    with pytest.raises(DataFileError, match="at least 50 complete bars"):
+        ingest(store, "BTCUSDT", "15m", Bars.from_rows(rows), None, None, cfg)
+    with pytest.raises(DataFileError, match="got 0"):
+        ingest(store, "BTCUSDT", "15m", Bars.from_rows(rows[:100]), None, None, cfg)
+    assert store.meta() is None
+
+
 def test_point_ids_are_deterministic() -> None:
     """The same bar always gets the same id; another symbol/timeframe/time gets another."""
     a = point_id("BTCUSDT", "5m", 1_700_000_000_000)
