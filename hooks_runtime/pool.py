@@ -85,7 +85,9 @@ class WorkerPool:
         self._locks: dict[str, anyio.Lock] = {}
         self._spares: list[WorkerProcess] = []
         self._refilling = 0
-        self._spare_error: BaseException | None = None
+        self._spare_error: Exception | None = None  # last failed spawn, with backoff
+        self._spawn_failures = 0
+        self._retry_at = 0.0
         self._ids = itertools.count(1)
         self._closed = False
         self.ready: Ready | None = None  # the latest worker's layer report
@@ -257,33 +259,48 @@ class WorkerPool:
         if self._spares:
             w = self._spares.pop()
         else:
-            if self._spare_error is not None:
-                err, self._spare_error = self._spare_error, None
-                raise err
-            w = await WorkerProcess.start(self.config)
-            self.ready = w.ready
+            if self._spare_error is not None and time.monotonic() < self._retry_at:
+                raise self._spare_error  # no restart storm while workers cannot start
+            try:
+                w = await WorkerProcess.start(self.config)
+            except Exception as exc:
+                self._spawn_failed(exc)
+                raise
+            self._spawn_ok(w)
         self._workers[agent_id] = w
         self.respawns += 1
         self._refill()
         return w
 
     def _refill(self) -> None:
+        if self._spare_error is not None and time.monotonic() < self._retry_at:
+            return
         while len(self._spares) + self._refilling < self.config.spare_workers:
             self._refilling += 1
             self._tg.start_soon(self._spawn_spare)
+
+    def _spawn_failed(self, exc: Exception) -> None:
+        self._spare_error = exc
+        self._spawn_failures += 1
+        self._retry_at = time.monotonic() + min(0.5 * 2**self._spawn_failures, 60.0)
+
+    def _spawn_ok(self, w: WorkerProcess) -> None:
+        self.ready = w.ready
+        self._spare_error = None
+        self._spawn_failures = 0
 
     async def _spawn_spare(self) -> None:
         try:
             w = await WorkerProcess.start(self.config)
         except Exception as exc:  # noqa: BLE001 - re-raised by the next _worker_for
-            self._spare_error = exc
+            self._spawn_failed(exc)
             return
         finally:
             self._refilling -= 1
+        self._spawn_ok(w)
         if self._closed:
             self._retire(w)
         else:
-            self.ready = w.ready
             self._spares.append(w)
 
     def _retire(self, w: WorkerProcess) -> None:

@@ -328,3 +328,23 @@ def test_cli_fails_on_a_bad_hook(tmp_path: Path) -> None:
     assert res.exit_code == 1
     line = json.loads(res.stdout.splitlines()[0])
     assert line["error_kind"] == "runtime" and "KeyError" in line["error"]
+
+
+async def test_failed_spawns_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When workers cannot start, evaluate raises SandboxUnavailable without a spawn storm."""
+    from hooks_runtime import pool as pool_mod
+
+    calls = []
+
+    async def broken(cfg: SandboxConfig) -> object:
+        calls.append(cfg)
+        raise SandboxUnavailable("worker failed to start: simulated")
+
+    async with open_worker_pool(SandboxConfig(spare_workers=0)) as p:
+        assert (await p.evaluate("a", [CANARY], EVENT, STATE))[0].ok  # the first worker
+        monkeypatch.setattr(pool_mod.WorkerProcess, "start", broken)
+        for _ in range(3):
+            with pytest.raises(SandboxUnavailable, match="simulated"):
+                await p.evaluate("b", [CANARY], EVENT, STATE)
+        assert len(calls) == 1
+        assert (await p.evaluate("a", [CANARY], EVENT, STATE))[0].ok  # others unaffected
