@@ -150,6 +150,7 @@ class AgentManager:
                 )
             if res.ok:
                 accepted[spec.hook_id] = spec
+                store.unpause(agent.agent_id, spec.hook_id)
             elif spec.hook_id in current:
                 log.error(
                     "new revision failed to compile; previous revision keeps running",

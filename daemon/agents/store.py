@@ -116,6 +116,10 @@ class HookStore:
             "INSERT OR REPLACE INTO pauses VALUES (?, ?, ?, ?)", (agent, hook, reason, time.time())
         )
 
+    def unpause(self, agent: str, hook: str) -> None:
+        """Forget a persisted pause (a new revision of the hook starts fresh)."""
+        self._db.execute("DELETE FROM pauses WHERE agent=? AND hook=?", (agent, hook))
+
     def pauses(self) -> list[tuple[str, str, str, float]]:
         """Every persisted pause: (agent, hook, reason, since)."""
         return list(self._db.execute("SELECT agent, hook, reason, since FROM pauses"))

@@ -1,7 +1,8 @@
 """``marketwake audit tail`` and ``marketwake why``: read the audit log.
 
-The audit directory is ``--dir`` if given, else ``<daemon.state_dir>/audit``
-from ``--config``, else ``./state/audit``.
+The audit directory is ``--dir`` if given, else the config's audit directory
+(``[audit] dir``, default ``<daemon.state_dir>/audit``) from ``--config`` or
+``./config.toml``, else ``./state/audit``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import click
 import msgspec
 from rich.console import Console
 
-from daemon import config as config_mod
 from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
 from daemon.audit.render import render, to_json
 from daemon.audit.why import collect, explain, render_explanation
+from daemon.cli.common import load_config_or_defaults
 
-DIR_HELP = "Audit directory (default: <state_dir>/audit from --config, else ./state/audit)."
+DIR_HELP = (
+    "Audit directory (default: [audit] dir of --config or ./config.toml, else ./state/audit)."
+)
 RECORD_TYPES = ("hook", "wake", "run", "risk", "order")
 
 
@@ -27,9 +30,7 @@ def audit_dir(directory: Path | None, config_path: Path | None) -> Path:
     """Where the audit log lives, by the precedence in the module docstring."""
     if directory is not None:
         return directory
-    if config_path is not None:
-        return Path(config_mod.load(config_path).daemon.state_dir) / "audit"
-    return Path("state") / "audit"
+    return load_config_or_defaults(config_path).audit_dir
 
 
 def _since(text: str | None) -> int | None:

@@ -11,6 +11,8 @@ import anyio
 import click
 import msgspec
 
+from daemon.agents.store import AGENT_WIDE, HookStore
+from daemon.cli.common import resolve_state_dir
 from daemon.errors import HookCompileError
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 
@@ -98,3 +100,47 @@ def test_command(
     agent, files = _collect(path)
     ok = anyio.run(_run, agent, files, event, state, config)
     sys.exit(0 if ok else 1)
+
+
+def _hook_store(config_path: Path | None, state_dir: Path | None) -> HookStore:
+    return HookStore(resolve_state_dir(config_path, state_dir) / "hooks.sqlite3")
+
+
+@hooks_group.command("resume")
+@click.argument("agent")
+@click.argument("hook", required=False)
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="The daemon's state_dir.")
+def resume_command(
+    agent: str, hook: str | None, config_path: Path | None, state_dir: Path | None
+) -> None:
+    """Lift the pause of HOOK (a file stem, e.g. wake_two_green) or of the whole AGENT.
+
+    The running daemon applies it within [hooks] reload_seconds; a stopped one at start.
+    """
+    store = _hook_store(config_path, state_dir)
+    try:
+        was_paused = store.request_resume(agent, hook or AGENT_WIDE)
+        paused = [(a, h, r) for a, h, r, _ in store.pauses() if a == agent]
+    finally:
+        store.close()
+    target = f"{agent}/{hook}" if hook else f"agent {agent}"
+    click.echo(f"resumed {target}" if was_paused else f"{target} was not paused (resume sent)")
+    for a, h, reason in paused:
+        click.echo(f"  still paused: {a}/{h}: {reason}")
+
+
+@hooks_group.command("paused")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
+@click.option("--state-dir", type=click.Path(path_type=Path), help="The daemon's state_dir.")
+def paused_command(config_path: Path | None, state_dir: Path | None) -> None:
+    """List paused hooks and agents."""
+    store = _hook_store(config_path, state_dir)
+    try:
+        rows = store.pauses()
+    finally:
+        store.close()
+    if not rows:
+        click.echo("nothing is paused")
+    for agent, hook, reason, _ in rows:
+        click.echo(f"{agent}/{hook}: {reason}")

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from daemon import config as config_mod
+from daemon.cli.common import resolve_state_dir
 from daemon.logs import configure as configure_logging
 
 CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
@@ -117,11 +118,7 @@ def _render_status(data: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     """Show the counters of a running (or the last) daemon: bus, feeds, state."""
-    if state_dir is None:
-        path = config_path or config_mod.DEFAULT_CONFIG_PATH
-        cfg = config_mod.load(path) if path.exists() or config_path else config_mod.parse("")
-        state_dir = Path(cfg.daemon.state_dir)
-    status_file = state_dir / "status.json"
+    status_file = resolve_state_dir(config_path, state_dir) / "status.json"
     try:
         data = json.loads(status_file.read_text())
     except FileNotFoundError:

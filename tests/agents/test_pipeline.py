@@ -207,3 +207,44 @@ async def test_why_links_a_wake_to_its_run(tmp_path: Path) -> None:
     some = min(traced)
     kinds = {r["type"] for r in collect(tmp_path / "state" / "audit", some)}
     assert {"hook", "wake", "run"} <= kinds
+
+
+async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path: Path) -> None:
+    """Repeated failures pause a hook (persisted); `marketwake hooks resume` lifts it while
+    the daemon runs, and the hook is evaluated again."""
+    import sys
+
+    boom = "def evaluate(event, state):\n    return 1 / 0\n"
+    agents = workspace(tmp_path, {"wake_boom.py": boom})
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state")},
+            "hooks": {
+                "agents_dir": str(agents),
+                "reload_seconds": 0.05,
+                "sandbox": {"pause_after_failures": 2, "backoff_base_seconds": 0.001},
+            },
+        },
+        Config,
+    )
+    feed = PacedFeed([candle(i) for i in range(40)], gap=0.03)
+    paused_seen = feed.when(10)
+
+    async def resume() -> None:
+        await paused_seen.wait()
+        await anyio.run_process(
+            [sys.executable, "-m", "daemon.cli", "hooks", "resume", "alpha", "wake_boom",
+             "--state-dir", str(tmp_path / "state")],
+            check=True,
+        )  # fmt: skip
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(resume)
+        svc = Service(cfg, lambda _: [feed], components=[open_agents])
+        with anyio.fail_after(30):
+            await svc.run()
+    errors = [r["error"] or "" for r in audit(tmp_path) if r["type"] == "hook"]
+    first_pause = next(i for i, e in enumerate(errors) if e.startswith("paused"))
+    assert all("ZeroDivisionError" in e for e in errors[:first_pause])
+    assert first_pause < 10
+    assert any("ZeroDivisionError" in e for e in errors[first_pause:]), "resumed"

@@ -1,0 +1,23 @@
+"""Small helpers shared by CLI commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon import config as config_mod
+from daemon.config import Config
+
+
+def load_config_or_defaults(config_path: Path | None) -> Config:
+    """``--config`` if given; else ./config.toml if present; else the built-in defaults."""
+    path = config_path or config_mod.DEFAULT_CONFIG_PATH
+    if config_path is None and not path.exists():
+        return config_mod.parse("")
+    return config_mod.load(path)
+
+
+def resolve_state_dir(config_path: Path | None, state_dir: Path | None) -> Path:
+    """``--state-dir`` wins; otherwise ``[daemon] state_dir`` of the config."""
+    if state_dir is not None:
+        return state_dir
+    return Path(load_config_or_defaults(config_path).daemon.state_dir)
