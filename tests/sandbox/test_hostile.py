@@ -89,6 +89,8 @@ CASES: list[tuple[str, str, str]] = [
     ("syntax_error", "def evaluate(event, state)\n    return 1\n", "compile"),
     ("no_evaluate", "def evaluat(event, state):\n    return 1\n", "compile"),
     ("break_outside_loop", "break\n" + _body(OK), "compile"),
+    ("breakpoint_call", _body("breakpoint()\n" + OK), "compile"),
+    ("getattr_dunder_default", _body('return getattr(event, "__dict__", None)'), "runtime"),
     # --- forbidden imports, builtins and attribute tricks: recorded runtime errors
     ("import_os", _body("import os\n" + OK), "runtime"),
     ("import_operator", _body("import operator\n" + OK), "runtime"),
@@ -101,6 +103,11 @@ CASES: list[tuple[str, str, str]] = [
     ("datetime_sys", _body("import datetime\nreturn datetime.sys"), "runtime"),
     ("relative_import", _body("from . import x\n" + OK), "runtime"),
     ("open_builtin", _body('open("SENTINEL", "w").write("x")\n' + OK), "runtime"),
+    ("input_builtin", _body("input()\n" + OK), "runtime"),
+    ("import_time_sleep", _body("import time\ntime.sleep(10)\n" + OK), "runtime"),
+    ("function_attr_write", _body("import statistics\nstatistics.mean.cache = {}\n" + OK), "runtime"),
+    ("class_attr_write", _body("import datetime\ndatetime.datetime.now = None\n" + OK), "runtime"),
+    ("huge_error_message", _body('raise ValueError("x" * 1000000)'), "runtime"),
     ("type_builtin", _body("return type(1).__subclasses__"), "compile"),
     ("type_builtin_call", _body("t = type(1)\n" + OK), "runtime"),
     ("globals_builtin", _body("g = globals()\n" + OK), "runtime"),
@@ -143,6 +150,7 @@ CASES: list[tuple[str, str, str]] = [
         "WAKE",
     ),
     ("print_flood", _body('for i in range(20000):\n    print("y" * 100)\n' + OK), "WAKE"),
+    ("frame_bytes_in_reason", _body('return {"decision": "WAKE", "reason": "\\x00\\x00\\x00\\x02\\x81\\xa1"}'), "WAKE"),
     ("event_top_write", _body('event["topic"] = "hacked"\nevent["payload"] = {}\n' + OK), "WAKE"),
     (
         "exception_obj",

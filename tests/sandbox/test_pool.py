@@ -348,3 +348,31 @@ async def test_failed_spawns_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
                 await p.evaluate("b", [CANARY], EVENT, STATE)
         assert len(calls) == 1
         assert (await p.evaluate("a", [CANARY], EVENT, STATE))[0].ok  # others unaffected
+
+
+FD_PROBE = r"""
+import json, os, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from hooks_runtime import hardening
+ipc_in, ipc_out, bell = hardening.isolate_fds(0)
+os.write(1, b"LEAK1")
+os.write(2, b"LEAK2")
+print("LEAK3")
+sys.stdout.flush()
+os.write(ipc_out, json.dumps([ipc_in, ipc_out, bell, hardening.open_fds()]).encode())
+"""
+
+
+def test_stdout_writes_never_reach_the_ipc_channel() -> None:
+    """After fd isolation, fd 1/2 and print() go to /dev/null; only the IPC fd reaches us."""
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", FD_PROBE, json.dumps(worker_sys_path())],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        env=WORKER_ENV,
+        timeout=30,
+        check=True,
+    )
+    assert b"LEAK" not in proc.stdout + proc.stderr
+    ipc_in, ipc_out, bell, fds = json.loads(proc.stdout)
+    assert {ipc_in, ipc_out, bell} <= set(fds) and min(ipc_in, ipc_out, bell) > 2
