@@ -20,12 +20,13 @@ import ast
 import builtins
 import datetime as _datetime
 import decimal
+import importlib
 import math
 import operator
 import random
 import statistics
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from RestrictedPython.compile import compile_restricted_exec
@@ -40,11 +41,26 @@ from daemon.errors import HookCompileError
 
 
 class HookPolicy(RestrictingNodeTransformer):
-    """RestrictedPython's transformer, minus classes (hooks do not need them)."""
+    """RestrictedPython's transformer, minus classes (hooks do not need them) and minus
+    imports of private modules (``import _x as y`` and ``from _x import y`` compile in
+    stock RestrictedPython; only ``_strptime`` would resolve, but nothing should)."""
 
     def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
         self.error(node, "class definitions are not allowed in hooks")
         return node
+
+    def visit_Import(self, node: ast.Import) -> ast.AST | Iterable[ast.AST] | None:
+        for alias in node.names:
+            self._check_module(node, alias.name)
+        return super().visit_Import(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | Iterable[ast.AST] | None:
+        self._check_module(node, node.module or "")
+        return super().visit_ImportFrom(node)
+
+    def _check_module(self, node: ast.AST, name: str) -> None:
+        if any(part.startswith("_") for part in name.split(".")):
+            self.error(node, f'import of private module "{name}" is not allowed')
 
 
 def compile_hook(source: str, filename: str, max_source_bytes: int) -> types.CodeType:
@@ -133,12 +149,15 @@ _FIXED_IMPORTS["decimal"] = DECIMAL
 ALLOWED_IMPORTS: Final = (*sorted(_FIXED_IMPORTS), "random")
 
 
-def make_import(seed: str) -> Callable[..., Namespace]:
+_STRPTIME: Final = importlib.import_module("_strptime")
+
+
+def make_import(seed: str) -> Callable[..., Any]:
     """An ``__import__`` resolving to curated namespaces; ``random`` is seeded per call."""
 
     def guarded_import(
         name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
-    ) -> Namespace:
+    ) -> Any:
         if level != 0 or type(name) is not str:
             raise ImportError("relative imports are not allowed in hooks")
         ns = _FIXED_IMPORTS.get(name)
@@ -146,6 +165,11 @@ def make_import(seed: str) -> Callable[..., Namespace]:
             return ns
         if name == "random":
             return Namespace("random", _pick(random.Random(seed), _RANDOM_NAMES))
+        if name == "_strptime" and not fromlist:
+            # datetime.strptime's C code imports this through the *caller's*
+            # __import__ (HA #132469; 3.11 caches it after the worker's warm-up
+            # call, 3.12+ asks every time). HookPolicy rejects the name in source.
+            return _STRPTIME
         raise ImportError(f"import of {name!r} is not allowed (allowed: {ALLOWED_IMPORTS})")
 
     return guarded_import

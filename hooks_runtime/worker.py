@@ -14,7 +14,7 @@ can time and blame each hook separately.
 
 from __future__ import annotations
 
-import _strptime  # type: ignore[import-not-found]  # noqa: F401  datetime.strptime imports it lazily (HA #132469)
+import datetime
 import decimal
 import gc
 import os
@@ -51,6 +51,10 @@ except ImportError:  # pragma: no cover - reported as a missing layer later
 _RAW_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.msgpack.Decoder()
 _STATE_CACHE_KEYS = 64
+
+# datetime.strptime imports _strptime lazily (HA #132469): do it now, while the
+# filesystem is open, so 3.11 caches it and no hook ever triggers the import.
+datetime.datetime.strptime("2000", "%Y")
 
 #: The command-line program a worker runs: argv[1] is the doorbell fd, argv[2:] are
 #: prepended to sys.path (``-S`` leaves site-packages out).

@@ -90,6 +90,7 @@ CASES: list[tuple[str, str, str]] = [
     ("no_evaluate", "def evaluat(event, state):\n    return 1\n", "compile"),
     ("break_outside_loop", "break\n" + _body(OK), "compile"),
     ("breakpoint_call", _body("breakpoint()\n" + OK), "compile"),
+    ("private_module_from", _body("from _strptime import re\nreturn re.enum.bltns"), "compile"),
     ("getattr_dunder_default", _body('return getattr(event, "__dict__", None)'), "runtime"),
     # --- forbidden imports, builtins and attribute tricks: recorded runtime errors
     ("import_os", _body("import os\n" + OK), "runtime"),

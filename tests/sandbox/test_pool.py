@@ -376,3 +376,73 @@ def test_stdout_writes_never_reach_the_ipc_channel() -> None:
     assert b"LEAK" not in proc.stdout + proc.stderr
     ipc_in, ipc_out, bell, fds = json.loads(proc.stdout)
     assert {ipc_in, ipc_out, bell} <= set(fds) and min(ipc_in, ipc_out, bell) > 2
+
+
+LEGIT = spec_from_source(
+    "wake_legit",
+    "wake",
+    """
+import datetime
+import math
+import random
+import statistics
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+
+
+def sma(values, n):
+    window = list(values)[-n:]
+    return sum(window) / len(window)
+
+
+def evaluate(event, state):
+    closes = [c["close"] for c in state["candles"]["BTC-USD"]["5m"]]
+    ts = datetime.datetime.strptime(event["ts"][:19], "%Y-%m-%dT%H:%M:%S")
+    later = ts.replace(tzinfo=datetime.UTC) + datetime.timedelta(minutes=5)
+    with localcontext(prec=6):
+        price = Decimal(str(event["payload"]["price"])) * Decimal("1.1")
+    sizes = {}
+    sizes["a"] = 1
+    total = 0
+    for i, c in enumerate(closes):
+        total += c * (i + 1)
+    a, (b, c) = 1, (2, 3)
+    data = {
+        "sma": sma(closes, 2),
+        "stdev": round(statistics.pstdev(closes), 6),
+        "median": statistics.median(closes),
+        "later": later.isoformat(),
+        "price": str(price.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)),
+        "sqrt": math.sqrt(16),
+        "rand": 0 <= random.random() < 1,
+        "sorted": sorted(closes, reverse=True),
+        "zip": [list(p) for p in zip(closes, closes)],
+        "fmt": f"{total:.1f}|{'%05.1f' % 3.14159}|{a + b + c}",
+        "upper": "é".upper() + "x".encode("utf-16").hex()[:4],
+        "keys": sorted(dict(state["candles"]["BTC-USD"]["5m"][0])),
+    }
+    print("computed", len(data))
+    return {"decision": "WAKE", "reason": "ok", "data": data, "cooldownSeconds": 1.5}
+""",
+)
+
+
+async def test_legitimate_hooks_have_a_useful_standard_surface(pool: WorkerPool) -> None:
+    """Under every layer, the allowed stdlib surface works (strptime, statistics, decimal,
+    f-strings, unpacking, codecs) and the decision comes back intact."""
+    r = (await pool.evaluate("legit", [LEGIT], EVENT, STATE))[0]
+    assert r.ok, r
+    assert r.decision is not None and r.output == "computed 12\n"
+    assert r.decision["data"] == {
+        "sma": 100.0,
+        "stdev": 1.0,
+        "median": 100.0,
+        "later": "2026-01-01T00:10:01+00:00",
+        "price": "110.55",
+        "sqrt": 4.0,
+        "rand": True,
+        "sorted": [101.0, 99.0],
+        "zip": [[99.0, 99.0], [101.0, 101.0]],
+        "fmt": "301.0|003.1|6",
+        "upper": "Éfffe",
+        "keys": ["close", "closeTime", "open"],
+    }

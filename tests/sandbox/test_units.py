@@ -221,6 +221,8 @@ def test_imports_are_namespaces_only() -> None:
             imp(name)
     with pytest.raises(ImportError):
         imp("math", level=1)
+    with pytest.raises(ImportError):  # only datetime's C code may ask for it, fromlist-less
+        imp("_strptime", fromlist=("re",))
     assert imp("random").random() == make_import("seed")("random").random()
 
 
