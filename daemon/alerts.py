@@ -25,6 +25,7 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     event_id: str
     trace_id: str
     symbol: str | None = None
+    topic: str | None = None
     ts: str | None = None
 
 

@@ -156,11 +156,13 @@ class Dispatcher:
             self._audit_hook(rt, event, trace, r, suppressed_by=blocked)
             return
         if decision == "WAKE":
-            outcome = rt.scheduler.submit(self._wake_request(rt, event, trace, r.hook_id, d))
+            outcome = rt.scheduler.submit(
+                WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
+            )
             self._audit_hook(rt, event, trace, r, suppressed_by=outcome.suppressed_by)
         elif decision == "ALERT":
             self._audit_hook(rt, event, trace, r)
-            await self.alerts.send(self._alert(rt, event, trace, r.hook_id, d))
+            await self.alerts.send(Alert(**self._about(rt, event, trace, r.hook_id, d)))
         elif decision == "TRADE_INTENT":
             self._audit_hook(rt, event, trace, r)
             await self._trade(rt, event, trace, r.hook_id, d)
@@ -211,33 +213,20 @@ class Dispatcher:
     # -- actions -------------------------------------------------------------------
 
     @staticmethod
-    def _wake_request(
+    def _about(
         rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
-    ) -> WakeRequest:
-        return WakeRequest(
-            agent_id=rt.agent_id,
-            hook_id=hook,
-            reason=str(d.get("reason", "")),
-            event_id=event.event_id,
-            trace_id=trace,
-            symbol=event.symbol,
-            topic=event.topic,
-            ts=event.ts,
-        )
-
-    @staticmethod
-    def _alert(
-        rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
-    ) -> Alert:
-        return Alert(
-            agent_id=rt.agent_id,
-            hook_id=hook,
-            reason=str(d.get("reason", "")),
-            event_id=event.event_id,
-            trace_id=trace,
-            symbol=event.symbol,
-            ts=event.ts,
-        )
+    ) -> dict[str, Any]:
+        """Who decided what about which event: the fields of a wake request and an alert."""
+        return {
+            "agent_id": rt.agent_id,
+            "hook_id": hook,
+            "reason": str(d.get("reason", "")),
+            "event_id": event.event_id,
+            "trace_id": trace,
+            "symbol": event.symbol,
+            "topic": event.topic,
+            "ts": event.ts,
+        }
 
     async def _trade(
         self, rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
