@@ -154,6 +154,99 @@ def brute_force_ms(store: EmbeddedStore, svc: RagService, reqs: list[dict[str, A
     return statistics.median(times)
 
 
+def compare_engines(n_bars: int) -> None:
+    """Filtered search latency of qdrant-edge and qdrant-client local mode vs ours, same data."""
+    import tempfile as tf
+    import warnings
+
+    import qdrant_edge as qe
+    from qdrant_client import QdrantClient
+
+    from daemon.rag.service import Knobs
+    from daemon.rag.store_qdrant import QdrantStore, _payload
+
+    warnings.simplefilter("ignore")
+    bars, fund, oi = synthetic(n_bars)
+    cfg = RagConfig(store=StoreSection(path=tf.mkdtemp()))
+    ours = EmbeddedStore(cfg.store.path, "tp")
+    ingest(ours, "BTCUSDT", "5m", bars, fund, oi, cfg)
+    snap = ours._reload(force=True)
+    pts = snap.points
+    svc, meta = RagService(cfg, ours), ours.meta()
+    assert meta is not None
+    probes = []
+    for r in queries(pts, 100):
+        p = parse_params(r)
+        vec = svc._embed(meta, p.current_state)[1]
+        probes.append((vec, svc._filter(p, Knobs.resolve(p.query_config, cfg.query_defaults))[0]))
+
+    def timed(search: Any) -> tuple[float, float, list[list[int]]]:
+        lat, found = [], []
+        for vec, flt in probes:
+            t = time.perf_counter()
+            found.append(search(vec, flt))
+            lat.append((time.perf_counter() - t) * 1000)
+        return pct(lat, 50), pct(lat, 99), found
+
+    def ours_search(vec: Any, flt: Any) -> list[int]:
+        return [int(h.payload["t_ms"]) for h in ours.search("full", vec, flt, 5, 0.7)]
+
+    base = timed(ours_search)
+    print(f"engines, {len(pts)} points, regime filters on, search only:")
+    print(f"  embedded numpy + partitions  p50 {base[0]:8.2f} ms  p99 {base[1]:8.2f} ms")
+
+    params = {
+        n: qe.EdgeVectorParams(size=v.shape[1], distance=qe.Distance.Cosine)
+        for n, v in snap.vectors.items()
+    }
+    shard = qe.EdgeShard.create(tf.mkdtemp() + "/shard", qe.EdgeConfig(vectors=params))
+    kinds = qe.PayloadSchemaType
+    for field, kind in (("symbol", kinds.Keyword), ("t_ms", kinds.Integer), ("oi_delta_pct", kinds.Float), ("funding_rate", kinds.Float)):  # fmt: skip
+        shard.update(qe.UpdateOperation.create_field_index(field, kind))
+    t0 = time.perf_counter()
+    for lo in range(0, len(pts), 2000):
+        batch = [
+            qe.Point(
+                int(pts[i]["id"]),
+                {n: v[i].tolist() for n, v in snap.vectors.items()},
+                _payload(pts[i]),
+            )
+            for i in range(lo, min(lo + 2000, len(pts)))
+        ]
+        shard.update(qe.UpdateOperation.upsert_points(batch))
+    up = len(pts) / (time.perf_counter() - t0)
+
+    def edge_search(vec: Any, flt: Any) -> list[int]:
+        # Every point is complete here (a bool MatchValue matched nothing in edge 0.9).
+        must = [qe.FieldCondition("symbol", match=qe.MatchValue(flt.symbol))]
+        for r in flt.ranges:
+            must.append(
+                qe.FieldCondition(
+                    r.field, range=qe.RangeFloat(gt=r.gt, gte=r.gte, lt=r.lt, lte=r.lte)
+                )
+            )
+        req = qe.QueryRequest(limit=5, query=qe.Query.Nearest(vec.tolist(), using="full"),
+                              filter=qe.Filter(must=must), with_payload=True, score_threshold=0.7)  # fmt: skip
+        res = sorted(shard.query(req), key=lambda x: (-x.score, -x.payload["t_ms"]))
+        return [int(x.payload["t_ms"]) for x in res]
+
+    edge = timed(edge_search)
+    same = sum(a == b for a, b in zip(edge[2], base[2], strict=True))
+    print(f"  qdrant-edge (payload indexes) p50 {edge[0]:8.2f} ms  p99 {edge[1]:8.2f} ms  "
+          f"same results {same}/{len(probes)}  upsert {up:,.0f} points/s")  # fmt: skip
+
+    local = QdrantStore(QdrantClient(path=tf.mkdtemp()), "tp")
+    t0 = time.perf_counter()
+    ingest(local, "BTCUSDT", "5m", bars, fund, oi, cfg, batch_size=2000)
+    up = len(pts) / (time.perf_counter() - t0)
+    probes = probes[:10]
+    loc = timed(
+        lambda vec, flt: [int(h.payload["t_ms"]) for h in local.search("full", vec, flt, 5, 0.7)]
+    )
+    print(f"  qdrant-client local mode     p50 {loc[0]:8.2f} ms  p99 {loc[1]:8.2f} ms  "
+          f"(10 queries)  ingest {up:,.0f} points/s")  # fmt: skip
+
+
 def report(
     name: str, lat: list[float], secs: float, errors: list[int]
 ) -> tuple[float, float, float]:
@@ -171,7 +264,11 @@ def main() -> None:
     ap.add_argument("--candles", type=Path)
     ap.add_argument("--funding", type=Path)
     ap.add_argument("--open-interest", type=Path)
+    ap.add_argument("--compare-engines", type=int, default=0, metavar="BARS",
+                    help="also time qdrant-edge and qdrant-client local mode on BARS bars (slow)")  # fmt: skip
     args = ap.parse_args()
+    if args.compare_engines:
+        compare_engines(args.compare_engines)
     tmp = Path(tempfile.mkdtemp(prefix="rag_bench_"))
     cfg = RagConfig(store=StoreSection(path=str(tmp)))
     if args.candles:
