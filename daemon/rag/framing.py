@@ -7,6 +7,11 @@ scanner tracks bracket depth outside strings, so a value ends at its closing
 bracket whatever the line breaks. Anything else is read up to the newline and
 handed on as one (likely invalid) text, so the dispatcher can answer -32700.
 
+A raw newline inside a string ends the text there (JSON strings cannot hold
+one), so an unterminated string costs one -32700, not the connection. An
+unbalanced ``{`` does swallow the following lines until the text completes,
+exceeds ``max_bytes`` or the idle timeout closes the connection.
+
 A text longer than ``max_bytes`` yields :data:`OVERSIZED` once and the decoder
 stops: the stream cannot be resynchronized, so the server answers and closes.
 """
@@ -20,7 +25,7 @@ OVERSIZED: Final = b""  # sentinel frame: never a real text (empty lines are ski
 
 _WS = re.compile(rb"[ \t\r\n]*")
 _OUTSIDE = re.compile(rb'[{}\[\]"]')
-_INSIDE = re.compile(rb'["\\]')
+_INSIDE = re.compile(rb'["\\\n]')
 
 
 class FrameDecoder:
@@ -104,6 +109,9 @@ class FrameDecoder:
                 return False
             i, c = m.start(), buf[m.start()]
             if self._in_str:
+                if c == 0x0A:  # a raw newline cannot be inside a JSON string: malformed,
+                    self._emit(frames, i, i + 1)  # hand it on (-32700) and resync after it
+                    return True
                 if c == 0x5C:  # backslash: skip the escaped byte
                     if i + 1 >= len(buf):
                         self._pos = i

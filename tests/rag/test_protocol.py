@@ -165,3 +165,10 @@ def test_invalid_params_type_and_id_type() -> None:
     assert _run(b'{"jsonrpc":"2.0","method":"m","params":3,"id":1}')["error"]["code"] == -32600
     assert _run(b'{"jsonrpc":"2.0","method":"m","id":true}')["error"]["code"] == -32600
     assert _run(b'{"jsonrpc":"2.0","method":"m","id":{"a":1}}')["error"]["code"] == -32600
+
+
+def test_unterminated_string_resyncs_at_newline() -> None:
+    """A line with an unclosed string is one bad text; the next line is read normally."""
+    frames = FrameDecoder(1000).feed(b'{"jsonrpc": "2.0, "id": 1}\n{"a":1}\n')
+    assert frames == [b'{"jsonrpc": "2.0, "id": 1}', b'{"a":1}']
+    assert _run(frames[0])["error"]["code"] == -32700
