@@ -216,6 +216,7 @@ MESSAGES = {
 async def _run(pool: WorkerPool, s: Sentinels, hook_id: str, source: str) -> HookResult:
     source = source.replace("SENTINEL", str(s.file)).replace("PORT", str(s.port))
     hostile = spec_from_source(f"wake_{hook_id}", "wake", source)
+    await pool.compile("victim", [hostile, CANARY])  # so only timeout_ms applies below
     results = await pool.evaluate("victim", [hostile, CANARY], EVENT, STATE)
     other = await pool.evaluate("bystander", [CANARY], EVENT, STATE)
     for canary in (results[1], other[0]):
