@@ -67,7 +67,8 @@ class QdrantStore:
             client = QdrantClient(
                 url=cfg.url,
                 api_key=cfg.qdrant_api_key or None,
-                timeout=int(cfg.timeout_seconds),
+                timeout=max(1, int(cfg.timeout_seconds)),
+                check_compatibility=False,  # no blocking version probe at startup
             )
         except Exception as exc:  # noqa: BLE001 - client construction raises many types
             raise StoreError(f"qdrant {cfg.url}: {exc}") from None

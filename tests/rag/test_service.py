@@ -314,3 +314,12 @@ def test_query_embedding_is_cached(collection: Collection) -> None:
     )
     assert first["matches"] == second["matches"]
     assert "fastembed" not in sys.modules
+
+
+def test_unreachable_qdrant_server_is_32003(collection: Collection) -> None:
+    """kind = "qdrant" with nothing listening: the query fails with -32003, naming the cause."""
+    from daemon.rag.store import open_store
+
+    store = open_store(StoreSection(kind="qdrant", url="http://127.0.0.1:9", timeout_seconds=1))
+    err = _code(RagService(collection.cfg, store), params_from(_query_point(collection), 1))
+    assert err.code == -32003 and "refused" in err.data["reason"].lower()
