@@ -118,21 +118,38 @@ class FrameReader:
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """Add ``data``; return the bodies of all frames now complete."""
-        self._buf += data
-        frames: list[bytes] = []
-        while len(self._buf) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._buf, 0)
+    def feed(self, data: bytes) -> list[bytes | memoryview]:
+        """Add ``data``; return the bodies of all frames now complete.
+
+        Fast path: when nothing is buffered (the usual case) frames are zero-copy
+        views into ``data``; a partial frame is accumulated in a bytearray.
+        """
+        buf: bytes | bytearray
+        if self._buf:
+            self._buf += data
+            buf = self._buf
+        else:
+            buf = data
+        frames: list[bytes | memoryview] = []
+        pos, n = 0, len(buf)
+        while n - pos >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(buf, pos)
             if size > self.max_frame_bytes:
                 raise HookCrashed(
                     f"frame of {size} bytes exceeds the {self.max_frame_bytes}-byte cap"
                 )
-            end = _HEADER.size + size
-            if len(self._buf) < end:
+            end = pos + _HEADER.size + size
+            if n < end:
                 break
-            frames.append(bytes(self._buf[_HEADER.size : end]))
-            del self._buf[:end]
+            if buf is data:
+                frames.append(memoryview(data)[pos + _HEADER.size : end])
+            else:
+                frames.append(bytes(buf[pos + _HEADER.size : end]))
+            pos = end
+        if buf is data:
+            self._buf = bytearray(data[pos:])
+        else:
+            del self._buf[:pos]
         return frames
 
     @property
@@ -156,13 +173,13 @@ _to_worker = msgspec.msgpack.Decoder(ToWorker)
 _from_worker = msgspec.msgpack.Decoder(FromWorker)
 
 
-def decode_to_worker(body: bytes) -> ToWorker:
+def decode_to_worker(body: bytes | memoryview) -> ToWorker:
     """Decode a parent → worker frame body (raises msgspec errors on garbage)."""
     msg: ToWorker = _to_worker.decode(body)
     return msg
 
 
-def decode_from_worker(body: bytes) -> FromWorker:
+def decode_from_worker(body: bytes | memoryview) -> FromWorker:
     """Decode a worker → parent body; anything malformed is a crashed worker."""
     try:
         msg: FromWorker = _from_worker.decode(body)

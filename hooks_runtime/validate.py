@@ -62,8 +62,8 @@ def _check_json(value: Any, depth: int, budget: list[int], where: str) -> None:
 
 
 def _check_fields(result: dict[str, Any], kind: str) -> None:
-    unknown = sorted(set(result) - DECISION_KEYS)
-    if unknown:
+    if not DECISION_KEYS.issuperset(result):
+        unknown = sorted(set(result) - DECISION_KEYS)
         raise HookResultInvalid(f"unknown key(s) {unknown}; allowed: {sorted(DECISION_KEYS)}")
     decision = result.get("decision")
     allowed = ALLOWED_DECISIONS[kind]

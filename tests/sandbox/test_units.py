@@ -41,6 +41,10 @@ def test_frames_round_trip_split_anywhere() -> None:
     bodies = [b for i in range(len(data)) for b in reader.feed(data[i : i + 1])]
     assert [decode_to_worker(b) for b in bodies] == [batch, empty]
     assert reader.pending == 0
+    whole = FrameReader(1 << 20)
+    assert [decode_to_worker(b) for b in whole.feed(data + data[:3])] == [batch, empty]
+    assert whole.pending == 3
+    assert [decode_to_worker(b) for b in whole.feed(data[3:])] == [batch, empty]
 
 
 def test_frame_over_cap_is_a_crash() -> None:
