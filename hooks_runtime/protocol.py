@@ -183,6 +183,6 @@ def decode_from_worker(body: bytes | memoryview) -> FromWorker:
     """Decode a worker → parent body; anything malformed is a crashed worker."""
     try:
         msg: FromWorker = _from_worker.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise HookCrashed(f"worker sent a malformed frame: {exc}") from None
     return msg

@@ -60,6 +60,10 @@ def test_garbage_from_worker_is_a_crash() -> None:
         decode_from_worker(b"\xc1garbage")
     with pytest.raises(HookCrashed):
         decode_from_worker(msgspec.msgpack.encode({"type": "result", "id": "x"}))
+    fields = {"type": "result", "id": 1, "index": 0, "runtime_us": 1, "done_at": 1.0}
+    nested = msgspec.msgpack.encode({**fields, "value": None})[:-1] + b"\x91" * 200_000 + b"\xc0"
+    with pytest.raises(HookCrashed, match="recursion"):  # a compromised worker's deep value
+        decode_from_worker(nested)
     body = msgspec.msgpack.encode(Result(1, 0, 5, 1.0, {"decision": "WAKE"}))
     assert decode_from_worker(body) == Result(1, 0, 5, 1.0, {"decision": "WAKE"})
 
