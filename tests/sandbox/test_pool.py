@@ -231,6 +231,17 @@ async def test_memory_error_and_recycling_replace_the_worker() -> None:
         assert p.worker_pids()["m"] != pid
 
 
+async def test_rss_threshold_recycles_the_worker() -> None:
+    """A worker whose RSS exceeds recycle_rss_mb is replaced (checked every 64 batches)."""
+    async with open_worker_pool(SandboxConfig(recycle_rss_mb=1)) as p:
+        await p.evaluate("rss", [CANARY], EVENT, STATE)
+        pid = p.worker_pids()["rss"]
+        for _ in range(63):
+            assert p.worker_pids()["rss"] == pid
+            await p.evaluate("rss", [CANARY], EVENT, STATE)
+        assert "rss" not in p.worker_pids()
+
+
 LAYER_PROBE = r"""
 import json, os, socket, sys, threading
 sys.path[:0] = json.loads(sys.argv[1])
