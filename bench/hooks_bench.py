@@ -147,8 +147,9 @@ async def one_agent(pool: WorkerPool, hooks: list[HookSpec], states: list[Any], 
     return lat, time.perf_counter() - t0
 
 
-async def ten_agents(pool: WorkerPool, hooks: list[HookSpec], state: Any, n: int) -> Any:
+async def ten_agents(pool: WorkerPool, hooks: list[HookSpec], plain: Any, n: int) -> Any:
     agents = [f"a{k}" for k in range(10)]
+    state = encode_state(plain)  # once per event, shared by the ten agents
     for a in agents:
         await pool.evaluate(a, hooks, event(0), state)
     lat: list[float] = []

@@ -15,7 +15,8 @@ Usage from the daemon (one pool for the whole process, one worker per agent)::
   content hash), ``spec_from_source`` from a string. Sources travel to the worker
   once per revision and are cached there as code objects.
 * ``pool.evaluate`` runs all of an agent's hooks for one event in one round
-  trip. ``error_kind`` is one of ``compile``, ``runtime``, ``invalid_result``,
+  trip. Pass ``encode_state(state)`` instead of the state when several agents
+  get the same state for an event (it is then encoded once). ``error_kind`` is one of ``compile``, ``runtime``, ``invalid_result``,
   ``memory``, ``timeout``, ``crashed`` (the hook ran and failed: it counts towards
   backoff) or ``backoff``/``paused`` (the hook was skipped). ``ERROR_CLASSES``
   maps kinds to the exception classes of :mod:`daemon.errors` for callers that
@@ -43,7 +44,7 @@ from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import KNOWN_LAYERS, SandboxConfig
 from hooks_runtime.hookfile import HookSpec, hook_paths, kind_of, load_hook, spec_from_source
 from hooks_runtime.pool import HookResult, WorkerPool, open_worker_pool
-from hooks_runtime.protocol import ErrorKind, HookKind
+from hooks_runtime.protocol import ErrorKind, HookKind, encode_state
 from hooks_runtime.validate import ALLOWED_DECISIONS, validate_result
 
 #: Exception class per recorded error kind (skips map to the HookError base).
@@ -69,6 +70,7 @@ __all__ = [
     "HookSpec",
     "SandboxConfig",
     "WorkerPool",
+    "encode_state",
     "hook_paths",
     "kind_of",
     "load_hook",

@@ -99,7 +99,10 @@ class WorkerPool:
         self, agent_id: str, hooks: Sequence[HookSpec], event: dict[str, Any], state: Any
     ) -> list[HookResult]:
         """Evaluate ``hooks`` (in order) on ``event``; one result per hook, never raises
-        for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start)."""
+        for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start).
+
+        ``state`` is plain data, or ``encode_state(state)`` when the same state goes
+        to several agents (encode it once per event)."""
         return await self._gated(agent_id, hooks, event, state, compile_only=False)
 
     async def compile(self, agent_id: str, hooks: Sequence[HookSpec]) -> list[HookResult]:
@@ -152,7 +155,7 @@ class WorkerPool:
         results: list[HookResult] = []
         if not hooks:
             return results
-        state_raw = encode_state(state)
+        state_raw = state if isinstance(state, msgspec.Raw) else encode_state(state)
         async with self._lock(agent_id):
             pending = list(hooks)
             while pending:

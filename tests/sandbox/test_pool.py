@@ -457,3 +457,13 @@ async def test_legitimate_hooks_have_a_useful_standard_surface(pool: WorkerPool)
         "upper": "Éfffe",
         "keys": ["close", "closeTime", "open"],
     }
+
+
+async def test_pre_encoded_state_is_accepted(pool: WorkerPool) -> None:
+    """A state encoded once per event (for many agents) gives the same decisions."""
+    from hooks_runtime import encode_state
+
+    raw = encode_state(STATE)
+    for agent in ("enc1", "enc2"):
+        r = await pool.evaluate(agent, [CANARY], EVENT, raw)
+        assert r[0].decision == {"decision": "WAKE", "reason": "pristine"}
