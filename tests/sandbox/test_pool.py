@@ -467,3 +467,47 @@ async def test_pre_encoded_state_is_accepted(pool: WorkerPool) -> None:
     for agent in ("enc1", "enc2"):
         r = await pool.evaluate(agent, [CANARY], EVENT, raw)
         assert r[0].decision == {"decision": "WAKE", "reason": "pristine"}
+
+
+DAEMON_PROBE = r"""
+import sys, anyio
+from hooks_runtime import open_worker_pool, spec_from_source
+
+async def main():
+    hook = spec_from_source("wake_x", "wake", "def evaluate(e, s):\n    return 1\n")
+    async with open_worker_pool() as pool:
+        await pool.evaluate("a", [hook], {"eventId": "e"}, {})
+        pids = [*pool.worker_pids().values(), *pool.spare_pids()]
+        print(" ".join(map(str, pids)), flush=True)
+        await anyio.sleep(60)
+
+anyio.run(main)
+"""
+
+
+async def test_workers_die_with_the_daemon() -> None:
+    """PR_SET_PDEATHSIG: SIGKILL the daemon and its workers go too (no orphans)."""
+    root = str(Path(__file__).parents[2])
+    async with await anyio.open_process(
+        [sys.executable, "-c", DAEMON_PROBE], cwd=root, env={**os.environ, "PYTHONPATH": root}
+    ) as proc:
+        assert proc.stdout is not None
+        line = b""
+        with anyio.fail_after(20):
+            async for chunk in proc.stdout:
+                line += chunk
+                if line.endswith(b"\n"):
+                    break
+        pids = [int(p) for p in line.split()]
+        assert len(pids) >= 1
+        proc.kill()
+        await proc.wait()
+    assert await _eventually(lambda: not any(_alive(p) for p in pids))
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as dead)."""
+    try:
+        return _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
