@@ -148,10 +148,6 @@ class Evaluator:
             raise HookCompileError("the hook defines no evaluate(event, state) function")
         value = fn(dict(event), state)
         decision = validate_result(value, call.kind, self.cfg.max_result_bytes)
-        del glb, fn, value
-        # Cyclic garbage (and its finalizers) made by this hook is all in the youngest
-        # generation (automatic gc is off): collect it now, charged to this hook.
-        gc.collect(0)
         return decision, out.text()
 
     def run(self, batch: Batch, send: Any) -> None:
@@ -175,6 +171,9 @@ class Evaluator:
             kind, msg = "memory", "MemoryError: the hook exceeded the worker's memory limit"
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, GeneratorExit too
             kind, msg = "runtime", describe(exc, self._filename(call), limit)
+        # Cyclic garbage (and its finalizers) this hook made, failed or not, is all in
+        # the youngest generation (automatic gc is off): collect it on this hook's budget.
+        gc.collect(0)
         t1 = time.perf_counter_ns()
         done_at = time.monotonic()
         return Result(batch.id, index, (t1 - t0) // 1000, done_at, value, kind, msg, output)

@@ -141,6 +141,18 @@ CASES: list[tuple[str, str, str]] = [
         + _body("g = gen()\nnext(g)\n" + OK),
         "timeout",
     ),
+    (
+        "cyclic_finalizer_after_error",
+        "def gen():\n    try:\n        yield 1\n    finally:\n        while True:\n            pass\n"
+        + _body("g = gen()\nnext(g)\nbox = [g]\nbox.append(box)\nraise ValueError('boom')"),
+        "timeout",
+    ),
+    (
+        "cyclic_finalizer",
+        "def gen():\n    try:\n        yield 1\n    finally:\n        while True:\n            pass\n"
+        + _body("g = gen()\nnext(g)\nbox = [g]\nbox.append(box)\n" + OK),
+        "timeout",
+    ),
     ("huge_string", _body('s = "a" * (10 ** 9)\n' + OK), "memory"),
     ("huge_list", _body("s = [0] * (10 ** 9)\n" + OK), "memory"),
     # --- output and protocol injection: captured, never on the wire
