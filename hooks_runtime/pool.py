@@ -158,6 +158,7 @@ class WorkerPool:
         state_raw = state if isinstance(state, msgspec.Raw) else encode_state(state)
         async with self._lock(agent_id):
             pending = list(hooks)
+            idle_deaths = 0
             while pending:
                 worker = await self._worker_for(agent_id)
                 try:
@@ -166,6 +167,11 @@ class WorkerPool:
                     if not worker.alive or worker.poisoned or self._worn_out(worker):
                         self._workers.pop(agent_id, None)
                         self._retire(worker)
+                if not done:
+                    idle_deaths += 1
+                    if idle_deaths < 2:
+                        continue
+                    done = [_error(pending[0], "crashed", "fresh workers keep dying")]
                 results.extend(done)
                 pending = pending[len(done) :]
         return results
@@ -187,9 +193,9 @@ class WorkerPool:
             await worker.send(
                 worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only))
             )
-        except HookCrashed as exc:
+        except HookCrashed:  # died while idle (not a hook's doing): the caller retries
             worker.kill()
-            return [_error(hooks[0], "crashed", str(exc))]
+            return []
         worker.batches += 1
         cfg = self.config
         budgets = [

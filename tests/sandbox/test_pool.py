@@ -511,3 +511,16 @@ def _alive(pid: int) -> bool:
         return _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+async def test_worker_that_died_while_idle_blames_no_hook(pool: WorkerPool) -> None:
+    """A worker killed from outside between events is replaced; no hook gets the blame."""
+    import signal
+
+    await pool.evaluate("idle", [CANARY], EVENT, STATE)
+    pid = pool.worker_pids()["idle"]
+    os.kill(pid, signal.SIGKILL)
+    assert await _eventually(lambda: not _alive(pid))
+    results = await pool.evaluate("idle", [CANARY, CANARY], EVENT, STATE)
+    assert all(r.ok for r in results), results
+    assert pool.worker_pids()["idle"] != pid
