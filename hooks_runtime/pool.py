@@ -19,7 +19,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from daemon.errors import HookCrashed, HookResultInvalid, SandboxUnavailable
+from daemon.errors import HookCrashed, HookError, HookResultInvalid, SandboxUnavailable
 from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.hookfile import HookSpec
@@ -99,7 +99,8 @@ class WorkerPool:
         self, agent_id: str, hooks: Sequence[HookSpec], event: dict[str, Any], state: Any
     ) -> list[HookResult]:
         """Evaluate ``hooks`` (in order) on ``event``; one result per hook, never raises
-        for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start).
+        for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start,
+        and :exc:`HookError` when event + state exceed ``max_frame_bytes``).
 
         ``state`` is plain data, or ``encode_state(state)`` when the same state goes
         to several agents (encode it once per event)."""
@@ -189,10 +190,14 @@ class WorkerPool:
         batch_id = next(self._ids)
         calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
         out: list[HookResult] = []
-        try:
-            await worker.send(
-                worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only))
+        data = worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only))
+        if len(data) - 4 > self.config.max_frame_bytes:
+            raise HookError(
+                f"request of {len(data) - 4} bytes exceeds max_frame_bytes "
+                f"({self.config.max_frame_bytes}): send a smaller state"
             )
+        try:
+            await worker.send(data)
         except HookCrashed:  # died while idle (not a hook's doing): the caller retries
             worker.kill()
             return []

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from daemon.errors import HookCompileError, HookResultInvalid
+from daemon.errors import HookCompileError, HookCrashed, HookResultInvalid
 from hooks_runtime import hardening, policy
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.protocol import (
@@ -259,6 +259,6 @@ def main(bell_fd: int) -> None:
             batches += 1
             if batches % _FULL_GC_EVERY == 0:
                 gc.collect()  # between batches: no hook's budget pays for it
-    except (msgspec.DecodeError, msgspec.ValidationError, OSError):
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError, HookCrashed):
         os._exit(2)
     os._exit(0)

@@ -524,3 +524,14 @@ async def test_worker_that_died_while_idle_blames_no_hook(pool: WorkerPool) -> N
     results = await pool.evaluate("idle", [CANARY, CANARY], EVENT, STATE)
     assert all(r.ok for r in results), results
     assert pool.worker_pids()["idle"] != pid
+
+
+async def test_oversized_request_is_refused_before_sending() -> None:
+    """A state larger than max_frame_bytes is the caller's error, not a hook failure."""
+    from daemon.errors import HookError
+
+    async with open_worker_pool(SandboxConfig(max_frame_bytes=10_000)) as p:
+        with pytest.raises(HookError, match="exceeds max_frame_bytes"):
+            await p.evaluate("big", [CANARY], EVENT, {"blob": "x" * 20_000})
+        assert (await p.evaluate("big", [CANARY], EVENT, STATE))[0].ok
+        assert p.breaker.failures(("big", "wake_canary")) == 0
