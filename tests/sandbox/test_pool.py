@@ -535,3 +535,13 @@ async def test_oversized_request_is_refused_before_sending() -> None:
             await p.evaluate("big", [CANARY], EVENT, {"blob": "x" * 20_000})
         assert (await p.evaluate("big", [CANARY], EVENT, STATE))[0].ok
         assert p.breaker.failures(("big", "wake_canary")) == 0
+
+
+async def test_worker_command_is_isolated_python(pool: WorkerPool) -> None:
+    """-I -S -B with the int_max_str_digits limit; only the needed paths are passed in."""
+    from hooks_runtime.process import worker_command
+
+    cmd = worker_command(9)
+    assert cmd[:7] == [sys.executable, "-I", "-S", "-B", "-X", "int_max_str_digits=4300", "-c"]
+    assert cmd[8] == "9" and all(Path(p).is_dir() for p in cmd[9:])
+    assert pool.ready is not None and pool.ready.python == sys.version.split()[0]
