@@ -543,5 +543,5 @@ async def test_worker_command_is_isolated_python(pool: WorkerPool) -> None:
 
     cmd = worker_command(9)
     assert cmd[:7] == [sys.executable, "-I", "-S", "-B", "-X", "int_max_str_digits=4300", "-c"]
-    assert cmd[8] == "9" and all(os.path.isdir(p) for p in cmd[9:])
+    assert cmd[8] == "9" and all(map(os.path.isdir, cmd[9:]))
     assert pool.ready is not None and pool.ready.python == sys.version.split()[0]
