@@ -54,7 +54,8 @@ class QueryConfig(_Strict, frozen=True):
 
 class QueryParams(_Strict, frozen=True):
     symbol: Annotated[str, msgspec.Meta(pattern="^[A-Z]+USDT$", max_length=16)]
-    timestamp: NonNegative
+    # Epoch ms; the upper bound (year ~33658) keeps it a sane int64.
+    timestamp: Annotated[float, msgspec.Meta(ge=0, le=1e15)]
     current_state: CurrentState
     query_config: QueryConfig | None = None
     # Checked by the server when rag.server.api_key is set; ignored in-process.

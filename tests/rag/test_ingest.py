@@ -102,6 +102,18 @@ def test_persistence_across_restart(collection: Collection) -> None:
     assert after["matches"] == before["matches"] and after["statistics"] == before["statistics"]
 
 
+def test_stored_outcomes_wait_for_their_horizon(collection: Collection) -> None:
+    """In the store, the last day of points has no 24 h outcome, the last 4 h no 4 h outcome."""
+    pts = collection.points()
+    end = int(collection.rows[-1, 0]) + TF_MS
+    pending = pts["t_ms"] + 24 * H > end
+    assert pending.sum() == 24 * 4 and np.isnan(pts["outcome_24h"][pending]).all()
+    assert np.isfinite(pts["outcome_24h"][~pending]).all()
+    late4 = pts["t_ms"] + 4 * H > end
+    assert np.isnan(pts["outcome_4h"][late4]).all() and np.isnan(pts["hit_stop_loss"][late4]).all()
+    assert np.isfinite(pts["hit_take_profit"][~late4]).all()
+
+
 def test_missing_oi_points_are_kept_but_never_matched(collection: Collection) -> None:
     """Bars without OI are stored incomplete (NaN, not 0) and never appear in results."""
     pts = collection.points()

@@ -208,6 +208,7 @@ def _code(svc: RagService, params: Any) -> RpcError:
     [
         (lambda p: p.update(symbol="btcusdt"), "symbol"),
         (lambda p: p.pop("timestamp"), "timestamp"),
+        (lambda p: p.update(timestamp=1e300), "timestamp"),
         (lambda p: p["current_state"].pop("rsi_7"), "current_state.rsi_7"),
         (lambda p: p["current_state"].update(rsi_14=100.5), "current_state.rsi_14"),
         (lambda p: p["current_state"].update(price=-1), "current_state.price"),
