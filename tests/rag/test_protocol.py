@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 from daemon.rag import jsonrpc
@@ -172,3 +173,17 @@ def test_unterminated_string_resyncs_at_newline() -> None:
     frames = FrameDecoder(1000).feed(b'{"jsonrpc": "2.0, "id": 1}\n{"a":1}\n')
     assert frames == [b'{"jsonrpc": "2.0, "id": 1}', b'{"a":1}']
     assert _run(frames[0])["error"]["code"] == -32700
+
+
+def test_random_garbage_never_raises() -> None:
+    """Seeded random bytes (with JSON-ish punctuation) through decoder and parser never raise."""
+    rng = random.Random(4)
+    alphabet = b'{}[]",:\\\n \t0123456789abcxyz\xff\xc3\x80-.eE'
+    for _ in range(300):
+        dec = FrameDecoder(256)
+        blob = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 600)))
+        for i in range(0, len(blob), 37):
+            for frame in dec.feed(blob[i : i + 37]):
+                if frame != OVERSIZED:
+                    msg = jsonrpc.parse(frame)
+                    jsonrpc.encode(msg, [e if isinstance(e, dict) else None for e in msg.entries])
