@@ -203,16 +203,18 @@ async def replace_latency(hooks: list[HookSpec], state: Any, trials: int) -> lis
     return out
 
 
-async def main(n: int, candles: int) -> None:
+async def main(n: int, candles: int, spin_us: int) -> None:
     hooks = make_hooks()
     state = make_state(candles)
     changing = [make_state(candles), make_state(candles + 1)]  # every event a new candle
-    print(f"{len(hooks)} hooks, state with {candles} candles, {n} events per row\n")
+    print(
+        f"{len(hooks)} hooks, state with {candles} candles, {n} events per row, spin {spin_us} us\n"
+    )
     lat, secs = in_process(hooks, [state], n)
     base = line("in-process, same state", lat, n * len(hooks), secs)
     lat, secs = in_process(hooks, changing, n)
     base_c = line("in-process, state changes", lat, n * len(hooks), secs)
-    async with open_worker_pool(SandboxConfig()) as pool:
+    async with open_worker_pool(SandboxConfig(spin_us=spin_us)) as pool:
         assert pool.ready is not None
         print(f"{'':34} sandbox layers: {', '.join(pool.ready.active)}")
         lat1, secs1 = await one_agent(pool, hooks, [state], n)
@@ -246,5 +248,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=3000)
     ap.add_argument("--candles", type=int, default=50)
+    ap.add_argument("--spin-us", type=int, default=SandboxConfig().spin_us)
     args = ap.parse_args()
-    anyio.run(main, args.events, args.candles)
+    anyio.run(main, args.events, args.candles, args.spin_us)

@@ -37,6 +37,8 @@ from hooks_runtime.validate import validate_result
 
 _WORKER_ERROR_KINDS = frozenset({"compile", "runtime", "invalid_result", "memory"})
 _USAGE_CHECK_EVERY = 64  # batches between /proc reads of a worker's RSS and CPU
+_LONE_BEFORE_SPIN = 8  # lone batches in a row before polling replaces sleeping
+_SPIN_PAUSE = 64  # batches without polling after a poll ran out (busy CPUs)
 
 
 class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -90,6 +92,10 @@ class WorkerPool:
         self._retry_at = 0.0
         self._ids = itertools.count(1)
         self._closed = False
+        self._inflight = 0  # batches awaiting results, across agents
+        self._crowded = 0  # times a batch started while another was in flight
+        self._lone_streak = 0  # batches in a row that ran with no other in flight
+        self._spin_pause = 0  # batches left without polling after a poll missed
         self.ready: Ready | None = None  # the latest worker's layer report
         self.respawns = 0
 
@@ -190,7 +196,16 @@ class WorkerPool:
         batch_id = next(self._ids)
         calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
         out: list[HookResult] = []
-        data = worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only))
+        cfg = self.config
+        # Polling instead of sleeping only pays while batches come one at a time:
+        # with several in flight the CPUs are better left to the workers.
+        lone = self._inflight == 0 and self._lone_streak >= _LONE_BEFORE_SPIN
+        if self._spin_pause > 0:  # a recent poll missed: the CPUs are busy, sleep instead
+            self._spin_pause -= 1
+            lone = False
+        spin = cfg.spin_us / 1e6 if lone else 0.0
+        linger = cfg.spin_us if lone else 0
+        data = worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only, linger))
         if len(data) - 4 > self.config.max_frame_bytes:
             raise HookError(
                 f"request of {len(data) - 4} bytes exceeds max_frame_bytes "
@@ -202,15 +217,26 @@ class WorkerPool:
             worker.kill()
             return []
         worker.batches += 1
-        cfg = self.config
         budgets = [
             (cfg.timeout_ms + (cfg.compile_timeout_ms if c.source else 0)) / 1000 for c in calls
         ]
+        worker.spin_missed = False
+        self._inflight += 1
+        if self._inflight > 1:
+            self._crowded += 1
+        crowded = self._crowded
         try:
-            results, failure, msg = await worker.collect(batch_id, budgets, time.monotonic())
+            results, failure, msg = await worker.collect(
+                batch_id, budgets, time.monotonic(), spin, self._alone
+            )
         except BaseException:  # cancelled mid-batch: its results would confuse the next one
             worker.kill()
             raise
+        finally:
+            self._inflight -= 1
+            self._lone_streak = self._lone_streak + 1 if crowded == self._crowded else 0
+            if worker.spin_missed:
+                self._spin_pause = _SPIN_PAUSE
         for h, call, res in zip(hooks, calls, results, strict=False):
             if call.source is not None:
                 worker.known[h.hook_id] = h.revision
@@ -246,6 +272,9 @@ class WorkerPool:
             hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
             decision=decision, output=res.output,
         )  # fmt: skip
+
+    def _alone(self) -> bool:
+        return self._inflight == 1
 
     def _worn_out(self, worker: WorkerProcess) -> bool:
         if worker.evaluations >= self.config.recycle_after:

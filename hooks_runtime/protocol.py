@@ -56,6 +56,8 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
     state: msgspec.Raw
     hooks: list[HookCall]
     compile_only: bool = False
+    # After answering, busy-poll this long for the next request before sleeping.
+    linger_us: int = 0
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):

@@ -185,10 +185,27 @@ def _send_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _frames(fd: int, reader: FrameReader) -> Any:
+def _read(fd: int, linger: list[float]) -> bytes:
+    """Read from ``fd``, busy-polling up to ``linger[0]`` seconds before blocking."""
+    spin, linger[0] = linger[0], 0.0
+    if spin > 0:
+        os.set_blocking(fd, False)
+        end = time.monotonic() + spin
+        try:
+            while time.monotonic() < end:
+                try:
+                    return os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    pass
+        finally:
+            os.set_blocking(fd, True)
+    return os.read(fd, 1 << 16)
+
+
+def _frames(fd: int, reader: FrameReader, linger: list[float]) -> Any:
     """Yield decoded frames from ``fd`` until EOF."""
     while True:
-        data = os.read(fd, 1 << 16)
+        data = _read(fd, linger)
         if not data:
             return
         for body in reader.feed(data):
@@ -214,7 +231,8 @@ def main(bell_fd: int) -> None:
     fds_ok, fds = _clean_fds({0, 1, 2, ipc_in, ipc_out, bell})
     enc = FrameEncoder()
     reader = FrameReader(64 * 1024 * 1024)
-    frames = _frames(ipc_in, reader)
+    linger = [0.0]  # set per batch by the parent (only when nothing else is in flight)
+    frames = _frames(ipc_in, reader, linger)
     setup = next(frames, None)
     if not isinstance(setup, Setup):
         _send_all(ipc_out, enc.encode(Fatal("first frame must be setup")))
@@ -256,6 +274,7 @@ def main(bell_fd: int) -> None:
                 os._exit(2)
             evaluator.run(frame, send)
             os.write(bell, b"!")
+            linger[0] = frame.linger_us / 1e6
             batches += 1
             if batches % _FULL_GC_EVERY == 0:
                 gc.collect()  # between batches: no hook's budget pays for it
