@@ -545,3 +545,23 @@ async def test_worker_command_is_isolated_python(pool: WorkerPool) -> None:
     assert cmd[:7] == [sys.executable, "-I", "-S", "-B", "-X", "int_max_str_digits=4300", "-c"]
     assert cmd[8] == "9" and all(map(os.path.isdir, cmd[9:]))
     assert pool.ready is not None and pool.ready.python == sys.version.split()[0]
+
+
+@pytest.mark.parametrize("spin_us", [0, 2000])
+async def test_polling_and_sleeping_give_the_same_outcomes(spin_us: int) -> None:
+    """With polling off, or long enough to outlast a slow hook, results and blame are the same."""
+    slow = spec_from_source(
+        "wake_slow",
+        "wake",
+        "def evaluate(e, s):\n    n = 0\n    for i in range(300000):\n        n += i\n"
+        '    return {"decision": "IGNORE", "reason": str(n)}\n',
+    )
+    cfg = SandboxConfig(timeout_ms=400, compile_timeout_ms=2000, spin_us=spin_us)
+    async with open_worker_pool(cfg) as p:
+        await p.compile("s", [CANARY, slow, LOOP])
+        for _ in range(10):  # a lone streak, so polling kicks in when enabled
+            assert (await p.evaluate("s", [CANARY], EVENT, STATE))[0].ok
+        results = await p.evaluate("s", [CANARY, slow, LOOP, CANARY], EVENT, STATE)
+    kinds = [r.error_kind for r in results]
+    assert kinds == [None, None, "timeout", None]
+    assert results[1].decision == {"decision": "IGNORE", "reason": str(sum(range(300000)))}
