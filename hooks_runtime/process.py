@@ -42,6 +42,7 @@ from hooks_runtime.protocol import (
 from hooks_runtime.worker import BOOT
 
 F_SETPIPE_SZ = 1031
+_SPIN_SLICE = 25e-6  # longest stretch the doorbell poll holds the event loop
 WORKER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -272,13 +273,20 @@ class WorkerProcess:
 
     async def _spin_bell(self, until: float, alone: Callable[[], bool]) -> bool:
         """Poll the doorbell until ``until``; True once it rang (or closed)."""
-        while time.monotonic() < until and alone():
-            try:
-                os.read(self._bell, 4096)
-            except BlockingIOError:
-                await anyio.lowlevel.checkpoint()
-                continue
-            return True
+        bell = self._bell
+        while alone():
+            now = time.monotonic()
+            if now >= until:
+                break
+            slice_end = min(until, now + _SPIN_SLICE)
+            while True:  # tight polls for one slice, then let other tasks run
+                try:
+                    os.read(bell, 4096)
+                    return True
+                except BlockingIOError:
+                    if time.monotonic() >= slice_end:
+                        break
+            await anyio.lowlevel.checkpoint()
         self.spin_missed = True
         return False
 
