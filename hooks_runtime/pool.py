@@ -33,12 +33,11 @@ from hooks_runtime.protocol import (
     Result,
     encode_state,
 )
+from hooks_runtime.spin import SpinPolicy
 from hooks_runtime.validate import validate_result
 
 _WORKER_ERROR_KINDS = frozenset({"compile", "runtime", "invalid_result", "memory"})
 _USAGE_CHECK_EVERY = 64  # batches between /proc reads of a worker's RSS and CPU
-_LONE_BEFORE_SPIN = 8  # lone batches in a row before polling replaces sleeping
-_SPIN_PAUSE = 64  # batches without polling after a poll ran out (busy CPUs)
 
 
 class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -92,10 +91,7 @@ class WorkerPool:
         self._retry_at = 0.0
         self._ids = itertools.count(1)
         self._closed = False
-        self._inflight = 0  # batches awaiting results, across agents
-        self._crowded = 0  # times a batch started while another was in flight
-        self._lone_streak = 0  # batches in a row that ran with no other in flight
-        self._spin_pause = 0  # batches left without polling after a poll missed
+        self._spin = SpinPolicy(config.spin_us)
         self.ready: Ready | None = None  # the latest worker's layer report
         self.respawns = 0
 
@@ -195,48 +191,48 @@ class WorkerPool:
         the worker (which is then dead and the caller re-runs the rest)."""
         batch_id = next(self._ids)
         calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
-        out: list[HookResult] = []
-        cfg = self.config
-        # Polling instead of sleeping only pays while batches come one at a time:
-        # with several in flight the CPUs are better left to the workers.
-        lone = self._inflight == 0 and self._lone_streak >= _LONE_BEFORE_SPIN
-        if self._spin_pause > 0:  # a recent poll missed: the CPUs are busy, sleep instead
-            self._spin_pause -= 1
-            lone = False
-        spin = cfg.spin_us / 1e6 if lone else 0.0
-        linger = cfg.spin_us if lone else 0
-        data = worker.encoder.encode(Batch(batch_id, event, state, calls, compile_only, linger))
-        if len(data) - 4 > self.config.max_frame_bytes:
-            raise HookError(
-                f"request of {len(data) - 4} bytes exceeds max_frame_bytes "
-                f"({self.config.max_frame_bytes}): send a smaller state"
-            )
+        spin_us, token = self._spin.start()
+        worker.spin_missed = False
         try:
-            await worker.send(data)
-        except HookCrashed:  # died while idle (not a hook's doing): the caller retries
-            worker.kill()
-            return []
+            data = worker.encoder.encode(
+                Batch(batch_id, event, state, calls, compile_only, spin_us)
+            )
+            if len(data) - 4 > self.config.max_frame_bytes:
+                raise HookError(
+                    f"request of {len(data) - 4} bytes exceeds max_frame_bytes "
+                    f"({self.config.max_frame_bytes}): send a smaller state"
+                )
+            try:
+                await worker.send(data)
+            except HookCrashed:  # died while idle (not a hook's doing): the caller retries
+                worker.kill()
+                return []
+            return await self._collect(worker, batch_id, hooks, calls, spin_us, compile_only)
+        finally:
+            self._spin.finish(token, worker.spin_missed)
+
+    async def _collect(
+        self,
+        worker: WorkerProcess,
+        batch_id: int,
+        hooks: list[HookSpec],
+        calls: list[HookCall],
+        spin_us: int,
+        compile_only: bool,
+    ) -> list[HookResult]:
+        cfg = self.config
         worker.batches += 1
         budgets = [
             (cfg.timeout_ms + (cfg.compile_timeout_ms if c.source else 0)) / 1000 for c in calls
         ]
-        worker.spin_missed = False
-        self._inflight += 1
-        if self._inflight > 1:
-            self._crowded += 1
-        crowded = self._crowded
         try:
             results, failure, msg = await worker.collect(
-                batch_id, budgets, time.monotonic(), spin, self._alone
+                batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone
             )
         except BaseException:  # cancelled mid-batch: its results would confuse the next one
             worker.kill()
             raise
-        finally:
-            self._inflight -= 1
-            self._lone_streak = self._lone_streak + 1 if crowded == self._crowded else 0
-            if worker.spin_missed:
-                self._spin_pause = _SPIN_PAUSE
+        out: list[HookResult] = []
         for h, call, res in zip(hooks, calls, results, strict=False):
             if call.source is not None:
                 worker.known[h.hook_id] = h.revision
@@ -272,9 +268,6 @@ class WorkerPool:
             hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
             decision=decision, output=res.output,
         )  # fmt: skip
-
-    def _alone(self) -> bool:
-        return self._inflight == 1
 
     def _worn_out(self, worker: WorkerProcess) -> bool:
         if worker.evaluations >= self.config.recycle_after:

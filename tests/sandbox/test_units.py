@@ -256,3 +256,31 @@ def test_state_reuse_only_for_unchanged_keys() -> None:
     assert ev.state(encode_state([1, {"a": 2}])) == (1, {"a": 2})
     with pytest.raises(TypeError):
         encode_state({"x": object()})
+
+
+def test_spin_policy_polls_only_for_lone_batches() -> None:
+    """Polling starts after a streak of lone batches, stops when batches overlap, and
+    pauses for a while after a poll runs out."""
+    from hooks_runtime.spin import LONE_BEFORE_SPIN, PAUSE_AFTER_MISS, SpinPolicy
+
+    p = SpinPolicy(300)
+
+    def lone_batch(missed: bool = False) -> int:
+        spin, token = p.start()
+        assert p.alone()
+        p.finish(token, missed)
+        return spin
+
+    assert [lone_batch() for _ in range(LONE_BEFORE_SPIN)] == [0] * LONE_BEFORE_SPIN
+    assert lone_batch() == 300
+    a, ta = p.start()
+    b, tb = p.start()  # overlapping: the second never polls, neither is alone
+    assert (a, b, p.alone()) == (300, 0, False)
+    p.finish(tb, False)
+    p.finish(ta, False)
+    assert lone_batch() == 0  # the overlap reset the streak
+    for _ in range(LONE_BEFORE_SPIN):
+        lone_batch()
+    assert lone_batch(missed=True) == 300
+    assert [lone_batch() for _ in range(PAUSE_AFTER_MISS)] == [0] * PAUSE_AFTER_MISS
+    assert lone_batch() == 300
