@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import aiohttp
+import anyio
 import msgspec
 import structlog
 
@@ -79,6 +80,34 @@ class WebhookNotifier:
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.failures += 1
             log.warning("alert webhook failed", error=str(exc) or type(exc).__name__)
+
+
+class AlertQueue:
+    """Hands alerts to a notifier from a background task (:meth:`run`), so a slow or
+    hanging endpoint never stalls the agent that raised them. When ``size`` alerts
+    are already waiting, new ones are logged, counted in ``dropped`` and discarded."""
+
+    def __init__(self, notifier: AlertNotifier, size: int = 1000) -> None:
+        self.notifier = notifier
+        self._send, self._receive = anyio.create_memory_object_stream[Alert](size)
+        self.dropped = 0
+
+    async def send(self, alert: Alert) -> None:
+        try:
+            self._send.send_nowait(alert)
+        except anyio.WouldBlock:
+            self.dropped += 1
+            log.warning("alert queue full; alert dropped", agent=alert.agent_id, hook=alert.hook_id)
+
+    async def run(self) -> None:
+        """Deliver queued alerts until :meth:`close`, then deliver what is left."""
+        async with self._receive:
+            async for alert in self._receive:
+                await self.notifier.send(alert)
+
+    def close(self) -> None:
+        """No more alerts; :meth:`run` returns once the queue is empty."""
+        self._send.close()
 
 
 def build_notifier(webhook_url: str) -> AlertNotifier:

@@ -219,6 +219,17 @@ class Bus:
         self._routes.clear()
         return sub
 
+    def resubscribe(self, sub: Subscription, patterns: Iterable[str]) -> None:
+        """Change what ``sub`` receives from the next publish on, keeping its queue:
+        nothing already queued, or blocked on the way in, is lost."""
+        pats = tuple(patterns)
+        if not pats:
+            raise ValueError("a subscription needs at least one topic pattern")
+        for p in pats:
+            validate_pattern(p)
+        sub.patterns = pats
+        self._routes.clear()
+
     def _remove(self, sub: Subscription) -> None:
         if sub in self._subs:
             self._subs.remove(sub)

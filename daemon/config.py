@@ -171,7 +171,7 @@ class Config(Base, frozen=True):
         return Path(self.audit.dir) if self.audit.dir else Path(self.daemon.state_dir) / "audit"
 
 
-_SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey)", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)
 
 
 def _expand(value: Any, path: str) -> Any:
@@ -234,7 +234,10 @@ def parse(text: str, source: str = "<config>") -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    expanded = _expand(raw, "")
+    try:
+        expanded = _expand(raw, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     try:
         return msgspec.convert(expanded, Config, dec_hook=_dec_hook)
     except msgspec.ValidationError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,19 @@ class FeedStatus(msgspec.Struct, frozen=True):
     finished: bool
     stalled: bool
     stats: dict[str, Any] = {}
+    failed: bool = False
+
+
+class _StartFlag(TaskStatus[None]):
+    """Passes ``started()`` on and remembers that it happened."""
+
+    def __init__(self, inner: TaskStatus[None]) -> None:
+        self.inner = inner
+        self.is_started = False
+
+    def started(self, value: None = None) -> None:
+        self.is_started = True
+        self.inner.started(value)
 
 
 class Status(msgspec.Struct, frozen=True):
@@ -96,6 +109,9 @@ class Service:
         self.health: dict[str, FeedHealth] = {}
         self.feeds: dict[str, Feed] = {}
         self.finished: set[str] = set()
+        self.failed: set[str] = set()
+        self._feeds_tg: TaskGroup | None = None
+        self._consumers_done = anyio.Event()
         self.started_at = time.time()
         self._feeds_scope: anyio.CancelScope | None = None
         self._all_finished = anyio.Event()
@@ -116,7 +132,10 @@ class Service:
 
     async def _update_state(self, sub: Subscription) -> None:
         async for event in sub:
-            self.state.apply(event)
+            try:
+                self.state.apply(event)
+            except Exception:
+                log.exception("state cache rejected an event", event=event.event_id)
 
     def _load_snapshot(self) -> None:
         """Warm start: indicators continue where the last run stopped."""
@@ -139,39 +158,63 @@ class Service:
     # -- feeds ---------------------------------------------------------------
 
     async def _publish(self, event: FeedEvent) -> None:
-        await self.bus.publish(event)
+        # Shielded: stopping a feed never leaves an event delivered to some
+        # subscribers (the recorder) and not to others (an agent). Subscribers
+        # keep draining while feeds stop, so a blocked publish always completes.
+        with anyio.CancelScope(shield=True):
+            await self.bus.publish(event)
 
     async def _run_feed(self, feed: Feed, *, task_status: TaskStatus[None]) -> None:
+        """Run one feed. Failing to start propagates (startup fails fast, a reload rolls
+        back); failing later is contained: the feed is marked failed, which withholds
+        the watchdog ping so systemd restarts us, and the daemon keeps draining."""
         health = self.health[feed.name] = FeedHealth(feed.name)
         self.feeds[feed.name] = feed
         self.finished.discard(feed.name)
+        self.failed.discard(feed.name)
+        status = _StartFlag(task_status)
         log.info("feed starting", feed=feed.name)
-        await feed.run(self._publish, health, task_status=task_status)
-        log.info("feed finished", feed=feed.name)
-        self.finished.add(feed.name)
-        if self.health and self.finished >= set(self.health):
+        try:
+            await feed.run(self._publish, health, task_status=status)
+        except Exception as exc:
+            if not status.is_started:
+                raise
+            self.failed.add(feed.name)
+            log.error("feed failed", feed=feed.name, error=str(exc) or type(exc).__name__)
+        else:
+            log.info("feed finished", feed=feed.name)
+            self.finished.add(feed.name)
+        if not status.is_started:
+            status.started()
+        if self.health and (self.finished | self.failed) >= set(self.health):
             self._all_finished.set()
 
-    async def _run_feeds(self, config: Config, *, task_status: TaskStatus[None]) -> None:
-        with anyio.CancelScope() as scope:
-            self._feeds_scope = scope
-            feeds = self.build_feeds(config)
-            self.health = {}
-            self.feeds = {}
+    async def _run_feed_group(
+        self, feeds: Sequence[Feed], scope: anyio.CancelScope, *, task_status: TaskStatus[None]
+    ) -> None:
+        with scope:
             async with anyio.create_task_group() as tg:
                 for feed in feeds:
                     await tg.start(self._run_feed, feed)
                 task_status.started()
-            if not feeds:
-                task_status.started()
+
+    async def _start_feeds(self, config: Config) -> None:
+        """Build and start every feed of ``config``; raises if one fails to start."""
+        assert self._feeds_tg is not None
+        feeds = self.build_feeds(config)
+        self.health, self.feeds = {}, {}
+        self.finished, self.failed = set(), set()
+        scope = anyio.CancelScope()
+        self._feeds_scope = scope
+        await self._feeds_tg.start(self._run_feed_group, feeds, scope)
 
     def stalled_feeds(self) -> list[str]:
-        """Feeds that are neither finished nor heard from recently."""
+        """Feeds that failed, or are neither finished nor heard from recently."""
         limit = self.config.daemon.stall_seconds
         return [
             name
             for name, h in self.health.items()
-            if name not in self.finished and h.silent_for() > limit
+            if name in self.failed or (name not in self.finished and h.silent_for() > limit)
         ]
 
     # -- background loops ----------------------------------------------------
@@ -200,18 +243,22 @@ class Service:
             )
             self.notifier.status(f"published {stats['published']} events")
 
-    async def _signals(self, tg: TaskGroup) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
-            async for signum in sigs:
-                if signum == signal.SIGHUP:
-                    await self.reload(tg)
-                else:
-                    log.info("signal received; draining", signal=signal.Signals(signum).name)
-                    self._stop.set()
-                    return
+    async def _signals(self, signals: AsyncIterator[int]) -> None:
+        """Handle signals for the whole run: the receiver stays open while draining, so a
+        second TERM or a HUP during shutdown cannot kill the drain."""
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self._stop.is_set():
+                log.warning("signal ignored: already stopping", signal=name)
+            elif signum == signal.SIGHUP:
+                await self.reload()
+            else:
+                log.info("signal received; draining", signal=name)
+                self._stop.set()
 
-    async def reload(self, tg: TaskGroup) -> None:
-        """Re-read the config file and restart the feeds with it."""
+    async def reload(self) -> None:
+        """Re-read the config and restart the feeds with it; any failure keeps (or
+        restores) the running config."""
         self.notifier.reloading()
         try:
             new = config_mod.load(self.config_path) if self.config_path else self.config
@@ -219,10 +266,18 @@ class Service:
             log.error("reload failed; keeping the running config", error=str(exc))
             self.notifier.ready("reload failed; old config kept")
             return
-        self.config = new
+        old = self.config
         if self._feeds_scope is not None:
             self._feeds_scope.cancel()
-        await tg.start(self._run_feeds, new)
+        try:
+            self.config = new
+            await self._start_feeds(new)
+        except Exception as exc:  # noqa: BLE001 - any failure must restore the old feeds
+            log.error("new feeds failed to start; restarting the previous config", error=str(exc))
+            self.config = old
+            await self._start_feeds(old)
+            self.notifier.ready("reload failed; old config restored")
+            return
         log.info("config reloaded", path=str(self.config_path))
         self.notifier.ready("reloaded")
 
@@ -239,6 +294,7 @@ class Service:
                 name in self.finished,
                 name not in self.finished and h.silent_for() > limit,
                 self._feed_stats(name),
+                name in self.failed,
             )
             for name, h in self.health.items()
         ]
@@ -278,38 +334,53 @@ class Service:
     # -- main ----------------------------------------------------------------
 
     async def run(self) -> Status:
-        """Run until a signal, or until every (finite) feed has finished."""
+        """Run until a signal, or until every (finite) feed has finished.
+
+        Shutdown order: feeds stop; components drain (agents evaluate what they
+        hold, the broker's last account events are published, the audit log is
+        flushed); then the bus closes and the recorder and state cache drain.
+        """
         self._load_snapshot()
-        async with AsyncExitStack() as stack:
-            for component in self.components:
-                await stack.enter_async_context(component(self))
-            await self._run_main()
+        sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        with anyio.open_signal_receiver(*sigs) as signals:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._signals, signals)
+                consumers = anyio.CancelScope()
+                tg.start_soon(self._run_consumers, consumers)
+                async with AsyncExitStack() as stack:
+                    for component in self.components:
+                        await stack.enter_async_context(component(self))
+                    await self._serve()
+                self.bus.close()
+                await self._consumers_done.wait()
+                tg.cancel_scope.cancel()
         status = self.write_status(running=False)
         await self._save_snapshot()
         log.info("daemon stopped", published=status.bus["published"])
         return status
 
-    async def _run_main(self) -> None:
-        async with anyio.create_task_group() as tg:
-            for consumer, sub in self._subs:
-                tg.start_soon(consumer, sub)
-            with anyio.CancelScope() as aux:
-                async with anyio.create_task_group() as aux_tg:
-                    aux_tg.start_soon(self._signals, tg)
-                    await tg.start(self._run_feeds, self.config)
-                    names = ", ".join(self.health) or "none"
-                    log.info("daemon ready", feeds=names)
-                    self.notifier.ready(f"feeds: {names}")
-                    if self.notifier.watchdog_interval:
-                        aux_tg.start_soon(self._watchdog, self.notifier.watchdog_interval)
-                    aux_tg.start_soon(self._status_loop)
-                    aux_tg.start_soon(self._wait_for_finish)
-                    await self._stop.wait()
-                    aux.cancel()
+    async def _run_consumers(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                for consumer, sub in self._subs:
+                    tg.start_soon(consumer, sub)
+        self._consumers_done.set()
+
+    async def _serve(self) -> None:
+        """Feeds and the periodic tasks, until a stop is requested."""
+        async with anyio.create_task_group() as ftg:
+            self._feeds_tg = ftg
+            await self._start_feeds(self.config)
+            names = ", ".join(self.health) or "none"
+            log.info("daemon ready", feeds=names)
+            self.notifier.ready(f"feeds: {names}")
+            if self.notifier.watchdog_interval:
+                ftg.start_soon(self._watchdog, self.notifier.watchdog_interval)
+            ftg.start_soon(self._status_loop)
+            ftg.start_soon(self._wait_for_finish)
+            await self._stop.wait()
             self.notifier.stopping()
-            if self._feeds_scope is not None:
-                self._feeds_scope.cancel()
-            self.bus.close()
+            ftg.cancel_scope.cancel()
 
     async def _wait_for_finish(self) -> None:
         if not self.health:

@@ -64,11 +64,14 @@ def parse_candle(payload: dict[str, Any]) -> Candle | None:
     if not all(math.isfinite(v) for v in (c.open, c.high, c.low, c.close, c.volume)):
         return None
     if not c.open_time or not c.close_time:
-        c = msgspec.structs.replace(
-            c,
-            open_time=c.open_time or iso_ms(c.open_time_ms),
-            close_time=c.close_time or iso_ms(c.close_time_ms),
-        )
+        try:
+            c = msgspec.structs.replace(
+                c,
+                open_time=c.open_time or iso_ms(c.open_time_ms),
+                close_time=c.close_time or iso_ms(c.close_time_ms),
+            )
+        except (ValueError, OverflowError, OSError):  # a time no calendar holds
+            return None
     return c
 
 

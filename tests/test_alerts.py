@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 from aiohttp import web
+from anyio import wait_all_tasks_blocked
 
 from daemon.alerts import Alert, LogNotifier, WebhookNotifier, build_notifier
 
@@ -76,3 +78,29 @@ def test_build_notifier() -> None:
     """No URL means log only."""
     assert isinstance(build_notifier(""), LogNotifier)
     assert isinstance(build_notifier("http://127.0.0.1:9/x"), WebhookNotifier)
+
+
+async def test_queue_never_blocks_the_sender_and_counts_drops() -> None:
+    """A hanging notifier cannot stall send(); overflow is counted; close() drains."""
+    from daemon.alerts import AlertQueue
+
+    release = anyio.Event()
+    delivered: list[Alert] = []
+
+    class Slow:
+        async def send(self, alert: Alert) -> None:
+            await release.wait()
+            delivered.append(alert)
+
+    queue = AlertQueue(Slow(), size=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queue.run)
+        with anyio.fail_after(1):
+            await queue.send(ALERT)
+            await wait_all_tasks_blocked()  # the notifier holds the first alert
+            for _ in range(4):
+                await queue.send(ALERT)
+        release.set()
+        queue.close()
+    assert queue.dropped == 2  # one in the notifier, two queued, two dropped
+    assert len(delivered) == 3

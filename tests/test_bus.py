@@ -147,3 +147,20 @@ def test_bad_patterns_and_capacity_rejected() -> None:
         bus.subscribe("market..tick")
     with pytest.raises(ValueError, match="capacity"):
         bus.subscribe(">", capacity=0)
+
+
+async def test_resubscribe_changes_topics_without_losing_queued_or_blocked_events() -> None:
+    """Changing a subscription's patterns keeps what is queued and what a publisher is
+    blocked on; later publishes follow the new patterns."""
+    bus = Bus(queue_size=1)
+    sub = bus.subscribe("market.candle.closed")
+    await bus.publish(ev(MARKET_CANDLE_CLOSED, "p", 0))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bus.publish, ev(MARKET_CANDLE_CLOSED, "p", 1))
+        await checkpoint()
+        bus.resubscribe(sub, ["account.>"])
+        got = [(await sub.receive()).payload["seq"] for _ in range(2)]
+    await bus.publish(ev(MARKET_CANDLE_CLOSED, "p", 2))
+    await bus.publish(ev("account.order.filled", "q", 3))
+    assert got == [0, 1]
+    assert (await sub.receive()).payload["seq"] == 3

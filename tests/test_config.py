@@ -49,8 +49,8 @@ def test_env_substitution_and_missing_variable(monkeypatch: pytest.MonkeyPatch) 
     cfg = config.parse('[feeds.coinbase_ws]\nurl = "${MW_TEST_URL}"\n')
     assert cfg.feeds.coinbase_ws.url == "ws://127.0.0.1:1"
     monkeypatch.delenv("MW_TEST_URL")
-    with pytest.raises(ConfigError, match=r"feeds\.coinbase_ws\.url: environment variable"):
-        config.parse('[feeds.coinbase_ws]\nurl = "${MW_TEST_URL}"\n')
+    with pytest.raises(ConfigError, match=r"^c\.toml: feeds\.coinbase_ws\.url: environment var"):
+        config.parse('[feeds.coinbase_ws]\nurl = "${MW_TEST_URL}"\n', "c.toml")
 
 
 def test_secret_never_prints() -> None:

@@ -49,6 +49,7 @@ from hooks_runtime.pool import HookResult, WorkerPool
 log = structlog.get_logger("dispatcher")
 # Always in an agent's subscription: they feed the agent's own state cache.
 STATE_TOPICS = ("market.candle.>", "market.price.tick")
+MAX_COOLDOWN_SECONDS = 366 * 86_400  # longer cooldowns are clamped to a year
 RECENT_EVENTS = 4096  # per agent: re-emitted events (same eventId) are evaluated once
 
 
@@ -63,7 +64,8 @@ class AgentRuntime:
     paused: bool = False
     last_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    next_sub: Subscription | None = None
+    # Hooks whose pause is already persisted (a pause is written once, when it starts).
+    paused_hooks: set[str] = field(default_factory=set)
 
     @property
     def agent_id(self) -> str:
@@ -85,17 +87,23 @@ class Dispatcher:
     alerts: AlertNotifier
     evaluations: int = 0
     suppressed: int = 0
+    failures: int = 0
 
     # -- the per-agent loop ----------------------------------------------------
 
     async def serve_agent(self, rt: AgentRuntime) -> None:
-        """Consume the agent's subscription(s) in order until they end."""
-        while True:
-            async for event in rt.sub:
+        """Consume the agent's subscription in order until it ends.
+
+        One event can never take the agent down: an unexpected error while
+        handling it is logged with the event id and counted, and the next
+        event is served.
+        """
+        async for event in rt.sub:
+            try:
                 await self.handle(rt, event)
-            if rt.next_sub is None:
-                return
-            rt.sub, rt.next_sub = rt.next_sub, None
+            except Exception:
+                self.failures += 1
+                log.exception("event handling failed", agent=rt.agent_id, event=event.event_id)
 
     def _fresh(self, rt: AgentRuntime, event: FeedEvent) -> bool:
         if event.event_id in rt.recent:
@@ -182,20 +190,19 @@ class Dispatcher:
             self.store.mark(rt.agent_id, key, event_ms)
         cooldown = d.get("cooldownSeconds")
         if isinstance(cooldown, int | float) and cooldown > 0:
-            until = event_ms + int(cooldown * 1000)
+            until = event_ms + int(min(cooldown, MAX_COOLDOWN_SECONDS) * 1000)
             self.store.start_cooldown(rt.agent_id, hook, scope, until)
         return "none"
 
     def _persist_pause(self, rt: AgentRuntime, r: HookResult) -> None:
-        paused = {(a, h) for a, h, _, _ in self.store.pauses()}
-        if (rt.agent_id, r.hook_id) in paused:
+        if r.hook_id in rt.paused_hooks:
             return
+        rt.paused_hooks.add(r.hook_id)
         self.store.pause(rt.agent_id, r.hook_id, r.error or "paused")
         log.warning("hook paused", agent=rt.agent_id, hook=r.hook_id, reason=r.error)
         limit = rt.agent.config.pause_agent_after_paused_hooks
-        mine = sum(1 for a, h in paused | {(rt.agent_id, r.hook_id)} if a == rt.agent_id)
-        if limit and mine >= limit and not rt.paused:
-            self.pause_agent(rt, f"{mine} hooks paused")
+        if limit and len(rt.paused_hooks) >= limit and not rt.paused:
+            self.pause_agent(rt, f"{len(rt.paused_hooks)} hooks paused")
 
     def pause_agent(self, rt: AgentRuntime, reason: str) -> None:
         """Stop acting for this agent (hooks still evaluate and are audited)."""

@@ -93,6 +93,11 @@ class AgentManager:
         """Until the first scan has started every agent."""
         await self._loaded.wait()
 
+    def close_subscriptions(self) -> None:
+        """Take no new events; each agent finishes what it already holds, then ends."""
+        for rt in self.runtimes.values():
+            rt.sub.close()
+
     def stop_reloading(self) -> None:
         """No more rescans; running agents keep draining."""
         self._reload_scope.cancel()
@@ -136,7 +141,8 @@ class AgentManager:
             log.error("hook file unreadable", agent=agent.agent_id, hook=hook_id, error=problem)
         changed = [s for h, s in agent.hooks.items() if current.get(h) != s]
         results = await self.dispatcher.pool.compile(agent.agent_id, changed) if changed else []
-        accepted = {h: s for h, s in current.items() if h in agent.hooks}
+        # A file that vanished stops; one that became unreadable keeps its last revision.
+        accepted = {h: s for h, s in current.items() if h in agent.hooks or h in agent.errors}
         for spec, res in zip(changed, results, strict=True):
             path = str(agent.hook_paths[spec.hook_id])
             error = None if res.ok else f"{res.error_kind}: {res.error}"
@@ -186,9 +192,12 @@ class AgentManager:
         self._tg.start_soon(self._serve, rt, scope)
         log.info("agent started", agent=agent.agent_id, hooks=sorted(agent.hooks))
 
+    @staticmethod
+    def _topics(agent: Agent) -> list[str]:
+        return [*agent.config.topics, *STATE_TOPICS]
+
     def _subscribe(self, agent: Agent) -> Subscription:
-        topics = [*agent.config.topics, *STATE_TOPICS]
-        return self.bus.subscribe(topics, name=f"agent:{agent.agent_id}")
+        return self.bus.subscribe(self._topics(agent), name=f"agent:{agent.agent_id}")
 
     def _wake_state(self, agent_id: str) -> dict[str, Any] | None:
         """The state snapshot a run's context carries (symbols the agent follows)."""
@@ -211,8 +220,7 @@ class AgentManager:
             self.reloads += 1
             log.info("agent reloaded", agent=fresh.agent_id, hooks=sorted(hooks))
         if fresh.config.topics != old.config.topics:
-            rt.next_sub = self._subscribe(fresh)
-            rt.sub.close()
+            self.bus.resubscribe(rt.sub, self._topics(fresh))
         if fresh.config.wake != old.config.wake:
             rt.scheduler.update_policy(fresh.config.wake)
         if fresh.config.risk != old.config.risk:
@@ -240,6 +248,7 @@ class AgentManager:
             elif hook in rt.agent.hooks:
                 key = (agent_id, hook)
                 self.dispatcher.pool.breaker.pause(key, rt.agent.hooks[hook].revision, reason)
+                rt.paused_hooks.add(hook)
 
     def _apply_resume_requests(self) -> None:
         for agent_id, hook in self.dispatcher.store.take_resume_requests():
@@ -250,4 +259,5 @@ class AgentManager:
                 self.dispatcher.resume_agent(rt)
             else:
                 self.dispatcher.pool.resume(agent_id, hook)
+                rt.paused_hooks.discard(hook)
                 log.info("hook resumed", agent=agent_id, hook=hook)

@@ -7,10 +7,10 @@ and the audit log is flushed last.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -18,7 +18,7 @@ import structlog
 from daemon.agents.dispatcher import Dispatcher
 from daemon.agents.manager import AgentManager
 from daemon.agents.store import HookStore
-from daemon.alerts import build_notifier
+from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.writer import open_audit
 from daemon.bus import Subscription
 from daemon.events import FeedEvent
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("pipeline")
 OUTBOX_SIZE = 10_000
+DRAIN_SECONDS = 20.0  # inside systemd's TimeoutStopSec
 
 
 async def _feed_broker(broker: PaperBroker, sub: Subscription) -> None:
@@ -60,13 +61,14 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
     ):
         broker = PaperBroker(state_dir, audited_publish(send.send, audit))
         hook_store = HookStore(state_dir / "hooks.sqlite3")
+        alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
         dispatcher = Dispatcher(
             pool=pool,
             store=hook_store,
             audit=audit,
             desk=TradeDesk(broker, audit),
-            alerts=build_notifier(cfg.hooks.alert_webhook),
+            alerts=alerts,
         )
         manager = AgentManager(
             agents_dir=Path(cfg.hooks.agents_dir),
@@ -78,8 +80,10 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             reload_seconds=cfg.hooks.reload_seconds,
         )
         market = service.bus.subscribe("market.>", name="broker")
-        tg.start_soon(_feed_broker, broker, market)
-        tg.start_soon(_forward, receive, service)
+        io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
+        io.start(_feed_broker, broker, market)
+        io.start(_forward, receive, service)
+        io.start(alerts.run)
         await broker.recover()
         tg.start_soon(manager.run)
         await manager.wait_loaded()
@@ -87,13 +91,45 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         try:
             yield manager
         finally:
-            manager.stop_reloading()
-            await manager.wait_drained()
-            send.close()
+            # Drain in data-path order: agents finish their queued events, the broker
+            # sees the last market events, its account events reach the (still open)
+            # bus, queued alerts are delivered; then the stores close.
+            with anyio.move_on_after(DRAIN_SECONDS, shield=True) as drain:
+                manager.stop_reloading()
+                manager.close_subscriptions()
+                await manager.wait_drained()
+                market.close()
+                send.close()
+                alerts.close()
+                await io.idle.wait()
+            if drain.cancelled_caught:
+                log.warning("drain timed out; stopping what is left", seconds=DRAIN_SECONDS)
+            tg.cancel_scope.cancel()
             broker.close()
             hook_store.close()
             run_store.close()
-            tg.cancel_scope.cancel()
+
+
+class _Tasks:
+    """Tasks in a group that we can wait for without cancelling them."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup) -> None:
+        self.tg = tg
+        self.pending = 0
+        self.idle = anyio.Event()
+
+    def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        self.pending += 1
+
+        async def run() -> None:
+            try:
+                await fn(*args)
+            finally:
+                self.pending -= 1
+                if not self.pending:
+                    self.idle.set()
+
+        self.tg.start_soon(run)
 
 
 def _copy_state(state: StateCache) -> StateCache:

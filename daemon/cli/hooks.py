@@ -103,7 +103,12 @@ def test_command(
 
 
 def _hook_store(config_path: Path | None, state_dir: Path | None) -> HookStore:
-    return HookStore(resolve_state_dir(config_path, state_dir) / "hooks.sqlite3")
+    path = resolve_state_dir(config_path, state_dir) / "hooks.sqlite3"
+    if not path.exists():
+        raise click.ClickException(
+            f"no hook store at {path}: pass the daemon's --config or --state-dir"
+        )
+    return HookStore(path)
 
 
 @hooks_group.command("resume")

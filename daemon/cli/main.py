@@ -35,6 +35,18 @@ cli.add_command(hooks_group)
 cli.add_command(rag_group)
 
 
+def _deliberate(exc: BaseException) -> MarketwakeError | None:
+    """The MarketwakeError inside ``exc``, unwrapping task-group exception groups."""
+    if isinstance(exc, MarketwakeError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _deliberate(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def main() -> None:
     """Run the CLI; deliberate errors print one line and exit with their code."""
     try:
@@ -45,6 +57,9 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except MarketwakeError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(exc.exit_code)
+    except (MarketwakeError, BaseExceptionGroup) as exc:
+        err = _deliberate(exc)
+        if err is None:
+            raise
+        click.secho(f"error: {err}", fg="red", err=True)
+        sys.exit(err.exit_code)

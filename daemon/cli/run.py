@@ -40,7 +40,10 @@ def run_command(config_path: Path | None, record: Path | None, log_format: str |
     path = config_path or config_mod.DEFAULT_CONFIG_PATH
     cfg = config_mod.load(path)
     configure_logging(log_format or cfg.daemon.log_format, cfg.daemon.log_level)
-    run_daemon(cfg, config_path=path, record_path=record)
+    status = run_daemon(cfg, config_path=path, record_path=record)
+    failed = [f.name for f in status.feeds if f.failed]
+    if failed:
+        raise click.ClickException(f"feed(s) failed: {', '.join(failed)} (see the log)")
 
 
 @click.group("config")
@@ -100,7 +103,15 @@ def _render_status(data: dict[str, Any]) -> str:
             f"blocked publishes {sub['blocked_publishes']}"
         )
     for feed in data["feeds"]:
-        state = "finished" if feed["finished"] else "STALLED" if feed["stalled"] else "live"
+        state = (
+            "FAILED"
+            if feed.get("failed")
+            else "finished"
+            if feed["finished"]
+            else "STALLED"
+            if feed["stalled"]
+            else "live"
+        )
         lines.append(
             f"feed {feed['name']}: {state}, silent {feed['silent_seconds']:.1f}s, "
             f"errors {feed['errors']}"

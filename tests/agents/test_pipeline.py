@@ -248,3 +248,15 @@ async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path:
     assert all("ZeroDivisionError" in e for e in errors[:first_pause])
     assert first_pause < 10
     assert any("ZeroDivisionError" in e for e in errors[first_pause:]), "resumed"
+
+
+async def test_absurd_cooldown_is_clamped_not_fatal(tmp_path: Path) -> None:
+    """A hook asking for a 1e18 s cooldown gets a year, and the agent keeps serving."""
+    src = (
+        "def evaluate(event, state):\n"
+        '    return {"decision": "ALERT", "reason": "x", "cooldownSeconds": 1e18}\n'
+    )
+    agents = workspace(tmp_path, {"wake_forever.py": src})
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(3)]))
+    got = [r["suppressedBy"] for r in audit(tmp_path) if r["type"] == "hook"]
+    assert got == ["none", "cooldown", "cooldown"]
