@@ -224,20 +224,62 @@ def _clean_fds(expected: set[int]) -> tuple[bool, list[int]]:
     return set(fds) == expected, fds
 
 
+class ResultSender:
+    """Writes Result frames to the IPC fd; an unencodable or over-cap result is replaced
+    by an ``invalid_result`` so one frame per hook always goes out."""
+
+    def __init__(self, fd: int, cfg: SandboxConfig) -> None:
+        self.fd = fd
+        self.enc = FrameEncoder()
+        self.cap = result_frame_cap(cfg) + 4
+
+    def __call__(self, result: Result) -> None:
+        try:
+            data = self.enc.encode(result)
+        except Exception as exc:  # noqa: BLE001 - validated data should always encode
+            data, problem = b"", f"result could not be encoded: {type(exc).__name__}"
+        else:
+            problem = "" if len(data) <= self.cap else "result frame is larger than the size cap"
+        if problem:
+            r = result
+            data = self.enc.encode(
+                Result(r.id, r.index, r.runtime_us, r.done_at, None, "invalid_result", problem)
+            )
+        _send_all(self.fd, data)
+
+
+def _setup(frames: Any, ipc_out: int) -> SandboxConfig:
+    """The first frame must be Setup; anything else ends the worker."""
+    setup = next(frames, None)
+    if not isinstance(setup, Setup):
+        _send_all(ipc_out, FrameEncoder().encode(Fatal("first frame must be setup")))
+        os._exit(2)
+    return setup.config
+
+
+def _serve(
+    frames: Any, evaluator: Evaluator, send: ResultSender, bell: int, linger: list[float]
+) -> None:
+    """Answer batches until the parent closes the pipe."""
+    for batches, frame in enumerate(frames, 1):
+        if not isinstance(frame, Batch):
+            os._exit(2)
+        evaluator.run(frame, send)
+        os.write(bell, b"!")
+        linger[0] = frame.linger_us / 1e6
+        if batches % _FULL_GC_EVERY == 0:
+            gc.collect()  # between batches: no hook's budget pays for it
+
+
 def main(bell_fd: int) -> None:
-    """Worker entry point."""
+    """Worker entry point: isolate fds, read setup, harden, say READY, serve."""
     parent_pid = os.getppid()
     ipc_in, ipc_out, bell = hardening.isolate_fds(bell_fd)
     fds_ok, fds = _clean_fds({0, 1, 2, ipc_in, ipc_out, bell})
-    enc = FrameEncoder()
     reader = FrameReader(64 * 1024 * 1024)
     linger = [0.0]  # set per batch by the parent (only when nothing else is in flight)
     frames = _frames(ipc_in, reader, linger)
-    setup = next(frames, None)
-    if not isinstance(setup, Setup):
-        _send_all(ipc_out, enc.encode(Fatal("first frame must be setup")))
-        os._exit(2)
-    cfg = setup.config
+    cfg = _setup(frames, ipc_out)
     reader.max_frame_bytes = cfg.max_frame_bytes
     active, missing = hardening.harden(cfg, parent_pid)
     if fds_ok:
@@ -247,37 +289,10 @@ def main(bell_fd: int) -> None:
     gc.collect()
     gc.freeze()
     gc.disable()
-    py = sys.version.split()[0]
-    _send_all(ipc_out, enc.encode(Ready(os.getpid(), active, missing, fds, py)))
-    evaluator = Evaluator(cfg)
-
-    cap = result_frame_cap(cfg) + 4
-
-    def send(result: Result) -> None:
-        try:
-            data = enc.encode(result)
-        except Exception as exc:  # noqa: BLE001 - validated data should always encode
-            data, cap_hit = b"", f"result could not be encoded: {type(exc).__name__}"
-        else:
-            cap_hit = "" if len(data) <= cap else "result frame is larger than the size cap"
-        if cap_hit:
-            r = result
-            data = enc.encode(
-                Result(r.id, r.index, r.runtime_us, r.done_at, None, "invalid_result", cap_hit)
-            )
-        _send_all(ipc_out, data)
-
-    batches = 0
+    ready = Ready(os.getpid(), active, missing, fds, sys.version.split()[0])
+    _send_all(ipc_out, FrameEncoder().encode(ready))
     try:
-        for frame in frames:
-            if not isinstance(frame, Batch):
-                os._exit(2)
-            evaluator.run(frame, send)
-            os.write(bell, b"!")
-            linger[0] = frame.linger_us / 1e6
-            batches += 1
-            if batches % _FULL_GC_EVERY == 0:
-                gc.collect()  # between batches: no hook's budget pays for it
+        _serve(frames, Evaluator(cfg), ResultSender(ipc_out, cfg), bell, linger)
     except (msgspec.DecodeError, msgspec.ValidationError, OSError, HookCrashed):
         os._exit(2)
     os._exit(0)
