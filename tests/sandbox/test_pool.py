@@ -97,7 +97,7 @@ async def test_worker_process_hygiene(pool: WorkerPool, sentinels: Sentinels) ->
     assert os.readlink(f"/proc/{pid}/cwd").endswith("(deleted)")
     assert pool.ready is not None and pool.ready.fds == [0, 1, 2, 3, 4, 5]
     status = _read(f"/proc/{pid}/status")
-    assert "NoNewPrivs:\t1" in status
+    assert "NoNewPrivs:\t1" in status and "Threads:\t1\n" in status
     if "seccomp" in pool.ready.active:
         assert "Seccomp:\t2" in status
     limits = _read(f"/proc/{pid}/limits")
