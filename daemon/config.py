@@ -19,37 +19,13 @@ import msgspec
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES
 from daemon.rag.config import RagConfig
+from daemon.secret import Secret
 from hooks_runtime.config import SandboxConfig
+
+__all__ = ["DEFAULT_CONFIG_PATH", "Config", "Secret", "load", "parse"]
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class Secret:
-    """A string that never prints itself."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The real value, for the one place that sends it."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')" if self._value else "Secret('')"
-
-    __str__ = __repr__
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
 
 
 class Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -11,12 +11,15 @@ adapter that meets them, never deeper.
         * :exc:`FeedProtocolError` -- the venue sent something we cannot parse
         * :exc:`FeedDisconnected` -- the connection dropped or stalled
     * :exc:`StoreError` -- a persistent store (SQLite, Qdrant) failed
+    * :exc:`BrokerError` -- a broker refused an operation
     * :exc:`HookError` -- a hook could not produce a valid decision
         * :exc:`HookCompileError`, :exc:`HookTimeout`, :exc:`HookCrashed`,
           :exc:`HookResultInvalid`
     * :exc:`SandboxUnavailable` -- a required hardening layer is missing
     * :exc:`RpcError` -- a JSON-RPC request failed; carries ``rpc_code``
     * :exc:`ReplayError` -- a replay file is malformed
+    * :exc:`DataFileError` -- a RAG input CSV is missing or malformed (exit 2)
+    * :exc:`EmbeddingError` -- an embedding could not be produced (rpc -32004)
 """
 
 from __future__ import annotations
@@ -51,6 +54,23 @@ class FeedDisconnected(FeedError):
 
 class StoreError(MarketwakeError):
     """A persistent store could not be read or written."""
+
+
+class BrokerError(MarketwakeError):
+    """A broker refused an operation (unknown order, order no longer working)."""
+
+
+class DataFileError(MarketwakeError):
+    """An input CSV (candles, funding, open interest) is missing or malformed."""
+
+    exit_code = 2
+
+
+class EmbeddingError(MarketwakeError):
+    """An embedding could not be produced (model missing, mismatch with the collection)."""
+
+    exit_code = 2
+    rpc_code = -32004
 
 
 class ReplayError(MarketwakeError):

@@ -13,7 +13,7 @@ import anyio
 import click
 import msgspec
 
-from daemon.config import load
+from daemon.cli.common import load_config_or_defaults
 from daemon.events import now_ms
 from daemon.rag.config import RagConfig
 from daemon.rag.features import DAY_MS, TIMEFRAME_MS, Bars, Observations
@@ -24,11 +24,7 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 def rag_config(path: Path | None) -> RagConfig:
     """The [rag] section of ``path``, of ./config.toml if present, else the defaults."""
-    if path is not None:
-        return load(path).rag
-    if Path("config.toml").exists():
-        return load(Path("config.toml")).rag
-    return RagConfig()
+    return load_config_or_defaults(path).rag
 
 
 @click.group("rag")
@@ -189,7 +185,7 @@ def query_cmd(
     if in_process:
         reply = _in_process(cfg, method, params)
     else:
-        key = api_key if api_key is not None else cfg.server.api_key
+        key = api_key if api_key is not None else cfg.server.api_key.reveal()
         if key and isinstance(params, dict):
             params = {**params, "api_key": key}
         request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}

@@ -13,6 +13,8 @@ from typing import Literal
 
 import msgspec
 
+from daemon.secret import Secret
+
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Shared settings: frozen, keyword-only, typos rejected."""
@@ -30,7 +32,7 @@ class ServerSection(_Section, frozen=True):
     # (counted from the last complete request, so dribbling bytes does not help).
     idle_timeout_seconds: float = 30.0
     # "" = no key required. Clients send it as the ``api_key`` member of params.
-    api_key: str = ""
+    api_key: Secret = msgspec.field(default_factory=Secret)
     # Token bucket per client address; 0 disables the limit.
     rate_limit_per_second: float = 1000.0
     rate_limit_burst: int = 2000
@@ -56,7 +58,7 @@ class StoreSection(_Section, frozen=True):
     kind: Literal["embedded", "qdrant"] = "embedded"
     path: str = "state/rag"
     url: str = "http://localhost:6333"
-    qdrant_api_key: str = ""
+    qdrant_api_key: Secret = msgspec.field(default_factory=Secret)
     collection_name: str = "trading_patterns"
     timeout_seconds: float = 10.0
 

@@ -22,7 +22,7 @@ from typing import IO
 import numpy as np
 from numpy.typing import NDArray
 
-from daemon.rag.errors import DataFileError
+from daemon.errors import DataFileError
 from daemon.rag.features import DAY_MS, Bars, Observations
 
 CANDLE_COLUMNS = ("open_time_ms", "open", "high", "low", "close", "volume")

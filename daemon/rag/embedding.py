@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from daemon.rag.errors import EmbeddingError
+from daemon.errors import EmbeddingError
 from daemon.rag.schema import DERIVED, VECTORS
 
 F32 = NDArray[np.float32]

@@ -15,11 +15,10 @@ import numpy as np
 from numpy.typing import NDArray
 from rich.progress import Progress
 
-from daemon.errors import StoreError
+from daemon.errors import DataFileError, EmbeddingError, StoreError
 from daemon.events import now_ms
 from daemon.rag.config import RagConfig
 from daemon.rag.embedding import Embedder, make_embedder, norm_stats
-from daemon.rag.errors import DataFileError, EmbeddingError
 from daemon.rag.features import (
     OUTCOME_COLUMNS,
     REQUIRED_STATE,

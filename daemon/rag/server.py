@@ -137,7 +137,7 @@ class RagServer:
         return jsonrpc.encode(message, responses)
 
     def _authorized(self, params: Any) -> bool:
-        key = self._cfg.api_key
+        key = self._cfg.api_key.reveal()
         if not key:
             return True
         given = params.get("api_key") if isinstance(params, dict) else None

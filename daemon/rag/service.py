@@ -19,10 +19,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from daemon.errors import MarketwakeError, RpcError, StoreError
+from daemon.errors import EmbeddingError, MarketwakeError, RpcError, StoreError
 from daemon.rag.config import QueryDefaultsSection, RagConfig
 from daemon.rag.embedding import Embedder, EmbeddingCache, make_embedder
-from daemon.rag.errors import EmbeddingError
 from daemon.rag.features import DAY_MS, H4_MS, HOUR_MS
 from daemon.rag.params import CurrentState, QueryConfig, QueryParams, parse_params
 from daemon.rag.schema import CollectionMeta, derive, oi_delta_pct

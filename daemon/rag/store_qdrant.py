@@ -66,7 +66,7 @@ class QdrantStore:
         try:
             client = QdrantClient(
                 url=cfg.url,
-                api_key=cfg.qdrant_api_key or None,
+                api_key=cfg.qdrant_api_key.reveal() or None,
                 timeout=max(1, int(cfg.timeout_seconds)),
                 check_compatibility=False,  # no blocking version probe at startup
             )

@@ -14,14 +14,9 @@ from typing import Protocol
 
 import msgspec
 
-from daemon.errors import MarketwakeError
 from daemon.events import FeedEvent
 from daemon.trading.intents import TradeIntent
 from daemon.trading.portfolio import Order, PortfolioView
-
-
-class BrokerError(MarketwakeError):
-    """A broker refused an operation (unknown order, order no longer working)."""
 
 
 class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):

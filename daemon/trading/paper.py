@@ -25,8 +25,9 @@ from typing import Any, Literal
 import msgspec
 
 from daemon import events as ev
+from daemon.errors import BrokerError
 from daemon.events import FeedEvent
-from daemon.trading.broker import Broker, BrokerError, OrderRequest
+from daemon.trading.broker import Broker, OrderRequest
 from daemon.trading.matching import (
     Applied,
     Candle,

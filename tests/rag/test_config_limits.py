@@ -8,6 +8,7 @@ from daemon.config import parse
 from daemon.errors import ConfigError
 from daemon.rag.config import RagConfig
 from daemon.rag.limits import RateLimiter
+from daemon.secret import Secret
 
 
 def test_absent_section_gives_defaults() -> None:
@@ -28,7 +29,7 @@ def test_nested_sections_decode() -> None:
     ).rag
     assert (rag.server.port, rag.server.api_key, rag.store.kind, rag.query_defaults.top_k) == (
         9000,
-        "k",
+        Secret("k"),
         "qdrant",
         7,
     )

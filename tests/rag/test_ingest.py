@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from daemon.errors import FeedError
+from daemon.errors import DataFileError, EmbeddingError, FeedError
 from daemon.rag.config import EmbeddingSection, ExchangeSection, RagConfig, StoreSection
 from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
-from daemon.rag.errors import DataFileError, EmbeddingError
 from daemon.rag.exchange import fetch_history
 from daemon.rag.features import Bars
 from daemon.rag.ingest import ingest

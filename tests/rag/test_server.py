@@ -17,6 +17,7 @@ from anyio.abc import SocketStream
 from daemon.rag.config import ServerSection
 from daemon.rag.server import RagServer, methods_for
 from daemon.rag.service import RagService
+from daemon.secret import Secret
 from tests.rag.conftest import Collection, params_from
 
 FAST = {
@@ -252,7 +253,7 @@ async def test_api_key_required_when_configured(collection: Collection) -> None:
     """With rag.server.api_key set, params.api_key must match; without it, no key is needed."""
     svc = RagService(collection.cfg, collection.store)
     params = _params(collection)
-    async with running(methods_for(svc), api_key="s3cret") as port:
+    async with running(methods_for(svc), api_key=Secret("s3cret")) as port:
         client = await Client.connect(port)
         missing = await client.call("rag.query_patterns", params)
         wrong = await client.call("rag.query_patterns", {**params, "api_key": "nope"})

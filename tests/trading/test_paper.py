@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from daemon import events as ev
+from daemon.errors import BrokerError
 from daemon.events import FeedEvent
-from daemon.trading.broker import BrokerError, OrderRequest, client_order_id
+from daemon.trading.broker import OrderRequest, client_order_id
 from daemon.trading.intents import parse_intent
 from daemon.trading.matching import Candle
 from daemon.trading.paper import PaperBroker
