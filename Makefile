@@ -27,8 +27,14 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
+# Benchmarks print figures and a same-run baseline; they are not tests.
 bench: $(STAMP)
 	$(BIN)/python bench/bus_bench.py
+	$(BIN)/python bench/hooks_bench.py
+	$(BIN)/python bench/pipeline_bench.py
+	$(BIN)/python bench/rag_bench.py
+	$(BIN)/python bench/audit_bench.py
+	$(BIN)/python bench/trading_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
