@@ -152,19 +152,31 @@ ALLOWED_IMPORTS: Final = (*sorted(_FIXED_IMPORTS), "random")
 _STRPTIME: Final = importlib.import_module("_strptime")
 
 
-def make_import(seed: str) -> Callable[..., Any]:
-    """An ``__import__`` resolving to curated namespaces; ``random`` is seeded per call."""
+class Importer:
+    """A hook's ``__import__``: curated namespaces only; ``random`` is seeded from
+    (revision, eventId) so replays decide like live runs. Remembers whether the
+    evaluation touched ``decimal`` (so the worker resets its context only then)."""
 
-    def guarded_import(
-        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    __slots__ = ("event_id", "revision", "touched_decimal")
+
+    def __init__(self, revision: str, event_id: Any) -> None:
+        self.revision = revision
+        self.event_id = event_id
+        self.touched_decimal = False
+
+    def __call__(
+        self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
     ) -> Any:
         if level != 0 or type(name) is not str:
             raise ImportError("relative imports are not allowed in hooks")
         ns = _FIXED_IMPORTS.get(name)
         if ns is not None:
+            if ns is DECIMAL:
+                self.touched_decimal = True
             return ns
         if name == "random":
-            return Namespace("random", _pick(random.Random(seed), _RANDOM_NAMES))
+            rng = random.Random(f"{self.revision}:{self.event_id}")
+            return Namespace("random", _pick(rng, _RANDOM_NAMES))
         if name == "_strptime" and not fromlist:
             # datetime.strptime's C code imports this through the *caller's*
             # __import__ (HA #132469; 3.11 caches it after the worker's warm-up
@@ -172,7 +184,10 @@ def make_import(seed: str) -> Callable[..., Any]:
             return _STRPTIME
         raise ImportError(f"import of {name!r} is not allowed (allowed: {ALLOWED_IMPORTS})")
 
-    return guarded_import
+
+def make_import(seed: str) -> Importer:
+    """An importer whose ``random`` is seeded from ``seed`` (tests, tools)."""
+    return Importer(seed, None)
 
 
 # --- guards ------------------------------------------------------------------
@@ -318,10 +333,10 @@ SAFE_BUILTINS: Final[dict[str, Any]] = {
 }
 
 
-def fresh_globals(hook_name: str, seed: str, out: OutputBuffer) -> dict[str, Any]:
+def fresh_globals(hook_name: str, importer: Importer, out: OutputBuffer) -> dict[str, Any]:
     """The globals one evaluation runs in: new dicts every time, nothing shared mutable."""
     b = dict(SAFE_BUILTINS)
-    b["__import__"] = make_import(seed)
+    b["__import__"] = importer
     return {
         "__builtins__": b,
         "__name__": hook_name,

@@ -93,6 +93,7 @@ class Evaluator:
         self.cache: dict[str, tuple[str, types.CodeType | str]] = {}
         # top-level state key -> (its encoded bytes, frozen value) from the last batch
         self.state_cache: dict[str, tuple[msgspec.Raw, Any]] = {}
+        self.decimal_dirty = True
 
     def state(self, raw: msgspec.Raw) -> Any:
         """Decode and freeze the batch state, reusing unchanged top-level values."""
@@ -139,16 +140,21 @@ class Evaluator:
         if compile_only:
             return None, ""
         out = policy.OutputBuffer(self.cfg.max_output_bytes)
-        seed = f"{call.revision}:{event.get('eventId')}"
-        glb = policy.fresh_globals("hook", seed, out)
-        decimal.setcontext(decimal.Context())
-        exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
-        fn = glb.get("evaluate")
-        if type(fn) is not types.FunctionType:
-            raise HookCompileError("the hook defines no evaluate(event, state) function")
-        value = fn(dict(event), state)
-        decision = validate_result(value, call.kind, self.cfg.max_result_bytes)
-        return decision, out.text()
+        importer = policy.Importer(call.revision, event.get("eventId"))
+        glb = policy.fresh_globals("hook", importer, out)
+        if self.decimal_dirty:  # the last hook used decimal: give this one a fresh context
+            decimal.setcontext(decimal.Context())
+            self.decimal_dirty = False
+        try:
+            exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
+            fn = glb.get("evaluate")
+            if type(fn) is not types.FunctionType:
+                raise HookCompileError("the hook defines no evaluate(event, state) function")
+            value = fn(dict(event), state)
+            decision = validate_result(value, call.kind, self.cfg.max_result_bytes)
+            return decision, out.text()
+        finally:
+            self.decimal_dirty = importer.touched_decimal
 
     def run(self, batch: Batch, send: Any) -> None:
         """Evaluate every hook of ``batch``, sending one Result each, in order."""
@@ -180,9 +186,11 @@ class Evaluator:
 
 
 def _send_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    sent = os.write(fd, data)
+    if sent < len(data):  # only for frames larger than the pipe's free space
+        view = memoryview(data)[sent:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _read(fd: int, linger: list[float]) -> bytes:

@@ -163,6 +163,12 @@ CASES: list[tuple[str, str, str]] = [
         "WAKE",
     ),
     ("print_flood", _body('for i in range(20000):\n    print("y" * 100)\n' + OK), "WAKE"),
+    (
+        "decimal_context_leak",
+        "from decimal import localcontext\ndef gen():\n    with localcontext(prec=3):\n"
+        "        yield 1\n" + _body("g = gen()\nnext(g)\nbox = [g]\nbox.append(box)\n" + OK),
+        "WAKE",
+    ),
     ("frame_bytes_in_reason", _body('return {"decision": "WAKE", "reason": "\\x00\\x00\\x00\\x02\\x81\\xa1"}'), "WAKE"),
     ("event_top_write", _body('event["topic"] = "hacked"\nevent["payload"] = {}\n' + OK), "WAKE"),
     (
