@@ -203,7 +203,7 @@ class WorkerPool:
                     f"({self.config.max_frame_bytes}): send a smaller state"
                 )
             try:
-                await worker.send(data)
+                await worker.send(data, self.config.timeout_ms / 1000 + 1.0)
             except HookCrashed:  # died while idle (not a hook's doing): the caller retries
                 worker.kill()
                 return []

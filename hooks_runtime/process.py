@@ -187,14 +187,18 @@ class WorkerProcess:
             why = "; ".join(f"{n}: {frame.missing.get(n, 'not reported')}" for n in need)
             raise SandboxUnavailable(f"required sandbox layer(s) not active: {why}")
 
-    async def send(self, data: bytes) -> None:
-        """Write a whole frame (the worker drains its pipe, so this finishes)."""
+    async def send(self, data: bytes, seconds: float = 10.0) -> None:
+        """Write a whole frame; a worker that stops reading for ``seconds`` is dead."""
         view = memoryview(data)
+        deadline = time.monotonic() + seconds
         while view:
             try:
                 view = view[os.write(self._w, view) :]
             except BlockingIOError:
-                await anyio.wait_writable(self._w)
+                with anyio.move_on_after(deadline - time.monotonic()) as scope:
+                    await anyio.wait_writable(self._w)
+                if scope.cancelled_caught:
+                    raise HookCrashed("worker stopped reading its requests") from None
             except OSError as exc:
                 raise HookCrashed(f"worker pipe closed: {exc.strerror}") from None
 
@@ -298,7 +302,7 @@ class WorkerProcess:
 
     def _exit_reason(self) -> str:
         try:
-            code = self.proc.wait(timeout=0.05)
+            code = self.proc.wait(timeout=0.02)  # it is exiting: usually immediate
         except subprocess.TimeoutExpired:
             return "pipe closed"
         if code < 0:

@@ -565,3 +565,17 @@ async def test_polling_and_sleeping_give_the_same_outcomes(spin_us: int) -> None
     kinds = [r.error_kind for r in results]
     assert kinds == [None, None, "timeout", None]
     assert results[1].decision == {"decision": "IGNORE", "reason": str(sum(range(300000)))}
+
+
+async def test_worker_that_stops_reading_is_replaced(pool: WorkerPool) -> None:
+    """A worker that no longer reads (SIGSTOP) cannot wedge the daemon's send: it is
+    killed and the batch goes to a fresh worker, no hook blamed."""
+    import signal
+
+    await pool.evaluate("stop", [CANARY], EVENT, STATE)
+    pid = pool.worker_pids()["stop"]
+    os.kill(pid, signal.SIGSTOP)
+    big = {**STATE, "blob": "x" * 300_000}  # larger than the pipe buffer
+    results = await pool.evaluate("stop", [CANARY], EVENT, big)
+    assert results[0].ok and pool.worker_pids()["stop"] != pid
+    assert await _eventually(lambda: not _alive(pid))
