@@ -553,7 +553,7 @@ async def test_polling_and_sleeping_give_the_same_outcomes(spin_us: int) -> None
     slow = spec_from_source(
         "wake_slow",
         "wake",
-        "def evaluate(e, s):\n    n = 0\n    for i in range(300000):\n        n += i\n"
+        "def evaluate(e, s):\n    n = 0\n    for i in range(100000):\n        n += i\n"
         '    return {"decision": "IGNORE", "reason": str(n)}\n',
     )
     cfg = SandboxConfig(timeout_ms=400, compile_timeout_ms=2000, spin_us=spin_us)
@@ -564,7 +564,7 @@ async def test_polling_and_sleeping_give_the_same_outcomes(spin_us: int) -> None
         results = await p.evaluate("s", [CANARY, slow, LOOP, CANARY], EVENT, STATE)
     kinds = [r.error_kind for r in results]
     assert kinds == [None, None, "timeout", None]
-    assert results[1].decision == {"decision": "IGNORE", "reason": str(sum(range(300000)))}
+    assert results[1].decision == {"decision": "IGNORE", "reason": str(sum(range(100000)))}
 
 
 async def test_worker_that_stops_reading_is_replaced(pool: WorkerPool) -> None:
