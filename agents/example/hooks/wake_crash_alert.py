@@ -15,7 +15,7 @@ def evaluate(event, state):
     day = event["ts"][:10]
     return {
         "decision": "ALERT",
-        "reason": f"{event.get('symbol')} down {change:.2f}% in 24h",
+        "reason": f"{event.get('symbol')} down {-change:.2f}% in 24h",
         "dedupeKey": f"crash:{event.get('symbol')}:{day}",
         "cooldownSeconds": 3600,
     }
