@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS revisions (
 CREATE TABLE IF NOT EXISTS dedupe (
     agent TEXT NOT NULL, key TEXT NOT NULL, event_ms INTEGER NOT NULL,
     PRIMARY KEY (agent, key));
+CREATE INDEX IF NOT EXISTS dedupe_age ON dedupe (agent, event_ms);
 CREATE TABLE IF NOT EXISTS cooldown (
     agent TEXT NOT NULL, hook TEXT NOT NULL, scope TEXT NOT NULL, until_ms INTEGER NOT NULL,
     PRIMARY KEY (agent, hook, scope));
@@ -38,6 +39,7 @@ CREATE TABLE IF NOT EXISTS resume_requests (
 """
 
 AGENT_WIDE = "*"  # the hook name of an agent-wide pause
+PRUNE_EVERY = 512  # marks between retention sweeps
 
 
 class HookStore:
@@ -54,6 +56,7 @@ class HookStore:
             raise StoreError(f"{path}: cannot open hook store: {exc}") from None
         self.path = path
         self.dedupe_ms = int(dedupe_days * 86_400_000)
+        self._marks = 0
 
     def close(self) -> None:
         """Close the database."""
@@ -88,11 +91,14 @@ class HookStore:
         return row.fetchone() is not None
 
     def mark(self, agent: str, key: str, event_ms: int) -> None:
-        """Record that the agent acted on ``key``; prunes keys past retention."""
+        """Record that the agent acted on ``key``; now and then prunes keys past retention."""
         self._db.execute("INSERT OR IGNORE INTO dedupe VALUES (?, ?, ?)", (agent, key, event_ms))
-        self._db.execute(
-            "DELETE FROM dedupe WHERE agent=? AND event_ms < ?", (agent, event_ms - self.dedupe_ms)
-        )
+        self._marks += 1
+        if self._marks % PRUNE_EVERY == 1:
+            self._db.execute(
+                "DELETE FROM dedupe WHERE agent=? AND event_ms < ?",
+                (agent, event_ms - self.dedupe_ms),
+            )
 
     def cooling(self, agent: str, hook: str, scope: str, event_ms: int) -> bool:
         """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``."""

@@ -1,0 +1,44 @@
+"""The hook store: dedupe retention, cooldown scope, pauses and resume requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon.agents.store import AGENT_WIDE, PRUNE_EVERY, HookStore
+
+DAY = 86_400_000
+
+
+def test_dedupe_keys_persist_and_expire_by_event_time(tmp_path: Path) -> None:
+    """A key is remembered across reopen and pruned once older than the retention."""
+    store = HookStore(tmp_path / "h.sqlite3", dedupe_days=1)
+    store.mark("a", "k1", 0)
+    store.close()
+    store = HookStore(tmp_path / "h.sqlite3", dedupe_days=1)
+    assert store.seen("a", "k1") and not store.seen("b", "k1")
+    for i in range(PRUNE_EVERY + 1):  # the sweep runs every PRUNE_EVERY marks
+        store.mark("a", f"new{i}", 2 * DAY)
+    assert not store.seen("a", "k1")
+    assert store.seen("a", "new0")
+
+
+def test_cooldown_is_per_hook_and_scope(tmp_path: Path) -> None:
+    """A cooldown covers one hook and one symbol, until its end (event time)."""
+    store = HookStore(tmp_path / "h.sqlite3")
+    store.start_cooldown("a", "h1", "BTC-USD", until_ms=1000)
+    assert store.cooling("a", "h1", "BTC-USD", 999)
+    assert not store.cooling("a", "h1", "BTC-USD", 1000)
+    assert not store.cooling("a", "h1", "ETH-USD", 500)
+    assert not store.cooling("a", "h2", "BTC-USD", 500)
+
+
+def test_pause_resume_round_trip(tmp_path: Path) -> None:
+    """A CLI resume deletes the pause and leaves one request for the daemon."""
+    store = HookStore(tmp_path / "h.sqlite3")
+    store.pause("a", "h1", "boom")
+    store.pause("a", AGENT_WIDE, "2 hooks paused")
+    assert store.request_resume("a", "h1") is True
+    assert store.request_resume("a", "h9") is False
+    assert [(a, h) for a, h, _, _ in store.pauses()] == [("a", AGENT_WIDE)]
+    assert sorted(store.take_resume_requests()) == [("a", "h1"), ("a", "h9")]
+    assert store.take_resume_requests() == []
