@@ -137,10 +137,9 @@ class Dispatcher:
         """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs."""
         symbols = [event.symbol] if event.symbol else None
         state = rt.state.export(symbols, candles=rt.agent.config.state_candles)
-        view = msgspec.to_builtins(self.desk.broker.view())
-        state["positions"] = view["positions"]
-        state["orders"] = view["openOrders"]
-        state["pnlToday"] = view["pnlToday"]
+        broker = self.desk.broker
+        state["positions"] = msgspec.to_builtins(broker.positions())
+        state["orders"] = msgspec.to_builtins(broker.open_orders())
         state["lastOutputs"] = dict(rt.last_outputs)
         return state
 

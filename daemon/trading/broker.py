@@ -16,7 +16,7 @@ import msgspec
 
 from daemon.events import FeedEvent
 from daemon.trading.intents import TradeIntent
-from daemon.trading.portfolio import Order, PortfolioView
+from daemon.trading.portfolio import Order, PortfolioView, Position
 
 
 class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +73,14 @@ class Broker(Protocol):
 
     def view(self) -> PortfolioView:
         """Positions, working orders, marks and today's PnL, for the risk engine."""
+        ...
+
+    def positions(self) -> dict[str, Position]:
+        """Open positions by symbol (cheap: for every hook evaluation)."""
+        ...
+
+    def open_orders(self) -> tuple[Order, ...]:
+        """Working orders (cheap: for every hook evaluation)."""
         ...
 
     def now_ms(self) -> int:

@@ -106,6 +106,10 @@ class PaperBroker:
         """Open positions by symbol."""
         return dict(self._positions)
 
+    def open_orders(self) -> tuple[Order, ...]:
+        """Working orders (entries and their stop-loss / take-profit children)."""
+        return tuple(self._working.values())
+
     def last_price(self, symbol: str) -> float | None:
         """The last price seen for ``symbol``."""
         return self._marks.get(symbol)

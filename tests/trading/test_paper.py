@@ -260,3 +260,16 @@ async def test_market_events_drive_the_broker(broker: PaperBroker) -> None:
     )
     await broker.on_market_event(_event(ev.NEWS_HEADLINE, {}, T0))
     assert broker.ignored_events == 2
+
+
+async def test_cheap_accessors_match_the_view(broker: PaperBroker) -> None:
+    """positions() and open_orders() (used for every hook's state) agree with view()."""
+    await broker.on_tick("BTC", 100.0, T0)
+    await broker.submit(
+        request("lim", action="PLACE_LIMIT_ORDER", openPrice=90.0, stopLoss=80.0, takeProfit=120.0)
+    )
+    await broker.submit(request("mkt"))
+    view = broker.view()
+    assert broker.positions() == view.positions and "BTC" in broker.positions()
+    assert broker.open_orders() == view.open_orders
+    assert any(o.order_type == "limit" for o in broker.open_orders())
