@@ -48,6 +48,8 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 # and drained (the hook pipeline is one).
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 STATUS_FILE = "status.json"
+# Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
+RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "rag")
 SNAPSHOT_FILE = "state_cache.json"
 
 
@@ -116,6 +118,7 @@ class Service:
         self._feeds_scope: anyio.CancelScope | None = None
         self._all_finished = anyio.Event()
         self._stop = anyio.Event()
+        self._reload_lock = anyio.Lock()
         self._subs: list[tuple[Consumer, Subscription]] = [
             (self._update_state, self.bus.subscribe("market.>", name="state"))
         ]
@@ -229,6 +232,7 @@ class Service:
             await anyio.sleep(interval)
 
     async def _status_loop(self) -> None:
+        self.write_status(running=True)  # `marketwake status` works from READY on
         while True:
             await anyio.sleep(self.config.daemon.status_interval_seconds)
             status = self.write_status(running=True)
@@ -251,10 +255,17 @@ class Service:
             if self._stop.is_set():
                 log.warning("signal ignored: already stopping", signal=name)
             elif signum == signal.SIGHUP:
-                await self.reload()
+                # In its own task: a slow reload (a feed that takes seconds to
+                # start) must not hold up a SIGTERM that follows it.
+                if self._feeds_tg is not None:
+                    self._feeds_tg.start_soon(self._reload_once)
             else:
                 log.info("signal received; draining", signal=name)
                 self._stop.set()
+
+    async def _reload_once(self) -> None:
+        async with self._reload_lock:
+            await self.reload()
 
     async def reload(self) -> None:
         """Re-read the config and restart the feeds with it; any failure keeps (or
@@ -278,7 +289,10 @@ class Service:
             await self._start_feeds(old)
             self.notifier.ready("reload failed; old config restored")
             return
-        log.info("config reloaded", path=str(self.config_path))
+        log.info("config reloaded; feeds restarted", path=str(self.config_path))
+        frozen = [n for n in RESTART_ONLY if getattr(new, n) != getattr(old, n)]
+        if frozen:
+            log.warning("these sections changed but apply only after a restart", sections=frozen)
         self.notifier.ready("reloaded")
 
     # -- status ----------------------------------------------------------------

@@ -116,6 +116,8 @@ def test_run_reload_and_graceful_stop(tmp_path: Path) -> None:
         )
         try:
             _recv_until(sock, "READY=1")
+            live = mw("status", "--state-dir", str(tmp_path / "state"))
+            assert "daemon: running" in live.stdout, live.stderr
             proc.send_signal(signal.SIGHUP)
             got = _recv_until(sock, "READY=1")
             assert any(g.startswith("RELOADING=1") for g in got)
@@ -130,7 +132,7 @@ def test_run_reload_and_graceful_stop(tmp_path: Path) -> None:
     status = json.loads((tmp_path / "state" / "status.json").read_text())
     assert status["running"] is False
     assert status["bus"]["published"] == len(events)
-    assert '"event": "config reloaded"' in stderr
+    assert "config reloaded; feeds restarted" in stderr
 
 
 def test_demo_runs_offline(tmp_path: Path) -> None:
