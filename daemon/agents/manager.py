@@ -212,6 +212,7 @@ class AgentManager:
                 await tg.start(rt.scheduler.run)
                 await self.dispatcher.serve_agent(rt)
                 tg.cancel_scope.cancel()
+            rt.scheduler.abandon_pending()
 
     async def _update(self, rt: AgentRuntime, fresh: Agent) -> None:
         hooks = await self._accept_hooks(fresh, rt.agent.hooks)

@@ -25,7 +25,8 @@ from daemon.trading.intents import TradeIntent
 from daemon.trading.portfolio import Order
 from daemon.trading.risk import Verdict
 
-SuppressedBy = Literal["dedupe", "cooldown", "budget", "paused", "none"]
+# "shutdown": a wake still waiting for its run when the daemon stopped.
+SuppressedBy = Literal["dedupe", "cooldown", "budget", "paused", "shutdown", "none"]
 
 
 def now_ts() -> str:

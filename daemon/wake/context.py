@@ -22,7 +22,7 @@ import msgspec
 
 RunKind = Literal["wake", "audit"]
 Outcome = Literal["woke", "queued", "suppressed"]
-SuppressedBy = Literal["budget", "cooldown", "paused", "none"]
+SuppressedBy = Literal["budget", "cooldown", "paused", "shutdown", "none"]
 
 
 class WakeRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

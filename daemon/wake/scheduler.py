@@ -265,6 +265,17 @@ class WakeScheduler:
             return "budget"
         return "none"
 
+    def abandon_pending(self) -> int:
+        """At shutdown: record every wake still waiting for a run as suppressed by
+        ``shutdown`` (pending runs are not persisted). Returns how many runs."""
+        now = self.clock.now()
+        runs = list(self._pending)
+        self._pending.clear()
+        for run in runs:
+            if run.kind == "wake":
+                self._drop(run, "shutdown", now)
+        return len(runs)
+
     def _drop(self, run: _PendingRun, by: SuppressedBy, now: float) -> None:
         """A pending run that may not start: record each of its wakes as suppressed."""
         self.counters[f"dropped_{by}"] += 1

@@ -260,3 +260,15 @@ async def test_absurd_cooldown_is_clamped_not_fatal(tmp_path: Path) -> None:
     await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(3)]))
     got = [r["suppressedBy"] for r in audit(tmp_path) if r["type"] == "hook"]
     assert got == ["none", "cooldown", "cooldown"]
+
+
+async def test_wakes_still_queued_at_stop_are_recorded_as_shutdown(tmp_path: Path) -> None:
+    """A collect run that never started leaves no dangling 'queued' wake behind."""
+    toml = "[wake]\ndebounce_seconds = 600\n"
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(3)]))
+    wakes = [r for r in audit(tmp_path) if r["type"] == "wake"]
+    queued = [r["eventId"] for r in wakes if r["outcome"] == "queued"]
+    dropped = [r["eventId"] for r in wakes if r["suppressedBy"] == "shutdown"]
+    assert len(queued) == 3 and sorted(dropped) == sorted(queued)
+    assert not [r for r in audit(tmp_path) if r["type"] == "run"]
