@@ -68,6 +68,10 @@ class AgentManager:
         self._loaded = anyio.Event()
         self._done = anyio.Event()
         self.reloads = 0
+        self._config_errors: dict[str, str] = {}
+        self._file_errors: dict[tuple[str, str], str] = {}
+        self._warned_missing = False
+        self._bad_revisions: set[tuple[str, str, str]] = set()
 
     def _sink(self, record: AuditRecord) -> None:
         self.dispatcher.audit.write(record)
@@ -109,17 +113,21 @@ class AgentManager:
     # -- scanning ------------------------------------------------------------------
 
     async def rescan(self) -> None:
-        """Apply every change on disk since the last scan."""
+        """Apply every change on disk since the last scan (problems logged once each)."""
+        if not self.agents_dir.is_dir() and not self._warned_missing:
+            self._warned_missing = True
+            log.warning("agents directory not found; no hooks will run", path=str(self.agents_dir))
         seen: set[str] = set()
         for path in discover(self.agents_dir):
             try:
                 fresh = load_agent(path, self.max_source_bytes)
             except ConfigError as exc:
-                log.error(
-                    "agent config invalid; keeping what runs", agent=path.name, error=str(exc)
-                )
+                if self._config_errors.get(path.name) != str(exc):
+                    self._config_errors[path.name] = str(exc)
+                    log.error("agent config invalid; keeping what runs", error=str(exc))
                 seen.add(path.name)
                 continue
+            self._config_errors.pop(path.name, None)
             if not fresh.config.enabled:
                 continue
             seen.add(fresh.agent_id)
@@ -138,8 +146,15 @@ class AgentManager:
         """The hook set to run: new revisions that compile, old ones where they don't."""
         store = self.dispatcher.store
         for hook_id, problem in agent.errors.items():
-            log.error("hook file unreadable", agent=agent.agent_id, hook=hook_id, error=problem)
-        changed = [s for h, s in agent.hooks.items() if current.get(h) != s]
+            if self._file_errors.get((agent.agent_id, hook_id)) != problem:
+                self._file_errors[(agent.agent_id, hook_id)] = problem
+                log.error("hook file unreadable", agent=agent.agent_id, hook=hook_id, error=problem)
+        bad = self._bad_revisions
+        changed = [
+            s
+            for h, s in agent.hooks.items()
+            if current.get(h) != s and (agent.agent_id, h, s.revision) not in bad
+        ]
         results = await self.dispatcher.pool.compile(agent.agent_id, changed) if changed else []
         # A file that vanished stops; one that became unreadable keeps its last revision.
         accepted = {h: s for h, s in current.items() if h in agent.hooks or h in agent.errors}
@@ -147,8 +162,8 @@ class AgentManager:
             path = str(agent.hook_paths[spec.hook_id])
             error = None if res.ok else f"{res.error_kind}: {res.error}"
             if store.record_revision(agent.agent_id, spec.hook_id, spec.revision, path, error):
-                log.info(
-                    "hook revision",
+                (log.error if error else log.info)(
+                    "hook revision failed to compile" if error else "hook revision",
                     agent=agent.agent_id,
                     hook=spec.hook_id,
                     revision=spec.revision,
@@ -157,7 +172,10 @@ class AgentManager:
             if res.ok:
                 accepted[spec.hook_id] = spec
                 store.unpause(agent.agent_id, spec.hook_id)
-            elif spec.hook_id in current:
+                continue
+            if res.error_kind == "compile":  # a broken revision is not compiled again
+                bad.add((agent.agent_id, spec.hook_id, spec.revision))
+            if spec.hook_id in current:
                 log.error(
                     "new revision failed to compile; previous revision keeps running",
                     agent=agent.agent_id,

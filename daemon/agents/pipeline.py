@@ -87,7 +87,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         await broker.recover()
         tg.start_soon(manager.run)
         await manager.wait_loaded()
-        log.info("agents loaded", agents=sorted(manager.runtimes))
+        layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
+        log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
         try:
             yield manager
         finally:
