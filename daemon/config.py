@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import msgspec.inspect
 
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES
@@ -186,10 +187,28 @@ def _lookup(raw: Any, path: str) -> Any:
     return cur
 
 
+def _choices(path: str) -> list[Any]:
+    """The allowed values of the Literal field at a msgspec error path, if it is one."""
+    info: Any = msgspec.inspect.type_info(Config)
+    for name in re.findall(r"\.([^.\[]+)", path):
+        fields = {f.encode_name: f.type for f in getattr(info, "fields", ())}
+        if name not in fields:
+            return []
+        info = fields[name]
+    return list(getattr(info, "values", ()))
+
+
 def _describe(raw: dict[str, Any], err: msgspec.ValidationError, source: str) -> str:
     text = str(err)
     msg, _, where = text.rpartition(" - at `")
     if not msg:
+        unknown = re.match(r"Object contains unknown field `([^`]+)`", text)
+        if unknown:
+            sections = ", ".join(f.encode_name for f in msgspec.structs.fields(Config))
+            return (
+                f"{source}: unknown section or key {unknown.group(1)!r} "
+                f"(top-level sections are: {sections})"
+            )
         return f"{source}: {text}"
     where = where.rstrip("`")
     key = where.removeprefix("$").lstrip(".") or "(top level)"
@@ -197,6 +216,10 @@ def _describe(raw: dict[str, Any], err: msgspec.ValidationError, source: str) ->
     unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
     if unknown:
         return f"{source}: {key}: unknown key {unknown.group(1)!r} (check the spelling)"
+    choices = _choices(where)
+    if choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        return f"{source}: {key}: expected one of {allowed} (found {found!r})"
     if found is not None and not isinstance(found, (dict, list)):
         if _SECRET_KEY.search(key):
             found = "***"

@@ -30,7 +30,11 @@ def test_empty_config_uses_defaults() -> None:
         ("[bus]\nqueue_sise = 3\n", "bus: unknown key 'queue_sise'"),
         ("[bus]\nqueue_size = 'big'\n", "bus.queue_size: expected `int`, got `str` (found 'big')"),
         ("[feeds.candles]\ntimeframes = ['7m']\n", "feeds.candles: unknown timeframe '7m'"),
-        ("[daemon]\nlog_format = 'xml'\n", "daemon.log_format: invalid enum value 'xml'"),
+        (
+            "[daemon]\nlog_format = 'xml'\n",
+            "daemon.log_format: expected one of 'auto', 'console', 'json' (found 'xml')",
+        ),
+        ("[wake]\nx = 1\n", "unknown section or key 'wake' (top-level sections are: daemon,"),
         ("[bus\n", "not valid TOML"),
         ("[bus]\nqueue_size = 0\n", "queue_size must be between"),
     ],

@@ -26,11 +26,12 @@ DIR_HELP = (
 RECORD_TYPES = ("hook", "wake", "run", "risk", "order")
 
 
-def audit_dir(directory: Path | None, config_path: Path | None) -> Path:
+def audit_dir(directory: Path | None, config_path: Path | None, must_exist: bool = True) -> Path:
     """Where the audit log lives, by the precedence in the module docstring."""
-    if directory is not None:
-        return directory
-    return load_config_or_defaults(config_path).audit_dir
+    where = directory if directory is not None else load_config_or_defaults(config_path).audit_dir
+    if must_exist and not where.is_dir():
+        raise click.ClickException(f"no audit log at {where}: pass --dir or the daemon's --config")
+    return where
 
 
 def _since(text: str | None) -> int | None:
@@ -95,7 +96,7 @@ def tail_command(
     poll: float,
 ) -> None:
     """Show the latest audit records, filtered; with -f keep following."""
-    where = audit_dir(directory, config_path)
+    where = audit_dir(directory, config_path, must_exist=not follow)  # -f waits for it
     flt = AuditFilter(
         agent=agent,
         hook=hook,

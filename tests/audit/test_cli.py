@@ -77,9 +77,11 @@ def test_tail_bad_since_is_a_usage_error(logdir: Path) -> None:
     assert code == 2 and "expected a duration" in out
 
 
-def test_tail_missing_dir_prints_nothing(tmp_path: Path) -> None:
-    """An absent audit directory is an empty log, not a crash."""
-    assert invoke("--dir", str(tmp_path / "none")) == (0, "")
+def test_tail_missing_dir_says_so(tmp_path: Path) -> None:
+    """An absent audit directory is a one-line error naming it (a typo'd path or the
+    wrong config would otherwise look like an empty log)."""
+    code, out = invoke("--dir", str(tmp_path / "none"))
+    assert code == 1 and "no audit log at" in out
 
 
 def test_tail_follow_prints_appended_records(logdir: Path) -> None:
