@@ -14,6 +14,7 @@ import msgspec
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.cli.common import resolve_state_dir
 from daemon.errors import HookCompileError
+from daemon.events import FeedEvent, to_dict
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 
 
@@ -55,7 +56,7 @@ async def _run(
             specs.append((f, load_hook(f, config.max_source_bytes)))
         except HookCompileError as exc:
             all_ok = False
-            click.echo(_record(f, hook=f.stem, error={"kind": "compile", "message": str(exc)}))
+            click.echo(_record(f, hook=f.stem, error_kind="compile", error=str(exc)))
     async with open_worker_pool(config) as pool:
         if pool.ready is not None:
             click.echo(f"sandbox layers active: {', '.join(pool.ready.active)}", err=True)
@@ -93,8 +94,12 @@ def test_command(
     exits 0 only if every hook produced a valid decision.
     """
     event = _read_json(event_path, "event")
-    if not isinstance(event, dict):
-        raise click.BadParameter(f"{event_path}: the event must be a JSON object")
+    try:
+        event = to_dict(msgspec.convert(event, FeedEvent))  # exactly what hooks get live
+    except msgspec.ValidationError as exc:
+        raise click.BadParameter(
+            f"{event_path}: not a FeedEvent ({exc}); required: eventId, ts, source, topic, payload"
+        ) from None
     state = _read_json(state_path, "state") if state_path else {}
     config = SandboxConfig() if timeout_ms is None else SandboxConfig(timeout_ms=timeout_ms)
     agent, files = _collect(path)
@@ -125,6 +130,8 @@ def resume_command(
     """
     store = _hook_store(config_path, state_dir)
     try:
+        if hook and not store.revisions(agent, hook):
+            raise click.ClickException(f"unknown hook {agent}/{hook} (no revision recorded)")
         was_paused = store.request_resume(agent, hook or AGENT_WIDE)
         paused = [(a, h, r) for a, h, r, _ in store.pauses() if a == agent]
     finally:

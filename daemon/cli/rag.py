@@ -177,6 +177,10 @@ def query_cmd(
 ) -> None:
     """Send one request and print the JSON response (exit 1 on an error response)."""
     cfg = rag_config(config_path)
+    if params_file == "-" and sys.stdin.isatty():
+        click.echo(
+            "reading params JSON from stdin (end with Ctrl-D; or pass --params FILE)", err=True
+        )
     text = sys.stdin.read() if params_file == "-" else Path(params_file).read_text()
     try:
         params = json.loads(text) if text.strip() else {}

@@ -1,0 +1,41 @@
+"""`marketwake hooks test / resume / paused`: usage errors are clear and exit non-zero."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from daemon.agents.store import HookStore
+from daemon.cli.hooks import hooks_group
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def test_event_that_is_not_a_feedevent_is_a_usage_error(tmp_path: Path) -> None:
+    """A JSON file without the FeedEvent fields is rejected before any hook runs."""
+    bad = tmp_path / "ev.json"
+    bad.write_text(json.dumps({"x": 1}))
+    res = CliRunner().invoke(
+        hooks_group, ["test", str(ROOT / "agents" / "example"), "--event", str(bad)]
+    )
+    assert res.exit_code == 2
+    assert "not a FeedEvent" in res.output and "eventId" in res.output
+
+
+def test_resume_needs_a_store_and_a_known_hook(tmp_path: Path) -> None:
+    """No store: say where we looked. Unknown hook: say so. Known hook: resumed."""
+    runner = CliRunner()
+    res = runner.invoke(hooks_group, ["resume", "a", "h", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 1 and "no hook store at" in res.output
+    store = HookStore(tmp_path / "hooks.sqlite3")
+    store.record_revision("a", "wake_x", "r1", "p", None)
+    store.pause("a", "wake_x", "boom")
+    store.close()
+    res = runner.invoke(hooks_group, ["resume", "a", "wake_nope", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 1 and "unknown hook a/wake_nope" in res.output
+    res = runner.invoke(hooks_group, ["paused", "--state-dir", str(tmp_path)])
+    assert "a/wake_x: boom" in res.output
+    res = runner.invoke(hooks_group, ["resume", "a", "wake_x", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 0 and "resumed a/wake_x" in res.output
