@@ -133,6 +133,11 @@ class AuditSection(Base, frozen=True):
             raise ValueError("max_total_mb and max_days must be >= 1, flush interval > 0")
 
 
+class TradingSection(Base, frozen=True):
+    # ACTIVE; REDUCING (only orders that shrink a position); HALTED (no orders).
+    state: Literal["ACTIVE", "REDUCING", "HALTED"] = "ACTIVE"
+
+
 class Config(Base, frozen=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     bus: BusSection = msgspec.field(default_factory=BusSection)
@@ -140,6 +145,7 @@ class Config(Base, frozen=True):
     state: StateSection = msgspec.field(default_factory=StateSection)
     hooks: HooksSection = msgspec.field(default_factory=HooksSection)
     audit: AuditSection = msgspec.field(default_factory=AuditSection)
+    trading: TradingSection = msgspec.field(default_factory=TradingSection)
     rag: RagConfig = msgspec.field(default_factory=RagConfig)
 
     @property

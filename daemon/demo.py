@@ -161,6 +161,7 @@ def _audit_summary(console: Console, audit_dir: Path) -> None:
     for key, n in sorted(counts.items()):
         console.print(f"  {key:<40} {n:>7}")
     console.print(f"  tail it:   marketwake audit tail --dir {audit_dir}", soft_wrap=True)
+    console.print(f"  status:    marketwake status --state-dir {audit_dir.parent}", soft_wrap=True)
     if last_wake:
         console.print(f"  ask why:   marketwake why {last_wake} --dir {audit_dir}", soft_wrap=True)
 

@@ -49,7 +49,7 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 STATUS_FILE = "status.json"
 # Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
-RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "rag")
+RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag")
 SNAPSHOT_FILE = "state_cache.json"
 
 

@@ -24,6 +24,7 @@ from daemon.bus import Subscription
 from daemon.events import FeedEvent
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk, audited_publish
+from daemon.trading.intents import TradingState
 from daemon.trading.paper import PaperBroker
 from daemon.wake.store import RunStore
 from hooks_runtime.pool import open_worker_pool
@@ -63,11 +64,13 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         hook_store = HookStore(state_dir / "hooks.sqlite3")
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
+        desk = TradeDesk(broker, audit)
+        desk.set_state(TradingState(cfg.trading.state))
         dispatcher = Dispatcher(
             pool=pool,
             store=hook_store,
             audit=audit,
-            desk=TradeDesk(broker, audit),
+            desk=desk,
             alerts=alerts,
         )
         manager = AgentManager(

@@ -272,3 +272,34 @@ async def test_wakes_still_queued_at_stop_are_recorded_as_shutdown(tmp_path: Pat
     dropped = [r["eventId"] for r in wakes if r["suppressedBy"] == "shutdown"]
     assert len(queued) == 3 and sorted(dropped) == sorted(queued)
     assert not [r for r in audit(tmp_path) if r["type"] == "run"]
+
+
+async def test_trading_state_from_config_halts_orders(tmp_path: Path) -> None:
+    """[trading] state = "HALTED" rejects every intent with the HALTED code; ACTIVE fills."""
+    src = (
+        "def evaluate(event, state):\n"
+        '    return {"decision": "TRADE_INTENT", "reason": "buy",\n'
+        '            "dedupeKey": "b:" + event["eventId"],\n'
+        '            "intent": {"action": "PLACE_MARKET_ORDER", "symbol": event["symbol"],\n'
+        '                       "side": "buy", "volume": 0.01, "stopLoss": 50.0}}\n'
+    )
+    for state in ("HALTED", "ACTIVE"):
+        root = tmp_path / state
+        agents = workspace(root, {"autotrade_buy.py": src})
+        cfg = msgspec.convert(
+            {
+                "daemon": {"state_dir": str(root / "state")},
+                "hooks": {"agents_dir": str(agents)},
+                "trading": {"state": state},
+            },
+            Config,
+        )
+        svc = Service(cfg, lambda _: [PacedFeed([candle(0), candle(1)])], components=[open_agents])
+        with anyio.fail_after(30):
+            await svc.run()
+        risk = [r for r in audit(root) if r["type"] == "risk"]
+        assert len(risk) == 2
+        if state == "HALTED":
+            assert all(not r["approved"] and r["reasons"][0]["code"] == "HALTED" for r in risk)
+        else:
+            assert all(r["approved"] for r in risk)
