@@ -77,6 +77,8 @@ class CandlesFeed:
         # server clock minus local clock; None until /time has answered once
         self.offset_ms: int | None = None
         self.last_poll_ok = False
+        self.polls = 0
+        self.closes_published = 0
         self._last_request = 0.0
         self._last_updated: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -165,7 +167,18 @@ class CandlesFeed:
                     health.error()
                     log.error("candles.poll_failed", product=product, timeframe=tf, error=str(exc))
         self.last_poll_ok = health.errors == errors
+        self.polls += 1
+        self.closes_published += published
         return published
+
+    def statistics(self) -> dict[str, int | bool | None]:
+        """Counters for ``marketwake status``."""
+        return {
+            "polls": self.polls,
+            "closes_published": self.closes_published,
+            "last_poll_ok": self.last_poll_ok,
+            "server_offset_ms": self.offset_ms,
+        }
 
     async def _server_now(self, health: FeedHealth) -> int | None:
         """Exchange time; falls back to local + last offset, never to the bare local clock."""

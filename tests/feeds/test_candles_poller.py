@@ -184,6 +184,9 @@ async def test_overlapping_polls_emit_each_close_once(
     assert sink.closed == list(range(T0, last_settled + 1, M5))
     assert len({e.event_id for e in sink.events}) == len(sink.events)
     assert health.errors == 0
+    stats = feed.statistics()
+    assert stats["polls"] == 60 and stats["closes_published"] == len(sink.closed)
+    assert stats["last_poll_ok"] is True
     ev = sink.events[0]
     assert ev.event_id == f"coinbase:BTC-USD:5m:{T0}" and ev.ts == iso_ms(T0)
     assert ev.partition_key == "coinbase:BTC-USD:5m" and ev.symbol == "BTC-USD"
