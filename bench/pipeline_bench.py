@@ -3,7 +3,8 @@ risk, paper broker, audit on), against the same replay with hooks off, in the sa
 
     .venv/bin/python bench/pipeline_bench.py [--candles 5000]
 
-Also prints the daemon's peak RSS and the sandbox worker's RSS at the end.
+Also prints the daemon's peak RSS and the peak RSS of its sandbox worker processes
+(sampled from /proc every 50 ms while the pipeline runs).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import argparse
 import resource
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import msgspec
 
@@ -44,6 +47,50 @@ def config(tmp: Path, csv: Path, hooks: bool) -> Config:
     )
 
 
+class ChildRss:
+    """Peak resident set of this process's children (the sandbox workers)."""
+
+    def __init__(self) -> None:
+        self.peak_kib: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for pid in _children():
+                kib = _rss_kib(pid)
+                if kib:
+                    self.peak_kib[pid] = max(self.peak_kib.get(pid, 0), kib)
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def timed(cfg: Config) -> tuple[float, int]:
     start = time.perf_counter()
     status = run_daemon(cfg)
@@ -63,7 +110,8 @@ def main(n: int) -> None:
         csv = tmp / "synthetic.csv"
         generate_candles(csv, seed=7, n=n, timeframe="1m")
         base_s, base_n = timed(config(tmp, csv, hooks=False))
-        full_s, full_n = timed(config(tmp, csv, hooks=True))
+        with ChildRss() as workers:
+            full_s, full_n = timed(config(tmp, csv, hooks=True))
         lines = audit_lines(tmp)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"replay, hooks off: {base_n} events in {base_s:.2f}s = {base_n / base_s:,.0f} ev/s")
@@ -71,7 +119,8 @@ def main(n: int) -> None:
         f"replay, 1 agent x 3 hooks, audit on: {full_n} events in {full_s:.2f}s = "
         f"{full_n / full_s:,.0f} ev/s ({lines} audit lines; ratio {base_s / full_s:.2f})"
     )
-    print(f"daemon peak RSS {rss:.0f} MiB (sandbox worker not included)")
+    per_worker = ", ".join(f"{k / 1024:.0f}" for k in sorted(workers.peak_kib.values()))
+    print(f"daemon peak RSS {rss:.0f} MiB; sandbox workers (agent + spare) {per_worker} MiB")
 
 
 if __name__ == "__main__":
