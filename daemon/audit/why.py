@@ -62,7 +62,15 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
         for r in iter_records(directory, flt, contains=sorted(traces))
         if r.get("traceId") in traces and ident not in (r.get("eventId"), r.get("traceId"))
     ]
-    return sorted([*direct, *linked], key=lambda r: str(r.get("ts", "")))
+    return sorted([*direct, *linked], key=_order)
+
+
+# Within one millisecond, show cause before effect.
+_RANK = {"hook": 0, "risk": 1, "wake": 2, "order": 3, "run": 4}
+
+
+def _order(r: Record) -> tuple[str, int]:
+    return str(r.get("ts", "")), _RANK.get(str(r.get("type")), 5)
 
 
 def _hook_line(r: Record) -> str:
@@ -139,16 +147,17 @@ def _judge(recs: list[Record]) -> tuple[Outcome, str]:
             }
         )
         return "TRADE_REJECTED", f"the risk engine rejected the trade intent: {', '.join(codes)}"
+    who = ", ".join(str(r.get("hookId")) for r in wanted if decision_of(r) == "WAKE") or "a hook"
+    runs = [r for r in recs if r.get("type") == "run"]
+    if runs:  # the run happened: say how it ended
+        last = runs[-1]
+        return "WOKE", f"{who} returned WAKE; run {last.get('runId')} {last.get('status')}"
+    sup_w = [w for w in by_type["wake"] if w.get("outcome") == "suppressed"]
     pairs: tuple[tuple[str, Outcome], ...] = (("woke", "WOKE"), ("queued", "QUEUED"))
     for outcome, label in pairs:
         hit = [w for w in by_type["wake"] if w.get("outcome") == outcome]
-        if hit:
-            who = (
-                ", ".join(str(r.get("hookId")) for r in wanted if decision_of(r) == "WAKE")
-                or "a hook"
-            )
+        if hit and not (label == "QUEUED" and sup_w):
             return label, f"{who} returned WAKE; run {hit[-1].get('runId')}"
-    sup_w = [w for w in by_type["wake"] if w.get("outcome") == "suppressed"]
     if sup_w or suppressed:
         by = sorted({str(r.get("suppressedBy")) for r in [*sup_w, *suppressed]})
         return "SUPPRESSED", f"a hook asked to act but it was suppressed by {', '.join(by)}"

@@ -195,7 +195,7 @@ async def test_decision_not_allowed_for_kind_is_a_recorded_error(tmp_path: Path,
 
 async def test_why_links_a_wake_to_its_run(tmp_path: Path) -> None:
     """Each WAKE's trace leads `why` to the hook decision, the scheduler outcome and the run."""
-    from daemon.audit.why import collect
+    from daemon.audit.why import collect, explain
 
     toml = "[wake]\ndebounce_seconds = 0\ncooldown_after_run_seconds = 0\nmax_runs_per_hour = 100\n"
     agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
@@ -205,8 +205,11 @@ async def test_why_links_a_wake_to_its_run(tmp_path: Path) -> None:
     assert runs, "the log runner ran"
     traced = {t for r in runs for t in r["traceIds"]}
     some = min(traced)
-    kinds = {r["type"] for r in collect(tmp_path / "state" / "audit", some)}
-    assert {"hook", "wake", "run"} <= kinds
+    recs = collect(tmp_path / "state" / "audit", some)
+    assert {"hook", "wake", "run"} <= {r["type"] for r in recs}
+    assert recs[0]["type"] == "hook"  # cause before effect
+    (story,) = explain(recs, some).agents
+    assert story.outcome == "WOKE" and "finished" in story.why
 
 
 async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path: Path) -> None:
@@ -272,6 +275,10 @@ async def test_wakes_still_queued_at_stop_are_recorded_as_shutdown(tmp_path: Pat
     dropped = [r["eventId"] for r in wakes if r["suppressedBy"] == "shutdown"]
     assert len(queued) == 3 and sorted(dropped) == sorted(queued)
     assert not [r for r in audit(tmp_path) if r["type"] == "run"]
+    from daemon.audit.why import collect, explain
+
+    (story,) = explain(collect(tmp_path / "state" / "audit", queued[0]), queued[0]).agents
+    assert story.outcome == "SUPPRESSED" and "shutdown" in story.why
 
 
 async def test_trading_state_from_config_halts_orders(tmp_path: Path) -> None:
