@@ -163,10 +163,11 @@ class Dispatcher:
             self._audit_hook(rt, event, trace, r, suppressed_by=blocked)
             return
         if decision == "WAKE":
-            outcome = rt.scheduler.submit(
-                WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
-            )
-            self._audit_hook(rt, event, trace, r, suppressed_by=outcome.suppressed_by)
+            decided_at = now_ts()  # the hook's row is stamped before the scheduler's
+            request = WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
+            outcome = rt.scheduler.submit(request)
+            by = outcome.suppressed_by
+            self._audit_hook(rt, event, trace, r, suppressed_by=by, ts=decided_at)
         elif decision == "ALERT":
             self._audit_hook(rt, event, trace, r)
             await self.alerts.send(Alert(**self._about(rt, event, trace, r.hook_id, d)))
@@ -271,12 +272,13 @@ class Dispatcher:
         *,
         suppressed_by: str = "none",
         error: str | None = None,
+        ts: str | None = None,
     ) -> None:
         d = r.decision or {}
         key = d.get("dedupeKey")
         self.audit.write(
             HookRecord(
-                ts=now_ts(),
+                ts=ts or now_ts(),
                 agent_id=rt.agent_id,
                 trace_id=trace,
                 hook_id=r.hook_id,

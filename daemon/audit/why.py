@@ -56,7 +56,7 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     ]
     traces = {str(r["traceId"]) for r in direct if r.get("traceId")} - {ident}
     if not traces:
-        return direct
+        return sorted(direct, key=_order)
     linked = [
         r
         for r in iter_records(directory, flt, contains=sorted(traces))
