@@ -122,6 +122,10 @@ class Dispatcher:
         if not self._fresh(rt, event):
             return []
         rt.state.apply(event)
+        if event.topic.startswith("market."):
+            # In step with this agent: risk checks and fills see the market as its
+            # hooks do (the broker applies each event once, whichever agent is first).
+            await self.desk.broker.on_market_event(event)
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
             return []
         hooks = list(rt.agent.hooks.values())

@@ -1,7 +1,8 @@
 """The hook pipeline as one service component: sandbox pool, audit log, broker, agents.
 
 Entered before the feeds start and left after the bus has closed, so agents
-drain every event they already received, the broker sees every market event,
+drain every event they already received (and hand each market event to the
+broker in step with their hooks),
 and the audit log is flushed last.
 """
 
@@ -20,7 +21,6 @@ from daemon.agents.manager import AgentManager
 from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.writer import open_audit
-from daemon.bus import Subscription
 from daemon.events import FeedEvent
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk, audited_publish
@@ -35,11 +35,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("pipeline")
 OUTBOX_SIZE = 10_000
 DRAIN_SECONDS = 20.0  # inside systemd's TimeoutStopSec
-
-
-async def _feed_broker(broker: PaperBroker, sub: Subscription) -> None:
-    async for event in sub:
-        await broker.on_market_event(event)
 
 
 @asynccontextmanager
@@ -82,9 +77,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
             reload_seconds=cfg.hooks.reload_seconds,
         )
-        market = service.bus.subscribe("market.>", name="broker")
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
-        io.start(_feed_broker, broker, market)
         io.start(_forward, receive, service)
         io.start(alerts.run)
         await broker.recover()
@@ -102,7 +95,6 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 manager.stop_reloading()
                 manager.close_subscriptions()
                 await manager.wait_drained()
-                market.close()
                 send.close()
                 alerts.close()
                 await io.idle.wait()

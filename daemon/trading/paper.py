@@ -85,6 +85,7 @@ class PaperBroker:
         self._working = {o.client_order_id: o for o in self._store.working_orders()}
         self._positions = self._store.positions()
         self.ignored_events = 0
+        self._applied: dict[str, tuple[int, str]] = {}
 
     # --- queries ------------------------------------------------------------
 
@@ -176,6 +177,12 @@ class PaperBroker:
         except ValueError:
             self.ignored_events += 1
             return
+        # Several agents hand the broker the same market events, each in its own
+        # order: apply each partition's events once, oldest first.
+        last = self._applied.get(event.partition)
+        if last is not None and (ts < last[0] or (ts == last[0] and event.event_id == last[1])):
+            return
+        self._applied[event.partition] = (ts, event.event_id)
         p = event.payload
         if event.topic == ev.MARKET_PRICE_TICK:
             price = _number(p, "price", "last", "lastPrice")

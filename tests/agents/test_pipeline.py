@@ -310,3 +310,31 @@ async def test_trading_state_from_config_halts_orders(tmp_path: Path) -> None:
             assert all(not r["approved"] and r["reasons"][0]["code"] == "HALTED" for r in risk)
         else:
             assert all(r["approved"] for r in risk)
+
+
+async def test_trading_results_do_not_depend_on_replay_speed(tmp_path: Path) -> None:
+    """The broker sees the market in step with the agent: the same events give the same
+    risk verdicts and order states whether replayed flat out or paced."""
+    src = (
+        "def evaluate(event, state):\n"
+        "    c = event['payload']['close']\n"
+        '    return {"decision": "TRADE_INTENT", "reason": "dip",\n'
+        '            "dedupeKey": "d:" + event["eventId"], "cooldownSeconds": 120,\n'
+        '            "intent": {"action": "PLACE_LIMIT_ORDER", "symbol": event["symbol"],\n'
+        '                       "side": "buy", "volume": 0.01, "openPrice": c - 1.5,\n'
+        '                       "stopLoss": c - 3, "takeProfit": c + 2}}\n'
+    )
+    outcomes = []
+    for gap in (0.0, 0.01):
+        root = tmp_path / str(gap)
+        agents = workspace(root, {"autotrade_dip.py": src})
+        await run_service(root, agents, PacedFeed([candle(i) for i in range(30)], gap=gap))
+        outcomes.append(
+            [
+                (r["type"], r.get("approved"), r.get("status"), r.get("role"))
+                for r in audit(root)
+                if r["type"] in ("risk", "order")
+            ]
+        )
+    assert outcomes[0] == outcomes[1]
+    assert ("order", None, "FILLED", "entry") in outcomes[0]

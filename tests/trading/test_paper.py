@@ -254,12 +254,23 @@ async def test_market_events_drive_the_broker(broker: PaperBroker) -> None:
     candle = {"open": 100, "high": 101, "low": 98.5, "close": 100}
     await broker.on_market_event(_event(ev.MARKET_CANDLE_CLOSED, candle, T0 + MIN))
     assert broker.get_order(order.client_order_id).status == "FILLED"  # type: ignore[union-attr]
-    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": True}, T0 + MIN))
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": True}, T0 + MIN + 1))
     await broker.on_market_event(
-        _event(ev.MARKET_CANDLE_CLOSED, {"open": 1, "high": 0.5, "low": 1, "close": 1}, T0)
+        _event(
+            ev.MARKET_CANDLE_CLOSED, {"open": 1, "high": 0.5, "low": 1, "close": 1}, T0 + 2 * MIN
+        )
     )
     await broker.on_market_event(_event(ev.NEWS_HEADLINE, {}, T0))
     assert broker.ignored_events == 2
+
+
+async def test_each_market_event_is_applied_once_in_order(broker: PaperBroker) -> None:
+    """Agents hand the broker the same events at their own pace: a repeat or an older
+    event of a partition is skipped, so marks never go back."""
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": 101.0}, T0 + MIN))
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": 100.0}, T0))  # older
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": 101.0}, T0 + MIN))
+    assert broker.last_price("BTC") == 101.0 and broker.now_ms() == T0 + MIN
 
 
 async def test_cheap_accessors_match_the_view(broker: PaperBroker) -> None:
