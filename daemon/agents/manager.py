@@ -8,10 +8,9 @@ Every ``reload_seconds`` the agents directory is rescanned:
   logged and **the previous good revision keeps running** (a typo in an edit
   never silently turns a hook off); a deleted file stops being evaluated;
 * an edited ``agent.toml`` updates the wake policy and risk limits in place;
-  new topics get a new subscription before the old one is closed and
-  drained, so no event in flight is lost (an event seen on both is evaluated
-  once: the dispatcher skips eventIds it has just handled); an invalid file is
-  logged and the running config stays;
+  new topics change the agent's subscription in place, so nothing queued or
+  in flight is lost; an invalid file is logged (once per change) and the
+  running config stays;
 * new agents start, removed or disabled agents stop;
 * ``marketwake hooks resume`` requests (left in the hook store) are applied.
 """
@@ -88,7 +87,9 @@ class AgentManager:
                 with self._reload_scope:
                     while True:
                         await anyio.sleep(self.reload_seconds)
-                        await self.rescan()
+                        # Shielded: stopping never interrupts a half-applied scan.
+                        with anyio.CancelScope(shield=True):
+                            await self._rescan_logged()
         finally:
             self._loaded.set()
             self._done.set()
@@ -111,6 +112,14 @@ class AgentManager:
         await self._done.wait()
 
     # -- scanning ------------------------------------------------------------------
+
+    async def _rescan_logged(self) -> None:
+        """A periodic scan that fails (a directory vanishing mid-scan, a worker that
+        cannot start) is logged and retried next time; running agents are untouched."""
+        try:
+            await self.rescan()
+        except Exception:
+            log.exception("agents rescan failed; will retry", path=str(self.agents_dir))
 
     async def rescan(self) -> None:
         """Apply every change on disk since the last scan (problems logged once each)."""
