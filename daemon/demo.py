@@ -147,8 +147,8 @@ def _audit_summary(console: Console, audit_dir: Path) -> None:
             decision = rec.get("decision") or "ERROR"
             by = rec.get("suppressedBy")
             counts[f"hook {decision}" + (f" (suppressed: {by})" if by != "none" else "")] += 1
-            if decision == "WAKE":
-                last_wake = rec.get("traceId")
+            if decision == "WAKE" and (by == "none" or last_wake is None):
+                last_wake = rec.get("traceId")  # prefer a wake that was acted on
         elif kind == "wake":
             counts[f"wake {rec.get('outcome')}"] += 1
         elif kind == "run":
