@@ -85,6 +85,8 @@ class Status(msgspec.Struct, frozen=True):
     bus: dict[str, Any]
     feeds: list[FeedStatus]
     state: dict[str, int]
+    # What components report about themselves (the hook pipeline: agents, sandbox).
+    components: dict[str, Any] = {}
 
 
 class Service:
@@ -102,6 +104,8 @@ class Service:
         notifier: Notifier | None = None,
     ) -> None:
         self.components = components
+        # Components register a ``() -> plain data`` here to appear in status.json.
+        self.status_providers: dict[str, Callable[[], Any]] = {}
         self.config = config
         self.config_path = config_path
         self.build_feeds = build_feeds
@@ -326,6 +330,7 @@ class Service:
             bus,
             feeds,
             self.state.statistics(),
+            {name: provider() for name, provider in self.status_providers.items()},
         )
 
     def _feed_stats(self, name: str) -> dict[str, Any]:

@@ -155,6 +155,7 @@ def test_status_after_a_run(tmp_path: Path) -> None:
     assert "daemon: not running" in res.stdout
     assert "bus: published " in res.stdout
     assert "feed replay: finished" in res.stdout
+    assert "hooks: 90 evaluations" in res.stdout and "agent example: 3 hooks" in res.stdout
     missing = mw("status", "--state-dir", str(tmp_path / "nothing"))
     assert missing.returncode == 1 and "has the daemon run?" in missing.stderr
 

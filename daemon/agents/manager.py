@@ -72,6 +72,26 @@ class AgentManager:
         self._warned_missing = False
         self._bad_revisions: set[tuple[str, str, str]] = set()
 
+    def statistics(self) -> dict[str, Any]:
+        """Per agent: hooks and revisions, paused hooks, queue depth; plus dispatcher counters."""
+        d = self.dispatcher
+        ready = d.pool.ready
+        return {
+            "sandbox_layers": list(ready.active) if ready is not None else [],
+            "evaluations": d.evaluations,
+            "suppressed": d.suppressed,
+            "failures": d.failures,
+            "agents": {
+                agent_id: {
+                    "hooks": {h: s.revision for h, s in rt.agent.hooks.items()},
+                    "paused": rt.paused,
+                    "paused_hooks": sorted(rt.paused_hooks),
+                    "queue_depth": rt.sub.statistics().depth,
+                }
+                for agent_id, rt in self.runtimes.items()
+            },
+        }
+
     def _sink(self, record: AuditRecord) -> None:
         self.dispatcher.audit.write(record)
 

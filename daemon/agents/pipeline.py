@@ -83,6 +83,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         await broker.recover()
         tg.start_soon(manager.run)
         await manager.wait_loaded()
+        service.status_providers["hooks"] = manager.statistics
         layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
         try:

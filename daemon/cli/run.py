@@ -120,6 +120,19 @@ def _render_status(data: dict[str, Any]) -> str:
         if flat:
             lines.append("    " + ", ".join(f"{k} {v}" for k, v in flat.items()))
     lines.append("state: " + ", ".join(f"{k} {v}" for k, v in data["state"].items()))
+    hooks = data.get("components", {}).get("hooks")
+    if hooks:
+        lines.append(
+            f"hooks: {hooks['evaluations']} evaluations, {hooks['suppressed']} suppressed, "
+            f"{hooks['failures']} failures; sandbox layers: "
+            + (", ".join(hooks["sandbox_layers"]) or "none yet")
+        )
+        for agent, a in hooks["agents"].items():
+            paused = " PAUSED" if a["paused"] else ""
+            held = f", paused hooks: {', '.join(a['paused_hooks'])}" if a["paused_hooks"] else ""
+            lines.append(
+                f"  agent {agent}{paused}: {len(a['hooks'])} hooks, queue {a['queue_depth']}{held}"
+            )
     return "\n".join(lines)
 
 
