@@ -99,6 +99,18 @@ class HookResultInvalid(HookError):
     """The hook returned a value that is not a valid decision for its kind."""
 
 
+class HookRequestTooLarge(HookError):
+    """An agent's event + state (or its sources) do not fit one worker frame.
+
+    The agent's problem, never the daemon's: the dispatcher records it as an
+    ``oversized`` error for each of that agent's hooks and serves on."""
+
+    def __init__(self, size: int, cap: int) -> None:
+        super().__init__(f"request of {size} bytes exceeds max_frame_bytes ({cap})")
+        self.size = size
+        self.cap = cap
+
+
 class SandboxUnavailable(MarketwakeError):
     """A hardening layer the configuration requires is not active."""
 

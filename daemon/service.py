@@ -142,7 +142,7 @@ class Service:
             try:
                 self.state.apply(event)
             except Exception:
-                log.exception("state cache rejected an event", event=event.event_id)
+                log.exception("state cache rejected an event", event_id=event.event_id)
 
     def _load_snapshot(self) -> None:
         """Warm start: indicators continue where the last run stopped."""

@@ -18,11 +18,12 @@ Usage from the daemon (one pool for the whole process, one worker per agent)::
   trip. Pass ``encode_state(state)`` instead of the state when several agents
   get the same state for an event (it is then encoded once). ``error_kind`` is
   one of ``compile``, ``runtime``, ``invalid_result``, ``memory``, ``timeout``,
-  ``crashed`` (the hook ran and failed: it counts towards backoff) or
-  ``backoff``/``paused`` (the hook was skipped). ``ERROR_CLASSES`` maps kinds
+  ``crashed`` (the hook ran and failed: it counts towards backoff),
+  ``backoff``/``paused`` (the hook was skipped) or ``oversized`` (the caller's
+  request did not fit a frame; set by the dispatcher). ``ERROR_CLASSES`` maps kinds
   to the exception classes of :mod:`daemon.errors` for callers that want to
   raise. Only :exc:`SandboxUnavailable` (no worker can start) and
-  :exc:`HookError` (event + state over ``max_frame_bytes``) are raised.
+  :exc:`HookRequestTooLarge` (event + state over ``max_frame_bytes``) are raised.
 * ``pool.compile(agent, hooks)`` compiles without running: a loader can check a
   new revision and keep the previous good one running when it fails (the
   recommended policy, see docs/sandbox.md).
@@ -39,6 +40,7 @@ from daemon.errors import (
     HookCompileError,
     HookCrashed,
     HookError,
+    HookRequestTooLarge,
     HookResultInvalid,
     HookTimeout,
 )
@@ -59,6 +61,7 @@ ERROR_CLASSES: dict[str, type[HookError]] = {
     "crashed": HookCrashed,
     "backoff": HookError,
     "paused": HookError,
+    "oversized": HookRequestTooLarge,
 }
 
 __all__ = [

@@ -19,7 +19,12 @@ import anyio
 import anyio.abc
 import msgspec
 
-from daemon.errors import HookCrashed, HookError, HookResultInvalid, SandboxUnavailable
+from daemon.errors import (
+    HookCrashed,
+    HookRequestTooLarge,
+    HookResultInvalid,
+    SandboxUnavailable,
+)
 from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.hookfile import HookSpec
@@ -102,7 +107,7 @@ class WorkerPool:
     ) -> list[HookResult]:
         """Evaluate ``hooks`` (in order) on ``event``; one result per hook, never raises
         for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start,
-        and :exc:`HookError` when event + state exceed ``max_frame_bytes``).
+        and :exc:`HookRequestTooLarge` when event + state exceed ``max_frame_bytes``).
 
         ``state`` is plain data, or ``encode_state(state)`` when the same state goes
         to several agents (encode it once per event)."""
@@ -198,10 +203,7 @@ class WorkerPool:
                 Batch(batch_id, event, state, calls, compile_only, spin_us)
             )
             if len(data) - 4 > self.config.max_frame_bytes:
-                raise HookError(
-                    f"request of {len(data) - 4} bytes exceeds max_frame_bytes "
-                    f"({self.config.max_frame_bytes}): send a smaller state"
-                )
+                raise HookRequestTooLarge(len(data) - 4, self.config.max_frame_bytes)
             try:
                 await worker.send(data, self.config.timeout_ms / 1000 + 1.0)
             except HookCrashed:  # died while idle (not a hook's doing): the caller retries

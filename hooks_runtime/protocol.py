@@ -22,7 +22,15 @@ from hooks_runtime.config import SandboxConfig
 
 HookKind = Literal["wake", "autotrade", "copytrade"]
 ErrorKind = Literal[
-    "compile", "runtime", "invalid_result", "memory", "timeout", "crashed", "backoff", "paused"
+    "compile",
+    "runtime",
+    "invalid_result",
+    "memory",
+    "timeout",
+    "crashed",
+    "backoff",
+    "paused",
+    "oversized",
 ]
 
 _HEADER = struct.Struct(">I")

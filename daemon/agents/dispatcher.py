@@ -37,13 +37,14 @@ from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
 from daemon.audit.records import HookRecord, RiskRecord, now_ts
 from daemon.bus import Subscription
-from daemon.errors import MarketwakeError
+from daemon.errors import HookRequestTooLarge, MarketwakeError
 from daemon.events import FeedEvent, parse_iso_ms, to_dict, topic_matches, trace_id_for
 from daemon.state import StateCache
 from daemon.trading.desk import AuditSink, TradeDesk
 from daemon.trading.intents import parse_intent
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
+from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
 
 log = structlog.get_logger("dispatcher")
@@ -102,8 +103,9 @@ class Dispatcher:
             try:
                 await self.handle(rt, event)
             except Exception:
+                # ``event`` is structlog's own first argument: never pass it as a key.
                 self.failures += 1
-                log.exception("event handling failed", agent=rt.agent_id, event=event.event_id)
+                log.exception("event handling failed", agent=rt.agent_id, event_id=event.event_id)
 
     def _fresh(self, rt: AgentRuntime, event: FeedEvent) -> bool:
         if event.event_id in rt.recent:
@@ -130,7 +132,10 @@ class Dispatcher:
             return []
         hooks = list(rt.agent.hooks.values())
         state = self.build_state(rt, event)
-        results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state)
+        try:
+            results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state)
+        except HookRequestTooLarge as exc:
+            results = [_oversized(h, exc, rt.last_outputs) for h in hooks]
         self.evaluations += len(results)
         trace = event.trace_id or trace_id_for(event.event_id)
         for result in results:
@@ -299,3 +304,19 @@ class Dispatcher:
                 error=error,
             )
         )
+
+
+def _oversized(h: HookSpec, exc: HookRequestTooLarge, outputs: dict[str, Any]) -> HookResult:
+    """An error result naming what made the request too big, and what to change."""
+    sizes = sorted(((len(msgspec.json.encode(v)), k) for k, v in outputs.items()), reverse=True)
+    held = sum(n for n, _ in sizes)
+    biggest = ", ".join(f"{k} {n} B" for n, k in sizes[:3]) or "none"
+    msg = (
+        f"{exc}: state.lastOutputs holds {held} bytes (largest: {biggest}); "
+        "return smaller `data` from hooks, lower state_candles, "
+        "or raise [hooks.sandbox] max_frame_bytes"
+    )
+    return HookResult(
+        hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=0.0,
+        error_kind="oversized", error=msg,
+    )  # fmt: skip
