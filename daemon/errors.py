@@ -7,6 +7,7 @@ adapter that meets them, never deeper.
 
 * :exc:`MarketwakeError`
     * :exc:`ConfigError` -- a config file or value is wrong (exit 2)
+    * :exc:`StateDirInUse` -- another daemon holds the state dir (exit 2)
     * :exc:`FeedError` -- a feed could not do its job
         * :exc:`FeedProtocolError` -- the venue sent something we cannot parse
         * :exc:`FeedDisconnected` -- the connection dropped or stalled
@@ -36,6 +37,12 @@ class MarketwakeError(Exception):
 
 class ConfigError(MarketwakeError):
     """The configuration is invalid; the message names the key path."""
+
+    exit_code = 2
+
+
+class StateDirInUse(MarketwakeError):
+    """Another live daemon holds the state dir's lock (exit 2)."""
 
     exit_code = 2
 

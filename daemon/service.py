@@ -38,6 +38,7 @@ from daemon.events import FeedEvent
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
+from daemon.statedir import SNAPSHOT_FILE, STATUS_FILE, StateDirLock
 from feeds.base import Feed, FeedHealth
 
 log = structlog.get_logger("service")
@@ -47,10 +48,8 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 # A component is entered before the feeds start and left after the bus closed
 # and drained (the hook pipeline is one).
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
-STATUS_FILE = "status.json"
 # Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
 RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag")
-SNAPSHOT_FILE = "state_cache.json"
 
 
 class FeedStatus(msgspec.Struct, frozen=True):
@@ -355,10 +354,17 @@ class Service:
     async def run(self) -> Status:
         """Run until a signal, or until every (finite) feed has finished.
 
+        The state dir is locked for the whole run: a second daemon on the same
+        dir fails with :exc:`StateDirInUse` before touching anything.
+
         Shutdown order: feeds stop; components drain (agents evaluate what they
         hold, the broker's last account events are published, the audit log is
         flushed); then the bus closes and the recorder and state cache drain.
         """
+        with StateDirLock(self.state_dir):
+            return await self._run_locked()
+
+    async def _run_locked(self) -> Status:
         self._load_snapshot()
         sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         with anyio.open_signal_receiver(*sigs) as signals:

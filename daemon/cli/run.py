@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import click
 from daemon import config as config_mod
 from daemon.cli.common import resolve_state_dir
 from daemon.logs import configure as configure_logging
+from daemon.statedir import STATUS_FILE, holder
 
 CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
 
@@ -72,25 +72,18 @@ def config_check(path: Path | None) -> None:
     click.echo(f"  state_dir: {cfg.daemon.state_dir}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _render_status(data: dict[str, Any]) -> str:
-    alive = data["running"] and _alive(int(data["pid"]))
+def _render_status(data: dict[str, Any], live_pid: int | None) -> str:
+    """``live_pid`` comes from the state dir lock: a live daemon holds it."""
     age = time.time() - float(data["written_at"])
     bus = data["bus"]
+    if live_pid is not None:
+        head = f"running (pid {live_pid or data['pid']}, "
+    elif data["running"]:
+        head = f"not running (pid {data['pid']} ended without a clean stop; "
+    else:
+        head = f"not running (last pid {data['pid']}, "
     lines = [
-        (
-            f"daemon: {'running' if alive else 'not running'} (pid {data['pid']}, "
-            f"status written {age:.0f}s ago)"
-        ),
+        f"daemon: {head}status written {age:.0f}s ago)",
         (
             f"bus: published {bus['published']}, delivered {bus['delivered']}, "
             f"coalesced {bus['coalesced']}"
@@ -142,11 +135,12 @@ def _render_status(data: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     """Show the counters of a running (or the last) daemon: bus, feeds, state."""
-    status_file = resolve_state_dir(config_path, state_dir) / "status.json"
+    state = resolve_state_dir(config_path, state_dir)
+    status_file = state / STATUS_FILE
     try:
         data = json.loads(status_file.read_text())
     except FileNotFoundError:
         raise click.ClickException(f"no status at {status_file}: has the daemon run?") from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"cannot read {status_file}: {exc}") from None
-    click.echo(json.dumps(data, indent=2) if as_json else _render_status(data))
+    click.echo(json.dumps(data, indent=2) if as_json else _render_status(data, holder(state)))
