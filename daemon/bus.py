@@ -198,6 +198,8 @@ class Bus:
         self._subs: list[Subscription] = []
         self._routes: dict[str, tuple[Subscription, ...]] = {}
         self._closed = False
+        # The last event published per partition: where a new subscriber starts.
+        self.last_published: dict[str, FeedEvent] = {}
 
     def subscribe(
         self, patterns: str | Iterable[str], *, name: str = "", capacity: int | None = None
@@ -249,6 +251,7 @@ class Bus:
         if self._closed:
             return
         self.published += 1
+        self.last_published[event.partition] = event
         now_ns = time.perf_counter_ns()
         for sub in self._route(event.topic):
             if not sub._offer(event, now_ns):

@@ -136,6 +136,18 @@ class AuditSection(Base, frozen=True):
 class TradingSection(Base, frozen=True):
     # ACTIVE; REDUCING (only orders that shrink a position); HALTED (no orders).
     state: Literal["ACTIVE", "REDUCING", "HALTED"] = "ACTIVE"
+    # How the paper broker steps with the agents (docs/trading.md): "lockstep"
+    # (replays: the broker applies an event only after every agent finished the
+    # previous one, so results never depend on agent speed), "free" (live: the
+    # broker follows the market and agents only wait for it), or "auto"
+    # (lockstep unless a live feed, coinbase_ws or candles, is enabled).
+    market_route: Literal["auto", "lockstep", "free"] = "auto"
+
+    def lockstep(self, feeds: FeedsSection) -> bool:
+        """Whether the broker runs in lockstep with the agents under ``feeds``."""
+        if self.market_route != "auto":
+            return self.market_route == "lockstep"
+        return not (feeds.coinbase_ws.enabled or feeds.candles.enabled)
 
 
 class Config(Base, frozen=True):

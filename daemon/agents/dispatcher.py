@@ -17,7 +17,10 @@ Each result is audited (IGNOREs and errors too) and then acted on:
 Determinism: each agent keeps its *own* state cache, fed from the same
 subscription in the same order as its hooks see events (candles and ticks are
 always part of an agent's subscription). The ``state`` a hook gets is exactly
-"everything before and including this event", live and in replay alike.
+"everything before and including this event", live and in replay alike. The
+broker gets market data on its own route; an agent waits until the broker has
+applied an event before its hooks see it, and reports each event done, which
+is what the broker waits for in lockstep (see :mod:`daemon.trading.route`).
 
 Hot reload lives in :mod:`daemon.agents.manager`; this module only acts on
 the :class:`AgentRuntime` it is given.
@@ -42,6 +45,7 @@ from daemon.events import FeedEvent, parse_iso_ms, to_dict, topic_matches, trace
 from daemon.state import StateCache
 from daemon.trading.desk import AuditSink, TradeDesk
 from daemon.trading.intents import parse_intent
+from daemon.trading.route import MarketRoute
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
 from hooks_runtime.hookfile import HookSpec
@@ -86,6 +90,7 @@ class Dispatcher:
     audit: AuditSink
     desk: TradeDesk
     alerts: AlertNotifier
+    route: MarketRoute
     evaluations: int = 0
     suppressed: int = 0
     failures: int = 0
@@ -106,6 +111,8 @@ class Dispatcher:
                 # ``event`` is structlog's own first argument: never pass it as a key.
                 self.failures += 1
                 log.exception("event handling failed", agent=rt.agent_id, event_id=event.event_id)
+            finally:
+                self.route.done(rt.agent_id, event)
 
     def _fresh(self, rt: AgentRuntime, event: FeedEvent) -> bool:
         if event.event_id in rt.recent:
@@ -124,10 +131,8 @@ class Dispatcher:
         if not self._fresh(rt, event):
             return []
         rt.state.apply(event)
-        if event.topic.startswith("market."):
-            # In step with this agent: risk checks and fills see the market as its
-            # hooks do (the broker applies each event once, whichever agent is first).
-            await self.desk.broker.on_market_event(event)
+        # Risk checks and fills see the market up to this event (lockstep: exactly).
+        await self.route.caught_up(event)
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
             return []
         hooks = list(rt.agent.hooks.values())
@@ -146,9 +151,9 @@ class Dispatcher:
         """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs."""
         symbols = [event.symbol] if event.symbol else None
         state = rt.state.export(symbols, candles=rt.agent.config.state_candles)
-        broker = self.desk.broker
-        state["positions"] = msgspec.to_builtins(broker.positions())
-        state["orders"] = msgspec.to_builtins(broker.open_orders())
+        broker, account = self.desk.broker, self.desk.account_of(rt.agent_id)
+        state["positions"] = msgspec.to_builtins(broker.positions(account))
+        state["orders"] = msgspec.to_builtins(broker.open_orders(account))
         state["lastOutputs"] = dict(rt.last_outputs)
         return state
 

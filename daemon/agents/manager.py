@@ -231,7 +231,7 @@ class AgentManager:
             scheduler=scheduler,
             state=self.state_factory(),
         )
-        self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk)
+        self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk, agent.config.account)
         self._restore_pauses(rt)
         self.runtimes[agent.agent_id] = rt
         scope = anyio.CancelScope()
@@ -244,7 +244,10 @@ class AgentManager:
         return [*agent.config.topics, *STATE_TOPICS]
 
     def _subscribe(self, agent: Agent) -> Subscription:
-        return self.bus.subscribe(self._topics(agent), name=f"agent:{agent.agent_id}")
+        sub = self.bus.subscribe(self._topics(agent), name=f"agent:{agent.agent_id}")
+        # Same instant: the agent has "seen" exactly what was published before it.
+        self.dispatcher.route.join(agent.agent_id, self.bus.last_published)
+        return sub
 
     def _wake_state(self, agent_id: str) -> dict[str, Any] | None:
         """The state snapshot a run's context carries (symbols the agent follows)."""
@@ -257,7 +260,10 @@ class AgentManager:
         with scope:
             async with anyio.create_task_group() as tg:
                 await tg.start(rt.scheduler.run)
-                await self.dispatcher.serve_agent(rt)
+                try:
+                    await self.dispatcher.serve_agent(rt)
+                finally:
+                    self.dispatcher.route.leave(rt.agent_id)
                 tg.cancel_scope.cancel()
             rt.scheduler.abandon_pending()
 
@@ -271,8 +277,9 @@ class AgentManager:
             self.bus.resubscribe(rt.sub, self._topics(fresh))
         if fresh.config.wake != old.config.wake:
             rt.scheduler.update_policy(fresh.config.wake)
-        if fresh.config.risk != old.config.risk:
-            self.dispatcher.desk.set_limits(fresh.agent_id, fresh.config.risk)
+        if (fresh.config.risk, fresh.config.account) != (old.config.risk, old.config.account):
+            cfg = fresh.config
+            self.dispatcher.desk.set_limits(fresh.agent_id, cfg.risk, cfg.account)
         fresh.hooks = hooks
         fresh.hook_paths = {**old.hook_paths, **fresh.hook_paths}
         rt.agent = fresh
@@ -280,6 +287,7 @@ class AgentManager:
     async def _stop(self, agent_id: str) -> None:
         rt = self.runtimes.pop(agent_id)
         rt.sub.close()
+        self.dispatcher.route.leave(agent_id)
         self._scopes.pop(agent_id).cancel()
         await self.dispatcher.pool.discard(agent_id)
         log.info("agent stopped", agent=agent_id)

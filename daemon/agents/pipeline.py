@@ -1,9 +1,9 @@
 """The hook pipeline as one service component: sandbox pool, audit log, broker, agents.
 
 Entered before the feeds start and left after the bus has closed, so agents
-drain every event they already received (and hand each market event to the
-broker in step with their hooks),
-and the audit log is flushed last.
+drain every event they already received, the broker applies the market events
+on its own route (:mod:`daemon.trading.route`) until the agents are done, and
+the audit log is flushed last.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
 from daemon.trading.paper import PaperBroker
+from daemon.trading.route import BROKER_TOPICS, MarketRoute
 from daemon.wake.store import RunStore
 from hooks_runtime.pool import open_worker_pool
 
@@ -56,6 +57,12 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         anyio.create_task_group() as tg,
     ):
         broker = PaperBroker(state_dir, audited_publish(send.send, audit))
+        # Subscribed before any agent, so the broker sees every market event they see.
+        route = MarketRoute(
+            service.bus.subscribe(BROKER_TOPICS, name="broker"),
+            broker.on_market_event,
+            lockstep=cfg.trading.lockstep(cfg.feeds),
+        )
         hook_store = HookStore(state_dir / "hooks.sqlite3")
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
@@ -67,6 +74,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             audit=audit,
             desk=desk,
             alerts=alerts,
+            route=route,
         )
         manager = AgentManager(
             agents_dir=Path(cfg.hooks.agents_dir),
@@ -80,10 +88,12 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         io.start(_forward, receive, service)
         io.start(alerts.run)
+        io.start(route.run)
         await broker.recover()
         tg.start_soon(manager.run)
         await manager.wait_loaded()
         service.status_providers["hooks"] = manager.statistics
+        service.status_providers["broker"] = route.statistics
         layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
         try:
@@ -96,6 +106,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 manager.stop_reloading()
                 manager.close_subscriptions()
                 await manager.wait_drained()
+                route.sub.close()  # the broker applies what it holds, then its task ends
                 send.close()
                 alerts.close()
                 await io.idle.wait()

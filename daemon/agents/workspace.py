@@ -34,6 +34,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     symbols: list[str] = msgspec.field(default_factory=list)
     # Candles per series in the hooks' ``state`` (more = slower round trips).
     state_candles: int = 50
+    # The paper account this agent trades in; empty = its own (the agent id).
+    # Agents naming the same account share positions, orders, PnL and limits' view.
+    account: str = ""
     # Pause the whole agent after this many hooks are paused (0 = never).
     pause_agent_after_paused_hooks: int = 0
     wake: WakePolicy = msgspec.field(default_factory=WakePolicy)
@@ -46,6 +49,11 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             validate_pattern(pattern)
         if not 0 <= self.state_candles <= 1000:
             raise ValueError("state_candles must be between 0 and 1000")
+        if self.account and not AGENT_ID.match(self.account):
+            raise ValueError(
+                "account must be 1-64 letters, digits, '_', '.' or '-', starting with a "
+                f"letter or digit (got {self.account!r})"
+            )
 
 
 @dataclass

@@ -30,6 +30,13 @@ class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     intent: TradeIntent
     trace_id: str | None = None
+    # The account to trade in; empty means the agent's own (account id = agent id).
+    account_id: str = ""
+
+    @property
+    def account(self) -> str:
+        """The account this order books into."""
+        return self.account_id or self.agent_id
 
 
 def client_order_id(agent_id: str, dedupe_key: str) -> str:
@@ -71,16 +78,16 @@ class Broker(Protocol):
         """The last known price of ``symbol``."""
         ...
 
-    def view(self) -> PortfolioView:
-        """Positions, working orders, marks and today's PnL, for the risk engine."""
+    def view(self, account: str) -> PortfolioView:
+        """The account's positions, working orders, today's PnL and the marks, for risk."""
         ...
 
-    def positions(self) -> dict[str, Position]:
-        """Open positions by symbol (cheap: for every hook evaluation)."""
+    def positions(self, account: str) -> dict[str, Position]:
+        """The account's open positions by symbol (cheap: for every hook evaluation)."""
         ...
 
-    def open_orders(self) -> tuple[Order, ...]:
-        """Working orders (cheap: for every hook evaluation)."""
+    def open_orders(self, account: str) -> tuple[Order, ...]:
+        """The account's working orders (cheap: for every hook evaluation)."""
         ...
 
     def now_ms(self) -> int:

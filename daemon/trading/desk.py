@@ -55,17 +55,26 @@ class TradeOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TradeDesk:
-    """Risk engines per agent in front of one broker, with every step audited."""
+    """Risk engines per agent in front of one broker, with every step audited.
+
+    Each agent trades in its account (its own id unless ``agent.toml`` shares
+    one); its risk engine checks that account's positions, orders and PnL."""
 
     def __init__(self, broker: Broker, audit: AuditSink | None = None) -> None:
         self.broker = broker
         self.audit = audit
         self._engines: dict[str, RiskEngine] = {}
+        self._accounts: dict[str, str] = {}
         self._state = TradingState.ACTIVE
 
-    def set_limits(self, agent_id: str, limits: RiskLimits) -> None:
-        """Install (or hot-reload) an agent's limits."""
+    def set_limits(self, agent_id: str, limits: RiskLimits, account: str = "") -> None:
+        """Install (or hot-reload) an agent's limits and account (empty: its own)."""
         self._engines[agent_id] = RiskEngine(limits, self._state)
+        self._accounts[agent_id] = account or agent_id
+
+    def account_of(self, agent_id: str) -> str:
+        """The account ``agent_id`` trades in."""
+        return self._accounts.get(agent_id, agent_id)
 
     def set_state(self, state: TradingState) -> None:
         """Switch every agent to ACTIVE / REDUCING / HALTED."""
@@ -91,15 +100,20 @@ class TradeDesk:
     ) -> TradeOutcome:
         """Check, audit the verdict, submit. ``dedupe_key`` must be stable across retries."""
         coid = client_order_id(agent_id, dedupe_key)
+        account = self.account_of(agent_id)
         if self.broker.get_order(coid) is not None:
             request = OrderRequest(
-                client_order_id=coid, agent_id=agent_id, intent=intent, trace_id=trace_id
+                client_order_id=coid,
+                agent_id=agent_id,
+                account_id=account,
+                intent=intent,
+                trace_id=trace_id,
             )
             order = await self.broker.submit(request)
             return TradeOutcome(client_order_id=coid, verdict=None, order=order, duplicate=True)
         broker = self.broker
         verdict = self.engine(agent_id).check(
-            intent, broker.view(), broker.last_price(intent.symbol), broker.now_ms()
+            intent, broker.view(account), broker.last_price(intent.symbol), broker.now_ms()
         )
         self._write(
             risk_record(
@@ -115,7 +129,11 @@ class TradeDesk:
         if not verdict.approved or verdict.order is None:
             return TradeOutcome(client_order_id=coid, verdict=verdict, order=None)
         request = OrderRequest(
-            client_order_id=coid, agent_id=agent_id, intent=verdict.order, trace_id=trace_id
+            client_order_id=coid,
+            agent_id=agent_id,
+            account_id=account,
+            intent=verdict.order,
+            trace_id=trace_id,
         )
         order = await broker.submit(request)
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=order)

@@ -4,7 +4,13 @@ Orders are recorded in SQLite as PENDING_SUBMIT before anything else happens,
 then opened (``account.order.placed``), then filled by the rules in
 :mod:`daemon.trading.matching` as ticks and closed candles arrive. An entry
 with a stop-loss and/or take-profit grows bracket children when it fills
-(one cancels the other). Positions are netted per symbol.
+(one cancels the other). Positions are netted per symbol within an account:
+every agent trades its own account unless its ``agent.toml`` shares one, so one
+agent's orders, fills, PnL and risk state never depend on another's.
+
+Market data reaches the broker on its own route (:mod:`daemon.trading.route`),
+once and in order per partition, whatever the agents do; resting orders fill
+with no agent running.
 
 Clock: order times and "today" follow the market clock, the latest event
 timestamp seen (wall clock until the first event), so a replay fills the same
@@ -41,7 +47,6 @@ from daemon.trading.portfolio import WORKING, Order, OrderRole, PortfolioView, P
 from feeds.base import Publish
 
 SOURCE = "paper"
-ACCOUNT = "paper"
 _CHILD_ROLES: frozenset[str] = frozenset({"stop_loss", "take_profit"})
 
 
@@ -83,7 +88,7 @@ class PaperBroker:
         self._market_ms = 0
         self._marks = self._store.marks()
         self._working = {o.client_order_id: o for o in self._store.working_orders()}
-        self._positions = self._store.positions()
+        self._books = self._store.positions()  # account -> symbol -> position
         self.ignored_events = 0
         self._applied: dict[str, tuple[int, str]] = {}
 
@@ -103,38 +108,43 @@ class PaperBroker:
         """Every recorded order, oldest first."""
         return self._store.all_orders()
 
-    def positions(self) -> dict[str, Position]:
-        """Open positions by symbol."""
-        return dict(self._positions)
+    def accounts(self) -> list[str]:
+        """Accounts with an open position or a working order."""
+        return sorted({*self._books, *(o.account_id for o in self._working.values())})
 
-    def open_orders(self) -> tuple[Order, ...]:
-        """Working orders (entries and their stop-loss / take-profit children)."""
-        return tuple(self._working.values())
+    def positions(self, account: str) -> dict[str, Position]:
+        """The account's open positions by symbol."""
+        return dict(self._books.get(account, {}))
+
+    def open_orders(self, account: str) -> tuple[Order, ...]:
+        """The account's working orders (entries and their stop-loss / take-profit)."""
+        return tuple(o for o in self._working.values() if o.account_id == account)
 
     def last_price(self, symbol: str) -> float | None:
         """The last price seen for ``symbol``."""
         return self._marks.get(symbol)
 
-    def unrealized_pnl(self) -> float:
-        """Mark-to-market PnL of open positions."""
+    def unrealized_pnl(self, account: str) -> float:
+        """Mark-to-market PnL of the account's open positions."""
         return sum(
             (self._marks.get(s, p.avg_price) - p.avg_price) * p.quantity
-            for s, p in self._positions.items()
+            for s, p in self._books.get(account, {}).items()
         )
 
-    def realized_pnl(self, since_ms: int = 0) -> float:
-        """Realized PnL of fills since ``since_ms``."""
-        return self._store.realized_since(since_ms)
+    def realized_pnl(self, account: str, since_ms: int = 0) -> float:
+        """Realized PnL of the account's fills since ``since_ms``."""
+        return self._store.realized_since(account, since_ms)
 
-    def view(self) -> PortfolioView:
-        """The risk engine's input as of :meth:`now_ms`."""
+    def view(self, account: str) -> PortfolioView:
+        """The risk engine's input for ``account`` as of :meth:`now_ms`."""
         now = self.now_ms()
+        realized = self._store.realized_since(account, _utc_midnight(now))
         return PortfolioView(
-            positions=dict(self._positions),
-            open_orders=tuple(self._working.values()),
+            positions=self.positions(account),
+            open_orders=self.open_orders(account),
             marks=dict(self._marks),
-            pnl_today=self._store.realized_since(_utc_midnight(now)) + self.unrealized_pnl(),
-            recent_order_ms=tuple(self._store.order_times_since(now - 60_000)),
+            pnl_today=realized + self.unrealized_pnl(account),
+            recent_order_ms=tuple(self._store.order_times_since(account, now - 60_000)),
         )
 
     # --- commands -----------------------------------------------------------
@@ -271,6 +281,7 @@ class PaperBroker:
         order = Order(
             client_order_id=request.client_order_id,
             agent_id=request.agent_id,
+            account_id=request.account,
             symbol=intent.symbol,
             side=intent.side,
             order_type="limit" if intent.is_limit else "market",
@@ -317,7 +328,7 @@ class PaperBroker:
 
     def _fill(self, order: Order, price: float, ts_ms: int, out: list[FeedEvent]) -> None:
         """Execute ``order`` at ``price``: position, PnL, brackets, OCO; all in one txn."""
-        pos = self._positions.get(order.symbol)
+        pos = self._books.get(order.account_id, {}).get(order.symbol)
         signed = self._fill_volume(order, pos)
         if signed is None:
             self._cancel(order, "position already closed", ts_ms, out)
@@ -331,8 +342,9 @@ class PaperBroker:
         self._save(filled)
         self._store.put_marks({order.symbol: self._marks.get(order.symbol, price)})
         self._store.add_fill(
-            order.client_order_id, order.symbol, signed, price, ts_ms, applied.realized
-        )
+            order.account_id, order.client_order_id, order.symbol, signed, price, ts_ms,
+            applied.realized,
+        )  # fmt: skip
         out.append(self._order_event(ev.ACCOUNT_ORDER_FILLED, filled, "filled"))
         self._update_position(filled, pos, applied, out)
         self._after_fill(filled, applied.quantity, out)
@@ -358,7 +370,11 @@ class PaperBroker:
                 self._cancel(sib, f"one-cancels-other: {filled.role} filled", ts_ms, out)
         if quantity == 0:
             for child in list(self._working.values()):
-                if child.symbol == filled.symbol and child.role in _CHILD_ROLES:
+                if (
+                    child.account_id == filled.account_id
+                    and child.symbol == filled.symbol
+                    and child.role in _CHILD_ROLES
+                ):
                     self._cancel(child, "position closed", ts_ms, out)
 
     def _update_position(
@@ -386,11 +402,15 @@ class PaperBroker:
                 key = f"opened:{filled.client_order_id}"
                 payload = msgspec.to_builtins(new)
                 out.append(self._event(ev.ACCOUNT_POSITION_OPENED, filled, key, payload, ts_ms))
-        self._store.put_position(filled.symbol, new)
+        account = filled.account_id
+        self._store.put_position(account, filled.symbol, new)
+        book = self._books.setdefault(account, {})
         if new is None:
-            self._positions.pop(filled.symbol, None)
+            book.pop(filled.symbol, None)
+            if not book:
+                del self._books[account]
         else:
-            self._positions[filled.symbol] = new
+            book[filled.symbol] = new
 
     def _spawn_children(self, entry: Order, out: list[FeedEvent]) -> None:
         specs: list[tuple[OrderRole, float | None]] = [
@@ -403,6 +423,7 @@ class PaperBroker:
             child = Order(
                 client_order_id=f"{entry.client_order_id}:{'sl' if role == 'stop_loss' else 'tp'}",
                 agent_id=entry.agent_id,
+                account_id=entry.account_id,
                 symbol=entry.symbol,
                 side="sell" if entry.side == "buy" else "buy",
                 order_type="stop" if role == "stop_loss" else "limit",
@@ -443,8 +464,8 @@ class PaperBroker:
             topic=topic,
             payload=payload,
             symbol=order.symbol,
-            partition_key=f"{SOURCE}:{order.symbol}",
-            account_id=ACCOUNT,
+            partition_key=f"{SOURCE}:{order.account_id}:{order.symbol}",
+            account_id=order.account_id,
             trace_id=order.trace_id,
             received_ts=ev.iso_ms(ev.now_ms()),
         )

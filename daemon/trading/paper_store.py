@@ -1,4 +1,10 @@
-"""SQLite persistence of the paper broker: orders, fills, positions, marks.
+"""SQLite persistence of the paper broker: orders, fills, positions per account; marks.
+
+Every order, fill and position belongs to an account (an agent's own by
+default). A store written before accounts existed (schema version 0) is
+migrated in one transaction: its rows move to :data:`LEGACY_ACCOUNT`
+(``paper``, the id its events carried), which no agent trades unless its
+``agent.toml`` names ``account = "paper"``.
 
 One file, WAL mode, ``synchronous=FULL`` by default so a committed order
 survives a crash of the process or the machine. Orders are stored as their
@@ -20,10 +26,13 @@ import msgspec
 from daemon.errors import StoreError
 from daemon.trading.portfolio import Order, Position
 
+LEGACY_ACCOUNT = "paper"
+SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     client_order_id TEXT NOT NULL UNIQUE,
+    account TEXT NOT NULL DEFAULT 'paper',
     symbol TEXT NOT NULL,
     role TEXT NOT NULL,
     status TEXT NOT NULL,
@@ -34,15 +43,36 @@ CREATE INDEX IF NOT EXISTS orders_status ON orders(status);
 CREATE TABLE IF NOT EXISTS fills (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     client_order_id TEXT NOT NULL,
+    account TEXT NOT NULL DEFAULT 'paper',
     symbol TEXT NOT NULL,
     signed_qty REAL NOT NULL,
     price REAL NOT NULL,
     ts_ms INTEGER NOT NULL,
     realized REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS fills_ts ON fills(ts_ms);
-CREATE TABLE IF NOT EXISTS positions (symbol TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS fills_ts ON fills(account, ts_ms);
+CREATE TABLE IF NOT EXISTS positions (
+    account TEXT NOT NULL,
+    symbol TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (account, symbol)
+);
 CREATE TABLE IF NOT EXISTS marks (symbol TEXT PRIMARY KEY, price REAL NOT NULL);
+"""
+# Version 0 -> 1: accounts. Old rows belong to the single account they had.
+_MIGRATE_V1 = """
+ALTER TABLE orders ADD COLUMN account TEXT NOT NULL DEFAULT 'paper';
+ALTER TABLE fills ADD COLUMN account TEXT NOT NULL DEFAULT 'paper';
+DROP INDEX IF EXISTS fills_ts;
+ALTER TABLE positions RENAME TO positions_v0;
+CREATE TABLE positions (
+    account TEXT NOT NULL,
+    symbol TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (account, symbol)
+);
+INSERT INTO positions (account, symbol, body) SELECT 'paper', symbol, body FROM positions_v0;
+DROP TABLE positions_v0;
 """
 
 _order_dec = msgspec.json.Decoder(Order)
@@ -59,10 +89,30 @@ class PaperStore:
             self._db = sqlite3.connect(path, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._migrate()
             self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{path}: cannot open paper broker store: {exc}") from None
         self.path = path
+
+    def _migrate(self) -> None:
+        """Bring a version-0 store (no accounts) to the current schema, atomically."""
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        has_orders = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'orders'"
+        ).fetchone()
+        if version >= 1 or not has_orders:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in filter(str.strip, _MIGRATE_V1.split(";")):
+                self._db.execute(stmt)
+            self._db.execute("PRAGMA user_version=1")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -103,11 +153,12 @@ class PaperStore:
     def put_order(self, order: Order) -> None:
         """Insert or update ``order`` (keyed by client order id)."""
         self._exec(
-            "INSERT INTO orders (client_order_id, symbol, role, status, created_ms, body) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(client_order_id) DO UPDATE SET "
+            "INSERT INTO orders (client_order_id, account, symbol, role, status, created_ms, body)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(client_order_id) DO UPDATE SET "
             "status = excluded.status, body = excluded.body",
             (
                 order.client_order_id,
+                order.account_id,
                 order.symbol,
                 order.role,
                 order.status,
@@ -128,15 +179,15 @@ class PaperStore:
         rows = self._exec("SELECT body FROM orders ORDER BY seq").fetchall()
         return [_order_dec.decode(r[0]) for r in rows]
 
-    def order_times_since(self, since_ms: int) -> list[int]:
-        """Creation times of entry/close orders created at or after ``since_ms``.
+    def order_times_since(self, account: str, since_ms: int) -> list[int]:
+        """Creation times of the account's entry/close orders at or after ``since_ms``.
 
         Bracket children are not counted: they come with their entry.
         """
         rows = self._exec(
-            "SELECT created_ms FROM orders WHERE created_ms >= ? AND role IN ('entry', 'close') "
-            "ORDER BY created_ms",
-            (since_ms,),
+            "SELECT created_ms FROM orders WHERE account = ? AND created_ms >= ? "
+            "AND role IN ('entry', 'close') ORDER BY created_ms",
+            (account, since_ms),
         ).fetchall()
         return [int(r[0]) for r in rows]
 
@@ -144,6 +195,7 @@ class PaperStore:
 
     def add_fill(
         self,
+        account: str,
         order_id: str,
         symbol: str,
         signed_qty: float,
@@ -153,29 +205,34 @@ class PaperStore:
     ) -> None:
         """Append one execution."""
         self._exec(
-            "INSERT INTO fills (client_order_id, symbol, signed_qty, price, ts_ms, realized) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (order_id, symbol, signed_qty, price, ts_ms, realized),
+            "INSERT INTO fills (account, client_order_id, symbol, signed_qty, price, ts_ms, "
+            "realized) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (account, order_id, symbol, signed_qty, price, ts_ms, realized),
         )
 
-    def realized_since(self, since_ms: int) -> float:
-        """Realized PnL of fills at or after ``since_ms``."""
-        row = self._exec("SELECT SUM(realized) FROM fills WHERE ts_ms >= ?", (since_ms,)).fetchone()
+    def realized_since(self, account: str, since_ms: int) -> float:
+        """Realized PnL of the account's fills at or after ``since_ms``."""
+        row = self._exec(
+            "SELECT SUM(realized) FROM fills WHERE account = ? AND ts_ms >= ?", (account, since_ms)
+        ).fetchone()
         return float(row[0] or 0.0)
 
-    def positions(self) -> dict[str, Position]:
-        """Open positions by symbol."""
-        rows = self._exec("SELECT body FROM positions").fetchall()
-        return {p.symbol: p for p in (_pos_dec.decode(r[0]) for r in rows)}
+    def positions(self) -> dict[str, dict[str, Position]]:
+        """Open positions by account, then symbol."""
+        out: dict[str, dict[str, Position]] = {}
+        for account, body in self._exec("SELECT account, body FROM positions"):
+            pos = _pos_dec.decode(body)
+            out.setdefault(str(account), {})[pos.symbol] = pos
+        return out
 
-    def put_position(self, symbol: str, position: Position | None) -> None:
-        """Store ``position``; None deletes it (flat)."""
+    def put_position(self, account: str, symbol: str, position: Position | None) -> None:
+        """Store the account's ``position``; None deletes it (flat)."""
         if position is None:
-            self._exec("DELETE FROM positions WHERE symbol = ?", (symbol,))
+            self._exec("DELETE FROM positions WHERE account = ? AND symbol = ?", (account, symbol))
         else:
             self._exec(
-                "INSERT OR REPLACE INTO positions (symbol, body) VALUES (?, ?)",
-                (symbol, _enc.encode(position)),
+                "INSERT OR REPLACE INTO positions (account, symbol, body) VALUES (?, ?, ?)",
+                (account, symbol, _enc.encode(position)),
             )
 
     def marks(self) -> dict[str, float]:

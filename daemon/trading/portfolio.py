@@ -28,6 +28,9 @@ class Order(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     client_order_id: str
     agent_id: str
     symbol: str
+    # The book it trades in: the agent's own unless agent.toml shares one. Orders
+    # stored before accounts existed decode into the legacy single account.
+    account_id: str = "paper"
     side: Side
     order_type: OrderType
     role: OrderRole

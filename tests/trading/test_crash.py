@@ -88,7 +88,7 @@ async def test_resubmit_after_kill_places_one_order(
         entries = [o for o in broker.orders() if o.role == "entry"]
         assert [o.client_order_id for o in entries] == [coid]
         assert entries[0].status == "FILLED"
-        assert broker.positions()["BTC"].quantity == 1.5
+        assert broker.positions("agent")["BTC"].quantity == 1.5
         placed = [
             e
             for e in published

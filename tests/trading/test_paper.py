@@ -70,11 +70,11 @@ async def test_market_order_fills_at_last_tick(broker: PaperBroker, sink: Sink) 
     e = sink.events[0]
     assert (e.source, e.account_id, e.partition_key, e.trace_id) == (
         "paper",
-        "paper",
-        "paper:BTC",
+        "agent",
+        "paper:agent:BTC",
         "tr1",
     )
-    assert broker.positions()["BTC"].quantity == 2.0
+    assert broker.positions("agent")["BTC"].quantity == 2.0
 
 
 async def test_market_order_without_price_waits_for_tick(broker: PaperBroker) -> None:
@@ -119,14 +119,14 @@ async def test_stop_loss_on_tick_closes_and_cancels_target(broker: PaperBroker, 
     await broker.on_tick("BTC", 100.0, T0)
     entry = await broker.submit(request(stopLoss=95.0, takeProfit=110.0))
     await broker.on_tick("BTC", 96.0, T0 + 1)
-    assert broker.positions()["BTC"].quantity == 2.0
+    assert broker.positions("agent")["BTC"].quantity == 2.0
     await broker.on_tick("BTC", 94.0, T0 + 2)
     sl = broker.get_order(entry.client_order_id + ":sl")
     tp = broker.get_order(entry.client_order_id + ":tp")
     assert sl is not None and (sl.status, sl.fill_price) == ("FILLED", 94.0)
     assert tp is not None and tp.status == "CANCELED"
-    assert broker.positions() == {}
-    assert broker.realized_pnl() == pytest.approx(-12.0)
+    assert broker.positions("agent") == {}
+    assert broker.realized_pnl("agent") == pytest.approx(-12.0)
     assert sink.topics()[-3:] == ["order.filled", "position.closed", "order.canceled"]
     closed = sink.events[-2].payload
     assert closed["realizedPnl"] == pytest.approx(-12.0) and closed["closePrice"] == 94.0
@@ -139,7 +139,7 @@ async def test_take_profit_on_candle_high(broker: PaperBroker) -> None:
     await broker.on_candle("BTC", Candle(100, 111, 99, 108, T0 + MIN))
     tp = broker.get_order(entry.client_order_id + ":tp")
     assert tp is not None and (tp.status, tp.fill_price) == ("FILLED", 110.0)
-    assert broker.realized_pnl() == pytest.approx(20.0)
+    assert broker.realized_pnl("agent") == pytest.approx(20.0)
     assert broker.get_order(entry.client_order_id + ":sl").status == "CANCELED"  # type: ignore[union-attr]
 
 
@@ -150,7 +150,7 @@ async def test_candle_with_both_stop_and_target_takes_the_stop(broker: PaperBrok
     await broker.on_candle("BTC", Candle(100, 112, 93, 105, T0 + MIN))
     assert broker.get_order(entry.client_order_id + ":sl").fill_price == 95.0  # type: ignore[union-attr]
     assert broker.get_order(entry.client_order_id + ":tp").status == "CANCELED"  # type: ignore[union-attr]
-    assert broker.realized_pnl() == pytest.approx(-10.0)
+    assert broker.realized_pnl("agent") == pytest.approx(-10.0)
 
 
 async def test_gap_through_stop_fills_at_open(broker: PaperBroker) -> None:
@@ -170,17 +170,17 @@ async def test_entry_and_target_in_same_candle_keeps_position(broker: PaperBroke
     await broker.on_candle("BTC", Candle(100, 103, 97, 101, T0 + MIN))
     assert broker.get_order(entry.client_order_id).status == "FILLED"  # type: ignore[union-attr]
     assert broker.get_order(entry.client_order_id + ":tp").status == "OPEN"  # type: ignore[union-attr]
-    assert broker.positions()["BTC"].quantity == 2.0
+    assert broker.positions("agent")["BTC"].quantity == 2.0
 
 
 async def test_short_bracket_mirrors(broker: PaperBroker) -> None:
     """A short's stop is above: a tick through it buys back at a loss."""
     await broker.on_tick("BTC", 100.0, T0)
     entry = await broker.submit(request(side="sell", stopLoss=105.0, takeProfit=90.0))
-    assert broker.positions()["BTC"].quantity == -2.0
+    assert broker.positions("agent")["BTC"].quantity == -2.0
     await broker.on_tick("BTC", 106.0, T0 + 1)
     assert broker.get_order(entry.client_order_id + ":sl").side == "buy"  # type: ignore[union-attr]
-    assert broker.realized_pnl() == pytest.approx(-12.0)
+    assert broker.realized_pnl("agent") == pytest.approx(-12.0)
 
 
 async def test_pnl_and_view(broker: PaperBroker) -> None:
@@ -189,11 +189,11 @@ async def test_pnl_and_view(broker: PaperBroker) -> None:
     await broker.submit(request("a", volume=2.0))
     await broker.submit(request("b", side="sell", volume=1.0))
     await broker.on_tick("BTC", 104.0, T0 + 1)
-    assert broker.realized_pnl() == pytest.approx(0.0)
-    assert broker.unrealized_pnl() == pytest.approx(4.0)
+    assert broker.realized_pnl("agent") == pytest.approx(0.0)
+    assert broker.unrealized_pnl("agent") == pytest.approx(4.0)
     await broker.submit(request("c", side="sell", volume=1.0))
-    view = broker.view()
-    assert broker.realized_pnl() == pytest.approx(4.0)
+    view = broker.view("agent")
+    assert broker.realized_pnl("agent") == pytest.approx(4.0)
     assert view.pnl_today == pytest.approx(4.0) and view.positions == {}
     assert len(view.recent_order_ms) == 3
 
@@ -226,11 +226,11 @@ async def test_state_survives_restart(tmp_path: Path, sink: Sink) -> None:
     b1.close()
     b2 = PaperBroker(tmp_path, sink)
     try:
-        assert b2.positions()["BTC"].quantity == 2.0 and b2.last_price("BTC") == 100.0
-        assert {o.role for o in b2.view().open_orders} == {"stop_loss", "take_profit"}
+        assert b2.positions("agent")["BTC"].quantity == 2.0 and b2.last_price("BTC") == 100.0
+        assert {o.role for o in b2.view("agent").open_orders} == {"stop_loss", "take_profit"}
         await b2.on_tick("BTC", 111.0, T0 + 5)
         assert b2.get_order(entry.client_order_id + ":tp").status == "FILLED"  # type: ignore[union-attr]
-        assert b2.realized_pnl() == pytest.approx(20.0)
+        assert b2.realized_pnl("agent") == pytest.approx(20.0)
     finally:
         b2.close()
 
@@ -280,7 +280,7 @@ async def test_cheap_accessors_match_the_view(broker: PaperBroker) -> None:
         request("lim", action="PLACE_LIMIT_ORDER", openPrice=90.0, stopLoss=80.0, takeProfit=120.0)
     )
     await broker.submit(request("mkt"))
-    view = broker.view()
-    assert broker.positions() == view.positions and "BTC" in broker.positions()
-    assert broker.open_orders() == view.open_orders
-    assert any(o.order_type == "limit" for o in broker.open_orders())
+    view = broker.view("agent")
+    assert broker.positions("agent") == view.positions and "BTC" in broker.positions("agent")
+    assert broker.open_orders("agent") == view.open_orders
+    assert any(o.order_type == "limit" for o in broker.open_orders("agent"))

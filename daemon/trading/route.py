@@ -1,0 +1,170 @@
+"""Market data's own route to the broker, and the watermarks agents and broker share.
+
+The broker consumes closed candles and ticks from its own bus subscription,
+once and in publish order per partition, whatever the agents do: resting
+orders fill with no agent running, and no agent's pace changes the prices
+another agent trades at.
+
+Two guarantees, per partition (a feed's symbol/timeframe stream):
+
+* **An agent never runs ahead of the broker.** Before an agent's hooks see a
+  market event, the agent awaits :meth:`MarketRoute.caught_up`: the broker has
+  applied that event (or a later one), so its risk checks and the fills it
+  can see include everything up to the event.
+* **In lockstep mode the broker never runs ahead of the agents.** Before it
+  applies its next event, every registered agent has finished the previous
+  one (reported with :meth:`MarketRoute.done`). Agents and broker receive
+  market events in the same publish order, so this is one global step. Orders placed for
+  event E are then opened at E's prices and E's time, and are first matched
+  against E+1: the same replay gives the same orders and fills whatever other
+  agents do and however fast they are. Lockstep is for replays and backtests;
+  live, a slow agent must not hold back the broker (market time does not wait),
+  so the broker runs free and agents only wait for it.
+
+An agent that joins mid-stream starts at the bus's current position (it will
+never receive what was published before it subscribed), so it can never block
+the broker on an event it will not see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+
+import anyio
+import structlog
+
+from daemon.bus import Subscription
+from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent, parse_iso_ms
+
+log = structlog.get_logger("route")
+
+# What the broker takes prices from (candle updates are not trades).
+BROKER_TOPICS = (MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK)
+Mark = tuple[int, str]  # (event time ms, event id) of the last event handled in a partition
+_NEVER: Mark = (-1, "")
+
+
+def _mark(event: FeedEvent) -> Mark:
+    try:
+        return parse_iso_ms(event.ts), event.event_id
+    except ValueError:
+        return _NEVER  # the broker ignores it too: nobody waits on it
+
+
+def _covers(mark: Mark, want: Mark, tick: bool) -> bool:
+    """Whether a partition handled up to ``mark`` has handled the event at ``want``.
+
+    A later time covers it; the same time covers it when it is the same event,
+    or any tick (a tick may be coalesced away in one queue and not another)."""
+    if mark[0] != want[0]:
+        return mark[0] > want[0]
+    return mark[1] == want[1] or tick
+
+
+class MarketRoute:
+    """Runs the broker's subscription and keeps the watermarks (see the module doc)."""
+
+    def __init__(
+        self,
+        sub: Subscription,
+        apply: Callable[[FeedEvent], Awaitable[None]],
+        *,
+        lockstep: bool,
+    ) -> None:
+        self.sub = sub
+        self.lockstep = lockstep
+        self._apply = apply
+        self._broker: dict[str, Mark] = {}
+        self._last: tuple[str, Mark, bool] | None = None  # the broker's last event
+        self._agents: dict[str, dict[str, Mark]] = {}
+        self._idle: dict[str, bool] = {}
+        self._changed = anyio.Event()
+        self._finished = False
+        self.applied = 0
+        self.failures = 0
+
+    # -- registration (the agent manager) -------------------------------------
+
+    def join(self, agent_id: str, published: Mapping[str, FeedEvent]) -> None:
+        """Register an agent as of ``published`` (the bus's last event per partition,
+        taken when the agent subscribed): it has, by definition, handled those."""
+        self._agents[agent_id] = {
+            p: _mark(e) for p, e in published.items() if e.topic in BROKER_TOPICS
+        }
+        self._notify()
+
+    def leave(self, agent_id: str) -> None:
+        """An agent stopped: nobody waits for it any more."""
+        self._agents.pop(agent_id, None)
+        self._notify()
+
+    # -- the agent's side -------------------------------------------------------
+
+    async def caught_up(self, event: FeedEvent) -> None:
+        """Until the broker has applied ``event`` (at once for non-market events)."""
+        if event.topic not in BROKER_TOPICS:
+            return
+        want, tick = _mark(event), event.topic == MARKET_PRICE_TICK
+        while not self._finished and not _covers(
+            self._broker.get(event.partition, _NEVER), want, tick
+        ):
+            await self._wait()
+
+    def done(self, agent_id: str, event: FeedEvent) -> None:
+        """``agent_id`` has finished ``event`` (evaluated, audited, acted on)."""
+        marks = self._agents.get(agent_id)
+        if marks is None or event.topic not in BROKER_TOPICS:
+            return
+        mark = _mark(event)
+        if mark > marks.get(event.partition, _NEVER):
+            marks[event.partition] = mark
+            self._notify()
+
+    # -- the broker's side --------------------------------------------------------
+
+    async def run(self) -> None:
+        """Apply every market event in order until the subscription ends."""
+        try:
+            async for event in self.sub:
+                if self.lockstep:
+                    await self._agents_finished()
+                try:
+                    await self._apply(event)
+                    self.applied += 1
+                except Exception:
+                    self.failures += 1
+                    log.exception("broker failed on a market event", event_id=event.event_id)
+                mark = _mark(event)
+                if mark > self._broker.get(event.partition, _NEVER):
+                    self._broker[event.partition] = mark
+                self._last = (event.partition, mark, event.topic == MARKET_PRICE_TICK)
+                self._notify()
+        finally:
+            self._finished = True
+            self._notify()
+
+    async def _agents_finished(self) -> None:
+        """Until every agent has finished the broker's last event."""
+        if self._last is None:
+            return
+        partition, want, tick = self._last
+        while any(not _covers(m.get(partition, _NEVER), want, tick) for m in self._agents.values()):
+            await self._wait()
+
+    def statistics(self) -> dict[str, int | bool]:
+        """For status: events applied, failures, mode, agents registered."""
+        return {
+            "applied": self.applied,
+            "failures": self.failures,
+            "lockstep": self.lockstep,
+            "agents": len(self._agents),
+        }
+
+    # -- plumbing -------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()

@@ -1,0 +1,174 @@
+"""Agents do not change each other's trading: own accounts, the broker's own route."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from daemon.agents.pipeline import open_agents
+from daemon.app import build_feeds
+from daemon.config import Config
+from daemon.service import Service
+from feeds.synthetic import generate_candles
+from tests.agents.test_pipeline import PacedFeed, audit, candle
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "agents" / "example"
+
+# A wake-only neighbour, quicker than the example: it runs ahead of it through a replay.
+QUICK_WAKER = """
+def evaluate(event, state):
+    return {"decision": "WAKE", "reason": "quick", "dedupeKey": "w:" + event["eventId"]}
+"""
+
+
+def replay_config(root: Path, agents: Path, csv: Path, route: str = "auto") -> Config:
+    return msgspec.convert(
+        {
+            "daemon": {"state_dir": str(root / "state")},
+            "hooks": {"agents_dir": str(agents), "reload_seconds": 60},
+            "trading": {"market_route": route},
+            "feeds": {
+                "replay": {
+                    "enabled": True, "path": str(csv), "symbol": "BTC-USD", "timeframe": "5m",
+                    "speed": 0,
+                }
+            },
+        },
+        Config,
+    )  # fmt: skip
+
+
+def trading_rows(root: Path, agent: str) -> list[tuple[Any, ...]]:
+    """The agent's risk verdicts and order states, without wall-clock fields."""
+    out = []
+    for r in audit(root):
+        if r.get("agentId") != agent or r["type"] not in ("risk", "order"):
+            continue
+        reasons = tuple(x["code"] for x in r.get("reasons") or ())
+        out.append(
+            (r["type"], r.get("eventId"), r.get("approved"), reasons, r.get("clientOrderId"),
+             r.get("status"), r.get("role"), r.get("price"))
+        )  # fmt: skip
+    return out
+
+
+async def replay_example(root: Path, csv: Path, *, neighbour: bool) -> list[tuple[Any, ...]]:
+    agents = root / "agents"
+    shutil.copytree(EXAMPLE, agents / "example")
+    if neighbour:
+        (agents / "quick" / "hooks").mkdir(parents=True)
+        (agents / "quick" / "agent.toml").write_text("[wake]\ndebounce_seconds = 0\n")
+        (agents / "quick" / "hooks" / "wake_quick.py").write_text(QUICK_WAKER)
+    svc = Service(replay_config(root, agents, csv), build_feeds, components=[open_agents])
+    with anyio.fail_after(120):
+        await svc.run()
+    return trading_rows(root, "example")
+
+
+async def test_example_trades_the_same_alone_and_beside_another_agent(tmp_path: Path) -> None:
+    """The same replay: the example agent's verdicts, orders and fills are identical with
+    and without a quicker wake-only neighbour, run after run."""
+    csv = tmp_path / "btc_5m.csv"
+    generate_candles(csv, seed=11, n=700, timeframe="5m", start_price=60_000.0)
+    alone = await replay_example(tmp_path / "alone", csv, neighbour=False)
+    beside = await replay_example(tmp_path / "beside", csv, neighbour=True)
+    again = await replay_example(tmp_path / "again", csv, neighbour=True)
+    assert any(r[0] == "order" and r[5] == "FILLED" for r in alone), "the data must trade"
+    assert any(r[0] == "risk" and r[2] for r in alone)
+    assert beside == alone
+    assert again == alone
+
+
+BUY_ONCE = """
+def evaluate(event, state):
+    mine = state["positions"]
+    return {"decision": "TRADE_INTENT", "reason": "held " + str(sorted(mine)),
+            "dedupeKey": "buy-once",
+            "intent": {"action": "PLACE_MARKET_ORDER", "symbol": event["symbol"], "side": "buy",
+                       "volume": 1.0, "stopLoss": 1.0}}
+"""
+CLOSE_EVERY = """
+def evaluate(event, state):
+    return {"decision": "TRADE_INTENT", "reason": "held " + str(sorted(state["positions"])),
+            "dedupeKey": "close:" + event["eventId"],
+            "intent": {"action": "CLOSE_POSITION", "symbol": event["symbol"]}}
+"""
+
+
+def two_agents(root: Path, a: str, b: str, b_toml: str = "") -> Path:
+    agents = root / "agents"
+    for agent_id, src, toml in (("alpha", a, ""), ("beta", b, b_toml)):
+        (agents / agent_id / "hooks").mkdir(parents=True)
+        (agents / agent_id / "agent.toml").write_text(toml)
+        (agents / agent_id / "hooks" / "autotrade_x.py").write_text(src)
+    return agents
+
+
+def service(root: Path, agents: Path, n: int) -> Service:
+    cfg = msgspec.convert(
+        {"daemon": {"state_dir": str(root / "state")}, "hooks": {"agents_dir": str(agents)}},
+        Config,
+    )
+    return Service(
+        cfg, lambda _: [PacedFeed([candle(i) for i in range(n)])], components=[open_agents]
+    )
+
+
+async def test_state_positions_and_close_are_the_agents_own(tmp_path: Path) -> None:
+    """alpha buys once; beta sees no position and its CLOSE_POSITIONs never touch alpha's."""
+    agents = two_agents(tmp_path, BUY_ONCE, CLOSE_EVERY)
+    with anyio.fail_after(60):
+        await service(tmp_path, agents, 5).run()
+    rows = audit(tmp_path)
+    hooks = {a: [r["reason"] for r in rows if r["type"] == "hook" and r["agentId"] == a]
+             for a in ("alpha", "beta")}  # fmt: skip
+    assert hooks["alpha"] == ["held []"] + ["held ['BTC-USD']"] * 4
+    assert hooks["beta"] == ["held []"] * 5
+    beta_risk = [r for r in rows if r["type"] == "risk" and r["agentId"] == "beta"]
+    assert len(beta_risk) == 5 and not any(r["approved"] for r in beta_risk)
+    assert not [r for r in rows if r["type"] == "order" and r["agentId"] == "beta"]
+
+
+async def test_a_shared_account_is_seen_and_closed_by_both(tmp_path: Path) -> None:
+    """beta names alpha's account: it sees alpha's position and its close flattens it."""
+    agents = two_agents(tmp_path, BUY_ONCE, CLOSE_EVERY, b_toml='account = "alpha"\n')
+    with anyio.fail_after(60):
+        await service(tmp_path, agents, 3).run()
+    rows = audit(tmp_path)
+    closes = [r for r in rows if r["type"] == "order" and r["agentId"] == "beta"]
+    assert any(r["status"] == "FILLED" for r in closes)
+
+
+REST_LOW = """
+def evaluate(event, state):
+    c = event["payload"]["close"]
+    return {"decision": "TRADE_INTENT", "reason": "rest", "dedupeKey": "rest-once",
+            "intent": {"action": "PLACE_LIMIT_ORDER", "symbol": event["symbol"], "side": "buy",
+                       "volume": 1.0, "openPrice": c - 3, "stopLoss": c - 50}}
+"""
+
+
+async def test_resting_orders_fill_with_no_agent_running(tmp_path: Path) -> None:
+    """An order left resting fills in a later run that has no agents at all."""
+    agents = tmp_path / "agents"
+    (agents / "alpha" / "hooks").mkdir(parents=True)
+    (agents / "alpha" / "hooks" / "autotrade_rest.py").write_text(REST_LOW)
+    with anyio.fail_after(60):
+        await service(tmp_path, agents, 1).run()  # close 101: a buy limit at 98 rests
+    assert [r["status"] for r in audit(tmp_path) if r["type"] == "order"] == ["OPEN"]
+    shutil.rmtree(agents / "alpha")
+    falling = [msgspec.structs.replace(candle(i), payload={**candle(i).payload, "low": 90.0})
+               for i in range(1, 3)]  # fmt: skip
+    cfg = msgspec.convert(
+        {"daemon": {"state_dir": str(tmp_path / "state")}, "hooks": {"agents_dir": str(agents)}},
+        Config,
+    )
+    svc = Service(cfg, lambda _: [PacedFeed(falling)], components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    orders = [(r["role"], r["status"]) for r in audit(tmp_path) if r["type"] == "order"]
+    assert ("entry", "FILLED") in orders and ("stop_loss", "OPEN") in orders
