@@ -43,6 +43,11 @@ class DaemonSection(Base, frozen=True):
     # the systemd watchdog stops being pinged.
     stall_seconds: float = 120.0
     status_interval_seconds: float = 60.0
+    # Which time the agents live on (docs/daemon.md): "wall" (live), "event" (the
+    # time of the last event applied: replays and backtests give the same wakes,
+    # runs, orders and fills at any speed), "auto" = event unless a live feed
+    # (coinbase_ws or candles) is enabled.
+    clock: Literal["auto", "wall", "event"] = "auto"
 
 
 class BusSection(Base, frozen=True):
@@ -136,18 +141,6 @@ class AuditSection(Base, frozen=True):
 class TradingSection(Base, frozen=True):
     # ACTIVE; REDUCING (only orders that shrink a position); HALTED (no orders).
     state: Literal["ACTIVE", "REDUCING", "HALTED"] = "ACTIVE"
-    # How the paper broker steps with the agents (docs/trading.md): "lockstep"
-    # (replays: the broker applies an event only after every agent finished the
-    # previous one, so results never depend on agent speed), "free" (live: the
-    # broker follows the market and agents only wait for it), or "auto"
-    # (lockstep unless a live feed, coinbase_ws or candles, is enabled).
-    market_route: Literal["auto", "lockstep", "free"] = "auto"
-
-    def lockstep(self, feeds: FeedsSection) -> bool:
-        """Whether the broker runs in lockstep with the agents under ``feeds``."""
-        if self.market_route != "auto":
-            return self.market_route == "lockstep"
-        return not (feeds.coinbase_ws.enabled or feeds.candles.enabled)
 
 
 class Config(Base, frozen=True):
@@ -164,6 +157,13 @@ class Config(Base, frozen=True):
     def audit_dir(self) -> Path:
         """Where the audit log lives."""
         return Path(self.audit.dir) if self.audit.dir else Path(self.daemon.state_dir) / "audit"
+
+    @property
+    def event_time(self) -> bool:
+        """Whether agents live on event time (``[daemon] clock``; auto: no live feed)."""
+        if self.daemon.clock != "auto":
+            return self.daemon.clock == "event"
+        return not (self.feeds.coinbase_ws.enabled or self.feeds.candles.enabled)
 
 
 _SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)

@@ -214,6 +214,10 @@ class Service:
         self._feeds_scope = scope
         await self._feeds_tg.start(self._run_feed_group, feeds, scope)
 
+    def feeds_finished(self) -> bool:
+        """Whether every feed ran out by itself (a finite replay), not stopped by a signal."""
+        return bool(self.health) and self.finished >= set(self.health)
+
     def stalled_feeds(self) -> list[str]:
         """Feeds that failed, or are neither finished nor heard from recently."""
         limit = self.config.daemon.stall_seconds

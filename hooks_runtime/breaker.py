@@ -45,8 +45,10 @@ class HookBreaker:
         self._clock = clock
         self._tracks: dict[Key, _Track] = {}
 
-    def gate(self, key: Key, revision: str) -> tuple[Gate, str] | None:
-        """None when the hook may run; else why not (``backoff`` or ``paused``)."""
+    def gate(self, key: Key, revision: str, now: float | None = None) -> tuple[Gate, str] | None:
+        """None when the hook may run; else why not (``backoff`` or ``paused``).
+
+        ``now`` overrides the clock (the caller's event time in a replay)."""
         t = self._tracks.get(key)
         if t is None:
             return None
@@ -58,13 +60,13 @@ class HookBreaker:
                 f"paused after {t.failures} consecutive failures (last: {t.last_error}); "
                 "lift with `marketwake hooks resume`"
             )
-        left = t.until - self._clock()
+        left = t.until - (self._clock() if now is None else now)
         if left > 0:
             return "backoff", f"backing off {left:.1f}s after {t.failures} failure(s)"
         return None
 
-    def record(self, key: Key, revision: str, error: str | None) -> None:
-        """Record the outcome of an evaluation that actually ran."""
+    def record(self, key: Key, revision: str, error: str | None, now: float | None = None) -> None:
+        """Record the outcome of an evaluation that actually ran (at ``now``, if given)."""
         if error is None:
             self._tracks.pop(key, None)
             return
@@ -77,7 +79,7 @@ class HookBreaker:
             t.paused = True
         else:
             delay = min(self._base * 2 ** (t.failures - 1), self._max)
-            t.until = self._clock() + delay
+            t.until = (self._clock() if now is None else now) + delay
 
     def pause(self, key: Key, revision: str, reason: str) -> None:
         """Pause a hook explicitly (for example when restoring persisted pauses)."""

@@ -103,15 +103,22 @@ class WorkerPool:
     # --- public API -------------------------------------------------------
 
     async def evaluate(
-        self, agent_id: str, hooks: Sequence[HookSpec], event: dict[str, Any], state: Any
+        self,
+        agent_id: str,
+        hooks: Sequence[HookSpec],
+        event: dict[str, Any],
+        state: Any,
+        now: float | None = None,
     ) -> list[HookResult]:
         """Evaluate ``hooks`` (in order) on ``event``; one result per hook, never raises
         for hook misbehaviour (only :exc:`SandboxUnavailable` when no worker can start,
         and :exc:`HookRequestTooLarge` when event + state exceed ``max_frame_bytes``).
 
         ``state`` is plain data, or ``encode_state(state)`` when the same state goes
-        to several agents (encode it once per event)."""
-        return await self._gated(agent_id, hooks, event, state, compile_only=False)
+        to several agents (encode it once per event). ``now`` is the time backoff is
+        measured on: the event's time in a replay (so a failing hook skips the same
+        events at any speed), else the pool's clock."""
+        return await self._gated(agent_id, hooks, event, state, False, now)
 
     async def compile(self, agent_id: str, hooks: Sequence[HookSpec]) -> list[HookResult]:
         """Compile ``hooks`` in the agent's worker without running them (for the loader:
@@ -138,8 +145,9 @@ class WorkerPool:
         event: dict[str, Any],
         state: Any,
         compile_only: bool,
+        now: float | None = None,
     ) -> list[HookResult]:
-        gates = [self.breaker.gate((agent_id, h.hook_id), h.revision) for h in hooks]
+        gates = [self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks]
         runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
         ran = iter(await self._run(agent_id, runnable, event, state, compile_only))
         out: list[HookResult] = []
@@ -148,7 +156,7 @@ class WorkerPool:
                 out.append(_error(h, g[0], g[1]))
                 continue
             r = next(ran)
-            self.breaker.record((agent_id, h.hook_id), h.revision, r.error)
+            self.breaker.record((agent_id, h.hook_id), h.revision, r.error, now)
             out.append(r)
         return out
 

@@ -40,6 +40,7 @@ from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
 from daemon.audit.records import HookRecord, RiskRecord, now_ts
 from daemon.bus import Subscription
+from daemon.clock import EventClock
 from daemon.errors import HookRequestTooLarge, MarketwakeError
 from daemon.events import FeedEvent, parse_iso_ms, to_dict, topic_matches, trace_id_for
 from daemon.state import StateCache
@@ -130,6 +131,7 @@ class Dispatcher:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
         if not self._fresh(rt, event):
             return []
+        now = await self._event_time(rt, event)
         rt.state.apply(event)
         # Risk checks and fills see the market up to this event (lockstep: exactly).
         await self.route.caught_up(event)
@@ -138,7 +140,7 @@ class Dispatcher:
         hooks = list(rt.agent.hooks.values())
         state = self.build_state(rt, event)
         try:
-            results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state)
+            results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state, now)
         except HookRequestTooLarge as exc:
             results = [_oversized(h, exc, rt.last_outputs) for h in hooks]
         self.evaluations += len(results)
@@ -146,6 +148,18 @@ class Dispatcher:
         for result in results:
             await self._settle(rt, event, trace, result)
         return results
+
+    async def _event_time(self, rt: AgentRuntime, event: FeedEvent) -> float | None:
+        """On event time: advance the agent's clock to ``event`` (runs due by then start
+        first) and return it, in seconds, for hook backoff; live: None (wall clock)."""
+        if not isinstance(rt.scheduler.clock, EventClock):
+            return None
+        try:
+            t = parse_iso_ms(event.ts) / 1000
+        except ValueError:
+            return rt.scheduler.clock.now()
+        await rt.scheduler.advance_to(t)
+        return rt.scheduler.clock.now()
 
     def build_state(self, rt: AgentRuntime, event: FeedEvent) -> dict[str, Any]:
         """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs."""

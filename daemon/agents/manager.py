@@ -30,6 +30,7 @@ from daemon.agents.store import AGENT_WIDE
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.audit.records import AuditRecord
 from daemon.bus import Bus, Subscription
+from daemon.clock import EventClock
 from daemon.errors import ConfigError
 from daemon.state import StateCache
 from daemon.wake.scheduler import WakeScheduler
@@ -52,6 +53,7 @@ class AgentManager:
         state_factory: Callable[[], StateCache],
         max_source_bytes: int,
         reload_seconds: float = 2.0,
+        event_time: bool = False,
     ) -> None:
         self.agents_dir = agents_dir
         self.bus = bus
@@ -60,6 +62,10 @@ class AgentManager:
         self.state_factory = state_factory
         self.max_source_bytes = max_source_bytes
         self.reload_seconds = reload_seconds
+        # Agents live on event time (replays): each scheduler gets its own EventClock.
+        self.event_time = event_time
+        # Set when the feeds ran out (not on a signal): pending wakes still run.
+        self.drain_wakes = False
         self.runtimes: dict[str, AgentRuntime] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -224,6 +230,7 @@ class AgentManager:
             store=self.run_store,
             sink=self._sink,
             state=self._wake_state,
+            clock=EventClock() if self.event_time else None,
         )
         rt = AgentRuntime(
             agent=agent,
@@ -259,11 +266,16 @@ class AgentManager:
     async def _serve(self, rt: AgentRuntime, scope: anyio.CancelScope) -> None:
         with scope:
             async with anyio.create_task_group() as tg:
-                await tg.start(rt.scheduler.run)
+                if not self.event_time:  # on event time the agent's loop drives it
+                    await tg.start(rt.scheduler.run)
                 try:
                     await self.dispatcher.serve_agent(rt)
                 finally:
                     self.dispatcher.route.leave(rt.agent_id)
+                if self.event_time and self.drain_wakes:
+                    ran = await rt.scheduler.drain()
+                    if ran:
+                        log.info("queued wakes run after the replay", agent=rt.agent_id, runs=ran)
                 tg.cancel_scope.cancel()
             rt.scheduler.abandon_pending()
 

@@ -61,7 +61,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         route = MarketRoute(
             service.bus.subscribe(BROKER_TOPICS, name="broker"),
             broker.on_market_event,
-            lockstep=cfg.trading.lockstep(cfg.feeds),
+            lockstep=cfg.event_time,
         )
         hook_store = HookStore(state_dir / "hooks.sqlite3")
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
@@ -84,6 +84,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             state_factory=lambda: _copy_state(service.state),
             max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
             reload_seconds=cfg.hooks.reload_seconds,
+            event_time=cfg.event_time,
         )
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         io.start(_forward, receive, service)
@@ -104,6 +105,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             # bus, queued alerts are delivered; then the stores close.
             with anyio.move_on_after(DRAIN_SECONDS, shield=True) as drain:
                 manager.stop_reloading()
+                manager.drain_wakes = service.feeds_finished()
                 manager.close_subscriptions()
                 await manager.wait_drained()
                 route.sub.close()  # the broker applies what it holds, then its task ends

@@ -21,6 +21,14 @@
   one per interval), so they neither use the hourly budget nor the cooldown,
   and any run resets their timer; a paused agent skips them (recorded).
 
+**Time.** Live, the scheduler's own task (:meth:`WakeScheduler.run`) sleeps
+on the wall clock. On event time (replays, backtests) it has no task of its
+own: the agent's loop calls :meth:`WakeScheduler.advance_to` with each event's
+time before the event is evaluated, which starts (inline, in due order, each at
+the event time it came due) every run due by then. A run occupies no event
+time, so the same replay gives the same runs at any speed. When a finite
+replay ends, :meth:`WakeScheduler.drain` runs what is still pending.
+
 Every wake gets exactly one ``wake`` record when submitted (``woke``,
 ``queued`` or ``suppressed``) and another ``suppressed`` one if its pending run
 is later dropped (the agent was paused meanwhile). Each run gets a ``run``
@@ -45,10 +53,10 @@ import msgspec
 import structlog
 
 from daemon.audit.records import AuditRecord, RunRecord, WakeRecord, now_ts
+from daemon.clock import Clock, EventClock, SystemClock
 from daemon.errors import StoreError
 from daemon.events import iso_ms
 from daemon.wake.budget import SlidingWindowBudget
-from daemon.wake.clock import Clock, SystemClock
 from daemon.wake.context import (
     RunKind,
     RunResult,
@@ -198,6 +206,31 @@ class WakeScheduler:
         task_status.started()
         while True:
             await self.step()
+
+    async def advance_to(self, t: float) -> None:
+        """Event time: move to ``t``, starting every run due by then at its due time."""
+        clock = self.clock
+        if not isinstance(clock, EventClock):
+            raise TypeError("advance_to needs the scheduler to run on an EventClock")
+        if not clock.started:
+            self._last_start = t  # audit intervals count from the first event
+        while (due := self._next_due()) is not None and due <= t:
+            clock.advance_to(due)
+            await self._start(self._pending.popleft() if self._pending else self._audit_run(due))
+        clock.advance_to(t)
+
+    async def drain(self) -> int:
+        """Event time, at the end of a finite replay: run every pending run, each at
+        the event time it comes due (no audit runs). Returns how many were started."""
+        clock = self.clock
+        if not isinstance(clock, EventClock):
+            raise TypeError("drain needs the scheduler to run on an EventClock")
+        started = 0
+        while self._pending and (due := self._next_due()) is not None:
+            clock.advance_to(due)
+            await self._start(self._pending.popleft())
+            started += 1
+        return started
 
     async def step(self) -> None:
         """Start the next due run, or wait until something may be due."""

@@ -25,16 +25,15 @@ def evaluate(event, state):
 """
 
 
-def replay_config(root: Path, agents: Path, csv: Path, route: str = "auto") -> Config:
+def replay_config(root: Path, agents: Path, csv: Path, speed: float = 0) -> Config:
     return msgspec.convert(
         {
             "daemon": {"state_dir": str(root / "state")},
             "hooks": {"agents_dir": str(agents), "reload_seconds": 60},
-            "trading": {"market_route": route},
             "feeds": {
                 "replay": {
                     "enabled": True, "path": str(csv), "symbol": "BTC-USD", "timeframe": "5m",
-                    "speed": 0,
+                    "speed": speed,
                 }
             },
         },

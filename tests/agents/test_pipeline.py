@@ -123,7 +123,9 @@ async def run_service(root: Path, agents: Path, feed: Feed) -> Service:
 async def test_every_event_is_audited_and_dedupe_survives_restart(tmp_path: Path) -> None:
     """Each candle gets one hook record with the state including that candle; replaying the
     same events after a restart suppresses every WAKE as a duplicate."""
-    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    # No cooldown or budget: on event time they would (rightly) suppress some wakes.
+    toml = "[wake]\ncooldown_after_run_seconds = 0\nmax_runs_per_hour = 100\n"
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
     events = [candle(i) for i in range(12)]
     await run_service(tmp_path, agents, PacedFeed(events))
     first = [r for r in audit(tmp_path) if r["type"] == "hook"]
@@ -265,15 +267,41 @@ async def test_absurd_cooldown_is_clamped_not_fatal(tmp_path: Path) -> None:
     assert got == ["none", "cooldown", "cooldown"]
 
 
-async def test_wakes_still_queued_at_stop_are_recorded_as_shutdown(tmp_path: Path) -> None:
-    """A collect run that never started leaves no dangling 'queued' wake behind."""
+async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> None:
+    """On event time, a collect run still waiting for its debounce when the feed runs
+    out starts before the daemon exits (it comes due in event time, at the end)."""
     toml = "[wake]\ndebounce_seconds = 600\n"
     agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
     await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(3)]))
     wakes = [r for r in audit(tmp_path) if r["type"] == "wake"]
+    assert [r["outcome"] for r in wakes] == ["queued"] * 3
+    (run,) = [r for r in audit(tmp_path) if r["type"] == "run" and r["status"] == "finished"]
+    assert run["eventIds"] == [r["eventId"] for r in wakes]
+    assert not [r for r in wakes if r["suppressedBy"] == "shutdown"]
+
+
+async def test_wakes_still_queued_at_a_signal_stop_are_recorded_as_shutdown(
+    tmp_path: Path,
+) -> None:
+    """Stopped by a signal mid-replay, a collect run that never started leaves no
+    dangling 'queued' wake behind: each is recorded as suppressed by shutdown."""
+    toml = "[wake]\ndebounce_seconds = 6000\n"
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
+    feed = PacedFeed([candle(i) for i in range(40)], gap=0.05)
+    svc = Service(config(tmp_path, agents), lambda _: [feed], components=[open_agents])
+
+    async def stop() -> None:
+        await feed.when(3).wait()
+        svc.request_stop()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop)
+        with anyio.fail_after(30):
+            await svc.run()
+    wakes = [r for r in audit(tmp_path) if r["type"] == "wake"]
     queued = [r["eventId"] for r in wakes if r["outcome"] == "queued"]
     dropped = [r["eventId"] for r in wakes if r["suppressedBy"] == "shutdown"]
-    assert len(queued) == 3 and sorted(dropped) == sorted(queued)
+    assert len(queued) >= 3 and sorted(dropped) == sorted(queued)
     assert not [r for r in audit(tmp_path) if r["type"] == "run"]
     from daemon.audit.why import collect, explain
 

@@ -12,7 +12,7 @@ import anyio
 import msgspec
 
 from daemon.audit.records import AuditRecord, RunRecord, WakeRecord
-from daemon.wake.clock import ManualClock
+from daemon.clock import ManualClock
 from daemon.wake.context import RunResult, WakeContext, WakeRequest
 from daemon.wake.policy import WakePolicy
 from daemon.wake.scheduler import WakeScheduler

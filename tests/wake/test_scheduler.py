@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from daemon.audit.records import AuditRecord, RunRecord
-from daemon.wake.clock import SystemClock
+from daemon.clock import SystemClock
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore

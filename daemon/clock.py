@@ -1,7 +1,14 @@
-"""Clocks for the wake scheduler: the system clock, and a manual one for tests.
+"""The daemon's one notion of time: wall clock live, event time in replays.
 
-The scheduler works in epoch seconds (not monotonic time) because budgets and
-cooldowns are persisted and must mean the same thing after a restart.
+Everything time-dependent (wake budgets, debounce, cooldown after a run, hook
+backoff) takes a :class:`Clock`. Live it is :class:`SystemClock`. In a replay
+or backtest it is an :class:`EventClock`: the time of the last event applied,
+so a replay answers "how often would this agent wake?" the same at any speed.
+:class:`ManualClock` moves only when a test says so.
+
+Clocks work in epoch seconds (not monotonic time) because budgets and
+cooldowns are persisted and must mean the same thing after a restart. This
+module imports nothing from the project, so every layer may take a clock.
 """
 
 from __future__ import annotations
@@ -74,3 +81,23 @@ class ManualClock:
         for deadline, event in list(self._sleepers):
             if deadline <= self._now:
                 event.set()
+
+
+class EventClock(ManualClock):
+    """Event time: :meth:`advance_to` an event's time as it is applied (never backwards).
+
+    Before the first event it reads ``start`` (0 by default: the epoch), which
+    callers treat as "no time yet"."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        super().__init__(start)
+
+    @property
+    def started(self) -> bool:
+        """Whether any event time has been applied."""
+        return self._now > 0
+
+    def advance_to(self, t: float) -> None:
+        """Move to ``t`` if it is later; wake sleepers whose deadline passed."""
+        if t > self._now:
+            self.advance(t - self._now)
