@@ -74,6 +74,11 @@ class _StartFlag(TaskStatus[None]):
         self.inner.started(value)
 
 
+def new_run_id() -> str:
+    """A daemon run's id: its UTC start time (sortable, readable) plus a random suffix."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(2).hex()
+
+
 class Status(msgspec.Struct, frozen=True):
     """What ``marketwake status`` shows; written to ``<state_dir>/status.json``."""
 
@@ -86,6 +91,7 @@ class Status(msgspec.Struct, frozen=True):
     state: dict[str, int]
     # What components report about themselves (the hook pipeline: agents, sandbox).
     components: dict[str, Any] = {}
+    run_id: str = ""
 
 
 class Service:
@@ -118,6 +124,7 @@ class Service:
         self._feeds_tg: TaskGroup | None = None
         self._consumers_done = anyio.Event()
         self.started_at = time.time()
+        self.run_id = new_run_id()  # stamped on every audit row of this run
         self._feeds_scope: anyio.CancelScope | None = None
         self._all_finished = anyio.Event()
         self._stop = anyio.Event()
@@ -334,6 +341,7 @@ class Service:
             feeds,
             self.state.statistics(),
             {name: provider() for name, provider in self.status_providers.items()},
+            self.run_id,
         )
 
     def _feed_stats(self, name: str) -> dict[str, Any]:
@@ -369,6 +377,7 @@ class Service:
             return await self._run_locked()
 
     async def _run_locked(self) -> Status:
+        log.info("daemon starting", run=self.run_id, pid=os.getpid(), state_dir=str(self.state_dir))
         self._load_snapshot()
         sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         with anyio.open_signal_receiver(*sigs) as signals:

@@ -52,6 +52,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             flush_interval=cfg.audit.flush_interval_seconds,
             max_total_bytes=cfg.audit.max_total_mb * 1024 * 1024,
             max_days=cfg.audit.max_days,
+            run_id=service.run_id,
         ) as audit,
         open_worker_pool(cfg.hooks.sandbox) as pool,
         anyio.create_task_group() as tg,

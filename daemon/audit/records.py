@@ -3,8 +3,9 @@
 Every field is always written (nulls included), so every line of a type has
 the same keys and ``jq`` filters never trip on a missing one. ``ts`` is when
 marketwake did the thing (wall clock, RFC 3339 UTC with milliseconds); the
-event's own time is in the event. :class:`HookRecord` carries exactly the
-fields of design.md's audit contract plus ``type``.
+event's own time is in the event. :class:`HookRecord` carries the fields of
+design.md's audit contract plus ``type`` and ``daemonRun`` (the id of the
+daemon run that wrote the row, so a restarted replay's rows are told apart).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class _Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_fie
     ts: str
     agent_id: str
     trace_id: str | None = None
+    # Which daemon run wrote it (stamped by the writer): tells a restart's rows apart.
+    daemon_run: str | None = None
 
 
 class HookRecord(_Record, frozen=True, kw_only=True, tag="hook"):

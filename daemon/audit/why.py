@@ -184,7 +184,9 @@ def explain(records: Iterable[Record], query: str) -> Explanation:
         agent = str(r.get("agentId") or "?")
         story = stories.setdefault(agent, AgentStory(agent_id=agent))
         story.records.append(r)
-        story.details.append(_hook_line(r) if r.get("type") == "hook" else _other_line(r))
+        line = _hook_line(r) if r.get("type") == "hook" else _other_line(r)
+        run = r.get("daemonRun")
+        story.details.append(f"[run {run}] {line}" if run else line)
     for story in stories.values():
         story.outcome, story.why = _judge(story.records)
     return Explanation(

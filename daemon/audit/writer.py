@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
@@ -57,6 +58,7 @@ class AuditWriter:
         max_total_bytes: int = 512 * MiB,
         max_file_bytes: int | None = None,
         max_days: int = 30,
+        run_id: str | None = None,
     ) -> None:
         if flush_every < 1 or max_pending < flush_every or max_total_bytes < 1 or max_days < 1:
             raise ValueError("flush_every >= 1, max_pending >= flush_every, bounds >= 1")
@@ -67,6 +69,7 @@ class AuditWriter:
         self.max_total_bytes = max_total_bytes
         self.max_file_bytes = max_file_bytes or max(1, max_total_bytes // 8)
         self.max_days = max_days
+        self.run_id = run_id  # stamped on every record that has none
         self.written = 0
         self.inline_flushes = 0
         self.errors = 0
@@ -85,6 +88,8 @@ class AuditWriter:
 
     def write(self, record: AuditRecord) -> None:
         """Queue one record; returns at once (except under back-pressure, see above)."""
+        if self.run_id is not None and record.daemon_run is None:
+            record = msgspec.structs.replace(record, daemon_run=self.run_id)
         line = encode_line(record)
         self._pending.append((day_of(record.ts) or now_ts()[:10], line))
         if self._closed:

@@ -83,7 +83,8 @@ def _render_status(data: dict[str, Any], live_pid: int | None) -> str:
     else:
         head = f"not running (last pid {data['pid']}, "
     lines = [
-        f"daemon: {head}status written {age:.0f}s ago)",
+        f"daemon: {head}status written {age:.0f}s ago)"
+        + (f", run {data['run_id']}" if data.get("run_id") else ""),
         (
             f"bus: published {bus['published']}, delivered {bus['delivered']}, "
             f"coalesced {bus['coalesced']}"

@@ -138,6 +138,14 @@ async def test_every_event_is_audited_and_dedupe_survives_restart(tmp_path: Path
     second = [r for r in audit(tmp_path) if r["type"] == "hook"][12:]
     assert len(second) == 12
     assert {r["suppressedBy"] for r in second} == {"dedupe"}
+    # every row says which daemon run wrote it, and `why` shows it
+    runs = {r["daemonRun"] for r in first} | {r["daemonRun"] for r in second}
+    assert len(runs) == 2 and None not in runs
+    from daemon.audit.why import collect, explain
+
+    (story,) = explain(collect(tmp_path / "state" / "audit", events[0].event_id), "q").agents
+    shown = {d.split("]")[0].removeprefix("[run ") for d in story.details}
+    assert runs <= shown
 
 
 async def test_cooldown_is_event_time_and_persisted(tmp_path: Path) -> None:
