@@ -200,3 +200,16 @@ def validate_pattern(pattern: str) -> None:
             raise ValueError(f"'>' must be the last token in pattern {pattern!r}")
         if t not in ("*", ">") and ("*" in t or ">" in t):
             raise ValueError(f"wildcards must be whole tokens in pattern {pattern!r}")
+
+
+# (event time ms, event id): where a consumer is in a partition.
+Mark = tuple[int, str]
+NO_MARK: Final[Mark] = (-1, "")
+
+
+def event_mark(event: FeedEvent) -> Mark:
+    """The event's place in its partition; :data:`NO_MARK` when its time is unreadable."""
+    try:
+        return parse_iso_ms(event.ts), event.event_id
+    except ValueError:
+        return NO_MARK

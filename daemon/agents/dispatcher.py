@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
@@ -92,6 +93,7 @@ class Dispatcher:
     desk: TradeDesk
     alerts: AlertNotifier
     route: MarketRoute
+    checkpoints: Checkpoints
     evaluations: int = 0
     suppressed: int = 0
     failures: int = 0
@@ -114,6 +116,7 @@ class Dispatcher:
                 log.exception("event handling failed", agent=rt.agent_id, event_id=event.event_id)
             finally:
                 self.route.done(rt.agent_id, event)
+                self.checkpoints.finished(rt.agent_id, event)
 
     def _fresh(self, rt: AgentRuntime, event: FeedEvent) -> bool:
         if event.event_id in rt.recent:
@@ -129,7 +132,11 @@ class Dispatcher:
 
     async def handle(self, rt: AgentRuntime, event: FeedEvent) -> list[HookResult]:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
-        if not self._fresh(rt, event):
+        if not self._fresh(rt, event) or self.checkpoints.done_before(rt.agent_id, event):
+            # Re-delivered (a restart): the state cache takes what it lacks (it ignores
+            # what it holds); the hooks never see an event twice.
+            rt.state.apply(event)
+            self.checkpoints.skipped += 1
             return []
         now = await self._event_time(rt, event)
         rt.state.apply(event)

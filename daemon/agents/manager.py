@@ -25,7 +25,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from daemon.agents.dispatcher import STATE_TOPICS, AgentRuntime, Dispatcher
+from daemon.agents.dispatcher import RECENT_EVENTS, STATE_TOPICS, AgentRuntime, Dispatcher
 from daemon.agents.store import AGENT_WIDE
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.audit.records import AuditRecord
@@ -54,6 +54,7 @@ class AgentManager:
         max_source_bytes: int,
         reload_seconds: float = 2.0,
         event_time: bool = False,
+        recently_evaluated: dict[str, list[str]] | None = None,
     ) -> None:
         self.agents_dir = agents_dir
         self.bus = bus
@@ -66,6 +67,8 @@ class AgentManager:
         self.event_time = event_time
         # Set when the feeds ran out (not on a signal): pending wakes still run.
         self.drain_wakes = False
+        # Per agent, the events its newest audit rows show evaluated (see checkpoints).
+        self.recently_evaluated = recently_evaluated or {}
         self.runtimes: dict[str, AgentRuntime] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -239,6 +242,9 @@ class AgentManager:
             state=self.state_factory(),
         )
         self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk, agent.config.account)
+        self.dispatcher.checkpoints.load(agent.agent_id)
+        for event_id in self.recently_evaluated.pop(agent.agent_id, [])[-RECENT_EVENTS:]:
+            rt.recent[event_id] = None
         self._restore_pauses(rt)
         self.runtimes[agent.agent_id] = rt
         scope = anyio.CancelScope()

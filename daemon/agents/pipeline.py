@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.dispatcher import Dispatcher
 from daemon.agents.manager import AgentManager
 from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
+from daemon.audit.reader import recent_evaluations
 from daemon.audit.writer import open_audit
 from daemon.events import FeedEvent
 from daemon.state import StateCache
@@ -68,6 +70,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
         desk = TradeDesk(broker, audit)
+        checkpoints = Checkpoints(hook_store, audit)
+        seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
         desk.set_state(TradingState(cfg.trading.state))
         dispatcher = Dispatcher(
             pool=pool,
@@ -76,6 +80,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             desk=desk,
             alerts=alerts,
             route=route,
+            checkpoints=checkpoints,
         )
         manager = AgentManager(
             agents_dir=Path(cfg.hooks.agents_dir),
@@ -86,16 +91,19 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
             reload_seconds=cfg.hooks.reload_seconds,
             event_time=cfg.event_time,
+            recently_evaluated=seen,
         )
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         io.start(_forward, receive, service)
         io.start(alerts.run)
         io.start(route.run)
         await broker.recover()
+        tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
         tg.start_soon(manager.run)
         await manager.wait_loaded()
         service.status_providers["hooks"] = manager.statistics
         service.status_providers["broker"] = route.statistics
+        service.status_providers["delivery"] = checkpoints.statistics
         layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
         try:
@@ -113,6 +121,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 send.close()
                 alerts.close()
                 await io.idle.wait()
+                await checkpoints.close()
             if drain.cancelled_caught:
                 log.warning("drain timed out; stopping what is left", seconds=DRAIN_SECONDS)
             tg.cancel_scope.cancel()

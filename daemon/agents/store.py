@@ -1,4 +1,6 @@
-"""Persistent hook bookkeeping (SQLite, WAL): revisions, dedupe keys, cooldowns, pauses.
+"""Persistent hook bookkeeping (SQLite, WAL): revisions, dedupe keys, cooldowns, pauses,
+and what each agent has applied per market partition (so a restart re-delivers
+without evaluating anything twice).
 
 A restart must neither repeat an action (a dedupe key already acted on) nor
 forget a cooldown, so both are written before the decision is acted on.
@@ -33,6 +35,9 @@ CREATE TABLE IF NOT EXISTS cooldown (
 CREATE TABLE IF NOT EXISTS pauses (
     agent TEXT NOT NULL, hook TEXT NOT NULL, reason TEXT NOT NULL, since REAL NOT NULL,
     PRIMARY KEY (agent, hook));
+CREATE TABLE IF NOT EXISTS applied (
+    agent TEXT NOT NULL, partition TEXT NOT NULL, ts_ms INTEGER NOT NULL, event_id TEXT NOT NULL,
+    PRIMARY KEY (agent, partition));
 CREATE TABLE IF NOT EXISTS resume_requests (
     agent TEXT NOT NULL, hook TEXT NOT NULL, requested REAL NOT NULL,
     PRIMARY KEY (agent, hook));
@@ -139,6 +144,30 @@ class HookStore:
                 (agent, hook, time.time()),
             )
         return cur.rowcount > 0
+
+    # -- applied marks ---------------------------------------------------------------
+
+    def applied(self, agent: str) -> dict[str, tuple[int, str]]:
+        """The last (event ms, event id) the agent finished, per partition."""
+        rows = self._db.execute(
+            "SELECT partition, ts_ms, event_id FROM applied WHERE agent = ?", (agent,)
+        )
+        return {str(p): (int(ts), str(eid)) for p, ts, eid in rows}
+
+    def save_applied(self, rows: list[tuple[str, str, int, str]]) -> None:
+        """Upsert ``(agent, partition, ts_ms, event_id)`` marks in one transaction."""
+        if not rows:
+            return
+        try:
+            with self._db:
+                self._db.executemany("INSERT OR REPLACE INTO applied VALUES (?, ?, ?, ?)", rows)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot save applied marks: {exc}") from None
+
+    def reset_applied(self) -> int:
+        """Forget every agent's marks (a replay started over). Returns rows deleted."""
+        with self._db:
+            return self._db.execute("DELETE FROM applied").rowcount
 
     def take_resume_requests(self) -> list[tuple[str, str]]:
         """Pending resume requests (daemon side), removed as they are returned."""

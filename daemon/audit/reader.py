@@ -195,3 +195,40 @@ def follow(
         if not batch:
             time.sleep(poll_interval)
         yield from batch
+
+
+def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> dict[str, list[str]]:
+    """Per agent, the event ids of its newest hook rows (up to ``max_bytes`` of the
+    newest files), oldest first.
+
+    After a crash, an agent's persisted marks lag its audit rows by up to a flush;
+    these ids are the events it already evaluated in that gap."""
+    out: dict[str, dict[str, None]] = {}
+    budget = max_bytes
+    chunks: list[bytes] = []
+    for f in reversed(list_files(directory)):
+        if budget <= 0:
+            break
+        try:
+            with f.path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                start = max(0, size - budget)
+                fh.seek(start)
+                data = fh.read()
+        except OSError:
+            continue
+        if start > 0:
+            data = data[data.find(b"\n") + 1 :]  # drop the partial first line
+        budget -= len(data)
+        chunks.append(data)
+    for data in reversed(chunks):
+        for line in data.splitlines():
+            rec = parse_line(line)
+            if rec is None or rec.get("type") != "hook":
+                continue
+            agent, event_id = rec.get("agentId"), rec.get("eventId")
+            if isinstance(agent, str) and isinstance(event_id, str):
+                seen = out.setdefault(agent, {})
+                seen.pop(event_id, None)
+                seen[event_id] = None
+    return {agent: list(ids) for agent, ids in out.items()}

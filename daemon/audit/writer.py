@@ -71,6 +71,7 @@ class AuditWriter:
         self.max_days = max_days
         self.run_id = run_id  # stamped on every record that has none
         self.written = 0
+        self.accepted = 0  # records given to write(), in order: a record's sequence number
         self.inline_flushes = 0
         self.errors = 0
         self.dropped = 0
@@ -91,6 +92,7 @@ class AuditWriter:
         if self.run_id is not None and record.daemon_run is None:
             record = msgspec.structs.replace(record, daemon_run=self.run_id)
         line = encode_line(record)
+        self.accepted += 1
         self._pending.append((day_of(record.ts) or now_ts()[:10], line))
         if self._closed:
             self.flush_sync()
@@ -103,6 +105,13 @@ class AuditWriter:
                 self._keep(batch, exc)
         elif len(self._pending) >= self.flush_every and self._wake is not None:
             self._wake.set()
+
+    @property
+    def durable(self) -> int:
+        """Records 1..durable are settled: handed to the OS (or dropped after a disk
+        failure). Batches go out in order, so a checkpoint taken at sequence n may
+        move once ``durable >= n``."""
+        return self.written + self.dropped
 
     @property
     def pending(self) -> int:

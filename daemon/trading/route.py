@@ -34,21 +34,21 @@ import anyio
 import structlog
 
 from daemon.bus import Subscription
-from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent, parse_iso_ms
+from daemon.events import (
+    MARKET_CANDLE_CLOSED,
+    MARKET_PRICE_TICK,
+    NO_MARK,
+    FeedEvent,
+    Mark,
+    event_mark,
+)
 
 log = structlog.get_logger("route")
 
 # What the broker takes prices from (candle updates are not trades).
 BROKER_TOPICS = (MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK)
-Mark = tuple[int, str]  # (event time ms, event id) of the last event handled in a partition
-_NEVER: Mark = (-1, "")
-
-
-def _mark(event: FeedEvent) -> Mark:
-    try:
-        return parse_iso_ms(event.ts), event.event_id
-    except ValueError:
-        return _NEVER  # the broker ignores it too: nobody waits on it
+_NEVER = NO_MARK  # an unreadable time: the broker ignores it too, nobody waits on it
+_mark = event_mark
 
 
 def _covers(mark: Mark, want: Mark, tick: bool) -> bool:

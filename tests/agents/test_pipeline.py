@@ -120,32 +120,57 @@ async def run_service(root: Path, agents: Path, feed: Feed) -> Service:
     return svc
 
 
-async def test_every_event_is_audited_and_dedupe_survives_restart(tmp_path: Path) -> None:
-    """Each candle gets one hook record with the state including that candle; replaying the
-    same events after a restart suppresses every WAKE as a duplicate."""
+async def test_every_event_is_audited_once_across_restarts_and_dedupe_survives(
+    tmp_path: Path,
+) -> None:
+    """Each candle gets one hook record with the state including that candle. A restart
+    that re-delivers them evaluates only the new ones (with the old ones in state); with
+    the applied marks forgotten, every re-evaluated WAKE is suppressed as a duplicate."""
     # No cooldown or budget: on event time they would (rightly) suppress some wakes.
     toml = "[wake]\ncooldown_after_run_seconds = 0\nmax_runs_per_hour = 100\n"
     agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
-    events = [candle(i) for i in range(12)]
-    await run_service(tmp_path, agents, PacedFeed(events))
+    events = [candle(i) for i in range(16)]
+    await run_service(tmp_path, agents, PacedFeed(events[:12]))
     first = [r for r in audit(tmp_path) if r["type"] == "hook"]
-    assert [r["eventId"] for r in first] == [e.event_id for e in events]
+    assert [r["eventId"] for r in first] == [e.event_id for e in events[:12]]
     assert [r["reason"] for r in first] == [f"seen {i + 1}" for i in range(12)]
     assert {r["suppressedBy"] for r in first} == {"none"}
     assert all(r["revision"] and r["traceId"] for r in first)
 
-    await run_service(tmp_path, agents, PacedFeed(events))
+    svc = await run_service(tmp_path, agents, PacedFeed(events))  # 12 again, then 4 new
     second = [r for r in audit(tmp_path) if r["type"] == "hook"][12:]
-    assert len(second) == 12
-    assert {r["suppressedBy"] for r in second} == {"dedupe"}
+    assert [r["eventId"] for r in second] == [e.event_id for e in events[12:]]
+    assert [r["reason"] for r in second] == [f"seen {i + 1}" for i in range(12, 16)]
+    assert svc.status(running=False).components["delivery"]["skipped"] == 12
+
+    store = HookStore(tmp_path / "state" / "hooks.sqlite3")
+    assert store.reset_applied() == 1
+    store.close()
+    (tmp_path / "state" / "audit").rename(tmp_path / "audit-before")  # no recent rows either
+    await run_service(tmp_path, agents, PacedFeed(events[:4]))
+    third = [r for r in audit(tmp_path) if r["type"] == "hook"]
+    assert len(third) == 4 and {r["suppressedBy"] for r in third} == {"dedupe"}
     # every row says which daemon run wrote it, and `why` shows it
-    runs = {r["daemonRun"] for r in first} | {r["daemonRun"] for r in second}
+    runs = {r["daemonRun"] for r in first} | {r["daemonRun"] for r in third}
     assert len(runs) == 2 and None not in runs
+
+
+async def test_why_shows_the_daemon_run_of_each_row(tmp_path: Path) -> None:
+    """Rows of the same event from two daemon runs are told apart in `why`."""
     from daemon.audit.why import collect, explain
 
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    events = [candle(0)]
+    await run_service(tmp_path, agents, PacedFeed(events))
+    store = HookStore(tmp_path / "state" / "hooks.sqlite3")
+    store.reset_applied()
+    store.close()
+    await run_service(tmp_path, agents, PacedFeed(events))  # evaluated again: marks gone
+    # ...except that its newest audit rows still show it evaluated: not evaluated again
+    hooks = [r for r in audit(tmp_path) if r["type"] == "hook"]
+    assert len(hooks) == 1
     (story,) = explain(collect(tmp_path / "state" / "audit", events[0].event_id), "q").agents
-    shown = {d.split("]")[0].removeprefix("[run ") for d in story.details}
-    assert runs <= shown
+    assert story.details[0].startswith(f"[run {hooks[0]['daemonRun']}] hook wake_every")
 
 
 async def test_cooldown_is_event_time_and_persisted(tmp_path: Path) -> None:
