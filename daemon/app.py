@@ -39,6 +39,7 @@ def run_daemon(
     config_path: Path | None = None,
     record_path: Path | None = None,
     consumers: Sequence[tuple[str, Consumer]] = (),
+    from_start: bool = False,
 ) -> Status:
     """Run one daemon until a signal or until its finite feeds end."""
     components: list[Component] = [open_agents] if config.hooks.enabled else []
@@ -49,5 +50,6 @@ def run_daemon(
         record_path=record_path,
         consumers=consumers,
         components=components,
+        from_start=from_start,
     )
     return anyio.run(service.run)

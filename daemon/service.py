@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,8 @@ from daemon.events import FeedEvent
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
-from daemon.statedir import SNAPSHOT_FILE, STATUS_FILE, StateDirLock
-from feeds.base import Feed, FeedHealth
+from daemon.statedir import REPLAY_FILE, SNAPSHOT_FILE, STATUS_FILE, StateDirLock
+from feeds.base import Feed, FeedHealth, Resumable
 
 log = structlog.get_logger("service")
 
@@ -107,6 +107,7 @@ class Service:
         consumers: Sequence[tuple[str, Consumer]] = (),
         components: Sequence[Component] = (),
         notifier: Notifier | None = None,
+        from_start: bool = False,
     ) -> None:
         self.components = components
         # Components register a ``() -> plain data`` here to appear in status.json.
@@ -125,6 +126,11 @@ class Service:
         self._consumers_done = anyio.Event()
         self.started_at = time.time()
         self.run_id = new_run_id()  # stamped on every audit row of this run
+        # Start a replay over: components forget what agents applied (see run()).
+        self.from_start = from_start
+        # Per partition, the event time every agent finished (set by the hook pipeline):
+        # resumable feeds fast-forward through it.
+        self.resume_points: Callable[[], Mapping[str, int]] = dict
         self._feeds_scope: anyio.CancelScope | None = None
         self._all_finished = anyio.Event()
         self._stop = anyio.Event()
@@ -149,6 +155,28 @@ class Service:
                 self.state.apply(event)
             except Exception:
                 log.exception("state cache rejected an event", event_id=event.event_id)
+
+    def _check_replay_source(self) -> None:
+        """A different replay file than last time means starting over (``from_start``)."""
+        replay = self.config.feeds.replay
+        if not replay.enabled:
+            return
+        path = Path(replay.path)
+        try:
+            st = path.stat()
+        except OSError:
+            return  # the feed itself reports an unreadable file
+        ident = f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}\n"
+        marker = self.state_dir / REPLAY_FILE
+        try:
+            previous = marker.read_text(encoding="utf-8")
+        except OSError:
+            previous = None
+        if previous is not None and previous != ident and not self.from_start:
+            log.warning("a different replay file than the last run: starting over", path=str(path))
+            self.from_start = True
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(ident, encoding="utf-8")
 
     def _load_snapshot(self) -> None:
         """Warm start: indicators continue where the last run stopped."""
@@ -215,6 +243,10 @@ class Service:
         """Build and start every feed of ``config``; raises if one fails to start."""
         assert self._feeds_tg is not None
         feeds = self.build_feeds(config)
+        marks = self.resume_points()
+        for feed in feeds:
+            if isinstance(feed, Resumable):
+                feed.resume_after(marks)
         self.health, self.feeds = {}, {}
         self.finished, self.failed = set(), set()
         scope = anyio.CancelScope()
@@ -378,6 +410,10 @@ class Service:
 
     async def _run_locked(self) -> Status:
         log.info("daemon starting", run=self.run_id, pid=os.getpid(), state_dir=str(self.state_dir))
+        self._check_replay_source()
+        if self.from_start:
+            (self.state_dir / SNAPSHOT_FILE).unlink(missing_ok=True)
+            log.warning("starting over: state caches and applied marks are reset")
         self._load_snapshot()
         sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         with anyio.open_signal_receiver(*sigs) as signals:

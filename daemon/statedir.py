@@ -23,6 +23,7 @@ from daemon.errors import StateDirInUse, StoreError
 LOCK_FILE = "lock"
 STATUS_FILE = "status.json"
 SNAPSHOT_FILE = "state_cache.json"
+REPLAY_FILE = "replay_source"  # which replay file the state dir has seen
 
 
 def _read_pid(fd: int) -> int | None:

@@ -12,8 +12,8 @@ service can tell a live feed from a stalled one.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, runtime_checkable
 
 from anyio.abc import TaskStatus
 
@@ -54,4 +54,13 @@ class Feed(Protocol):
         self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
     ) -> None:
         """Publish events until cancelled; call ``task_status.started()`` once up."""
+        ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A finite feed that can fast-forward through what the agents already finished."""
+
+    def resume_after(self, marks: Mapping[str, int]) -> None:
+        """Before ``run``: per partition, the event time (ms) every agent finished."""
         ...

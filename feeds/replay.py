@@ -19,6 +19,12 @@ divided by ``speed`` (1 = real time, 60 = a minute per second); events whose
 ``ts`` goes backwards (interleaved partitions in a recording) are not delayed.
 ``speed`` 0 publishes as fast as the bus accepts.
 
+Restarts: the service tells the feed, per partition, up to which event time
+every agent already finished (:meth:`ReplayFeed.resume_after`). Those events
+are published again without pacing (the agents skip them, but their state
+caches take whatever a crash kept them from saving); pacing starts at the first
+event past that point, so a restarted replay resumes where it was.
+
 Bad input: a malformed line is a :class:`ReplayError` naming ``file:line``,
 raised when the replay reaches it (before ``started()`` for the first line or
 a bad CSV header, so the daemon refuses to start on an unreadable file). The
@@ -29,9 +35,10 @@ parse: that is a recording cut off by a crash, so it is skipped and counted.
 from __future__ import annotations
 
 import gzip
+import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -62,6 +69,20 @@ class ReplayFeed:
         self.path = Path(config.path)
         self.skipped = 0  # truncated trailing JSONL lines
         self.published = 0
+        self.fast_forwarded = 0
+        self._resume: dict[str, int] = {}
+
+    def resume_after(self, marks: Mapping[str, int]) -> None:
+        """Fast-forward (no pacing) through events at or before ``marks[partition]``."""
+        self._resume = dict(marks)
+
+    def statistics(self) -> dict[str, int]:
+        """For status: events published, fast-forwarded after a restart, lines skipped."""
+        return {
+            "published": self.published,
+            "fast_forwarded": self.fast_forwarded,
+            "skipped_lines": self.skipped,
+        }
 
     def format(self) -> str:
         """``jsonl`` or ``csv``: the configured one, else by suffix, else by first byte."""
@@ -100,11 +121,18 @@ class ReplayFeed:
         if first is None:
             log.info("replay.finished", path=str(self.path), events=0)
             return
-        pace = _Pacer(self.config.speed, parse_iso_ms(first.ts))
-        await self._publish(first, publish, health)
-        for event in events:
-            await pace.wait(parse_iso_ms(event.ts))
+        pace: _Pacer | None = None
+        for event in itertools.chain((first,), events):
+            ts = parse_iso_ms(event.ts)
+            if ts <= self._resume.get(event.partition, -1):
+                self.fast_forwarded += 1
+            elif pace is None:
+                pace = _Pacer(self.config.speed, ts)
+            else:
+                await pace.wait(ts)
             await self._publish(event, publish, health)
+        if self.fast_forwarded:
+            log.info("replay.resumed", fast_forwarded=self.fast_forwarded)
         log.info(
             "replay.finished", path=str(self.path), events=self.published, skipped=self.skipped
         )
@@ -113,7 +141,7 @@ class ReplayFeed:
         await publish(event)
         self.published += 1
         health.beat()
-        if self.config.speed <= 0 and self.published % 256 == 0:
+        if self.published % 256 == 0:
             await anyio.lowlevel.checkpoint()  # let others run even if publish never blocks
 
     def _open(self) -> IO[str]:

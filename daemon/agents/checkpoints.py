@@ -105,6 +105,21 @@ class Checkpoints:
         await self.audit.flush()
         self.save()
 
+    def resume_points(self, agents: list[str]) -> dict[str, int]:
+        """Per partition, the event time every one of ``agents`` finished (none when
+        an agent has no mark there: it must see the partition from the start)."""
+        if not agents:
+            return {}
+        per_agent = [self._marks.get(a, {}) for a in agents]
+        common = set(per_agent[0]).intersection(*per_agent[1:])
+        return {p: min(m[p][0] for m in per_agent) for p in common}
+
+    def reset(self) -> None:
+        """Forget every mark, stored ones included (a replay started over)."""
+        self.store.reset_applied()
+        self._marks.clear()
+        self._unsaved.clear()
+
     def statistics(self) -> dict[str, int]:
         """For status: events skipped as already applied, marks saved, marks waiting."""
         return {"skipped": self.skipped, "saved": self.saved, "unsaved": len(self._unsaved)}

@@ -71,7 +71,11 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         run_store = RunStore.in_dir(state_dir)
         desk = TradeDesk(broker, audit)
         checkpoints = Checkpoints(hook_store, audit)
-        seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
+        if service.from_start:
+            checkpoints.reset()
+            seen: dict[str, list[str]] = {}
+        else:
+            seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
         desk.set_state(TradingState(cfg.trading.state))
         dispatcher = Dispatcher(
             pool=pool,
@@ -104,6 +108,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         service.status_providers["hooks"] = manager.statistics
         service.status_providers["broker"] = route.statistics
         service.status_providers["delivery"] = checkpoints.statistics
+        service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
         layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
         try:

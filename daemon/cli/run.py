@@ -29,18 +29,29 @@ CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
     type=click.Choice(["auto", "console", "json"]),
     help="Override daemon.log_format.",
 )
-def run_command(config_path: Path | None, record: Path | None, log_format: str | None) -> None:
+@click.option(
+    "--from-start",
+    is_flag=True,
+    help="Start a replay over: forget the state caches and what the agents applied "
+    "(a restarted replay otherwise resumes where it was).",
+)
+def run_command(
+    config_path: Path | None, record: Path | None, log_format: str | None, from_start: bool
+) -> None:
     """Run the daemon: every enabled feed, the bus, the state cache.
 
-    Exits non-zero before starting anything if the config is invalid.
-    Stops on SIGTERM/SIGINT after draining; SIGHUP reloads the config.
+    Exits non-zero before starting anything if the config is invalid, and
+    with 2 if another daemon holds the state dir. Stops on SIGTERM/SIGINT
+    after draining; SIGHUP reloads the config. A restarted replay resumes
+    after what the agents already applied; --from-start (or a different
+    replay file) starts it over.
     """
     from daemon.app import run_daemon  # heavy imports only when running
 
     path = config_path or config_mod.DEFAULT_CONFIG_PATH
     cfg = config_mod.load(path)
     configure_logging(log_format or cfg.daemon.log_format, cfg.daemon.log_level)
-    status = run_daemon(cfg, config_path=path, record_path=record)
+    status = run_daemon(cfg, config_path=path, record_path=record, from_start=from_start)
     failed = [f.name for f in status.feeds if f.failed]
     if failed:
         raise click.ClickException(f"feed(s) failed: {', '.join(failed)} (see the log)")

@@ -1,0 +1,88 @@
+"""Replay restarts: resume after what the agents applied; --from-start starts over."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from daemon.agents.pipeline import open_agents
+from daemon.app import build_feeds
+from daemon.config import Config
+from daemon.service import Service
+from feeds.synthetic import generate_candles
+from tests.agents.test_pipeline import WAKE_EVERY, audit, workspace
+
+
+def config(root: Path, agents: Path, csv: Path, speed: float) -> Config:
+    return msgspec.convert(
+        {
+            "daemon": {"state_dir": str(root / "state")},
+            "hooks": {"agents_dir": str(agents), "reload_seconds": 60},
+            "feeds": {
+                "replay": {"enabled": True, "path": str(csv), "symbol": "BTC-USD",
+                           "timeframe": "1m", "speed": speed}
+            },
+        },
+        Config,
+    )  # fmt: skip
+
+
+def hook_rows(root: Path) -> list[dict[str, object]]:
+    return [r for r in audit(root) if r["type"] == "hook"]
+
+
+async def run(cfg: Config, *, stop_after: int | None = None, from_start: bool = False) -> Service:
+    svc = Service(cfg, build_feeds, components=[open_agents], from_start=from_start)
+    root = Path(cfg.daemon.state_dir).parent
+
+    async def stop() -> None:
+        while len(hook_rows(root)) < (stop_after or 0):
+            await anyio.sleep(0.02)
+        svc.request_stop()
+
+    async with anyio.create_task_group() as tg:
+        if stop_after is not None:
+            tg.start_soon(stop)
+        with anyio.fail_after(60):
+            await svc.run()
+        tg.cancel_scope.cancel()
+    return svc
+
+
+async def test_a_stopped_replay_resumes_and_from_start_starts_over(tmp_path: Path) -> None:
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=3, n=40, timeframe="1m")
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    paced = config(tmp_path, agents, csv, speed=1200)  # 50 ms a candle
+
+    await run(paced, stop_after=10)  # a SIGTERM part-way
+    first = hook_rows(tmp_path)
+    assert 10 <= len(first) < 40
+
+    svc = await run(paced)  # resumes: fast-forwards what was applied, paces the rest
+    rows = hook_rows(tmp_path)
+    counts = Counter(r["eventId"] for r in rows)
+    assert len(counts) == 40 and set(counts.values()) == {1}, "each candle evaluated once"
+    assert [r["reason"] for r in rows] == [f"seen {i + 1}" for i in range(40)]
+    stats = svc.status(running=False).feeds[0].stats
+    assert stats["fast_forwarded"] == len(first)
+    assert len({r["daemonRun"] for r in rows}) == 2
+
+    await run(config(tmp_path, agents, csv, speed=0), from_start=True)
+    again = hook_rows(tmp_path)[40:]
+    assert [r["reason"] for r in again] == [f"seen {i + 1}" for i in range(40)]
+
+
+async def test_a_different_replay_file_starts_over(tmp_path: Path) -> None:
+    """The state dir remembers which file it replayed; another one resets state first."""
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    generate_candles(a, seed=1, n=10, timeframe="1m")
+    generate_candles(b, seed=2, n=10, timeframe="1m")
+    await run(config(tmp_path, agents, a, speed=0))
+    await run(config(tmp_path, agents, b, speed=0))
+    reasons = [r["reason"] for r in hook_rows(tmp_path)]
+    assert reasons == [f"seen {i + 1}" for i in range(10)] * 2
