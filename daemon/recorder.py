@@ -1,9 +1,11 @@
 """Append every bus event to a JSONL file, so a live session can be replayed.
 
 Each line is exactly :func:`daemon.events.encode` of one FeedEvent, the format
-the replay feed reads. Lines are buffered and flushed at least once a second
-(also when no new event comes) and on close, so a clean stop loses nothing and
-a crash loses at most a second.
+the replay feed reads. Every line but a tick is handed to the OS as soon as it
+is written (a candle close, an order, a signal is never lost to a crash of the
+process); ticks are best-effort: buffered and flushed at least once a second
+(also when no new event comes) and on close, so a crash loses at most a second
+of ticks.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import anyio
 import structlog
 
 from daemon.bus import Subscription
-from daemon.events import encode
+from daemon.events import MARKET_PRICE_TICK, encode
 
 log = structlog.get_logger("recorder")
 FLUSH_SECONDS = 1.0
@@ -38,6 +40,9 @@ async def record(sub: Subscription, path: Path) -> int:
                 fh.write(encode(event) + b"\n")
                 written += 1
                 dirty = True
+                if event.topic != MARKET_PRICE_TICK:
+                    fh.flush()
+                    dirty, last_flush = False, time.monotonic()
             now = time.monotonic()
             if dirty and now - last_flush >= FLUSH_SECONDS:
                 fh.flush()

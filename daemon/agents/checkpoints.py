@@ -106,13 +106,14 @@ class Checkpoints:
         self.save()
 
     def resume_points(self, agents: list[str]) -> dict[str, int]:
-        """Per partition, the event time every one of ``agents`` finished (none when
-        an agent has no mark there: it must see the partition from the start)."""
-        if not agents:
-            return {}
-        per_agent = [self._marks.get(a, {}) for a in agents]
-        common = set(per_agent[0]).intersection(*per_agent[1:])
-        return {p: min(m[p][0] for m in per_agent) for p in common}
+        """Per partition, the oldest event time any of ``agents`` finished there: a
+        feed re-delivers what follows (agents without a mark see everything anyway:
+        a replay fast-forwards but still publishes every event)."""
+        out: dict[str, int] = {}
+        for agent in agents:
+            for partition, (ts, _) in self._marks.get(agent, {}).items():
+                out[partition] = min(ts, out.get(partition, ts))
+        return out
 
     def reset(self) -> None:
         """Forget every mark, stored ones included (a replay started over)."""

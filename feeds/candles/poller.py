@@ -9,6 +9,12 @@ server clock are published in order and the mark is committed after each
 overlapping window and is skipped. After downtime the same rule backfills the
 missed closes in order before live ones, capped at ``max_backfill``.
 
+The poller's mark says what reached the bus, not what the agents finished: at
+start the service hands it the agents' own marks (:meth:`CandlesFeed.resume_after`)
+and the first poll of a series starts from the older of the two, so a close
+that was on the bus but not yet evaluated when the process died is fetched and
+delivered again (agents skip what they already finished).
+
 429 and 5xx responses (and transport errors) are retried with exponential
 backoff and jitter, honouring Retry-After; malformed bodies are recorded errors
 (``health.error()`` + a log line) and the series is retried on the next poll.
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -83,6 +89,12 @@ class CandlesFeed:
         self._last_updated: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
         self._store: HighWaterStore | None = None
+        self._resume: dict[str, int] = {}
+        self.redelivered = 0
+
+    def resume_after(self, marks: Mapping[str, int]) -> None:
+        """The agents' marks (close ms per partition): re-deliver what follows them."""
+        self._resume = dict(marks)
 
     @property
     def poll_seconds(self) -> float:
@@ -178,6 +190,7 @@ class CandlesFeed:
             "closes_published": self.closes_published,
             "last_poll_ok": self.last_poll_ok,
             "server_offset_ms": self.offset_ms,
+            "redelivered_series": self.redelivered,
         }
 
     async def _server_now(self, health: FeedHealth) -> int | None:
@@ -202,6 +215,11 @@ class CandlesFeed:
     ) -> int:
         key = p.partition_key(self.source, product, tf)
         hwm = self._require_store().get(key)
+        agents = self._resume.pop(key, None)  # the first poll after a start only
+        if agents is not None and hwm is not None and agents < hwm:
+            log.info("candles.redeliver", partition=key, from_ms=agents, mark_ms=hwm)
+            self.redelivered += 1
+            hwm = agents
         todo = p.plan(hwm, server_now, p.timeframe_ms(tf), max_backfill=self.config.max_backfill)
         if todo.skipped:
             log.warning("candles.backfill_capped", partition=key, skipped=todo.skipped)

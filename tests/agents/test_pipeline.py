@@ -143,10 +143,14 @@ async def test_every_event_is_audited_once_across_restarts_and_dedupe_survives(
     assert [r["reason"] for r in second] == [f"seen {i + 1}" for i in range(12, 16)]
     assert svc.status(running=False).components["delivery"]["skipped"] == 12
 
+    (tmp_path / "state" / "audit").rename(tmp_path / "audit-1")  # the marks alone skip them
+    await run_service(tmp_path, agents, PacedFeed(events[:4]))
+    assert not [r for r in audit(tmp_path) if r["type"] == "hook"]
+
     store = HookStore(tmp_path / "state" / "hooks.sqlite3")
     assert store.reset_applied() == 1
     store.close()
-    (tmp_path / "state" / "audit").rename(tmp_path / "audit-before")  # no recent rows either
+    assert not (tmp_path / "state" / "audit").exists()  # no recent rows either
     await run_service(tmp_path, agents, PacedFeed(events[:4]))
     third = [r for r in audit(tmp_path) if r["type"] == "hook"]
     assert len(third) == 4 and {r["suppressedBy"] for r in third} == {"dedupe"}

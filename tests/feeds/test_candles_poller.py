@@ -501,3 +501,28 @@ async def test_unreachable_exchange_is_recorded_not_raised(tmp_path: Path) -> No
     async with make_feed(f"http://127.0.0.1:{port}", tmp_path).open() as feed:
         assert await feed.poll_once(Sink(), health) == 0
     assert health.errors == 4  # every attempt of /time
+
+
+async def test_closes_after_the_agents_marks_are_delivered_again(
+    exchange: tuple[FakeCoinbase, str], tmp_path: Path
+) -> None:
+    """The poller's mark says what reached the bus; at start the agents' older mark wins,
+    so closes a crash kept from the agents come again (same event ids), then new ones."""
+    fake, url = exchange
+    fake.now_ms = T0 + 10_000
+    first = Sink()
+    async with make_feed(url, tmp_path).open() as feed:
+        for _ in range(4):
+            await feed.poll_once(first, FeedHealth("candles"))
+            fake.now_ms += M5
+    assert len(first.closed) == 4
+    again = Sink()
+    restarted = make_feed(url, tmp_path)
+    restarted.resume_after({"coinbase:BTC-USD:5m": first.closed[1]})
+    async with restarted.open() as feed2:
+        await feed2.poll_once(again, FeedHealth("candles"))
+        await feed2.poll_once(again, FeedHealth("candles"))  # the store's mark again
+    assert again.closed[:2] == first.closed[2:]
+    assert [e.event_id for e in again.events[:2]] == [e.event_id for e in first.events[2:]]
+    assert again.closed == sorted(set(again.closed)), "each close once, in order"
+    assert restarted.statistics()["redelivered_series"] == 1

@@ -1,0 +1,83 @@
+"""kill -9 at random moments during a replay: every close evaluated once, no order twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from feeds.synthetic import generate_candles
+
+ROOT = Path(__file__).resolve().parent.parent
+N = 5000
+KILLS = 20
+WAKE = """
+def evaluate(event, state):
+    return {"decision": "WAKE", "reason": "w", "dedupeKey": "k:" + event["eventId"]}
+"""
+TRADE = """
+def evaluate(event, state):
+    c = event["payload"]["close"]
+    if int(event["payload"]["closeTimeMs"] / 60000) % 10:
+        return {"decision": "IGNORE", "reason": "not now"}
+    return {"decision": "TRADE_INTENT", "reason": "buy", "dedupeKey": "t:" + event["eventId"],
+            "intent": {"action": "PLACE_MARKET_ORDER", "symbol": event["symbol"], "side": "buy",
+                       "volume": 0.001, "stopLoss": c * 0.5}}
+"""
+
+
+def audit_rows(state: Path) -> list[dict[str, Any]]:
+    rows = []
+    for f in sorted((state / "audit").glob("audit-*.jsonl")):
+        for line in f.read_bytes().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # a line torn by the kill
+    return rows
+
+
+def test_kill_9_at_20_random_moments_evaluates_every_close_once(tmp_path: Path) -> None:
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=9, n=N, timeframe="1m")
+    hooks = tmp_path / "agents" / "a" / "hooks"
+    hooks.mkdir(parents=True)
+    (hooks / "wake_every.py").write_text(WAKE)
+    (hooks / "autotrade_tenth.py").write_text(TRADE)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\n'
+        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
+        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
+        'timeframe = "1m"\nspeed = 0\n'  # flat out: a few seconds in all
+    )
+    rng = random.Random(20261124)
+    cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for _ in range(KILLS):
+        with subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ) as proc:
+            time.sleep(rng.uniform(0.2, 1.2))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    rows = audit_rows(tmp_path / "state")
+    evaluated = Counter((r["eventId"], r["hookId"]) for r in rows if r["type"] == "hook")
+    assert len(evaluated) == 2 * N, "no close missing"
+    assert set(evaluated.values()) == {1}, [k for k, n in evaluated.items() if n > 1][:5]
+    placed = Counter(
+        r["clientOrderId"] for r in rows if r["type"] == "order" and r["role"] == "entry"
+        and r["status"] == "OPEN"
+    )  # fmt: skip
+    assert placed and set(placed.values()) == {1}, "no order placed twice"
+    assert len({r["daemonRun"] for r in rows}) > 2, "the kills did cut the replay"
