@@ -14,8 +14,8 @@ adapter that meets them, never deeper.
     * :exc:`StoreError` -- a persistent store (SQLite, Qdrant) failed
     * :exc:`BrokerError` -- a broker refused an operation
     * :exc:`HookError` -- a hook could not produce a valid decision
-        * :exc:`HookCompileError`, :exc:`HookTimeout`, :exc:`HookCrashed`,
-          :exc:`HookResultInvalid`
+        * :exc:`HookCompileError` (:exc:`WorkspaceFileError`), :exc:`HookTimeout`,
+          :exc:`HookCrashed`, :exc:`HookResultInvalid`, :exc:`HookRequestTooLarge`
     * :exc:`SandboxUnavailable` -- a required hardening layer is missing
     * :exc:`RpcError` -- a JSON-RPC request failed; carries ``rpc_code``
     * :exc:`ReplayError` -- a replay file is malformed
@@ -92,6 +92,13 @@ class HookError(MarketwakeError):
 
 class HookCompileError(HookError):
     """The hook source failed to compile under the restricted policy."""
+
+
+class WorkspaceFileError(HookCompileError):
+    """A workspace file is a link, a special file, too large or unreadable.
+
+    A compile error of that file (the agent keeps its last good revision); for
+    agent.toml the loader turns it into the agent's ConfigError."""
 
 
 class HookTimeout(HookError):

@@ -31,6 +31,9 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # RLIMIT_NOFILE of a worker.
     max_open_files: int = 16
     max_source_bytes: int = 256 * 1024
+    # All of one agent's hook sources together (they travel in one request to a fresh
+    # worker): files past it are refused for that agent alone. Keep it under max_frame_bytes.
+    max_agent_source_bytes: int = 2 * 1024 * 1024
     max_result_bytes: int = 64 * 1024
     # print() output kept per evaluation (the rest is dropped, with a marker).
     max_output_bytes: int = 4096
@@ -71,6 +74,8 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError("memory_mb must be at least 64 (the interpreter needs it)")
         if self.pause_after_failures < 1 or self.recycle_after < 1:
             raise ValueError("pause_after_failures and recycle_after must be >= 1")
+        if not 0 < self.max_agent_source_bytes < self.max_frame_bytes:
+            raise ValueError("max_agent_source_bytes must be > 0 and below max_frame_bytes")
         if not 0 <= self.spin_us <= 10_000:
             raise ValueError("spin_us must be between 0 and 10000")
         if self.spare_workers < 0 or self.max_open_files < 8:

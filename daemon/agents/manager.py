@@ -52,6 +52,7 @@ class AgentManager:
         run_store: RunStore,
         state_factory: Callable[[], StateCache],
         max_source_bytes: int,
+        max_agent_source_bytes: int = 0,
         reload_seconds: float = 2.0,
         event_time: bool = False,
         recently_evaluated: dict[str, list[str]] | None = None,
@@ -62,6 +63,7 @@ class AgentManager:
         self.run_store = run_store
         self.state_factory = state_factory
         self.max_source_bytes = max_source_bytes
+        self.max_agent_source_bytes = max_agent_source_bytes
         self.reload_seconds = reload_seconds
         # Agents live on event time (replays): each scheduler gets its own EventClock.
         self.event_time = event_time
@@ -90,12 +92,16 @@ class AgentManager:
             "evaluations": d.evaluations,
             "suppressed": d.suppressed,
             "failures": d.failures,
+            "config_errors": dict(self._config_errors),
             "agents": {
                 agent_id: {
                     "hooks": {h: s.revision for h, s in rt.agent.hooks.items()},
                     "paused": rt.paused,
                     "paused_hooks": sorted(rt.paused_hooks),
                     "queue_depth": rt.sub.statistics().depth,
+                    "file_errors": {
+                        h: e for (a, h), e in self._file_errors.items() if a == agent_id
+                    },
                 }
                 for agent_id, rt in self.runtimes.items()
             },
@@ -156,9 +162,13 @@ class AgentManager:
             self._warned_missing = True
             log.warning("agents directory not found; no hooks will run", path=str(self.agents_dir))
         seen: set[str] = set()
-        for path in discover(self.agents_dir):
+        # Workspace files are read off the event loop (one slow or hostile file must
+        # not stall every agent); each is capped and must be a plain regular file.
+        for path in await anyio.to_thread.run_sync(discover, self.agents_dir):
             try:
-                fresh = load_agent(path, self.max_source_bytes)
+                fresh = await anyio.to_thread.run_sync(
+                    load_agent, path, self.max_source_bytes, self.max_agent_source_bytes
+                )
             except ConfigError as exc:
                 if self._config_errors.get(path.name) != str(exc):
                     self._config_errors[path.name] = str(exc)
@@ -183,10 +193,13 @@ class AgentManager:
     ) -> dict[str, HookSpec]:
         """The hook set to run: new revisions that compile, old ones where they don't."""
         store = self.dispatcher.store
+        for agent_id, hook_id in list(self._file_errors):
+            if agent_id == agent.agent_id and hook_id not in agent.errors:
+                del self._file_errors[(agent_id, hook_id)]  # fixed (or removed)
         for hook_id, problem in agent.errors.items():
             if self._file_errors.get((agent.agent_id, hook_id)) != problem:
                 self._file_errors[(agent.agent_id, hook_id)] = problem
-                log.error("hook file unreadable", agent=agent.agent_id, hook=hook_id, error=problem)
+                log.error("hook file refused", agent=agent.agent_id, hook=hook_id, error=problem)
         bad = self._bad_revisions
         changed = [
             s

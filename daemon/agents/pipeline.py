@@ -93,6 +93,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             run_store=run_store,
             state_factory=lambda: _copy_state(service.state),
             max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
+            max_agent_source_bytes=cfg.hooks.sandbox.max_agent_source_bytes,
             reload_seconds=cfg.hooks.reload_seconds,
             event_time=cfg.event_time,
             recently_evaluated=seen,

@@ -7,6 +7,7 @@ errors next to the good ones, so one broken file never hides the others.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -14,14 +15,16 @@ from pathlib import Path
 
 import msgspec
 
-from daemon.errors import ConfigError, HookCompileError
+from daemon.errors import ConfigError, HookCompileError, WorkspaceFileError
 from daemon.events import validate_pattern
 from daemon.trading.intents import RiskLimits
 from daemon.wake.policy import WakePolicy
 from hooks_runtime.hookfile import HookSpec, hook_paths, load_hook
+from hooks_runtime.safe_read import is_plain_dir, read_regular
 
 AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 AGENT_FILE = "agent.toml"
+MAX_AGENT_TOML_BYTES = 64 * 1024
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -70,11 +73,14 @@ class Agent:
 
 def load_agent_config(path: Path) -> AgentConfig:
     """Decode an ``agent.toml``; problems are one ConfigError naming the file and key."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return AgentConfig()
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    try:
+        data = read_regular(path, MAX_AGENT_TOML_BYTES, "agent.toml")
+        raw = tomllib.loads(data.decode("utf-8"))
+    except WorkspaceFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     try:
         return msgspec.convert(raw, AgentConfig)
@@ -84,22 +90,39 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise ConfigError(f"{path}: {key or '(top level)'}: {msg or exc}") from None
 
 
-def load_agent(path: Path, max_source_bytes: int) -> Agent:
-    """Read one workspace directory (config and hook files)."""
+def load_agent(path: Path, max_source_bytes: int, max_total_bytes: int = 0) -> Agent:
+    """Read one workspace directory (config and hook files). Blocking: call it from a
+    worker thread. ``max_total_bytes`` (0 = no cap) bounds the agent's hook sources
+    together: files past it are refused for this agent alone."""
     agent = Agent(path.name, path, load_agent_config(path / AGENT_FILE))
+    total = 0
     for hook_path in hook_paths(path / "hooks"):
+        if max_total_bytes and total >= max_total_bytes:
+            agent.errors[_hook_id(hook_path)] = (
+                f"{hook_path.name}: the agent's hooks already hold {total} bytes, the "
+                f"[hooks.sandbox] max_agent_source_bytes cap ({max_total_bytes}); "
+                "split the agent or raise the cap"
+            )
+            continue
         try:
             spec = load_hook(hook_path, max_source_bytes)
         except HookCompileError as exc:
-            agent.errors[hook_path.stem] = str(exc)
+            agent.errors[_hook_id(hook_path)] = str(exc)
             continue
+        total += len(spec.source.encode())
         agent.hooks[spec.hook_id] = spec
         agent.hook_paths[spec.hook_id] = hook_path
     return agent
 
 
+def _hook_id(path: Path) -> str:
+    """A printable id for a hook file, even one whose name is not UTF-8."""
+    return path.stem.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+
+
 def discover(agents_dir: Path) -> list[Path]:
-    """Workspace directories under ``agents_dir`` (hidden and invalid names skipped)."""
+    """Workspace directories under ``agents_dir`` (hidden, invalid and symlinked names
+    skipped: a link could make one agent run another's files)."""
     if not agents_dir.is_dir():
         return []
-    return sorted(p for p in agents_dir.iterdir() if p.is_dir() and AGENT_ID.match(p.name))
+    return sorted(p for p in agents_dir.iterdir() if AGENT_ID.match(p.name) and is_plain_dir(p))

@@ -45,7 +45,7 @@ async def test_oversized_request_is_an_error_for_that_agent_only(tmp_path: Path)
     hooks get an ``oversized`` error saying what was too big; the other agent is served."""
     hogs = {f"wake_big{i}.py": BIG_DATA for i in range(5)}
     agents = agents_dir(tmp_path, {"hog": hogs, "calm": {"wake_every.py": WAKE_EVERY}})
-    cfg = config(tmp_path, agents, max_frame_bytes=256 * 1024)
+    cfg = config(tmp_path, agents, max_frame_bytes=256 * 1024, max_agent_source_bytes=100_000)
     svc = Service(
         cfg, lambda _: [PacedFeed([candle(i) for i in range(4)])], components=[open_agents]
     )

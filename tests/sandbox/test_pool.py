@@ -530,7 +530,8 @@ async def test_oversized_request_is_refused_before_sending() -> None:
     """A state larger than max_frame_bytes is the caller's error, not a hook failure."""
     from daemon.errors import HookError
 
-    async with open_worker_pool(SandboxConfig(max_frame_bytes=10_000)) as p:
+    small = SandboxConfig(max_frame_bytes=10_000, max_agent_source_bytes=5_000)
+    async with open_worker_pool(small) as p:
         with pytest.raises(HookError, match="exceeds max_frame_bytes"):
             await p.evaluate("big", [CANARY], EVENT, {"blob": "x" * 20_000})
         assert (await p.evaluate("big", [CANARY], EVENT, STATE))[0].ok
