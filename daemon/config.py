@@ -119,11 +119,16 @@ class HooksSection(Base, frozen=True):
     reload_seconds: float = 2.0
     # POST every ALERT as JSON here too ("" = log only).
     alert_webhook: str = ""
+    # Dedupe keys kept per agent (the oldest go first; keys are also dropped after
+    # 30 days of event time). Bounds hooks.sqlite3 whatever keys hooks invent.
+    dedupe_max_keys: int = 100_000
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
         if self.reload_seconds <= 0:
             raise ValueError("reload_seconds must be > 0")
+        if self.dedupe_max_keys < 1:
+            raise ValueError("dedupe_max_keys must be >= 1")
 
 
 class AuditSection(Base, frozen=True):

@@ -61,6 +61,9 @@ def _check_json(value: Any, depth: int, budget: list[int], where: str) -> None:
         raise HookResultInvalid(f"{where}: result is larger than the size cap")
 
 
+MAX_DEDUPE_KEY = 256
+
+
 def _check_fields(result: dict[str, Any], kind: str) -> None:
     if not DECISION_KEYS.issuperset(result):
         unknown = sorted(set(result) - DECISION_KEYS)
@@ -73,8 +76,15 @@ def _check_fields(result: dict[str, Any], kind: str) -> None:
         )
     if type(result.get("reason")) is not str:
         raise HookResultInvalid("reason must be a str")
-    if result.get("dedupeKey") is not None and type(result["dedupeKey"]) is not str:
+    key = result.get("dedupeKey")
+    if key is not None and type(key) is not str:
         raise HookResultInvalid("dedupeKey must be a str")
+    if key is not None and len(key) > MAX_DEDUPE_KEY:
+        # Every key is stored for dedupe_days: unbounded keys would be unbounded disk.
+        raise HookResultInvalid(
+            f"dedupeKey is {len(key)} characters, over the {MAX_DEDUPE_KEY} allowed "
+            "(use an id, e.g. a hash of what makes the decision unique)"
+        )
     cooldown = result.get("cooldownSeconds")
     if cooldown is not None and (
         type(cooldown) not in (int, float) or not math.isfinite(cooldown) or cooldown < 0

@@ -66,7 +66,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             broker.on_market_event,
             lockstep=cfg.event_time,
         )
-        hook_store = HookStore(state_dir / "hooks.sqlite3")
+        hook_store = HookStore(
+            state_dir / "hooks.sqlite3", dedupe_max_keys=cfg.hooks.dedupe_max_keys
+        )
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
         desk = TradeDesk(broker, audit)

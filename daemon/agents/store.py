@@ -50,7 +50,9 @@ PRUNE_EVERY = 512  # marks between retention sweeps
 class HookStore:
     """One SQLite file under the state dir; every method is a short transaction."""
 
-    def __init__(self, path: Path, *, dedupe_days: float = 30.0) -> None:
+    def __init__(
+        self, path: Path, *, dedupe_days: float = 30.0, dedupe_max_keys: int = 100_000
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -61,6 +63,7 @@ class HookStore:
             raise StoreError(f"{path}: cannot open hook store: {exc}") from None
         self.path = path
         self.dedupe_ms = int(dedupe_days * 86_400_000)
+        self.dedupe_max_keys = dedupe_max_keys
         self._marks = 0
 
     def close(self) -> None:
@@ -96,14 +99,31 @@ class HookStore:
         return row.fetchone() is not None
 
     def mark(self, agent: str, key: str, event_ms: int) -> None:
-        """Record that the agent acted on ``key``; now and then prunes keys past retention."""
+        """Record that the agent acted on ``key``; now and then prunes: keys past
+        retention first, then the oldest beyond ``dedupe_max_keys`` for this agent."""
         self._db.execute("INSERT OR IGNORE INTO dedupe VALUES (?, ?, ?)", (agent, key, event_ms))
         self._marks += 1
         if self._marks % PRUNE_EVERY == 1:
-            self._db.execute(
+            self.prune_dedupe(agent, event_ms)
+
+    def prune_dedupe(self, agent: str, event_ms: int) -> int:
+        """Apply retention and the per-agent key cap; returns how many keys were dropped."""
+        with self._db:
+            dropped = self._db.execute(
                 "DELETE FROM dedupe WHERE agent=? AND event_ms < ?",
                 (agent, event_ms - self.dedupe_ms),
-            )
+            ).rowcount
+            (count,) = self._db.execute(
+                "SELECT COUNT(*) FROM dedupe WHERE agent=?", (agent,)
+            ).fetchone()
+            excess = count - self.dedupe_max_keys
+            if excess > 0:
+                dropped += self._db.execute(
+                    "DELETE FROM dedupe WHERE rowid IN (SELECT rowid FROM dedupe WHERE agent=?"
+                    " ORDER BY event_ms LIMIT ?)",
+                    (agent, excess),
+                ).rowcount
+        return dropped
 
     def cooling(self, agent: str, hook: str, scope: str, event_ms: int) -> bool:
         """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``."""

@@ -7,6 +7,7 @@ yellow, so a wall of IGNOREs does not hide the one line that mattered.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import msgspec
@@ -22,6 +23,39 @@ _DECISION_STYLE = {
     "ERROR": "bold red",
 }
 _encoder = msgspec.json.Encoder()
+
+
+# Invisible or layout-changing characters beyond the C0/C1 controls: line and paragraph
+# separators and the bidi overrides/isolates that can reorder what a terminal shows.
+_INVISIBLE = frozenset("\u2028\u2029\u200e\u200f") | frozenset(
+    chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+)
+
+
+def visible(text: str) -> str:
+    """``text`` with every control or layout character escaped visibly (``\\x1b``,
+    ``\\n``, ``\\u202e``): hook-controlled strings can then neither move the cursor,
+    recolour the terminal nor forge a line that looks like another agent's."""
+    if text.isprintable() and not _INVISIBLE.intersection(text):
+        return text
+    out = []
+    for ch in text:
+        if ch in _INVISIBLE or (not ch.isprintable() and unicodedata.category(ch) != "Zs"):
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def visible_record(value: Any) -> Any:
+    """A copy of a record with :func:`visible` applied to every string in it."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return {visible(str(k)): visible_record(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [visible_record(v) for v in value]
+    return value
 
 
 def to_json(rec: Record) -> str:
@@ -121,7 +155,8 @@ _RENDERERS = {"hook": _hook, "wake": _wake, "run": _run, "risk": _risk, "order":
 
 
 def render(rec: Record) -> Text:
-    """One human-readable line for any record type."""
+    """One human-readable line for any record type (control characters escaped)."""
+    rec = visible_record(rec)
     line = Text()
     line.append(f"{_clock(rec)} ", style="dim")
     line.append(f"{_s(rec, 'agentId', '?')} ", style="bold")

@@ -16,6 +16,7 @@ import msgspec
 from rich.text import Text
 
 from daemon.audit.reader import AuditFilter, Record, decision_of, iter_records
+from daemon.audit.render import visible_record
 
 Outcome = Literal[
     "TRADED", "TRADE_REJECTED", "WOKE", "QUEUED", "SUPPRESSED", "HOOK_ERROR", "NO_WAKE", "NOT_SEEN"
@@ -177,8 +178,9 @@ def _judge(recs: list[Record]) -> tuple[Outcome, str]:
 
 
 def explain(records: Iterable[Record], query: str) -> Explanation:
-    """Group ``records`` per agent and judge each agent's outcome."""
-    recs = list(records)
+    """Group ``records`` per agent and judge each agent's outcome (every string of
+    every record with control characters escaped: hooks write reasons and keys)."""
+    recs = [visible_record(r) for r in records]
     stories: dict[str, AgentStory] = {}
     for r in recs:
         agent = str(r.get("agentId") or "?")

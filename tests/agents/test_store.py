@@ -42,3 +42,20 @@ def test_pause_resume_round_trip(tmp_path: Path) -> None:
     assert [(a, h) for a, h, _, _ in store.pauses()] == [("a", AGENT_WIDE)]
     assert sorted(store.take_resume_requests()) == [("a", "h1"), ("a", "h9")]
     assert store.take_resume_requests() == []
+
+
+def test_dedupe_keys_are_bounded_per_agent_oldest_first(tmp_path: Path) -> None:
+    """Unique keys forever cannot grow the store past the cap; the oldest go first and
+    another agent's keys are untouched."""
+    store = HookStore(tmp_path / "h.sqlite3", dedupe_max_keys=100)
+    store.mark("calm", "keep-me", 1)
+    for i in range(PRUNE_EVERY + 2):
+        store.mark("flood", f"k{i}", 1_000 + i)
+    (n,) = store._db.execute("SELECT COUNT(*) FROM dedupe WHERE agent='flood'").fetchone()
+    assert n <= 100 + PRUNE_EVERY
+    assert store.prune_dedupe("flood", 2_000) >= 0
+    (n,) = store._db.execute("SELECT COUNT(*) FROM dedupe WHERE agent='flood'").fetchone()
+    assert n == 100
+    assert not store.seen("flood", "k0") and store.seen("flood", f"k{PRUNE_EVERY + 1}")
+    assert store.seen("calm", "keep-me")
+    store.close()

@@ -284,3 +284,14 @@ def test_spin_policy_polls_only_for_lone_batches() -> None:
     assert lone_batch(missed=True) == 300
     assert [lone_batch() for _ in range(PAUSE_AFTER_MISS)] == [0] * PAUSE_AFTER_MISS
     assert lone_batch() == 300
+
+
+def test_an_over_long_dedupe_key_is_an_invalid_result() -> None:
+    """A key is stored for weeks: 63 KB keys were a disk-filling attack."""
+    from daemon.errors import HookResultInvalid
+    from hooks_runtime.validate import MAX_DEDUPE_KEY, validate_result
+
+    ok = {"decision": "WAKE", "reason": "r", "dedupeKey": "k" * MAX_DEDUPE_KEY}
+    validate_result(ok, "wake", 65536)
+    with pytest.raises(HookResultInvalid, match="dedupeKey is 63000 characters"):
+        validate_result({**ok, "dedupeKey": "k" * 63_000}, "wake", 65536)
