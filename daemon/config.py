@@ -48,6 +48,13 @@ class DaemonSection(Base, frozen=True):
     # runs, orders and fills at any speed), "auto" = event unless a live feed
     # (coinbase_ws or candles) is enabled.
     clock: Literal["auto", "wall", "event"] = "auto"
+    # A stop (SIGTERM) lets agents finish their queued events for at most this long;
+    # the rest is re-delivered after the restart. Keep it below systemd's TimeoutStopSec.
+    stop_timeout_seconds: float = 8.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.stop_timeout_seconds <= 600:
+            raise ValueError("stop_timeout_seconds must be in (0, 600]")
 
 
 class BusSection(Base, frozen=True):

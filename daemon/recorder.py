@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import structlog
 
+from daemon.appendfile import open_append
 from daemon.bus import Subscription
 from daemon.events import MARKET_PRICE_TICK, encode
 
@@ -29,7 +30,7 @@ async def record(sub: Subscription, path: Path) -> int:
     written = 0
     dirty = False
     last_flush = time.monotonic()
-    with path.open("ab", buffering=1 << 16) as fh:
+    with open_append(path, "truncate", buffering=1 << 16) as fh:
         log.info("recording events", path=str(path))
         while True:
             with anyio.move_on_after(FLUSH_SECONDS):

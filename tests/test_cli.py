@@ -265,3 +265,37 @@ def test_stop_drains_every_queued_event_even_on_a_second_term(tmp_path: Path) ->
     assert 0 < len(recorded) < 3000
     assert hook_ids == [e.event_id for e in recorded]
     assert "signal ignored: already stopping" in stderr
+
+
+def test_sigterm_during_a_lagging_replay_stops_within_10_seconds(tmp_path: Path) -> None:
+    """A replay far ahead of a slow agent (thousands of events queued): SIGTERM ends the
+    process within 10 s; what the agent did not finish is re-delivered at the restart."""
+    hooks = tmp_path / "agents" / "slow" / "hooks"
+    hooks.mkdir(parents=True)
+    (hooks / "wake_slow.py").write_text(
+        SLOW_HOOK.replace("range(20000)", "range(200000)")  # ~10 ms a candle
+    )
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=1, n=20_000, timeframe="1m")
+    cfg = _replay_config(tmp_path, csv)
+    text = cfg.read_text().replace("[hooks]\nenabled = false\n", "")
+    cfg.write_text(
+        text.replace("[daemon]\n", "[daemon]\nstop_timeout_seconds = 3.0\n")
+        + f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
+    )
+    with _notify_socket(tmp_path) as (sock, env):
+        proc = _spawn(["run", "--config", str(cfg)], env)
+        try:
+            _recv_until(sock, "READY=1")
+            time.sleep(1.0)  # the agent falls behind: the bus queue fills
+            proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            assert proc.wait(timeout=10) == 0
+            took = time.monotonic() - sent
+        finally:
+            proc.kill()
+            stderr = proc.communicate()[1].decode()
+    assert took < 10
+    assert "drain cut" in stderr
+    status = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert status["running"] is False

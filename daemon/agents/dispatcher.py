@@ -29,7 +29,9 @@ the :class:`AgentRuntime` it is given.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -152,8 +154,13 @@ class Dispatcher:
             results = [_oversized(h, exc, rt.last_outputs) for h in hooks]
         self.evaluations += len(results)
         trace = event.trace_id or trace_id_for(event.event_id)
-        for result in results:
-            await self._settle(rt, event, trace, result)
+        # Every hook row of the event is queued before any action awaits, so the rows
+        # reach the audit log together: after a crash the audit tail never shows an
+        # event with some of its hooks evaluated and others not (see checkpoints).
+        actions = [self._settle(rt, event, trace, result) for result in results]
+        for act in actions:
+            if act is not None:
+                await act()
         return results
 
     async def _event_time(self, rt: AgentRuntime, event: FeedEvent) -> float | None:
@@ -180,35 +187,41 @@ class Dispatcher:
 
     # -- settling one result -----------------------------------------------------
 
-    async def _settle(self, rt: AgentRuntime, event: FeedEvent, trace: str, r: HookResult) -> None:
+    def _settle(
+        self, rt: AgentRuntime, event: FeedEvent, trace: str, r: HookResult
+    ) -> Callable[[], Awaitable[None]] | None:
+        """Record one result (audit row, dedupe, cooldown, wake submission) and return
+        the action it still needs (an alert to send, an intent to trade), if any."""
         if not r.ok or r.decision is None:
             self._audit_hook(rt, event, trace, r, error=f"{r.error_kind}: {r.error}")
             if r.error_kind == "paused":
                 self._persist_pause(rt, r)
-            return
+            return None
         d = r.decision
         rt.last_outputs[r.hook_id] = d
         decision = d["decision"]
         if decision == "IGNORE":
             self._audit_hook(rt, event, trace, r)
-            return
+            return None
         blocked = self._blocked(rt, event, r.hook_id, d)
         if blocked != "none":
             self.suppressed += 1
             self._audit_hook(rt, event, trace, r, suppressed_by=blocked)
-            return
+            return None
         if decision == "WAKE":
             decided_at = now_ts()  # the hook's row is stamped before the scheduler's
             request = WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
             outcome = rt.scheduler.submit(request)
             by = outcome.suppressed_by
             self._audit_hook(rt, event, trace, r, suppressed_by=by, ts=decided_at)
-        elif decision == "ALERT":
-            self._audit_hook(rt, event, trace, r)
-            await self.alerts.send(Alert(**self._about(rt, event, trace, r.hook_id, d)))
-        elif decision == "TRADE_INTENT":
-            self._audit_hook(rt, event, trace, r)
-            await self._trade(rt, event, trace, r.hook_id, d)
+            return None
+        self._audit_hook(rt, event, trace, r)
+        if decision == "ALERT":
+            alert = Alert(**self._about(rt, event, trace, r.hook_id, d))
+            return partial(self.alerts.send, alert)
+        if decision == "TRADE_INTENT":
+            return partial(self._trade, rt, event, trace, r.hook_id, d)
+        return None
 
     def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: dict[str, Any]) -> str:
         """dedupe / cooldown / paused, or ``none``; records the key and cooldown if acting."""

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("pipeline")
 OUTBOX_SIZE = 10_000
-DRAIN_SECONDS = 20.0  # inside systemd's TimeoutStopSec
 
 
 @asynccontextmanager
@@ -119,8 +118,11 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         finally:
             # Drain in data-path order: agents finish their queued events, the broker
             # sees the last market events, its account events reach the (still open)
-            # bus, queued alerts are delivered; then the stores close.
-            with anyio.move_on_after(DRAIN_SECONDS, shield=True) as drain:
+            # bus, queued alerts are delivered; then the stores close. A drain that
+            # cannot finish within [daemon] stop_timeout_seconds is cut: what the agents
+            # did not finish is re-delivered after the restart (see checkpoints).
+            limit = cfg.daemon.stop_timeout_seconds
+            with anyio.move_on_after(limit, shield=True) as drain:
                 manager.stop_reloading()
                 manager.drain_wakes = service.feeds_finished()
                 manager.close_subscriptions()
@@ -129,9 +131,15 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 send.close()
                 alerts.close()
                 await io.idle.wait()
-                await checkpoints.close()
+            with anyio.CancelScope(shield=True):
+                await checkpoints.close()  # what was finished is known, even after a cut
             if drain.cancelled_caught:
-                log.warning("drain timed out; stopping what is left", seconds=DRAIN_SECONDS)
+                left = sum(rt.sub.statistics().depth for rt in manager.runtimes.values())
+                log.warning(
+                    "stop timeout: drain cut; unfinished events are re-delivered at restart",
+                    seconds=limit,
+                    queued=left,
+                )
             tg.cancel_scope.cancel()
             broker.close()
             hook_store.close()

@@ -37,6 +37,7 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
+from daemon.appendfile import open_append
 from daemon.audit.files import day_of, file_name, list_files
 from daemon.audit.records import AuditRecord, encode_line, now_ts
 from daemon.errors import StoreError
@@ -222,7 +223,7 @@ class AuditWriter:
             if not path.exists() or path.stat().st_size < self.max_file_bytes:
                 break
             part += 1
-        self._fh = path.open("ab")
+        self._fh = open_append(path, "terminate")
         self._fh_key = (day, part)
         return self._fh
 
