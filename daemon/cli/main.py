@@ -10,6 +10,7 @@ from daemon import __version__
 from daemon.cli.audit import audit_group, why_command
 from daemon.cli.demo import demo_command
 from daemon.cli.hooks import hooks_group
+from daemon.cli.mcp import mcp_command
 from daemon.cli.rag import rag_group
 from daemon.cli.run import config_group, run_command, status_command
 from daemon.errors import MarketwakeError
@@ -33,6 +34,7 @@ cli.add_command(audit_group)
 cli.add_command(why_command)
 cli.add_command(hooks_group)
 cli.add_command(rag_group)
+cli.add_command(mcp_command)
 
 
 def _deliberate(exc: BaseException) -> MarketwakeError | None:

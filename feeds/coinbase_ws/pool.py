@@ -226,8 +226,10 @@ class CoinbaseWsPool:
         queue_size: int = 1024,
         max_subscribers: int = 10_000,
         rand: Callable[[], float] = random.random,
+        lazy: bool = False,
     ) -> None:
         check_settings(settings)
+        self._lazy = lazy  # no connection while no subscriber wants a product
         self._settings = settings
         self._open_timeout = open_timeout
         self._interval = subscribe_interval
@@ -327,6 +329,8 @@ class CoinbaseWsPool:
         delays = backoff_delays(s.backoff_initial_seconds, s.backoff_max_seconds, self._rand)
         try:
             while True:
+                while self._lazy and not self._book.wanted():
+                    await self._changed.wait()  # connect only once someone wants a product
                 if await self._session():
                     delays = backoff_delays(
                         s.backoff_initial_seconds, s.backoff_max_seconds, self._rand

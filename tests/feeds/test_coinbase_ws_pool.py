@@ -10,15 +10,14 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.asyncio.server import serve
 
 from daemon.config import CoinbaseWsSection
 from daemon.errors import ConfigError
@@ -26,117 +25,7 @@ from daemon.events import FeedEvent, parse_iso_ms
 from feeds.base import FeedHealth
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
 from feeds.coinbase_ws.pool import CoinbaseWsPool, Subscription, Tick
-
-TS = "2026-05-06T07:08:09.123456789Z"
-WAIT = 5.0
-
-
-def ticker(product: str, price: str, **extra: str) -> dict[str, str]:
-    """One ticker entry with string numbers, as Coinbase sends them."""
-    return {
-        "type": "ticker",
-        "product_id": product,
-        "price": price,
-        "volume_24_h": "10.5",
-        "low_24_h": "1",
-        "high_24_h": "999999",
-        "low_52_w": "",
-        "high_52_w": "1000000",
-        "price_percent_chg_24_h": "-2.5",
-        "best_bid": price,
-        "best_ask": price,
-        "best_bid_quantity": "0.1",
-        "best_ask_quantity": "0.2",
-        **extra,
-    }
-
-
-class FakeCoinbase:
-    """A scripted Advanced Trade market-data server."""
-
-    def __init__(self) -> None:
-        self.connections: list[ServerConnection] = []
-        self.received: list[list[dict[str, Any]]] = []
-        self.connected_at: list[float] = []
-        self.received_at: list[list[float]] = []
-        self.prices: dict[str, str] = {}
-        self.seq: list[int] = []
-        self._changed = anyio.Event()
-
-    def _bump(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    async def wait_for(self, predicate: Callable[[], bool]) -> None:
-        """Wait (bounded) until ``predicate`` holds; re-checked on every server event."""
-        with anyio.fail_after(WAIT):
-            while not predicate():
-                await self._changed.wait()
-
-    def sent_by(self, conn: int) -> list[dict[str, Any]]:
-        """Control messages the client sent on connection ``conn``."""
-        return self.received[conn] if conn < len(self.received) else []
-
-    async def handler(self, ws: ServerConnection) -> None:
-        index = len(self.connections)
-        self.connections.append(ws)
-        self.received.append([])
-        self.received_at.append([])
-        self.connected_at.append(time.monotonic())
-        self.seq.append(0)
-        self._bump()
-        try:
-            async for text in ws:
-                msg = json.loads(text)
-                self.received[index].append(msg)
-                self.received_at[index].append(time.monotonic())
-                self._bump()
-                await self._answer(index, msg)
-        except ConnectionClosed:
-            pass
-        finally:
-            self._bump()
-
-    async def _answer(self, index: int, msg: dict[str, Any]) -> None:
-        channel, products = msg["channel"], msg["product_ids"]
-        subs = {channel: products or [channel]}
-        await self.send(index, "subscriptions", [{"subscriptions": subs}])
-        if channel == "ticker" and msg["type"] == "subscribe":
-            tickers = [ticker(p, self.prices.get(p, "100")) for p in products]
-            await self.send(index, "ticker", [{"type": "snapshot", "tickers": tickers}])
-
-    async def send(
-        self, index: int, channel: str, events: list[dict[str, Any]], skip: int = 0
-    ) -> None:
-        """An envelope with the connection's next sequence_num (plus ``skip``)."""
-        self.seq[index] += 1 + skip
-        frame = {
-            "channel": channel,
-            "client_id": "",
-            "timestamp": TS,
-            "sequence_num": self.seq[index],
-            "events": events,
-        }
-        await self.connections[index].send(json.dumps(frame))
-
-    async def update(self, index: int, *prices: tuple[str, str], skip: int = 0) -> None:
-        """One ``update`` event with a ticker per (product, price)."""
-        tickers = [ticker(p, price) for p, price in prices]
-        await self.send(index, "ticker", [{"type": "update", "tickers": tickers}], skip)
-
-    def drop(self, index: int) -> None:
-        """Cut the TCP connection without a closing handshake."""
-        transport = self.connections[index].transport
-        assert transport is not None
-        transport.abort()
-
-
-@asynccontextmanager
-async def fake_server() -> AsyncIterator[tuple[FakeCoinbase, str]]:
-    fake = FakeCoinbase()
-    async with serve(fake.handler, "127.0.0.1", 0) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        yield fake, f"ws://127.0.0.1:{port}"
+from tests.coinbase_fake import TS, WAIT, FakeCoinbase, fake_server, ticker
 
 
 def settings(url: str, products: Iterable[str] = (), idle: float = 5.0) -> CoinbaseWsSection:
@@ -495,3 +384,13 @@ async def test_feed_marks_first_event_per_product_after_reconnect() -> None:
             assert second.payload["staleAfterReconnect"] is False
             assert first.event_id != second.event_id
             tg.cancel_scope.cancel()
+
+
+async def test_a_lazy_pool_connects_only_once_a_product_is_wanted() -> None:
+    """``marketwake mcp`` must not hold a Coinbase socket while no tool waits."""
+    async with fake_server() as (fake, url), running_pool(url, lazy=True) as pool:
+        await anyio.sleep(0.3)
+        assert fake.connections == [] and not pool.statistics().connected
+        with pool.subscribe(["BTC-USD"]) as sub:
+            assert (await next_tick(sub)).product_id == "BTC-USD"
+        assert len(fake.connections) == 1

@@ -1,0 +1,115 @@
+"""What the tools run against: the shared market connection and the product catalog.
+
+One :class:`ToolContext` per process (the daemon's, or ``marketwake mcp``'s),
+built by :func:`open_context`; tools never open connections of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import aiohttp
+import anyio
+import structlog
+
+from daemon.config import Config
+from feeds.coinbase_ws.pool import CoinbaseWsPool
+
+log = structlog.get_logger("tools")
+
+KNOWN_TTL_SECONDS = 24 * 3600.0
+UNKNOWN_TTL_SECONDS = 600.0
+
+
+def product_status(status: int) -> bool | None:
+    """Coinbase's ``GET /market/products/{id}`` status: listed, unlisted, or no answer."""
+    if status == 200:
+        return True
+    if status in (400, 404):
+        return False
+    return None
+
+
+@dataclass
+class ProductCatalog:
+    """Which product ids Coinbase lists, asked once per id and cached.
+
+    An id the exchange does not know must be a clear error, not a 55-second wait
+    for ticks that never come. When the REST API cannot be reached the id is let
+    through (the wait then times out as usual): a check must never block a wait.
+    """
+
+    base_url: str
+    session: aiohttp.ClientSession | None = None
+    timeout_seconds: float = 3.0
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+
+    def remember(self, product: str, listed: bool) -> None:
+        """Record an answer (also used when a tick proves a product exists)."""
+        ttl = KNOWN_TTL_SECONDS if listed else UNKNOWN_TTL_SECONDS
+        self._cache[product] = (listed, self.clock() + ttl)
+
+    async def unknown(self, products: list[str]) -> list[str]:
+        """The ids of ``products`` Coinbase says it does not list."""
+        out: list[str] = []
+        for product in products:
+            cached = self._cache.get(product)
+            if cached is not None and cached[1] > self.clock():
+                listed: bool | None = cached[0]
+            else:
+                listed = await self._ask(product)
+                if listed is not None:
+                    self.remember(product, listed)
+            if listed is False:
+                out.append(product)
+        return out
+
+    async def _ask(self, product: str) -> bool | None:
+        if self.session is None:
+            return None
+        url = f"{self.base_url.rstrip('/')}/market/products/{quote(product, safe='-')}"
+        try:
+            with anyio.fail_after(self.timeout_seconds):
+                async with self.session.get(url) as resp:
+                    await resp.read()
+                    return product_status(resp.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("product check skipped", product=product, error=f"{type(exc).__name__}")
+            return None
+
+
+@dataclass
+class ToolContext:
+    """The shared resources tools use; ``None`` where this process has none."""
+
+    pool: CoinbaseWsPool | None = None
+    catalog: ProductCatalog | None = None
+
+
+@asynccontextmanager
+async def open_context(
+    cfg: Config, *, pool: CoinbaseWsPool | None = None
+) -> AsyncIterator[ToolContext]:
+    """A context for ``cfg``: a Coinbase pool (running) and the product catalog.
+
+    Pass the daemon's ``pool`` to share its connection; else one is started here
+    that connects only once a tool subscribes a product."""
+    timeout = aiohttp.ClientTimeout(total=cfg.feeds.candles.request_timeout_seconds)
+    headers = {"user-agent": "marketwake"}
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        catalog = ProductCatalog(cfg.feeds.candles.base_url, session)
+        if pool is not None:
+            yield ToolContext(pool=pool, catalog=catalog)
+            return
+        own = CoinbaseWsPool(cfg.feeds.coinbase_ws, lazy=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(own.run)
+            try:
+                yield ToolContext(pool=own, catalog=catalog)
+            finally:
+                tg.cancel_scope.cancel()
