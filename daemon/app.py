@@ -6,7 +6,9 @@ Nothing here has logic of its own; it builds components and hands them to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -17,20 +19,58 @@ from daemon.service import Component, Consumer, Service, Status
 from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
+from feeds.coinbase_ws.pool import CoinbaseWsPool
 from feeds.replay import ReplayFeed
 
 
-def build_feeds(config: Config) -> list[Feed]:
-    """One feed object per enabled ``[feeds.*]`` section."""
+def build_feeds(config: Config, pool: CoinbaseWsPool | None = None) -> list[Feed]:
+    """One feed object per enabled ``[feeds.*]`` section (the ticker feed rides the
+    daemon's shared Coinbase ``pool`` when there is one)."""
     feeds: list[Feed] = []
     section = config.feeds
     if section.coinbase_ws.enabled:
-        feeds.append(CoinbaseWsFeed(section.coinbase_ws))
+        feeds.append(CoinbaseWsFeed(section.coinbase_ws, pool=pool))
     if section.candles.enabled:
         feeds.append(CandlesFeed(section.candles, Path(config.daemon.state_dir)))
     if section.replay.enabled:
         feeds.append(ReplayFeed(section.replay))
     return feeds
+
+
+def shared_pool(config: Config) -> CoinbaseWsPool | None:
+    """The daemon's one Coinbase connection, when the ticker feed or the tools need it.
+
+    It connects only once someone wants a product. Its connection settings are
+    those at start: a reload that changes ``[feeds.coinbase_ws] url`` or the
+    backoff applies after a restart (products apply at once)."""
+    if not (config.feeds.coinbase_ws.enabled or config.mcp.enabled):
+        return None
+    return CoinbaseWsPool(config.feeds.coinbase_ws, lazy=True)
+
+
+@asynccontextmanager
+async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[None]:
+    """Run the shared pool for the daemon's life, and the MCP server if enabled."""
+    cfg = service.config
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        try:
+            if cfg.mcp.enabled:
+                # imported here: the MCP stack (pydantic, starlette) costs ~0.6 s at start
+                from daemon.tools import registry
+                from daemon.tools.context import open_context
+                from daemon.tools.mcp_server import bound_port, build_server, serve_http
+
+                async with (
+                    open_context(cfg, pool=pool) as ctx,
+                    serve_http(build_server(registry(), ctx), cfg.mcp) as http,
+                ):
+                    service.status_providers["mcp"] = lambda: {"port": bound_port(http)}
+                    yield
+            else:
+                yield
+        finally:
+            tg.cancel_scope.cancel()
 
 
 def run_daemon(
@@ -43,9 +83,12 @@ def run_daemon(
 ) -> Status:
     """Run one daemon until a signal or until its finite feeds end."""
     components: list[Component] = [open_agents] if config.hooks.enabled else []
+    pool = shared_pool(config)
+    if pool is not None:
+        components.insert(0, partial(open_market, pool))
     service = Service(
         config,
-        build_feeds,
+        partial(build_feeds, pool=pool),
         config_path=config_path,
         record_path=record_path,
         consumers=consumers,

@@ -155,6 +155,25 @@ class TradingSection(Base, frozen=True):
     state: Literal["ACTIVE", "REDUCING", "HALTED"] = "ACTIVE"
 
 
+class McpSection(Base, frozen=True):
+    # Serve the agent tools over MCP streamable HTTP (http://host:port/mcp) from the
+    # daemon, sharing its Coinbase connection. `marketwake mcp` serves stdio instead.
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 7880
+    # Required when host is not loopback: clients send "Authorization: Bearer <token>".
+    token: Secret = msgspec.field(default_factory=Secret)
+    max_request_bytes: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be in 0..65535")
+        if not 1024 <= self.max_request_bytes <= 64 * 1024 * 1024:
+            raise ValueError("max_request_bytes must be in 1 KiB..64 MiB")
+        if self.host not in ("127.0.0.1", "::1", "localhost") and not self.token:
+            raise ValueError(f"host {self.host!r} is not loopback: set a token")
+
+
 class Config(Base, frozen=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     bus: BusSection = msgspec.field(default_factory=BusSection)
@@ -164,6 +183,7 @@ class Config(Base, frozen=True):
     audit: AuditSection = msgspec.field(default_factory=AuditSection)
     trading: TradingSection = msgspec.field(default_factory=TradingSection)
     rag: RagConfig = msgspec.field(default_factory=RagConfig)
+    mcp: McpSection = msgspec.field(default_factory=McpSection)
 
     @property
     def audit_dir(self) -> Path:

@@ -49,7 +49,7 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 # and drained (the hook pipeline is one).
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 # Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
-RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag")
+RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag", "mcp")
 
 
 class FeedStatus(msgspec.Struct, frozen=True):

@@ -10,16 +10,32 @@ and its ``with`` blocks release what it held (pool subscriptions).
 
 from __future__ import annotations
 
+import hmac
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
 from typing import Any
 
+import anyio
 import mcp_types as types
 import msgspec
+import structlog
+import uvicorn
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from daemon import __version__
+from daemon.config import McpSection
+from daemon.errors import ConfigError
 from daemon.tools.base import Registry, render
 from daemon.tools.context import ToolContext
+
+log = structlog.get_logger("mcp")
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INSTRUCTIONS = """\
 marketwake's market tools. Prefer wait_for_market_event over sleeping: it returns \
@@ -65,3 +81,69 @@ async def serve_stdio(server: Server[Any]) -> None:
     """Serve one host over this process's stdin/stdout until it closes them."""
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
+
+
+def require_bearer(app: ASGIApp, token: str) -> ASGIApp:
+    """``app`` behind ``Authorization: Bearer <token>`` (compared in constant time)."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers", [])).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                body = b'{"error": "missing or wrong bearer token"}'
+                headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon owns SIGTERM and SIGHUP."""
+
+    @contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+@asynccontextmanager
+async def serve_http(server: Server[Any], section: McpSection) -> AsyncIterator[_Uvicorn]:
+    """Serve ``server`` at ``http://host:port/mcp`` while the block runs."""
+    app: ASGIApp = server.streamable_http_app(
+        host=section.host, max_request_body_size=section.max_request_bytes
+    )
+    if section.token:
+        app = require_bearer(app, section.token.reveal())
+    config = uvicorn.Config(
+        app, host=section.host, port=section.port, log_config=None, access_log=False, lifespan="on"
+    )
+    http = _Uvicorn(config)
+    try:  # bound here: uvicorn would sys.exit() on a port in use
+        sock = socket.create_server((section.host, section.port), reuse_port=False)
+    except OSError as exc:
+        raise ConfigError(
+            f"mcp: cannot listen on {section.host}:{section.port}: {exc.strerror}"
+        ) from None
+    with sock:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(http.serve, sockets=[sock]))
+            with anyio.fail_after(10):
+                while not http.started:  # noqa: ASYNC110 - uvicorn offers only a flag
+                    await anyio.sleep(0.02)
+            log.info("mcp serving", url=f"http://{section.host}:{bound_port(http)}/mcp")
+            try:
+                yield http
+            finally:
+                http.should_exit = True
+
+
+def bound_port(http: uvicorn.Server) -> int:
+    """The port actually bound (``port = 0`` picks a free one)."""
+    for srv in http.servers:
+        for sock in srv.sockets:
+            port: int = sock.getsockname()[1]
+            return port
+    return 0

@@ -81,6 +81,9 @@ class CoinbaseWsFeed:
         startup_timeout: float = STARTUP_TIMEOUT_SECONDS,
     ) -> None:
         self.products = check_products(settings.products)
+        # A pool passed in is shared (the daemon's, also used by the tools) and run
+        # by its owner; otherwise the feed owns and runs its own.
+        self.owns_pool = pool is None
         self.pool = pool if pool is not None else CoinbaseWsPool(settings)
         self._startup_timeout = startup_timeout
 
@@ -98,7 +101,10 @@ class CoinbaseWsFeed:
     ) -> None:
         """Run the pool and forward ticks until cancelled."""
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self.pool.run, health)
+            if self.owns_pool:
+                tg.start_soon(self.pool.run, health)
+            else:
+                self.pool.watch(health)
             if not self.products:
                 log.warning("coinbase_ws.no_products")
                 task_status.started()

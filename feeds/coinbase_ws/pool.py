@@ -301,6 +301,11 @@ class CoinbaseWsPool:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def watch(self, health: FeedHealth | None) -> None:
+        """Beat ``health`` on every message from now on (a feed riding a pool it
+        does not run)."""
+        self._health = health
+
     async def wait_ready(self) -> None:
         """Return once the first connection has subscribed every product wanted so far."""
         await self._ready.wait()
@@ -324,7 +329,9 @@ class CoinbaseWsPool:
         """Keep a connection up until cancelled; beat ``health`` on every message."""
         if self._running:
             raise RuntimeError("CoinbaseWsPool.run is already running")
-        self._running, self._health = True, health
+        self._running = True
+        if health is not None:
+            self._health = health
         s = self._settings
         delays = backoff_delays(s.backoff_initial_seconds, s.backoff_max_seconds, self._rand)
         try:

@@ -1,0 +1,108 @@
+"""The tools over MCP streamable HTTP: in-process with a token, and from a running daemon."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import anyio
+import httpx2
+import pytest
+from anyio.abc import ByteReceiveStream
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from daemon.config import McpSection, Secret
+from daemon.errors import ConfigError
+from daemon.tools import registry
+from daemon.tools.mcp_server import bound_port, build_server, serve_http
+from tests.coinbase_fake import fake_server
+from tests.tools.test_market_event import SIMPLE, context
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_http_with_a_bearer_token() -> None:
+    section = McpSection(enabled=True, port=0, token=Secret("s3cret-token"))
+    async with context() as (fake, ctx), serve_http(build_server(registry(), ctx), section) as http:
+        fake.prices["BTC-EUR"] = "59000"
+        url = f"http://127.0.0.1:{bound_port(http)}/mcp"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, json={}) as resp:
+                assert resp.status == 401
+            wrong = {"Authorization": "Bearer nope"}
+            async with session.post(url, json={}, headers=wrong) as resp:
+                assert resp.status == 401
+        auth = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret-token"})
+        with anyio.fail_after(30):
+            async with auth, Client(streamable_http_client(url, http_client=auth)) as client:
+                names = [t.name for t in (await client.list_tools()).tools]
+                assert "wait_for_market_event" in names
+                result = await client.call_tool("wait_for_market_event", SIMPLE)
+                assert result.structured_content["status"] == "triggered"
+
+
+async def test_a_port_in_use_is_a_clear_error() -> None:
+    async with (
+        context() as (_fake, ctx),
+        serve_http(build_server(registry(), ctx), McpSection(port=0)) as http,
+    ):
+        taken = McpSection(port=bound_port(http))
+        with pytest.raises(ConfigError, match="cannot listen"):
+            async with serve_http(build_server(registry(), ctx), taken):
+                pass
+
+
+def test_a_public_host_needs_a_token() -> None:
+    with pytest.raises(ValueError, match="token"):
+        McpSection(enabled=True, host="0.0.0.0")
+
+
+async def test_the_daemon_serves_the_tools_on_its_own_connection(tmp_path: Path) -> None:
+    async with fake_server() as (fake, ws):
+        fake.prices["BTC-EUR"] = "59000"
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\n'
+            "[hooks]\nenabled = false\n"
+            f'[feeds.coinbase_ws]\nenabled = true\nurl = "{ws}"\nproducts = ["ETH-EUR"]\n'
+            '[feeds.candles]\nbase_url = "http://127.0.0.1:9"\n'  # product checks fail open
+            "[mcp]\nenabled = true\nport = 0\n"
+        )
+        cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        async with await anyio.open_process(cmd, cwd=ROOT, env=env, stdout=None) as proc:
+            try:
+                assert proc.stderr is not None
+                with anyio.fail_after(30):
+                    url = await _served_url(proc.stderr)
+                    async with Client(url) as client:
+                        result = await client.call_tool("wait_for_market_event", SIMPLE)
+                assert result.structured_content["status"] == "triggered"
+                # one socket: the ticker feed's products and the tool's on one connection
+                assert len(fake.connections) == 1
+                tickers = {p for m in fake.received[0] if m["channel"] == "ticker" for p in m["product_ids"]}  # fmt: skip
+                assert tickers == {"ETH-EUR", "BTC-EUR"}
+                proc.send_signal(signal.SIGTERM)
+                with anyio.fail_after(20):
+                    async for _ in proc.stderr:
+                        pass  # drain until the daemon exits
+                    assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+
+
+async def _served_url(stderr: ByteReceiveStream) -> str:
+    seen = b""
+    async for chunk in stderr:
+        seen += chunk
+        m = re.search(rb'"url": "(http://[^"]+/mcp)"', seen)
+        if m:
+            return m.group(1).decode()
+    raise AssertionError(f"the daemon never logged its MCP url: {seen[-2000:]!r}")
