@@ -13,7 +13,11 @@ function only wires it to the daemon's shared Coinbase pool:
   threshold (``previous <= threshold < actual`` and mirrored); the first tick
   of a product after a reconnect is never a cross (the pool marks it);
 * ``any`` answers with the first condition met, ``all`` with every condition
-  when all hold on the same tick.
+  when all hold on the same tick;
+* conditions are checked in the pool's reader as each tick arrives (an
+  observer, not a queue): no tick is ever dropped or coalesced, and a tick
+  wakes only the waits it triggers, so a thousand parked waits cost a
+  thousand comparisons per tick, not a thousand task switches.
 """
 
 from __future__ import annotations
@@ -140,18 +144,19 @@ class TimedOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 # --- sans-I/O condition logic ---------------------------------------------------
 
 
+_ATTR: dict[Field, str] = {
+    Field.PRICE: "price",
+    Field.VOLUME_24H: "volume24h",
+    Field.PERCENT_CHANGE_24H: "percent_change24h",
+    Field.HIGH_24H: "high24h",
+    Field.LOW_24H: "low24h",
+}
+
+
 def field_value(tick: Tick, field: Field) -> float | None:
     """The value of ``field`` in a tick (None when Coinbase left it empty)."""
-    t = tick.ticker
-    if field is Field.PRICE:
-        return t.price
-    if field is Field.VOLUME_24H:
-        return t.volume24h
-    if field is Field.PERCENT_CHANGE_24H:
-        return t.percent_change24h
-    if field is Field.HIGH_24H:
-        return t.high24h
-    return t.low24h
+    value: float | None = getattr(tick.ticker, _ATTR[field])
+    return value
 
 
 def holds(op: Operator, actual: float, threshold: float, previous: float | None) -> bool:
@@ -193,6 +198,13 @@ class MarketWatch:
     def __post_init__(self) -> None:
         self.previous: dict[str, dict[Field, float]] = {}
         self.last: dict[str, Tick] = {}
+        # Per product: its subscriptions, and the fields they read (the only ones
+        # kept as previous values): observe() runs for every tick of every wait.
+        self._subs: dict[str, list[Subscription]] = {}
+        self._fields: dict[str, set[Field]] = {}
+        for sub in self.subscriptions:
+            self._subs.setdefault(sub.product_id, []).append(sub)
+            self._fields.setdefault(sub.product_id, set()).update(c.field for c in sub.conditions)
 
     @property
     def products(self) -> frozenset[str]:
@@ -204,14 +216,12 @@ class MarketWatch:
 
         ``seed`` marks a tick from before the wait (the pool's last one): it is a
         level check and the previous value for crosses, but never a cross itself."""
-        product = tick.product_id
+        product = tick.ticker.product_id
         self.last[product] = tick
         cross_ok = not (seed or tick.stale_after_reconnect)
         prev = self.previous.get(product, {}) if cross_ok else {}
         hit: Triggered | None = None
-        for sub in self.subscriptions:
-            if sub.product_id != product:
-                continue
+        for sub in self._subs.get(product, ()):
             met = _met(sub, tick, prev)
             if met:
                 hit = Triggered(
@@ -222,7 +232,7 @@ class MarketWatch:
                 )
                 break
         fresh = self.previous.setdefault(product, {})
-        for field in Field:
+        for field in self._fields.get(product, ()):
             value = field_value(tick, field)
             if value is not None:
                 fresh[field] = value
@@ -314,16 +324,24 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
                 suggestion="check the id on Coinbase (e.g. 'BTC-USD', 'ETH-EUR')",
             )
     started = time.monotonic()
-    with ctx.pool.subscribe(watch.products) as sub:
+    hits: list[Triggered] = []
+    done = anyio.Event()
+
+    def on_tick(tick: Tick) -> None:
+        # Runs in the pool's reader for every tick: conditions are checked without
+        # waking this task, which wakes only once a tick completes a trigger.
+        if not hits and (hit := watch.observe(tick)) is not None:
+            hits.append(hit)
+            done.set()
+
+    with ctx.pool.subscribe(watch.products, observer=on_tick):
         for product in sorted(watch.products):
             last = ctx.pool.last_tick(product)
-            if last is not None and (hit := watch.observe(last, seed=True)) is not None:
+            if last is not None and not hits and (hit := watch.observe(last, seed=True)):
                 return hit
         with anyio.move_on_after(req.timeout):
-            async for tick in sub:
-                if (hit := watch.observe(tick)) is not None:
-                    return hit
-    return watch.timed_out(time.monotonic() - started)
+            await done.wait()
+    return hits[0] if hits else watch.timed_out(time.monotonic() - started)
 
 
 DESCRIPTION = """\

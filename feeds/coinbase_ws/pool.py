@@ -114,10 +114,19 @@ class Subscription:
     unsubscribes those nobody else holds.
     """
 
-    def __init__(self, pool: CoinbaseWsPool, products: frozenset[str], queue_size: int) -> None:
+    def __init__(
+        self,
+        pool: CoinbaseWsPool,
+        products: frozenset[str],
+        queue_size: int,
+        observer: Callable[[Tick], None] | None = None,
+    ) -> None:
         self.products = products
         self.dropped = 0
         self._pool = pool
+        # Called in the reader for every tick instead of queueing it: no task wakes
+        # per tick, and nothing can be dropped (wait_for_market_event's conditions).
+        self._observer = observer
         self._queue: deque[Tick] = deque(maxlen=queue_size)
         self._wake = anyio.Event()
         self._closed = False
@@ -132,6 +141,12 @@ class Subscription:
         return len(self._queue)
 
     def _push(self, tick: Tick) -> None:
+        if self._observer is not None:
+            try:
+                self._observer(tick)
+            except Exception:  # a subscriber's bug must not end the connection
+                log.exception("coinbase_ws.observer_failed", product=tick.product_id)
+            return
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
             self._pool._dropped += 1
@@ -267,8 +282,13 @@ class CoinbaseWsPool:
 
     # --- subscriber API --------------------------------------------------------
 
-    def subscribe(self, products: Iterable[str]) -> Subscription:
-        """A new subscriber for ``products``; only products nobody had are subscribed."""
+    def subscribe(
+        self, products: Iterable[str], *, observer: Callable[[Tick], None] | None = None
+    ) -> Subscription:
+        """A new subscriber for ``products``; only products nobody had are subscribed.
+
+        With ``observer``, every tick is handed to it synchronously in the reader
+        (it must be quick and must not block) and nothing is queued."""
         wanted = frozenset(products)
         if not wanted:
             raise ValueError("subscribe needs at least one product id")
@@ -277,7 +297,7 @@ class CoinbaseWsPool:
                 raise ValueError(f"bad product id {product!r}")
         if len(self._book) >= self._max_subscribers:
             raise FeedError(f"coinbase_ws pool is full ({self._max_subscribers} subscribers)")
-        sub = Subscription(self, wanted, self._queue_size)
+        sub = Subscription(self, wanted, self._queue_size, observer)
         if self._book.add(sub, wanted):
             self._notify()
         return sub

@@ -394,3 +394,26 @@ async def test_a_lazy_pool_connects_only_once_a_product_is_wanted() -> None:
         with pool.subscribe(["BTC-USD"]) as sub:
             assert (await next_tick(sub)).product_id == "BTC-USD"
         assert len(fake.connections) == 1
+
+
+async def test_an_observer_sees_every_tick_and_its_bug_does_not_end_the_connection() -> None:
+    """Observers run in the reader (no queue, nothing dropped); one that raises is logged."""
+    seen: list[str] = []
+
+    def broken(tick: Tick) -> None:
+        raise RuntimeError("observer bug")
+
+    async with fake_server() as (fake, url), running_pool(url, queue_size=2) as pool:
+        with (
+            pool.subscribe(["BTC-USD"], observer=lambda t: seen.append(repr(t.ticker.price))),
+            pool.subscribe(["BTC-USD"], observer=broken),
+            pool.subscribe(["BTC-USD"]) as q,
+        ):
+            await next_tick(q)  # the snapshot
+            for i in range(5):
+                await fake.update(0, ("BTC-USD", str(200 + i)))
+            await fake.update(0, ("BTC-USD", "300"))
+            while (await next_tick(q)).ticker.price != 300.0:
+                pass
+        assert seen == ["100.0", "200.0", "201.0", "202.0", "203.0", "204.0", "300.0"]
+        assert pool.statistics().connections == 1
