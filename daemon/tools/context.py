@@ -23,6 +23,7 @@ log = structlog.get_logger("tools")
 
 KNOWN_TTL_SECONDS = 24 * 3600.0
 UNKNOWN_TTL_SECONDS = 600.0
+NO_ANSWER_TTL_SECONDS = 60.0
 
 
 def product_status(status: int) -> bool | None:
@@ -47,27 +48,26 @@ class ProductCatalog:
     session: aiohttp.ClientSession | None = None
     timeout_seconds: float = 3.0
     clock: Callable[[], float] = time.monotonic
-    _cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    _cache: dict[str, tuple[bool | None, float]] = field(default_factory=dict)
 
-    def remember(self, product: str, listed: bool) -> None:
-        """Record an answer (also used when a tick proves a product exists)."""
-        ttl = KNOWN_TTL_SECONDS if listed else UNKNOWN_TTL_SECONDS
-        self._cache[product] = (listed, self.clock() + ttl)
+    def remember(self, product: str, listed: bool | None) -> None:
+        """Record an answer; "no answer" is kept briefly, so an unreachable API
+        costs one timeout a minute, not one per wait."""
+        ttl = {True: KNOWN_TTL_SECONDS, False: UNKNOWN_TTL_SECONDS, None: NO_ANSWER_TTL_SECONDS}
+        self._cache[product] = (listed, self.clock() + ttl[listed])
 
     async def unknown(self, products: list[str]) -> list[str]:
-        """The ids of ``products`` Coinbase says it does not list."""
-        out: list[str] = []
-        for product in products:
-            cached = self._cache.get(product)
-            if cached is not None and cached[1] > self.clock():
-                listed: bool | None = cached[0]
-            else:
-                listed = await self._ask(product)
-                if listed is not None:
-                    self.remember(product, listed)
-            if listed is False:
-                out.append(product)
-        return out
+        """The ids of ``products`` Coinbase says it does not list (asked concurrently)."""
+        now = self.clock()
+        ask = [p for p in products if (c := self._cache.get(p)) is None or c[1] <= now]
+        if ask:
+            async with anyio.create_task_group() as tg:
+                for product in ask:
+                    tg.start_soon(self._check, product)
+        return [p for p in products if self._cache.get(p, (None, 0.0))[0] is False]
+
+    async def _check(self, product: str) -> None:
+        self.remember(product, await self._ask(product))
 
     async def _ask(self, product: str) -> bool | None:
         if self.session is None:

@@ -348,3 +348,18 @@ async def test_a_held_product_starts_from_the_pools_last_tick() -> None:
 async def test_without_a_pool_the_tool_says_it_is_unavailable() -> None:
     result = await registry().call(ToolContext(), "wait_for_market_event", SIMPLE)
     assert isinstance(result, ToolError) and result.error == "unavailable"
+
+
+async def test_the_product_check_fails_open_and_remembers_for_a_while() -> None:
+    """An unreachable REST API lets the wait go ahead, and is not asked again per wait."""
+    now = [0.0]
+    async with aiohttp.ClientSession() as session:
+        catalog = ProductCatalog("http://127.0.0.1:9", session, clock=lambda: now[0])
+        with anyio.fail_after(5):
+            assert await catalog.unknown(["BTC-USD", "NOPE-USD"]) == []
+        assert catalog._cache["BTC-USD"][0] is None
+        async with fake_rest({"BTC-USD"}) as rest:
+            catalog.base_url = rest
+            assert await catalog.unknown(["NOPE-USD"]) == []  # still the remembered non-answer
+            now[0] = 61.0
+            assert await catalog.unknown(["BTC-USD", "NOPE-USD"]) == ["NOPE-USD"]
