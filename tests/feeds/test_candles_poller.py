@@ -23,6 +23,7 @@ from daemon.events import MARKET_CANDLE_CLOSED, MARKET_CANDLE_UPDATED, FeedEvent
 from feeds.base import FeedHealth
 from feeds.candles import CandlesFeed
 from feeds.candles.protocol import GRANULARITY
+from tests.loopback import serve_app
 
 ENUM_SECONDS = {
     "ONE_MINUTE": 60,
@@ -128,15 +129,8 @@ def _error(
 @pytest.fixture
 async def exchange() -> AsyncIterator[tuple[FakeCoinbase, str]]:
     fake = FakeCoinbase()
-    runner = web.AppRunner(fake.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield fake, f"http://127.0.0.1:{port}/api/v3/brokerage"
-    finally:
-        await runner.cleanup()
+    async with serve_app(fake.app()) as url:
+        yield fake, f"{url}/api/v3/brokerage"
 
 
 def make_feed(base_url: str, state: Path, **cfg: Any) -> CandlesFeed:

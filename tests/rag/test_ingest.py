@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
 
 from daemon.errors import DataFileError, EmbeddingError, FeedError
 from daemon.rag.config import EmbeddingSection, ExchangeSection, RagConfig, StoreSection
@@ -21,6 +20,7 @@ from daemon.rag.ingest import ingest
 from daemon.rag.schema import point_id
 from daemon.rag.service import RagService
 from daemon.rag.store_embedded import EmbeddedStore
+from tests.loopback import serve_app
 from tests.rag import synth
 from tests.rag.conftest import (
     OI_START_BAR,
@@ -306,21 +306,10 @@ async def test_fetch_history_pages_and_drops_open_kline() -> None:
     now = synth.T0 + 30 * 24 * H + 7 * 60_000
     rows, fund, oi = _exchange_series(now)
     fake = FakeBinance(rows, fund, oi)
-    runner = web.AppRunner(fake.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        bars, f, o = await fetch_history(
-            f"http://127.0.0.1:{port}", "BTCUSDT", "15m", int(rows[0, 0]), now, 5
-        )
+    async with serve_app(fake.app()) as url:
+        bars, f, o = await fetch_history(url, "BTCUSDT", "15m", int(rows[0, 0]), now, 5)
         with pytest.raises(FeedError, match=r"HTTP 400.*Invalid symbol"):
-            await fetch_history(
-                f"http://127.0.0.1:{port}", "XYZUSDT", "15m", int(rows[0, 0]), now, 5
-            )
-    finally:
-        await runner.cleanup()
+            await fetch_history(url, "XYZUSDT", "15m", int(rows[0, 0]), now, 5)
     assert np.array_equal(bars.open_ms, rows[:-1, 0].astype(np.int64))
     assert np.allclose(bars.close, rows[:-1, 4])
     assert fake.requests.count("/fapi/v1/klines") >= 2  # more than one page of 1500

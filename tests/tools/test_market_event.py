@@ -28,6 +28,7 @@ from daemon.tools.market_event import (
 from feeds.coinbase_ws.pool import CoinbaseWsPool, Tick
 from feeds.coinbase_ws.protocol import Ticker
 from tests.coinbase_fake import FakeCoinbase, fake_server
+from tests.loopback import serve_app
 
 pytestmark = pytest.mark.anyio
 
@@ -227,15 +228,8 @@ async def fake_rest(listed: set[str]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/market/products/{pid}", product)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url
 
 
 @asynccontextmanager
