@@ -33,6 +33,7 @@ ACCOUNT_POSITION_CLOSED: Final = "account.position.closed"
 ACCOUNT_ORDER_PLACED: Final = "account.order.placed"
 ACCOUNT_ORDER_FILLED: Final = "account.order.filled"
 ACCOUNT_ORDER_CANCELED: Final = "account.order.canceled"
+ACCOUNT_ORDER_MODIFIED: Final = "account.order.modified"
 ACCOUNT_MARGIN_CHANGED: Final = "account.margin.changed"
 
 SOCIAL_TWEET: Final = "social.tweet"
@@ -56,6 +57,7 @@ ALL_TOPICS: Final = frozenset(
         ACCOUNT_ORDER_PLACED,
         ACCOUNT_ORDER_FILLED,
         ACCOUNT_ORDER_CANCELED,
+        ACCOUNT_ORDER_MODIFIED,
         ACCOUNT_MARGIN_CHANGED,
         SOCIAL_TWEET,
         NEWS_HEADLINE,

@@ -46,10 +46,20 @@ from daemon.errors import (
 )
 from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import KNOWN_LAYERS, SandboxConfig
+from hooks_runtime.decisions import (
+    ALLOWED_DECISIONS,
+    Alert,
+    Decision,
+    Ignore,
+    Trade,
+    TradeIntent,
+    Wake,
+    to_decision,
+)
 from hooks_runtime.hookfile import HookSpec, hook_paths, kind_of, load_hook, spec_from_source
 from hooks_runtime.pool import HookResult, WorkerPool, open_worker_pool
 from hooks_runtime.protocol import ErrorKind, HookKind, encode_state
-from hooks_runtime.validate import ALLOWED_DECISIONS, validate_result
+from hooks_runtime.validate import validate_result
 
 #: Exception class per recorded error kind (skips map to the HookError base).
 ERROR_CLASSES: dict[str, type[HookError]] = {
@@ -68,12 +78,18 @@ __all__ = [
     "ALLOWED_DECISIONS",
     "ERROR_CLASSES",
     "KNOWN_LAYERS",
+    "Alert",
+    "Decision",
     "ErrorKind",
     "HookBreaker",
     "HookKind",
     "HookResult",
     "HookSpec",
+    "Ignore",
     "SandboxConfig",
+    "Trade",
+    "TradeIntent",
+    "Wake",
     "WorkerPool",
     "encode_state",
     "hook_paths",
@@ -81,5 +97,6 @@ __all__ = [
     "load_hook",
     "open_worker_pool",
     "spec_from_source",
+    "to_decision",
     "validate_result",
 ]

@@ -27,6 +27,7 @@ from daemon.errors import (
 )
 from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import SandboxConfig
+from hooks_runtime.decisions import Decision
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.process import WorkerProcess
 from hooks_runtime.protocol import (
@@ -52,7 +53,7 @@ class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     kind: HookKind
     revision: str
     runtime_ms: float
-    decision: dict[str, Any] | None = None
+    decision: Decision | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
     output: str = ""

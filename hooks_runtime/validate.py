@@ -1,5 +1,7 @@
 """Exact-type validation of a hook's result, run in the worker and again in the daemon.
 
+The checked dict is then converted to its typed Decision (see ``decisions``).
+
 ``isinstance`` is not enough: a ``dict`` subclass can override ``items()`` and a
 ``str`` subclass can make ``==`` lie. Only the exact JSON types pass, floats
 must be finite, and depth and size are capped. The daemon's check (after msgpack
@@ -12,15 +14,8 @@ import math
 from typing import Any, Final
 
 from daemon.errors import HookResultInvalid
+from hooks_runtime.decisions import ALLOWED_DECISIONS, Decision, to_decision
 
-ALLOWED_DECISIONS: Final[dict[str, frozenset[str]]] = {
-    "wake": frozenset({"IGNORE", "WAKE", "ALERT"}),
-    "autotrade": frozenset({"IGNORE", "TRADE_INTENT", "ALERT"}),
-    "copytrade": frozenset({"IGNORE", "TRADE_INTENT", "ALERT"}),
-}
-DECISION_KEYS: Final = frozenset(
-    {"decision", "reason", "dedupeKey", "cooldownSeconds", "intent", "data"}
-)
 MAX_DEPTH: Final = 32
 INT_MIN: Final = -(2**63)
 INT_MAX: Final = 2**63 - 1
@@ -59,42 +54,6 @@ def _check_json(value: Any, depth: int, budget: list[int], where: str) -> None:
         raise HookResultInvalid(f"{where}: {t.__name__} is not a JSON type")
     if budget[0] < 0:
         raise HookResultInvalid(f"{where}: result is larger than the size cap")
-
-
-MAX_DEDUPE_KEY = 256
-
-
-def _check_fields(result: dict[str, Any], kind: str) -> None:
-    if not DECISION_KEYS.issuperset(result):
-        unknown = sorted(set(result) - DECISION_KEYS)
-        raise HookResultInvalid(f"unknown key(s) {unknown}; allowed: {sorted(DECISION_KEYS)}")
-    decision = result.get("decision")
-    allowed = ALLOWED_DECISIONS[kind]
-    if type(decision) is not str or decision not in allowed:
-        raise HookResultInvalid(
-            f"decision {decision!r} is not allowed for a {kind} hook (one of {sorted(allowed)})"
-        )
-    if type(result.get("reason")) is not str:
-        raise HookResultInvalid("reason must be a str")
-    key = result.get("dedupeKey")
-    if key is not None and type(key) is not str:
-        raise HookResultInvalid("dedupeKey must be a str")
-    if key is not None and len(key) > MAX_DEDUPE_KEY:
-        # Every key is stored for dedupe_days: unbounded keys would be unbounded disk.
-        raise HookResultInvalid(
-            f"dedupeKey is {len(key)} characters, over the {MAX_DEDUPE_KEY} allowed "
-            "(use an id, e.g. a hash of what makes the decision unique)"
-        )
-    cooldown = result.get("cooldownSeconds")
-    if cooldown is not None and (
-        type(cooldown) not in (int, float) or not math.isfinite(cooldown) or cooldown < 0
-    ):
-        raise HookResultInvalid("cooldownSeconds must be a finite number >= 0")
-    intent = result.get("intent")
-    if decision == "TRADE_INTENT" and type(intent) is not dict:
-        raise HookResultInvalid("TRADE_INTENT needs an intent dict")
-    if decision != "TRADE_INTENT" and intent is not None:
-        raise HookResultInvalid(f"intent is only allowed with TRADE_INTENT, not {decision}")
 
 
 class _Bad(Exception):
@@ -139,8 +98,8 @@ def _scan(value: Any, depth: int, budget: int) -> int:
     return budget
 
 
-def validate_result(value: Any, kind: str, max_bytes: int) -> dict[str, Any]:
-    """Return ``value`` as a decision dict, or raise :exc:`HookResultInvalid`."""
+def validate_result(value: Any, kind: str, max_bytes: int) -> Decision:
+    """Return ``value`` as a typed Decision, or raise :exc:`HookResultInvalid`."""
     if kind not in ALLOWED_DECISIONS:
         raise HookResultInvalid(f"unknown hook kind {kind!r}")
     if type(value) is not dict:
@@ -150,5 +109,4 @@ def validate_result(value: Any, kind: str, max_bytes: int) -> dict[str, Any]:
     except (_Bad, UnicodeEncodeError, RecursionError):
         _check_json(value, 0, [max_bytes], "result")
         raise HookResultInvalid("result is not plain JSON data") from None
-    _check_fields(value, kind)
-    return value
+    return to_decision(value, kind)

@@ -135,7 +135,7 @@ class Evaluator:
     def evaluate(
         self, call: HookCall, event: dict[str, Any], state: Any, compile_only: bool
     ) -> tuple[Any, str]:
-        """Run one hook; returns (validated decision, printed output)."""
+        """Run one hook; returns (its checked result dict, printed output)."""
         code = self._code(call)
         if compile_only:
             return None, ""
@@ -151,8 +151,8 @@ class Evaluator:
             if type(fn) is not types.FunctionType:
                 raise HookCompileError("the hook defines no evaluate(event, state) function")
             value = fn(dict(event), state)
-            decision = validate_result(value, call.kind, self.cfg.max_result_bytes)
-            return decision, out.text()
+            validate_result(value, call.kind, self.cfg.max_result_bytes)
+            return value, out.text()
         finally:
             self.decimal_dirty = importer.touched_decimal
 

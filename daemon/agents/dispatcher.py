@@ -10,8 +10,8 @@ Each result is audited (IGNOREs and errors too) and then acted on:
 * a paused agent still evaluates (so ``why`` can explain) but acts on nothing;
 * WAKE goes to the agent's wake scheduler (which may suppress by budget);
 * ALERT goes to the alert notifier;
-* TRADE_INTENT is parsed and handed to the trade desk (the agent's risk
-  engine, then the broker under a client order id derived from the dedupe
+* TRADE_INTENT (its intent already typed at the sandbox boundary) goes to
+  the trade desk (the agent's risk engine, then the broker under a client order id derived from the dedupe
   key, so a retry after a crash cannot place a second order).
 
 Determinism: each agent keeps its *own* state cache, fed from the same
@@ -41,17 +41,18 @@ from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
-from daemon.audit.records import HookRecord, RiskRecord, now_ts
+from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
-from daemon.errors import HookRequestTooLarge, MarketwakeError
+from daemon.errors import HookRequestTooLarge
 from daemon.events import FeedEvent, parse_iso_ms, to_dict, topic_matches, trace_id_for
 from daemon.state import StateCache
 from daemon.trading.desk import AuditSink, TradeDesk
-from daemon.trading.intents import parse_intent
 from daemon.trading.route import MarketRoute
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
+from hooks_runtime.decisions import Alert as AlertDecision
+from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
 
@@ -189,7 +190,7 @@ class Dispatcher:
 
     def _settle(
         self, rt: AgentRuntime, event: FeedEvent, trace: str, r: HookResult
-    ) -> Callable[[], Awaitable[None]] | None:
+    ) -> Callable[[], Awaitable[object]] | None:
         """Record one result (audit row, dedupe, cooldown, wake submission) and return
         the action it still needs (an alert to send, an intent to trade), if any."""
         if not r.ok or r.decision is None:
@@ -198,9 +199,8 @@ class Dispatcher:
                 self._persist_pause(rt, r)
             return None
         d = r.decision
-        rt.last_outputs[r.hook_id] = d
-        decision = d["decision"]
-        if decision == "IGNORE":
+        rt.last_outputs[r.hook_id] = to_builtins(d)
+        if isinstance(d, Ignore):
             self._audit_hook(rt, event, trace, r)
             return None
         blocked = self._blocked(rt, event, r.hook_id, d)
@@ -208,36 +208,47 @@ class Dispatcher:
             self.suppressed += 1
             self._audit_hook(rt, event, trace, r, suppressed_by=blocked)
             return None
-        if decision == "WAKE":
-            decided_at = now_ts()  # the hook's row is stamped before the scheduler's
-            request = WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
-            outcome = rt.scheduler.submit(request)
-            by = outcome.suppressed_by
-            self._audit_hook(rt, event, trace, r, suppressed_by=by, ts=decided_at)
-            return None
-        self._audit_hook(rt, event, trace, r)
-        if decision == "ALERT":
-            alert = Alert(**self._about(rt, event, trace, r.hook_id, d))
-            return partial(self.alerts.send, alert)
-        if decision == "TRADE_INTENT":
-            return partial(self._trade, rt, event, trace, r.hook_id, d)
+        match d:
+            case Wake():
+                decided_at = now_ts()  # the hook's row is stamped before the scheduler's
+                request = WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
+                outcome = rt.scheduler.submit(request)
+                by = outcome.suppressed_by
+                self._audit_hook(rt, event, trace, r, suppressed_by=by, ts=decided_at)
+                return None
+            case AlertDecision():
+                self._audit_hook(rt, event, trace, r)
+                alert = Alert(**self._about(rt, event, trace, r.hook_id, d))
+                return partial(self.alerts.send, alert)
+            case Trade(intent=intent):
+                self._audit_hook(rt, event, trace, r)
+                key = d.dedupe_key or f"{r.hook_id}:{event.event_id}"
+                return partial(
+                    self.desk.handle,
+                    intent,
+                    agent_id=rt.agent_id,
+                    dedupe_key=key,
+                    trace_id=trace,
+                    hook_id=r.hook_id,
+                    event_id=event.event_id,
+                )
         return None
 
-    def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: dict[str, Any]) -> str:
+    def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: Decision) -> str:
         """dedupe / cooldown / paused, or ``none``; records the key and cooldown if acting."""
         if rt.paused:
             return "paused"
         event_ms = parse_iso_ms(event.ts)
         scope = event.symbol or "*"
-        key = d.get("dedupeKey")
-        if isinstance(key, str) and self.store.seen(rt.agent_id, key):
+        key = d.dedupe_key
+        if key is not None and self.store.seen(rt.agent_id, key):
             return "dedupe"
         if self.store.cooling(rt.agent_id, hook, scope, event_ms):
             return "cooldown"
-        if isinstance(key, str):
+        if key is not None:
             self.store.mark(rt.agent_id, key, event_ms)
-        cooldown = d.get("cooldownSeconds")
-        if isinstance(cooldown, int | float) and cooldown > 0:
+        cooldown = d.cooldown_seconds
+        if cooldown:
             until = event_ms + int(min(cooldown, MAX_COOLDOWN_SECONDS) * 1000)
             self.store.start_cooldown(rt.agent_id, hook, scope, until)
         return "none"
@@ -269,47 +280,19 @@ class Dispatcher:
 
     @staticmethod
     def _about(
-        rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
+        rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: Decision
     ) -> dict[str, Any]:
         """Who decided what about which event: the fields of a wake request and an alert."""
         return {
             "agent_id": rt.agent_id,
             "hook_id": hook,
-            "reason": str(d.get("reason", "")),
+            "reason": d.reason,
             "event_id": event.event_id,
             "trace_id": trace,
             "symbol": event.symbol,
             "topic": event.topic,
             "ts": event.ts,
         }
-
-    async def _trade(
-        self, rt: AgentRuntime, event: FeedEvent, trace: str, hook: str, d: dict[str, Any]
-    ) -> None:
-        try:
-            intent = parse_intent(d.get("intent"))
-        except MarketwakeError as exc:
-            self.audit.write(
-                RiskRecord(
-                    ts=now_ts(),
-                    agent_id=rt.agent_id,
-                    trace_id=trace,
-                    hook_id=hook,
-                    event_id=event.event_id,
-                    approved=False,
-                    reasons=[{"code": "INVALID_INTENT", "message": str(exc)}],
-                )
-            )
-            return
-        key = d.get("dedupeKey") or f"{hook}:{event.event_id}"
-        await self.desk.handle(
-            intent,
-            agent_id=rt.agent_id,
-            dedupe_key=str(key),
-            trace_id=trace,
-            hook_id=hook,
-            event_id=event.event_id,
-        )
 
     def _audit_hook(
         self,
@@ -322,8 +305,7 @@ class Dispatcher:
         error: str | None = None,
         ts: str | None = None,
     ) -> None:
-        d = r.decision or {}
-        key = d.get("dedupeKey")
+        d = r.decision
         self.audit.write(
             HookRecord(
                 ts=ts or now_ts(),
@@ -335,9 +317,9 @@ class Dispatcher:
                 event_id=event.event_id,
                 topic=event.topic,
                 symbol=event.symbol,
-                decision=d.get("decision"),
-                reason=str(d.get("reason", "")),
-                dedupe_key=key if isinstance(key, str) else None,
+                decision=d.name if d else None,
+                reason=d.reason if d else "",
+                dedupe_key=d.dedupe_key if d else None,
                 suppressed_by=suppressed_by,  # type: ignore[arg-type]
                 runtime_ms=round(r.runtime_ms, 3),
                 error=error,

@@ -17,6 +17,7 @@ import msgspec
 from daemon.events import (
     ACCOUNT_ORDER_CANCELED,
     ACCOUNT_ORDER_FILLED,
+    ACCOUNT_ORDER_MODIFIED,
     ACCOUNT_ORDER_PLACED,
     FeedEvent,
     iso_ms,
@@ -175,7 +176,9 @@ def order_record(order: Order, broker: str) -> OrderRecord:
     )
 
 
-_ORDER_TOPICS = frozenset({ACCOUNT_ORDER_PLACED, ACCOUNT_ORDER_FILLED, ACCOUNT_ORDER_CANCELED})
+_ORDER_TOPICS = frozenset(
+    {ACCOUNT_ORDER_PLACED, ACCOUNT_ORDER_FILLED, ACCOUNT_ORDER_CANCELED, ACCOUNT_ORDER_MODIFIED}
+)
 
 
 def order_record_from_event(event: FeedEvent) -> OrderRecord | None:

@@ -66,6 +66,10 @@ class Broker(Protocol):
         """Cancel a working order; raises :exc:`BrokerError` if unknown or finished."""
         ...
 
+    async def modify(self, client_order_id: str, change: TradeIntent) -> Order:
+        """Apply a risk-approved MODIFY_ORDER; raises :exc:`BrokerError` if not working."""
+        ...
+
     async def on_market_event(self, event: FeedEvent) -> None:
         """Feed a market event (ticks, closed candles) for marks and simulated fills."""
         ...

@@ -8,6 +8,8 @@ give the broker a publish wrapped by :func:`audited_publish` so each state
 change is audited exactly once, whoever caused it. An intent whose client order id the broker
 already knows (a retry, a replay, a restart) is not risk-checked again: the
 broker returns the order it has, finishing it if a crash interrupted it.
+MODIFY_ORDER and CANCEL_ORDER act on a working order of the agent's own
+account, named by its ``orderId`` (the order's ``clientOrderId``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import msgspec
 from daemon.audit.records import AuditRecord, order_record_from_event, risk_record
 from daemon.events import FeedEvent
 from daemon.trading.broker import Broker, OrderRequest, client_order_id
-from daemon.trading.intents import RiskLimits, TradeIntent, TradingState
+from daemon.trading.intents import ORDER_ACTIONS, RiskLimits, TradeIntent, TradingState
 from daemon.trading.portfolio import Order
-from daemon.trading.risk import RiskEngine, Verdict
+from daemon.trading.risk import ORDER_NOT_FOUND, Reason, RiskEngine, Verdict
 from feeds.base import Publish
 
 
@@ -99,6 +101,10 @@ class TradeDesk:
         event_id: str | None = None,
     ) -> TradeOutcome:
         """Check, audit the verdict, submit. ``dedupe_key`` must be stable across retries."""
+        if intent.action in ORDER_ACTIONS:
+            return await self._amend(
+                intent, agent_id=agent_id, trace_id=trace_id, hook_id=hook_id, event_id=event_id
+            )
         coid = client_order_id(agent_id, dedupe_key)
         account = self.account_of(agent_id)
         if self.broker.get_order(coid) is not None:
@@ -137,6 +143,62 @@ class TradeDesk:
         )
         order = await broker.submit(request)
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=order)
+
+    async def _amend(
+        self,
+        intent: TradeIntent,
+        *,
+        agent_id: str,
+        trace_id: str | None,
+        hook_id: str | None,
+        event_id: str | None,
+    ) -> TradeOutcome:
+        """MODIFY_ORDER / CANCEL_ORDER on one of the account's working orders.
+
+        A cancel only takes risk away, so no rule but "it is yours and working"
+        applies; a change is checked by :meth:`RiskEngine.check_change`. Both are
+        idempotent: re-delivered, a change sets the same values again and a
+        cancel finds the order gone (rejected, nothing happens twice).
+        """
+        assert intent.order_id is not None  # TradeIntent guarantees it for these actions
+        coid, broker = intent.order_id, self.broker
+        account = self.account_of(agent_id)
+        order = broker.get_order(coid)
+        if order is None or order.account_id != account or order.status != "OPEN":
+            state = "unknown" if order is None or order.account_id != account else order.status
+            why = f"order {coid} is {state} in account {account}; only OPEN orders can change"
+            verdict = Verdict(approved=False, reasons=(Reason(ORDER_NOT_FOUND, why),))
+        elif order.symbol != intent.symbol:
+            why = f"order {coid} trades {order.symbol}, not {intent.symbol}"
+            verdict = Verdict(approved=False, reasons=(Reason(ORDER_NOT_FOUND, why),))
+        elif intent.action == "CANCEL_ORDER":
+            verdict = Verdict(approved=True, order=intent, reducing=True)
+        else:
+            verdict = self.engine(agent_id).check_change(
+                intent,
+                order,
+                broker.view(account),
+                broker.last_price(order.symbol),
+                broker.now_ms(),
+            )
+        self._write(
+            risk_record(
+                verdict,
+                intent,
+                agent_id=agent_id,
+                trace_id=trace_id,
+                hook_id=hook_id,
+                event_id=event_id,
+                client_order_id=coid,
+            )
+        )
+        if not verdict.approved:
+            return TradeOutcome(client_order_id=coid, verdict=verdict, order=None)
+        if intent.action == "CANCEL_ORDER":
+            done = await broker.cancel(coid)
+        else:
+            done = await broker.modify(coid, intent)
+        return TradeOutcome(client_order_id=coid, verdict=verdict, order=done)
 
     def _write(self, record: AuditRecord) -> None:
         if self.audit is not None:

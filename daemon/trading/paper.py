@@ -23,6 +23,7 @@ the event, never the order or the fill (the state is what the store says).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +34,9 @@ import msgspec
 from daemon import events as ev
 from daemon.errors import BrokerError
 from daemon.events import FeedEvent
+from daemon.trading.amend import amended, misfit
 from daemon.trading.broker import Broker, OrderRequest
+from daemon.trading.intents import TradeIntent
 from daemon.trading.matching import (
     Applied,
     Candle,
@@ -174,6 +177,28 @@ class PaperBroker:
             self._cancel(order, "canceled by request", self.now_ms(), out)
         await self._emit(out)
         return self._store.get_order(client_order_id) or order
+
+    async def modify(self, client_order_id: str, change: TradeIntent) -> Order:
+        """Change a working order (see :mod:`daemon.trading.amend`); a limit moved
+        through the market fills at once, as a new one would."""
+        order = self._working.get(client_order_id)
+        if order is None or order.status != "OPEN":
+            raise BrokerError(f"cannot modify order {client_order_id}: it is not open")
+        why = misfit(order, change)
+        if why is not None:
+            raise BrokerError(why)
+        out: list[FeedEvent] = []
+        changed = amended(order, change, max(self.now_ms(), order.updated_ms))
+        digest = hashlib.blake2b(msgspec.json.encode(changed), digest_size=6).hexdigest()
+        with self._store.transaction():
+            self._save(changed)
+            out.append(self._order_event(ev.ACCOUNT_ORDER_MODIFIED, changed, f"modified:{digest}"))
+        last = self._marks.get(order.symbol)
+        fill = marketable_price(changed, last) if last is not None else None
+        if fill is not None and changed.role == "entry":
+            self._fill_in_txn(changed, fill, changed.updated_ms, out)
+        await self._emit(out)
+        return self._store.get_order(client_order_id) or changed
 
     async def on_market_event(self, event: FeedEvent) -> None:
         """Take prices from ticks and closed candles; other events are ignored."""

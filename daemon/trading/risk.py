@@ -22,8 +22,9 @@ from typing import Final
 
 import msgspec
 
+from daemon.trading.amend import as_placed, misfit
 from daemon.trading.intents import RiskLimits, TradeIntent, TradingState
-from daemon.trading.portfolio import PortfolioView
+from daemon.trading.portfolio import Order, PortfolioView
 
 KILL_SWITCH: Final = "KILL_SWITCH"
 HALTED: Final = "HALTED"
@@ -40,6 +41,8 @@ TOTAL_EXPOSURE: Final = "TOTAL_EXPOSURE"
 OPEN_ORDERS: Final = "OPEN_ORDERS"
 ORDER_RATE: Final = "ORDER_RATE"
 DAILY_LOSS: Final = "DAILY_LOSS"
+ORDER_NOT_FOUND: Final = "ORDER_NOT_FOUND"
+ORDER_CHANGE: Final = "ORDER_CHANGE"
 
 RATE_WINDOW_MS: Final = 60_000
 
@@ -296,6 +299,53 @@ class RiskEngine:
                 approved=False, reasons=tuple(reasons), reducing=reducing, notional=notional
             )
         return Verdict(approved=True, order=order, reducing=reducing, notional=notional)
+
+    def check_change(
+        self,
+        change: TradeIntent,
+        order: Order,
+        view: PortfolioView,
+        last_price: float | None,
+        now_ms: int,
+    ) -> Verdict:
+        """MODIFY_ORDER on ``order`` (a working order of this agent's account).
+
+        A changed entry is checked as the new limit order it becomes, beside the
+        account's other orders (so its old size is not counted twice); the
+        order-rate throttle is skipped (no order is placed). A changed stop or
+        target must stay on its side of the last price, or it would fire at once.
+        """
+        gate = self._gate()
+        if gate is not None:
+            return Verdict(approved=False, reasons=(gate,))
+        why = misfit(order, change)
+        if why is not None:
+            return Verdict(approved=False, reasons=(_fail(ORDER_CHANGE, why),))
+        if order.role == "entry":
+            others = msgspec.structs.replace(
+                view,
+                open_orders=tuple(
+                    o for o in view.open_orders if o.client_order_id != order.client_order_id
+                ),
+                recent_order_ms=(),
+            )
+            verdict = self.check(as_placed(order, change), others, last_price, now_ms)
+            return msgspec.structs.replace(verdict, order=change if verdict.approved else None)
+        if last_price is None or last_price <= 0:
+            reason = _fail(NO_PRICE, f"no last price for {order.symbol}; cannot place the trigger")
+            return Verdict(approved=False, reasons=(reason,))
+        level = change.stop_loss if order.role == "stop_loss" else change.take_profit
+        assert level is not None  # misfit() made sure the role's own field is the one set
+        below = (order.role == "stop_loss") == (order.side == "sell")
+        if (level >= last_price) if below else (level <= last_price):
+            where = "below" if below else "above"
+            reason = _fail(
+                BRACKET_WRONG_SIDE,
+                f"the {order.role} of this position must stay {where} the last price "
+                f"{last_price:g} (got {level:g})",
+            )
+            return Verdict(approved=False, reasons=(reason,))
+        return Verdict(approved=True, order=change, reducing=True)
 
     def _gate(self) -> Reason | None:
         if self.kill_switch_on():

@@ -403,3 +403,37 @@ async def test_trading_results_do_not_depend_on_replay_speed(tmp_path: Path) -> 
         )
     assert outcomes[0] == outcomes[1]
     assert ("order", None, "FILLED", "entry") in outcomes[0]
+
+
+async def test_a_hook_places_moves_and_cancels_its_own_order(tmp_path: Path) -> None:
+    """Through the real pipeline: candle 0 rests a limit, candle 1 moves it (the hook
+    finds it in state.orders), candle 2 cancels it; a malformed intent is a recorded
+    invalid_result of the hook, never a trade."""
+    src = (
+        "def evaluate(event, state):\n"
+        "    sym = event['symbol']\n"
+        "    mine = [o for o in state['orders'] if o['symbol'] == sym]\n"
+        "    n = len(state['candles'][sym]['1m'])\n"
+        "    base = {'decision': 'TRADE_INTENT', 'reason': 'step ' + str(n)}\n"
+        "    if n == 1:\n"
+        "        return {**base, 'intent': {'action': 'PLACE_LIMIT_ORDER', 'symbol': sym,\n"
+        "                'side': 'buy', 'volume': 0.01, 'openPrice': 98.0, 'stopLoss': 90.0}}\n"
+        "    if n == 2:\n"
+        "        return {**base, 'intent': {'action': 'MODIFY_ORDER', 'symbol': sym,\n"
+        "                'orderId': mine[0]['clientOrderId'], 'openPrice': 97.5}}\n"
+        "    if n == 3:\n"
+        "        return {**base, 'intent': {'action': 'CANCEL_ORDER', 'symbol': sym,\n"
+        "                'orderId': mine[0]['clientOrderId']}}\n"
+        "    return {**base, 'intent': {'action': 'CANCEL_ORDER', 'symbol': sym}}\n"
+    )
+    agents = workspace(tmp_path, {"autotrade_steps.py": src})
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(4)]))
+    rows = audit(tmp_path)
+    risk = [(r["intent"]["action"], r["approved"]) for r in rows if r["type"] == "risk"]
+    assert risk == [("PLACE_LIMIT_ORDER", True), ("MODIFY_ORDER", True), ("CANCEL_ORDER", True)]
+    orders = [(o["status"], o["price"]) for o in rows if o["type"] == "order"]
+    assert orders == [("OPEN", 98.0), ("OPEN", 97.5), ("CANCELED", 97.5)]
+    (bad,) = [r for r in rows if r["type"] == "hook" and r.get("error")]
+    assert bad["error"].startswith(
+        "invalid_result: invalid TRADE_INTENT result: CANCEL_ORDER needs"
+    )

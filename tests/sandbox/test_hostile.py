@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from hooks_runtime import HookResult, WorkerPool, spec_from_source
+from hooks_runtime.decisions import Wake
 from tests.sandbox.conftest import Sentinels
 
 EVENT = {
@@ -238,7 +239,7 @@ async def _run(pool: WorkerPool, s: Sentinels, hook_id: str, source: str) -> Hoo
     results = await pool.evaluate("victim", [hostile, CANARY], EVENT, STATE)
     other = await pool.evaluate("bystander", [CANARY], EVENT, STATE)
     for canary in (results[1], other[0]):
-        assert canary.decision == {"decision": "WAKE", "reason": "pristine"}, canary
+        assert canary.decision == Wake(reason="pristine"), canary
     s.check(results + other)
     return results[0]
 
@@ -251,7 +252,7 @@ async def test_hostile_hook(
     result = await _run(pool, sentinels, case, source)
     if expected in ("WAKE", "IGNORE"):
         assert result.ok and result.decision is not None, result
-        assert result.decision["decision"] == expected
+        assert result.decision.name == expected
     else:
         assert result.error_kind in expected.split("|"), result
         assert result.error and len(result.error) <= pool.config.max_error_chars
@@ -271,7 +272,7 @@ async def test_exception_obj_is_not_a_module(pool: WorkerPool, sentinels: Sentin
     """AttributeError.obj (CVE-2024-47532) carries nothing from a namespace lookup."""
     src = CASES[[c[0] for c in CASES].index("exception_obj")][1]
     result = await _run(pool, sentinels, "exception_obj2", src)
-    assert result.decision == {"decision": "WAKE", "reason": "None"}
+    assert result.decision == Wake(reason="None")
 
 
 async def test_autotrade_may_not_wake(pool: WorkerPool, sentinels: Sentinels) -> None:

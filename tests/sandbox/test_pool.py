@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from daemon.cli.main import cli
 from daemon.errors import SandboxUnavailable
 from hooks_runtime import HookBreaker, SandboxConfig, WorkerPool, open_worker_pool, spec_from_source
+from hooks_runtime.decisions import Ignore, Wake
 from hooks_runtime.process import WORKER_ENV, worker_sys_path
 from tests.sandbox.conftest import SECRET_VALUE, TEST_CONFIG, Sentinels
 from tests.sandbox.test_hostile import CANARY, EVENT, STATE
@@ -54,7 +55,7 @@ async def test_timeout_blames_only_the_overrunning_hook(pool: WorkerPool) -> Non
     results = await pool.evaluate("t1", [a, LOOP, b], EVENT, STATE)
     elapsed = time.monotonic() - t0
     assert [r.error_kind for r in results] == [None, "timeout", None]
-    assert results[2].decision == {"decision": "IGNORE", "reason": "ok"}
+    assert results[2].decision == Ignore(reason="ok")
     assert pool.worker_pids()["t1"] != old
     assert await _eventually(lambda: not os.path.exists(f"/proc/{old}"))
     budget = TEST_CONFIG.timeout_ms / 1000
@@ -188,7 +189,7 @@ async def test_globals_do_not_carry_over(pool: WorkerPool) -> None:
     )
     hook = spec_from_source("wake_counter", "wake", src)
     reasons = [(await pool.evaluate("g", [hook, hook], EVENT, STATE)) for _ in range(3)]
-    assert {r.decision["reason"] for rs in reasons for r in rs if r.decision} == {"2"}
+    assert {r.decision.reason for rs in reasons for r in rs if r.decision} == {"2"}
 
 
 async def test_same_revision_same_event_same_decision(pool: WorkerPool) -> None:
@@ -212,7 +213,7 @@ async def test_new_revision_that_fails_compile_leaves_old_one_usable(pool: Worke
     checked = await pool.compile("rev", [bad, other])
     assert [r.error_kind for r in checked] == ["compile", None]
     results = await pool.evaluate("rev", [good, other], EVENT, STATE)
-    assert results[0].decision == {"decision": "IGNORE", "reason": "v1"} and results[1].ok
+    assert results[0].decision == Ignore(reason="v1") and results[1].ok
 
 
 async def test_memory_error_and_recycling_replace_the_worker() -> None:
@@ -443,7 +444,7 @@ async def test_legitimate_hooks_have_a_useful_standard_surface(pool: WorkerPool)
     r = (await pool.evaluate("legit", [LEGIT], EVENT, STATE))[0]
     assert r.ok, r
     assert r.decision is not None and r.output == "computed 12\n"
-    assert r.decision["data"] == {
+    assert r.decision.data == {
         "sma": 100.0,
         "stdev": 1.0,
         "median": 100.0,
@@ -466,7 +467,7 @@ async def test_pre_encoded_state_is_accepted(pool: WorkerPool) -> None:
     raw = encode_state(STATE)
     for agent in ("enc1", "enc2"):
         r = await pool.evaluate(agent, [CANARY], EVENT, raw)
-        assert r[0].decision == {"decision": "WAKE", "reason": "pristine"}
+        assert r[0].decision == Wake(reason="pristine")
 
 
 DAEMON_PROBE = r"""
@@ -565,7 +566,7 @@ async def test_polling_and_sleeping_give_the_same_outcomes(spin_us: int) -> None
         results = await p.evaluate("s", [CANARY, slow, LOOP, CANARY], EVENT, STATE)
     kinds = [r.error_kind for r in results]
     assert kinds == [None, None, "timeout", None]
-    assert results[1].decision == {"decision": "IGNORE", "reason": str(sum(range(100000)))}
+    assert results[1].decision == Ignore(reason=str(sum(range(100000))))
 
 
 async def test_worker_that_stops_reading_is_replaced(pool: WorkerPool) -> None:

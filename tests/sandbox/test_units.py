@@ -74,14 +74,19 @@ def test_garbage_from_worker_is_a_crash() -> None:
         ([], "wake", "must return a dict"),
         ({"decision": "TRADE_INTENT", "reason": "x", "intent": {}}, "wake", "not allowed"),
         ({"decision": "WAKE", "reason": "x"}, "autotrade", "not allowed"),
-        ({"decision": "WAKE"}, "wake", "reason must be a str"),
+        ({"decision": "WAKE"}, "wake", "missing required field `reason`"),
+        ({"decision": "WAKE", "reason": 3}, "wake", "Expected `str`, got `int` - at `\\$.reason`"),
         ({"decision": "WAKE", "reason": "x", "cooldown": 1}, "wake", "unknown key"),
         ({"decision": "WAKE", "reason": "x", "cooldownSeconds": -1}, "wake", "cooldownSeconds"),
         ({"decision": "WAKE", "reason": "x", "cooldownSeconds": True}, "wake", "cooldownSeconds"),
         ({"decision": "WAKE", "reason": "x", "cooldownSeconds": math.inf}, "wake", "finite"),
         ({"decision": "WAKE", "reason": "x", "data": math.nan}, "wake", "not finite"),
         ({"decision": "WAKE", "reason": "x", "dedupeKey": 5}, "wake", "dedupeKey"),
-        ({"decision": "TRADE_INTENT", "reason": "x"}, "autotrade", "needs an intent"),
+        (
+            {"decision": "TRADE_INTENT", "reason": "x"},
+            "autotrade",
+            "missing required field `intent`",
+        ),
         ({"decision": "ALERT", "reason": "x", "intent": {}}, "wake", "only allowed with"),
         ({"decision": "WAKE", "reason": "x", "data": {1: 2}}, "wake", "key int"),
         ({"decision": "WAKE", "reason": "x", "data": (1,)}, "wake", "tuple is not a JSON"),
@@ -289,9 +294,10 @@ def test_spin_policy_polls_only_for_lone_batches() -> None:
 def test_an_over_long_dedupe_key_is_an_invalid_result() -> None:
     """A key is stored for weeks: 63 KB keys were a disk-filling attack."""
     from daemon.errors import HookResultInvalid
-    from hooks_runtime.validate import MAX_DEDUPE_KEY, validate_result
+    from hooks_runtime.decisions import MAX_DEDUPE_KEY
+    from hooks_runtime.validate import validate_result
 
     ok = {"decision": "WAKE", "reason": "r", "dedupeKey": "k" * MAX_DEDUPE_KEY}
     validate_result(ok, "wake", 65536)
-    with pytest.raises(HookResultInvalid, match="dedupeKey is 63000 characters"):
+    with pytest.raises(HookResultInvalid, match=r"length <= 256 - at `\$.dedupeKey`"):
         validate_result({**ok, "dedupeKey": "k" * 63_000}, "wake", 65536)

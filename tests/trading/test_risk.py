@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from daemon.trading import risk
@@ -231,5 +232,24 @@ def test_every_code_is_covered_here() -> None:
         risk.HALTED,
         risk.REDUCE_ONLY,
         risk.NOTHING_TO_CLOSE,
+        risk.ORDER_CHANGE,  # below
+        risk.ORDER_NOT_FOUND,  # the desk's check: tests/trading/test_amend.py
     }
     assert defined == covered
+
+
+def test_a_change_that_does_not_fit_the_order_is_rejected() -> None:
+    """A market entry cannot rest, and a stop order has only its trigger to move."""
+    engine = risk.RiskEngine(RiskLimits())
+    stop = msgspec.structs.replace(
+        working(1)[0], role="stop_loss", order_type="stop", side="sell", stop_price=90.0,
+        limit_price=None, symbol="BTC",
+    )  # fmt: skip
+    change = parse_intent({"action": "MODIFY_ORDER", "symbol": "BTC", "orderId": "x", "volume": 2})
+    verdict = engine.check_change(change, stop, long(), LAST, NOW)
+    assert verdict.codes == [risk.ORDER_CHANGE]
+    assert "cannot change volume (it can change: stopLoss)" in verdict.reasons[0].message
+    trail = parse_intent(
+        {"action": "MODIFY_ORDER", "symbol": "BTC", "orderId": "x", "stopLoss": 95}
+    )
+    assert engine.check_change(trail, stop, long(), LAST, NOW).approved
