@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import time
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -112,6 +113,95 @@ class FeedEvent(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_
         return f"{self.source}:{self.symbol or '-'}:{self.timeframe or '-'}"
 
 
+# --- typed payloads ---------------------------------------------------------
+
+
+class Candle(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
+    """One OHLCV bucket: the poller's parse, the payload of ``market.candle.*``,
+    a state-cache entry and what the paper broker fills against.
+
+    Times are epoch milliseconds; ``close_time_ms`` is the close (the end of
+    the bucket). The payload adds ISO ``openTime`` / ``closeTime`` for hooks.
+    """
+
+    open: float
+    high: float
+    low: float
+    close: float
+    volume: float
+    open_time_ms: int
+    close_time_ms: int
+
+    def payload(self) -> dict[str, Any]:
+        """The event payload (and state-cache entry) of this candle."""
+        return {
+            "open": self.open,
+            "high": self.high,
+            "low": self.low,
+            "close": self.close,
+            "volume": self.volume,
+            "openTime": iso_ms(self.open_time_ms),
+            "closeTime": iso_ms(self.close_time_ms),
+            "openTimeMs": self.open_time_ms,
+            "closeTimeMs": self.close_time_ms,
+        }
+
+    @property
+    def consistent(self) -> bool:
+        """low <= open, close <= high: a range a fill can be judged against."""
+        return self.low <= min(self.open, self.close) <= max(self.open, self.close) <= self.high
+
+
+class TickPayload(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """The payload of ``market.price.tick`` (the ticker's numeric fields, camelCase).
+
+    Only ``price`` is required; ``staleAfterReconnect`` marks the snapshot a
+    reconnect delivers (a price, not a trade).
+    """
+
+    price: float
+    volume24h: float | None = None
+    percent_change24h: float | None = msgspec.field(default=None, name="percentChange24h")
+    high24h: float | None = None
+    low24h: float | None = None
+    low52w: float | None = None
+    high52w: float | None = None
+    best_bid: float | None = msgspec.field(default=None, name="bestBid")
+    best_ask: float | None = msgspec.field(default=None, name="bestAsk")
+    best_bid_quantity: float | None = msgspec.field(default=None, name="bestBidQuantity")
+    best_ask_quantity: float | None = msgspec.field(default=None, name="bestAskQuantity")
+    stale_after_reconnect: bool = msgspec.field(default=False, name="staleAfterReconnect")
+
+
+def candle_of(payload: Any) -> Candle | None:
+    """The candle in an event payload; None if a field is missing, mistyped or not
+    finite, or a time is outside what a calendar holds."""
+    if type(payload) is not dict:
+        return None
+    try:
+        c = msgspec.convert(payload, Candle)
+    except msgspec.ValidationError:
+        return None
+    if not all(math.isfinite(v) for v in (c.open, c.high, c.low, c.close, c.volume)):
+        return None
+    if not (_MIN_MS <= c.open_time_ms <= _MAX_MS and _MIN_MS <= c.close_time_ms <= _MAX_MS):
+        return None
+    return c
+
+
+def tick_of(payload: Any) -> TickPayload | None:
+    """The tick in an event payload; None unless ``price`` is a finite number > 0."""
+    if type(payload) is not dict:
+        return None
+    try:
+        t = msgspec.convert(payload, TickPayload)
+    except msgspec.ValidationError:
+        return None
+    return t if math.isfinite(t.price) and t.price > 0 else None
+
+
+_MIN_MS: Final = 0
+_MAX_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(FeedEvent)
 

@@ -15,7 +15,6 @@ raised: one malformed event must not take the daemon down.
 
 from __future__ import annotations
 
-import math
 import os
 from collections import deque
 from collections.abc import Iterable
@@ -32,47 +31,14 @@ from daemon.events import (
     MARKET_CANDLE_UPDATED,
     MARKET_PRICE_TICK,
     TIMEFRAMES,
+    Candle,
     FeedEvent,
-    iso_ms,
+    candle_of,
 )
 from daemon.indicators import CandleIndicators
 
 DEFAULT_EXPORT_CANDLES = 50
 SNAPSHOT_VERSION = 1
-
-
-class Candle(msgspec.Struct, frozen=True, gc=False, rename="camel"):
-    """One OHLCV candle as the candle feeds put it in ``payload``."""
-
-    open: float
-    high: float
-    low: float
-    close: float
-    volume: float
-    open_time_ms: int
-    close_time_ms: int
-    open_time: str = ""
-    close_time: str = ""
-
-
-def parse_candle(payload: dict[str, Any]) -> Candle | None:
-    """The candle in an event payload, or None if a field is missing or not finite."""
-    try:
-        c = msgspec.convert(payload, Candle)
-    except msgspec.ValidationError:
-        return None
-    if not all(math.isfinite(v) for v in (c.open, c.high, c.low, c.close, c.volume)):
-        return None
-    if not c.open_time or not c.close_time:
-        try:
-            c = msgspec.structs.replace(
-                c,
-                open_time=c.open_time or iso_ms(c.open_time_ms),
-                close_time=c.close_time or iso_ms(c.close_time_ms),
-            )
-        except (ValueError, OverflowError, OSError):  # a time no calendar holds
-            return None
-    return c
 
 
 class _SnapshotSeries(msgspec.Struct, frozen=True):
@@ -176,7 +142,7 @@ class StateCache:
         return series
 
     def _candle_of(self, payload: Any) -> Candle | None:
-        candle = parse_candle(payload) if isinstance(payload, dict) else None
+        candle = candle_of(payload)
         if candle is None:
             self._counters["malformed"] += 1
         return candle
@@ -197,7 +163,7 @@ class StateCache:
             return False
         if last is not None and series.step_ms and candle.close_time_ms - last > series.step_ms:
             self._counters["gaps"] += 1
-        series.candles.append(msgspec.to_builtins(candle))
+        series.candles.append(candle.payload())
         series.last_close_ms = candle.close_time_ms
         series.indicators.update(candle.high, candle.low, candle.close)
         if series.forming is not None and series.forming.close_time_ms <= candle.close_time_ms:
@@ -305,7 +271,7 @@ class StateCache:
         out["candles"].setdefault(symbol, {})[tf] = series.last(candles)
         out["indicators"].setdefault(symbol, {})[tf] = series.indicators.export()
         if series.forming is not None:
-            out["forming"].setdefault(symbol, {})[tf] = msgspec.to_builtins(series.forming)
+            out["forming"].setdefault(symbol, {})[tf] = series.forming.payload()
 
     def series(self, symbol: str, timeframe: str) -> Series | None:
         """The live series object (for in-process readers; do not mutate)."""

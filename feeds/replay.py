@@ -50,9 +50,9 @@ from anyio.abc import TaskStatus
 
 from daemon.config import ReplaySection
 from daemon.errors import ReplayError
-from daemon.events import TIMEFRAMES, FeedEvent, decode, parse_iso_ms
+from daemon.events import TIMEFRAMES, Candle, FeedEvent, decode, parse_iso_ms
 from feeds.base import FeedHealth, Publish
-from feeds.candles.protocol import Candle, closed_event
+from feeds.candles.protocol import closed_event
 
 log = structlog.get_logger("feeds.replay")
 
@@ -203,15 +203,15 @@ class ReplayFeed:
             if not line.strip():
                 continue
             candle = _csv_candle(line, tf_ms, f"{self.path}:{lineno}")
-            if candle.start_ms <= last:
+            if candle.open_time_ms <= last:
                 raise ReplayError(f"{self.path}:{lineno}: open_time_ms not increasing")
-            last = candle.start_ms
+            last = candle.open_time_ms
             yield closed_event(
                 candle,
                 source=self.config.source,
                 symbol=symbol,
                 timeframe=timeframe,
-                received_ms=candle.end_ms,
+                received_ms=candle.close_time_ms,
             )
 
 
@@ -229,7 +229,9 @@ def _csv_candle(line: str, tf_ms: int, where: str) -> Candle:
         raise ReplayError(f"{where}: values must be finite and non-negative")
     if lo > min(o, c) or h < max(o, c, lo):
         raise ReplayError(f"{where}: high/low do not contain open and close")
-    return Candle(start_ms=start, end_ms=start + tf_ms, open=o, high=h, low=lo, close=c, volume=v)
+    return Candle(
+        open_time_ms=start, close_time_ms=start + tf_ms, open=o, high=h, low=lo, close=c, volume=v
+    )
 
 
 class _Pacer:

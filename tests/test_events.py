@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import daemon
@@ -69,3 +70,31 @@ def test_candle_event_id_is_stable() -> None:
     assert a == events.candle_event_id("coinbase", "BTC-USD", "5m", 1)
     assert events.trace_id_for(a) == events.trace_id_for(a)
     assert events.trace_id_for(a) != events.trace_id_for(a + "x")
+
+
+def test_one_candle_type_round_trips_through_its_payload() -> None:
+    """The poller's, the state cache's and the broker's candle is one Struct: its
+    payload parses back to itself; malformed payloads parse to None."""
+    from daemon.events import Candle, candle_of
+
+    c = Candle(open=1, high=2, low=0.5, close=1.5, volume=3,
+               open_time_ms=1_700_000_000_000, close_time_ms=1_700_000_300_000)  # fmt: skip
+    payload = c.payload()
+    assert payload["closeTime"] == "2023-11-14T22:18:20.000Z"
+    assert candle_of(payload) == c and c.consistent
+    assert not Candle(**{**msgspec.structs.asdict(c), "high": 1.0}).consistent
+    for bad in ({**payload, "close": float("nan")}, {**payload, "closeTimeMs": 10**18},
+                {**payload, "open": "1"}, [payload], {"open": 1}):  # fmt: skip
+        assert candle_of(bad) is None, bad
+
+
+def test_tick_payload_names_are_the_coinbase_feed_names() -> None:
+    """TickPayload and the Coinbase feed's payload agree field for field."""
+    from daemon.events import TickPayload, tick_of
+    from feeds.coinbase_ws.protocol import TICKER_FIELDS
+
+    names = [f.encode_name for f in msgspec.structs.fields(TickPayload)]
+    assert names == [name for _, name in TICKER_FIELDS] + ["staleAfterReconnect"]
+    tick = tick_of({"price": 101.5, "bestBid": None, "staleAfterReconnect": True})
+    assert tick is not None and tick.price == 101.5 and tick.stale_after_reconnect
+    assert [tick_of(p) for p in ({"price": 0}, {"price": "1"}, {}, None)] == [None] * 4

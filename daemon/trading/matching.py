@@ -21,17 +21,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from daemon.events import Candle
 from daemon.trading.portfolio import Order
-
-
-class Candle(NamedTuple):
-    """One closed candle; ``close_ms`` is its close time."""
-
-    open: float
-    high: float
-    low: float
-    close: float
-    close_ms: int
 
 
 def _crossed(order: Order, low: float, high: float) -> bool:
@@ -54,7 +45,7 @@ def tick_fill(order: Order, price: float) -> float | None:
 
 def candle_fill(order: Order, candle: Candle) -> float | None:
     """The fill price of ``order`` within ``candle``, or None."""
-    if candle.close_ms <= order.created_ms:
+    if candle.close_time_ms <= order.created_ms:
         return None
     if order.order_type == "market":
         return candle.close

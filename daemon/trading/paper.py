@@ -33,13 +33,12 @@ import msgspec
 
 from daemon import events as ev
 from daemon.errors import BrokerError
-from daemon.events import FeedEvent
+from daemon.events import Candle, FeedEvent
 from daemon.trading.amend import amended, misfit
 from daemon.trading.broker import Broker, OrderRequest
 from daemon.trading.intents import TradeIntent
 from daemon.trading.matching import (
     Applied,
-    Candle,
     apply_fill,
     candle_fill,
     marketable_price,
@@ -58,18 +57,6 @@ def _utc_midnight(ms: int) -> int:
         hour=0, minute=0, second=0, microsecond=0
     )
     return int(day.timestamp() * 1000)
-
-
-def _number(payload: dict[str, Any], *keys: str) -> float | None:
-    for key in keys:
-        value = payload.get(key)
-        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-            try:
-                num = float(value)
-            except ValueError:
-                return None
-            return num if num > 0 and num != float("inf") else None
-    return None
 
 
 class PaperBroker:
@@ -218,29 +205,22 @@ class PaperBroker:
         if last is not None and (ts < last[0] or (ts == last[0] and event.event_id == last[1])):
             return
         self._applied[event.partition] = (ts, event.event_id)
-        p = event.payload
         if event.topic == ev.MARKET_PRICE_TICK:
-            price = _number(p, "price", "last", "lastPrice")
-            if price is None:
+            tick = ev.tick_of(event.payload)
+            if tick is None:
                 self.ignored_events += 1
-                return
-            if p.get("staleAfterReconnect") is True:
-                self._advance(event.symbol, price, ts)  # a snapshot, not a trade: mark only
-                return
-            await self.on_tick(event.symbol, price, ts)
+            elif tick.stale_after_reconnect:
+                self._advance(event.symbol, tick.price, ts)  # a snapshot, not a trade: mark only
+            else:
+                await self.on_tick(event.symbol, tick.price, ts)
             return
-        o, h = _number(p, "open", "o"), _number(p, "high", "h")
-        lo, c = _number(p, "low", "l"), _number(p, "close", "c")
-        if (
-            o is None
-            or h is None
-            or lo is None
-            or c is None
-            or not lo <= min(o, c) <= max(o, c) <= h
-        ):
+        candle = ev.candle_of(event.payload)
+        if candle is None or not candle.consistent or candle.close <= 0:
             self.ignored_events += 1
             return
-        await self.on_candle(event.symbol, Candle(o, h, lo, c, ts))
+        # The event's time is the close the broker fills at (the payload's is the same
+        # for every feed we have; the event's is what the route ordered by).
+        await self.on_candle(event.symbol, msgspec.structs.replace(candle, close_time_ms=ts))
 
     async def on_tick(self, symbol: str, price: float, ts_ms: int) -> None:
         """A trade at ``price``: update the mark, fill what it reaches."""
@@ -261,13 +241,13 @@ class PaperBroker:
         A bracket born inside this candle may only be stopped out in it (we cannot
         know the target traded after the entry; the loss we must assume).
         """
-        self._advance(symbol, candle.close, candle.close_ms)
+        self._advance(symbol, candle.close, candle.close_time_ms)
         out: list[FeedEvent] = []
         filled_now: set[str] = set()
         for order in self._symbol_orders(symbol, entries=True):
             fill = candle_fill(order, candle)
             if fill is not None and order.status == "OPEN":
-                self._fill_in_txn(order, fill, candle.close_ms, out)
+                self._fill_in_txn(order, fill, candle.close_time_ms, out)
                 filled_now.add(order.client_order_id)
         for order in self._symbol_orders(symbol, entries=False):
             if order.client_order_id not in self._working:
@@ -276,7 +256,7 @@ class PaperBroker:
                 continue
             fill = candle_fill(order, candle)
             if fill is not None:
-                self._fill_in_txn(order, fill, candle.close_ms, out)
+                self._fill_in_txn(order, fill, candle.close_time_ms, out)
         await self._emit(out)
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ from anyio.abc import TaskStatus
 
 from daemon.config import CandlesSection
 from daemon.errors import FeedError, FeedProtocolError
-from daemon.events import now_ms
+from daemon.events import Candle, now_ms
 from feeds.base import FeedHealth, Publish
 from feeds.candles import protocol as p
 from feeds.candles.store import HighWaterStore
@@ -230,29 +230,29 @@ class CandlesFeed:
             candles = p.in_window(p.parse_candles(body, tf), window)
             health.beat()
             for candle in candles:
-                if hwm is not None and candle.end_ms <= hwm:
+                if hwm is not None and candle.close_time_ms <= hwm:
                     continue  # already published: an overlapping window
                 if p.is_closed(candle, server_now, self.settle_ms):
                     hwm = await self._publish_closed(candle, product, tf, publish)
                     published += 1
-                elif self.config.emit_updated and candle.end_ms > server_now:
+                elif self.config.emit_updated and candle.close_time_ms > server_now:
                     await self._publish_updated(candle, product, tf, server_now, publish)
         return published
 
-    async def _publish_closed(
-        self, candle: p.Candle, product: str, tf: str, publish: Publish
-    ) -> int:
+    async def _publish_closed(self, candle: Candle, product: str, tf: str, publish: Publish) -> int:
         """Publish one close, then commit it as the series' mark; returns the new mark."""
         event = p.closed_event(
             candle, source=self.source, symbol=product, timeframe=tf, received_ms=self.clock()
         )
         await publish(event)
         # A kill between these two lines re-emits this close (same eventId) on restart.
-        self._require_store().advance(p.partition_key(self.source, product, tf), candle.end_ms)
-        return candle.end_ms
+        self._require_store().advance(
+            p.partition_key(self.source, product, tf), candle.close_time_ms
+        )
+        return candle.close_time_ms
 
     async def _publish_updated(
-        self, candle: p.Candle, product: str, tf: str, server_now: int, publish: Publish
+        self, candle: Candle, product: str, tf: str, server_now: int, publish: Publish
     ) -> None:
         event = p.updated_event(
             candle, source=self.source, symbol=product, timeframe=tf, received_ms=server_now

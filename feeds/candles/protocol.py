@@ -27,6 +27,7 @@ from daemon.events import (
     MARKET_CANDLE_CLOSED,
     MARKET_CANDLE_UPDATED,
     TIMEFRAMES,
+    Candle,
     FeedEvent,
     candle_event_id,
     iso_ms,
@@ -58,18 +59,6 @@ SETTLE_MS: Final = 2_000
 OVERLAP: Final = 1
 
 _Num = str | int | float
-
-
-class Candle(msgspec.Struct, frozen=True, kw_only=True):
-    """One OHLCV bucket; times are epoch milliseconds, ``end_ms`` is the close time."""
-
-    start_ms: int
-    end_ms: int
-    open: float
-    high: float
-    low: float
-    close: float
-    volume: float
 
 
 class Window(msgspec.Struct, frozen=True):
@@ -165,7 +154,7 @@ def _candle(wire: _WireCandle, tf_ms: int) -> Candle:
         raise FeedProtocolError(f"candle at {wire.start!r} has inconsistent high/low")
     if start_ms % tf_ms:
         raise FeedProtocolError(f"candle start {wire.start!r} is not on a bucket boundary")
-    return Candle(start_ms=start_ms, end_ms=start_ms + tf_ms, **values)
+    return Candle(open_time_ms=start_ms, close_time_ms=start_ms + tf_ms, **values)
 
 
 def parse_candles(body: bytes, timeframe: str) -> list[Candle]:
@@ -179,7 +168,7 @@ def parse_candles(body: bytes, timeframe: str) -> list[Candle]:
         wire = _candles_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"bad candles response: {exc} ({_snippet(body)})") from None
-    by_start = {c.start_ms: c for c in (_candle(w, tf_ms) for w in wire.candles)}
+    by_start = {c.open_time_ms: c for c in (_candle(w, tf_ms) for w in wire.candles)}
     return [by_start[k] for k in sorted(by_start)]
 
 
@@ -243,7 +232,7 @@ def forming_start(now_ms: int, tf_ms: int) -> int:
 
 def is_closed(candle: Candle, server_now_ms: int, settle_ms: int = SETTLE_MS) -> bool:
     """Closed once its close time (plus a settle margin) has passed on the server clock."""
-    return candle.end_ms + settle_ms <= server_now_ms
+    return candle.close_time_ms + settle_ms <= server_now_ms
 
 
 def plan(
@@ -279,7 +268,7 @@ def plan(
 
 def in_window(candles: list[Candle], window: Window) -> list[Candle]:
     """Only the buckets the window asked for (servers may include the end bucket)."""
-    return [c for c in candles if window.start_ms <= c.start_ms < window.end_ms]
+    return [c for c in candles if window.start_ms <= c.open_time_ms < window.end_ms]
 
 
 # --- events -----------------------------------------------------------------
@@ -290,29 +279,14 @@ def partition_key(source: str, symbol: str, timeframe: str) -> str:
     return f"{source}:{symbol}:{timeframe}"
 
 
-def candle_payload(candle: Candle) -> dict[str, float | int | str]:
-    """The payload shared by live and replayed candle events."""
-    return {
-        "open": candle.open,
-        "high": candle.high,
-        "low": candle.low,
-        "close": candle.close,
-        "volume": candle.volume,
-        "openTime": iso_ms(candle.start_ms),
-        "closeTime": iso_ms(candle.end_ms),
-        "openTimeMs": candle.start_ms,
-        "closeTimeMs": candle.end_ms,
-    }
-
-
 def closed_event(
     candle: Candle, *, source: str, symbol: str, timeframe: str, received_ms: int
 ) -> FeedEvent:
     """``market.candle.closed``; its id depends only on (source, symbol, tf, close)."""
-    payload = candle_payload(candle)
+    payload = candle.payload()
     close_iso = str(payload["closeTime"])
     return FeedEvent(
-        event_id=candle_event_id(source, symbol, timeframe, candle.end_ms),
+        event_id=candle_event_id(source, symbol, timeframe, candle.close_time_ms),
         ts=close_iso,
         source=source,
         topic=MARKET_CANDLE_CLOSED,
@@ -320,7 +294,7 @@ def closed_event(
         symbol=symbol,
         timeframe=timeframe,
         partition_key=partition_key(source, symbol, timeframe),
-        received_ts=close_iso if received_ms == candle.end_ms else iso_ms(received_ms),
+        received_ts=close_iso if received_ms == candle.close_time_ms else iso_ms(received_ms),
     )
 
 
@@ -330,13 +304,13 @@ def updated_event(
     """``market.candle.updated`` for the forming bucket; same values -> same id."""
     values = f"{candle.open},{candle.high},{candle.low},{candle.close},{candle.volume}"
     digest = hashlib.blake2b(values.encode(), digest_size=6).hexdigest()
-    base = candle_event_id(source, symbol, timeframe, candle.end_ms)
+    base = candle_event_id(source, symbol, timeframe, candle.close_time_ms)
     return FeedEvent(
         event_id=f"{base}:updated:{digest}",
         ts=iso_ms(received_ms),
         source=source,
         topic=MARKET_CANDLE_UPDATED,
-        payload=candle_payload(candle),
+        payload=candle.payload(),
         symbol=symbol,
         timeframe=timeframe,
         partition_key=partition_key(source, symbol, timeframe),

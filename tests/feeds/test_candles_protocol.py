@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon.errors import FeedProtocolError
+from daemon.events import Candle
 from feeds.candles import protocol as p
 from feeds.candles.store import HighWaterStore
 
@@ -26,10 +27,10 @@ BODY = (
 def test_candles_newest_first_strings_become_oldest_first_floats() -> None:
     """Coinbase's newest-first string candles parse into ascending typed Candles."""
     candles = p.parse_candles(BODY, "5m")
-    assert [c.start_ms for c in candles] == [T0, T0 + M5]
-    assert candles[1] == p.Candle(
-        start_ms=T0 + M5,
-        end_ms=T0 + 2 * M5,
+    assert [c.open_time_ms for c in candles] == [T0, T0 + M5]
+    assert candles[1] == Candle(
+        open_time_ms=T0 + M5,
+        close_time_ms=T0 + 2 * M5,
         open=100.0,
         high=101.25,
         low=99.5,
@@ -43,7 +44,15 @@ def test_numeric_fields_and_duplicate_buckets_are_accepted() -> None:
     one = b'{"start": 1775520000, "low": 1, "high": 2, "open": 1.5, "close": 1.5, "volume": 0}'
     candles = p.parse_candles(b'{"candles": [' + one + b", " + one + b"]}", "5m")
     assert candles == [
-        p.Candle(start_ms=T0, end_ms=T0 + M5, open=1.5, high=2.0, low=1.0, close=1.5, volume=0.0)
+        Candle(
+            open_time_ms=T0,
+            close_time_ms=T0 + M5,
+            open=1.5,
+            high=2.0,
+            low=1.0,
+            close=1.5,
+            volume=0.0,
+        )
     ]
     assert p.parse_candles(b'{"candles": []}', "1h") == []
 

@@ -6,8 +6,17 @@ from typing import Any
 
 import pytest
 
-from daemon.trading.matching import Candle, apply_fill, candle_fill, marketable_price, tick_fill
+from daemon.events import Candle
+from daemon.trading.matching import apply_fill, candle_fill, marketable_price, tick_fill
 from daemon.trading.portfolio import Order
+
+
+def bar(o: float, h: float, lo: float, c: float, close_ms: int) -> Candle:
+    """A closed one-minute candle from its prices and close time."""
+    return Candle(
+        open=o, high=h, low=lo, close=c, volume=0.0,
+        open_time_ms=close_ms - 60_000, close_time_ms=close_ms,
+    )  # fmt: skip
 
 
 def order(**kw: Any) -> Order:
@@ -60,25 +69,25 @@ def test_tick_fill(kw: dict[str, Any], price: float, fill: float | None) -> None
 @pytest.mark.parametrize(
     ("kw", "candle", "fill"),
     [
-        ({}, Candle(101, 102, 100.5, 101, 200), None),
-        ({}, Candle(101, 102, 99, 101, 200), 100.0),
-        ({}, Candle(101, 102, 99, 101, 100), None),
+        ({}, bar(101, 102, 100.5, 101, 200), None),
+        ({}, bar(101, 102, 99, 101, 200), 100.0),
+        ({}, bar(101, 102, 99, 101, 100), None),
         (
             {"side": "sell", "order_type": "stop", "limit_price": None, "stop_price": 95.0},
-            Candle(97, 98, 94, 96, 200),
+            bar(97, 98, 94, 96, 200),
             95.0,
         ),
         (
             {"side": "sell", "order_type": "stop", "limit_price": None, "stop_price": 95.0},
-            Candle(93, 94, 92, 93, 200),
+            bar(93, 94, 92, 93, 200),
             93.0,
         ),
         (
             {"side": "buy", "order_type": "stop", "limit_price": None, "stop_price": 105.0},
-            Candle(107, 108, 106, 107, 200),
+            bar(107, 108, 106, 107, 200),
             107.0,
         ),
-        ({"order_type": "market", "limit_price": None}, Candle(101, 102, 99, 100.5, 200), 100.5),
+        ({"order_type": "market", "limit_price": None}, bar(101, 102, 99, 100.5, 200), 100.5),
     ],
 )
 def test_candle_fill(kw: dict[str, Any], candle: Candle, fill: float | None) -> None:

@@ -9,11 +9,19 @@ import pytest
 
 from daemon import events as ev
 from daemon.errors import BrokerError
-from daemon.events import FeedEvent
+from daemon.events import Candle, FeedEvent
 from daemon.trading.broker import OrderRequest, client_order_id
 from daemon.trading.intents import parse_intent
-from daemon.trading.matching import Candle
 from daemon.trading.paper import PaperBroker
+
+
+def bar(o: float, h: float, lo: float, c: float, close_ms: int) -> Candle:
+    """A closed one-minute candle from its prices and close time."""
+    return Candle(
+        open=o, high=h, low=lo, close=c, volume=0.0,
+        open_time_ms=close_ms - 60_000, close_time_ms=close_ms,
+    )  # fmt: skip
+
 
 T0 = 1_700_000_000_000
 MIN = 60_000
@@ -108,9 +116,9 @@ async def test_limit_fills_on_candle_low_only_for_later_candles(broker: PaperBro
     """A candle that closed before the order existed never fills it; the next one does."""
     await broker.on_tick("BTC", 100.0, T0)
     order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=98.0))
-    await broker.on_candle("BTC", Candle(100, 101, 97, 100, T0))
+    await broker.on_candle("BTC", bar(100, 101, 97, 100, T0))
     assert broker.get_order(order.client_order_id).status == "OPEN"  # type: ignore[union-attr]
-    await broker.on_candle("BTC", Candle(100, 101, 98, 99, T0 + MIN))
+    await broker.on_candle("BTC", bar(100, 101, 98, 99, T0 + MIN))
     assert broker.get_order(order.client_order_id).fill_price == 98.0  # type: ignore[union-attr]
 
 
@@ -136,7 +144,7 @@ async def test_take_profit_on_candle_high(broker: PaperBroker) -> None:
     """A later candle reaching the target fills the take-profit at its price."""
     await broker.on_tick("BTC", 100.0, T0)
     entry = await broker.submit(request(stopLoss=95.0, takeProfit=110.0))
-    await broker.on_candle("BTC", Candle(100, 111, 99, 108, T0 + MIN))
+    await broker.on_candle("BTC", bar(100, 111, 99, 108, T0 + MIN))
     tp = broker.get_order(entry.client_order_id + ":tp")
     assert tp is not None and (tp.status, tp.fill_price) == ("FILLED", 110.0)
     assert broker.realized_pnl("agent") == pytest.approx(20.0)
@@ -147,7 +155,7 @@ async def test_candle_with_both_stop_and_target_takes_the_stop(broker: PaperBrok
     """When one candle spans both bracket levels the adverse one (stop) fires."""
     await broker.on_tick("BTC", 100.0, T0)
     entry = await broker.submit(request(stopLoss=95.0, takeProfit=110.0))
-    await broker.on_candle("BTC", Candle(100, 112, 93, 105, T0 + MIN))
+    await broker.on_candle("BTC", bar(100, 112, 93, 105, T0 + MIN))
     assert broker.get_order(entry.client_order_id + ":sl").fill_price == 95.0  # type: ignore[union-attr]
     assert broker.get_order(entry.client_order_id + ":tp").status == "CANCELED"  # type: ignore[union-attr]
     assert broker.realized_pnl("agent") == pytest.approx(-10.0)
@@ -157,7 +165,7 @@ async def test_gap_through_stop_fills_at_open(broker: PaperBroker) -> None:
     """A candle opening below a long's stop fills the stop at the open, not the stop price."""
     await broker.on_tick("BTC", 100.0, T0)
     entry = await broker.submit(request(stopLoss=95.0))
-    await broker.on_candle("BTC", Candle(90, 91, 88, 89, T0 + MIN))
+    await broker.on_candle("BTC", bar(90, 91, 88, 89, T0 + MIN))
     assert broker.get_order(entry.client_order_id + ":sl").fill_price == 90.0  # type: ignore[union-attr]
 
 
@@ -167,7 +175,7 @@ async def test_entry_and_target_in_same_candle_keeps_position(broker: PaperBroke
     entry = await broker.submit(
         request(action="PLACE_LIMIT_ORDER", openPrice=98.0, stopLoss=95.0, takeProfit=102.0)
     )
-    await broker.on_candle("BTC", Candle(100, 103, 97, 101, T0 + MIN))
+    await broker.on_candle("BTC", bar(100, 103, 97, 101, T0 + MIN))
     assert broker.get_order(entry.client_order_id).status == "FILLED"  # type: ignore[union-attr]
     assert broker.get_order(entry.client_order_id + ":tp").status == "OPEN"  # type: ignore[union-attr]
     assert broker.positions("agent")["BTC"].quantity == 2.0
@@ -248,20 +256,21 @@ def _event(topic: str, payload: dict[str, Any], ts: int) -> FeedEvent:
 
 async def test_market_events_drive_the_broker(broker: PaperBroker) -> None:
     """Tick and closed-candle FeedEvents update marks and fills; malformed ones are counted."""
-    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": "100.5"}, T0))
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": 100.5}, T0))
     assert broker.last_price("BTC") == 100.5 and broker.now_ms() == T0
     order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=99.0))
-    candle = {"open": 100, "high": 101, "low": 98.5, "close": 100}
+    candle = bar(100, 101, 98.5, 100, T0 + MIN).payload()
     await broker.on_market_event(_event(ev.MARKET_CANDLE_CLOSED, candle, T0 + MIN))
     assert broker.get_order(order.client_order_id).status == "FILLED"  # type: ignore[union-attr]
-    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": True}, T0 + MIN + 1))
-    await broker.on_market_event(
-        _event(
-            ev.MARKET_CANDLE_CLOSED, {"open": 1, "high": 0.5, "low": 1, "close": 1}, T0 + 2 * MIN
-        )
-    )
+    for n, price in enumerate([True, "100.5", -1.0, float("nan")]):
+        tick = _event(ev.MARKET_PRICE_TICK, {"price": price}, T0 + MIN + 1 + n)
+        await broker.on_market_event(tick)
+    inverted = bar(1, 0.5, 1, 1, T0 + 2 * MIN).payload()  # high below low
+    no_time = {"open": 1, "high": 2, "low": 0.5, "close": 1, "volume": 0}
+    for n, payload in enumerate([inverted, no_time]):
+        await broker.on_market_event(_event(ev.MARKET_CANDLE_CLOSED, payload, T0 + (2 + n) * MIN))
     await broker.on_market_event(_event(ev.NEWS_HEADLINE, {}, T0))
-    assert broker.ignored_events == 2
+    assert broker.ignored_events == 6 and broker.last_price("BTC") == 100
 
 
 async def test_each_market_event_is_applied_once_in_order(broker: PaperBroker) -> None:
