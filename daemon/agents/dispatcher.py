@@ -72,6 +72,7 @@ class AgentRuntime:
     scheduler: WakeScheduler
     state: StateCache
     paused: bool = False
+    removed: bool = False  # taken out of the workspace: its queued wakes go too
     last_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # Hooks whose pause is already persisted (a pause is written once, when it starts).

@@ -296,7 +296,7 @@ class AgentManager:
                     if ran:
                         log.info("queued wakes run after the replay", agent=rt.agent_id, runs=ran)
                 tg.cancel_scope.cancel()
-            rt.scheduler.abandon_pending()
+            rt.scheduler.abandon_pending(keep=not rt.removed)
 
     async def _update(self, rt: AgentRuntime, fresh: Agent) -> None:
         hooks = await self._accept_hooks(fresh, rt.agent.hooks)
@@ -317,6 +317,7 @@ class AgentManager:
 
     async def _stop(self, agent_id: str) -> None:
         rt = self.runtimes.pop(agent_id)
+        rt.removed = True
         rt.sub.close()
         self.dispatcher.route.leave(agent_id)
         self._scopes.pop(agent_id).cancel()

@@ -74,6 +74,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         checkpoints = Checkpoints(hook_store, audit)
         if service.from_start:
             checkpoints.reset()
+            run_store.clear_pending()
             seen: dict[str, list[str]] = {}
         else:
             seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)

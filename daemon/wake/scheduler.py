@@ -33,8 +33,11 @@ Every wake gets exactly one ``wake`` record when submitted (``woke``,
 ``queued`` or ``suppressed``) and another ``suppressed`` one if its pending run
 is later dropped (the agent was paused meanwhile). Each run gets a ``run``
 record when it starts and one when it ends. Run starts and ends are persisted
-so the budget and cooldown survive a restart; pending runs do not (they were
-recorded as queued; after a restart new events wake the agent again).
+so the budget and cooldown survive a restart. Pending runs are persisted too,
+each time one changes: at a stop (or a crash) they stay in the store, and the
+next start restores them, so a wake recorded ``queued`` is run after the
+restart (its run record lists its event id). Only an agent removed from the
+workspace drops its pending runs (``suppressedBy=shutdown``).
 """
 
 from __future__ import annotations
@@ -85,6 +88,16 @@ _FINAL: dict[str, Literal["finished", "failed", "timeout"]] = {
 
 def _discard(record: AuditRecord) -> None:
     """The default sink: records go nowhere."""
+
+
+class _Saved(msgspec.Struct, frozen=True):
+    """What the store keeps of a pending run besides its id and due time."""
+
+    wakes: list[WakeRequest]
+    earlier: dict[str, int]
+
+
+_saved_decoder = msgspec.json.Decoder(_Saved)
 
 
 @dataclass
@@ -138,6 +151,30 @@ class WakeScheduler:
         self._in_flight: _PendingRun | None = None
         self._changed = anyio.Event()
         self.counters: Counter[str] = Counter()
+        self._restore()
+
+    def _restore(self) -> None:
+        """Take back the runs a previous process left pending (in due order)."""
+        try:
+            rows = self.store.pending(self.agent_id)
+        except StoreError as exc:
+            log.error("queued runs not restored", agent=self.agent_id, error=str(exc))
+            return
+        for run_id, due_at, body in rows:
+            try:
+                saved = _saved_decoder.decode(body)
+            except msgspec.DecodeError as exc:  # keep the rest; say what was lost
+                log.error(
+                    "unreadable queued run dropped", agent=self.agent_id, run=run_id, error=str(exc)
+                )
+                self._persist(self.store.drop_pending, run_id)
+                continue
+            self._pending.append(
+                _PendingRun(run_id, "wake", due_at, deque(saved.wakes), Counter(saved.earlier))
+            )
+        if self._pending:
+            self.counters["restored"] += len(self._pending)
+            log.info("queued runs restored", agent=self.agent_id, runs=len(self._pending))
 
     # --- control (sync, from the dispatcher) ---------------------------------
 
@@ -181,6 +218,7 @@ class WakeScheduler:
             joinable = [p for p in self._pending if p.kind == "wake"]
             if joinable:
                 joinable[-1].add(wake, policy.max_collected)
+                self._save(joinable[-1])
                 return WakeOutcome(outcome="queued", run_id=joinable[-1].run_id)
         if not self.busy and now < self._cooldown_end():
             return WakeOutcome(outcome="suppressed", suppressed_by="cooldown")
@@ -192,7 +230,12 @@ class WakeScheduler:
         run.add(wake, policy.max_collected)
         starts_now = not self.busy and debounce == 0 and now >= self._cooldown_end()
         self._pending.append(run)
+        self._save(run)
         return WakeOutcome(outcome="woke" if starts_now else "queued", run_id=run.run_id)
+
+    def _save(self, run: _PendingRun) -> None:
+        body = msgspec.json.encode(_Saved(list(run.wakes), dict(run.earlier)))
+        self._persist(self.store.save_pending, self.agent_id, run.run_id, run.due_at, body)
 
     def _new_run_id(self) -> str:
         return f"{self.agent_id}-{uuid.uuid4().hex[:16]}"
@@ -268,6 +311,10 @@ class WakeScheduler:
                 tg.start_soon(until_deadline)
 
     async def _start(self, run: _PendingRun) -> None:
+        if (
+            run.kind == "wake"
+        ):  # forgotten first: a crash after this loses the run, never pays twice
+            self._persist(self.store.drop_pending, run.run_id)
         now = self.clock.now()
         blocked = self._blocked(run, now)
         if blocked != "none":
@@ -298,15 +345,20 @@ class WakeScheduler:
             return "budget"
         return "none"
 
-    def abandon_pending(self) -> int:
-        """At shutdown: record every wake still waiting for a run as suppressed by
-        ``shutdown`` (pending runs are not persisted). Returns how many runs."""
+    def abandon_pending(self, *, keep: bool) -> int:
+        """At a stop: ``keep`` leaves the pending runs in the store for the next start
+        (the daemon stops); otherwise (the agent was removed) every wake still waiting
+        is recorded as suppressed by ``shutdown``. Returns how many runs."""
         now = self.clock.now()
         runs = list(self._pending)
         self._pending.clear()
+        if keep:
+            if runs:
+                log.info("queued runs kept for the next start", agent=self.agent_id, runs=len(runs))
+            return len(runs)
         for run in runs:
-            if run.kind == "wake":
-                self._drop(run, "shutdown", now)
+            self._persist(self.store.drop_pending, run.run_id)
+            self._drop(run, "shutdown", now)
         return len(runs)
 
     def _drop(self, run: _PendingRun, by: SuppressedBy, now: float) -> None:

@@ -1,10 +1,16 @@
-"""Run history in SQLite, so the hourly budget and the post-run cooldown survive a restart.
+"""Run history and pending runs in SQLite, so budgets, cooldowns and queued wakes
+survive a restart.
 
 One row per run: started when the runner is called, finished when it returns.
 A run the daemon never saw finish (a crash) counts as finished when it
 started, so the cooldown is not skipped. Rows older than ``keep_seconds``
-are pruned on every start, which keeps the file small. Writes are single
-small statements in WAL mode (well under a millisecond), so they run inline.
+are pruned on every start, which keeps the file small.
+
+A run that is still waiting (its wakes were recorded ``queued``) is written
+through to ``wake_pending`` each time it changes and deleted just before it
+starts (a crash in between loses that run rather than paying for it twice),
+so a stop or a crash does not lose it. Writes are single small statements in
+WAL mode (well under a millisecond), so they run inline.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     status TEXT NOT NULL DEFAULT 'started'
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
+CREATE TABLE IF NOT EXISTS wake_pending (
+    run_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    due_at REAL NOT NULL,
+    body BLOB NOT NULL
+);
 """
 
 
@@ -96,6 +108,32 @@ class RunStore:
         """When any run of the agent last started."""
         rows = self._exec("SELECT MAX(started_at) FROM wake_runs WHERE agent_id = ?", (agent_id,))
         return None if rows[0][0] is None else float(rows[0][0])
+
+    def save_pending(self, agent_id: str, run_id: str, due_at: float, body: bytes) -> None:
+        """Write (or overwrite) a run that is waiting to start."""
+        self._exec(
+            "INSERT OR REPLACE INTO wake_pending (run_id, agent_id, due_at, body) VALUES (?,?,?,?)",
+            (run_id, agent_id, due_at, body),
+        )
+
+    def drop_pending(self, run_id: str) -> None:
+        """The run started or was dropped: forget it."""
+        self._exec("DELETE FROM wake_pending WHERE run_id = ?", (run_id,))
+
+    def pending(self, agent_id: str) -> list[tuple[str, float, bytes]]:
+        """The agent's waiting runs as (run_id, due_at, body), in due order."""
+        rows = self._exec(
+            "SELECT run_id, due_at, body FROM wake_pending WHERE agent_id = ?"
+            " ORDER BY due_at, rowid",
+            (agent_id,),
+        )
+        return [(str(r[0]), float(r[1]), bytes(r[2])) for r in rows]
+
+    def clear_pending(self) -> int:
+        """Forget every waiting run (a replay started over); returns how many."""
+        n = self._exec("SELECT COUNT(*) FROM wake_pending")[0][0]
+        self._exec("DELETE FROM wake_pending")
+        return int(n)
 
     def close(self) -> None:
         """Close the database."""

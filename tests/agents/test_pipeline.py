@@ -317,11 +317,12 @@ async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> 
     assert not [r for r in wakes if r["suppressedBy"] == "shutdown"]
 
 
-async def test_wakes_still_queued_at_a_signal_stop_are_recorded_as_shutdown(
+async def test_wakes_still_queued_at_a_signal_stop_run_after_the_restart(
     tmp_path: Path,
 ) -> None:
-    """Stopped by a signal mid-replay, a collect run that never started leaves no
-    dangling 'queued' wake behind: each is recorded as suppressed by shutdown."""
+    """Stopped by a signal mid-replay, a collect run that never started is kept: its
+    wakes stay 'queued' (nothing is recorded as dropped), and after the restart the
+    run starts with them (the next wakes join it); `why` then shows the run."""
     toml = "[wake]\ndebounce_seconds = 6000\n"
     agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
     feed = PacedFeed([candle(i) for i in range(40)], gap=0.05)
@@ -337,13 +338,20 @@ async def test_wakes_still_queued_at_a_signal_stop_are_recorded_as_shutdown(
             await svc.run()
     wakes = [r for r in audit(tmp_path) if r["type"] == "wake"]
     queued = [r["eventId"] for r in wakes if r["outcome"] == "queued"]
-    dropped = [r["eventId"] for r in wakes if r["suppressedBy"] == "shutdown"]
-    assert len(queued) >= 3 and sorted(dropped) == sorted(queued)
+    assert len(queued) >= 3 and not [r for r in wakes if r["suppressedBy"] != "none"]
     assert not [r for r in audit(tmp_path) if r["type"] == "run"]
+
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(40, 42)]))
+    (run,) = [r for r in audit(tmp_path) if r["type"] == "run" and r["status"] == "finished"]
+    assert run["eventIds"][: len(queued)] == queued
+    assert [e for e in run["eventIds"] if e not in queued] == [
+        candle(40).event_id,
+        candle(41).event_id,
+    ]
     from daemon.audit.why import collect, explain
 
     (story,) = explain(collect(tmp_path / "state" / "audit", queued[0]), queued[0]).agents
-    assert story.outcome == "SUPPRESSED" and "shutdown" in story.why
+    assert story.outcome != "SUPPRESSED" and run["runId"] in story.why, story
 
 
 async def test_trading_state_from_config_halts_orders(tmp_path: Path) -> None:

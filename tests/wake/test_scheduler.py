@@ -318,7 +318,7 @@ async def test_store_failure_does_not_stop_runs(tmp_path: Path) -> None:
         h.sched.submit(wake(2))
         await h.settle()
     assert len(h.runner.contexts) == 2
-    assert h.sched.counters["store_errors"] == 4
+    assert h.sched.counters["store_errors"] == 8  # per run: queue, unqueue, start, finish
     assert [r.status for r in h.runs()] == ["started", "finished"] * 2
 
 
@@ -356,3 +356,33 @@ async def test_command_runner_from_policy_end_to_end(tmp_path: Path) -> None:
         ("timeout", "command"),
     ]
     assert ended[1].error == "killed after 0.3 s" and "timeout" in ended[1].summary
+
+
+async def test_pending_runs_survive_a_restart_and_a_removed_agent_drops_them(
+    tmp_path: Path,
+) -> None:
+    """A collect run still in its debounce when the scheduler stops is kept in the
+    store; a new scheduler on the same store runs it when due, with its wakes and
+    its summary of older ones. Abandoned without ``keep`` (the agent was removed),
+    the wakes are recorded as suppressed by shutdown and nothing is left behind."""
+    h = Harness(tmp_path, policy(debounce_seconds=5, max_collected=2))
+    async with h.running():
+        for i in (1, 2, 3):
+            h.sched.submit(wake(i))
+        assert h.sched.abandon_pending(keep=True) == 1
+    assert h.runner.contexts == [] and not h.wakes("suppressed")
+
+    again = Harness(tmp_path, policy(debounce_seconds=5, max_collected=2), clock=h.clock)
+    assert again.sched.counters["restored"] == 1 and again.sched.busy
+    async with again.running():
+        await again.advance(5.1)
+    (ctx,) = again.runner.contexts
+    assert [r.event_id for r in ctx.reasons] == ["ev2", "ev3"] and ctx.earlier_count == 1
+    assert again.store.pending("a1") == []
+
+    (tmp_path / "other").mkdir()
+    gone = Harness(tmp_path / "other", policy(debounce_seconds=5))
+    gone.sched.submit(wake(4))
+    assert gone.sched.abandon_pending(keep=False) == 1
+    assert [w.suppressed_by for w in gone.wakes("suppressed")] == ["shutdown"]
+    assert gone.store.pending("a1") == []
