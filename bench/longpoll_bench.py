@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from daemon import logs
-from daemon.config import CoinbaseWsSection
 from daemon.tools import registry
 from daemon.tools.context import ToolContext
 from feeds.coinbase_ws.pool import CoinbaseWsPool
+from feeds.config import CoinbaseWsSection
 from tests.coinbase_fake import FakeCoinbase, fake_server
 
 PRODUCT = "BTC-USD"

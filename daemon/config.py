@@ -18,9 +18,9 @@ import msgspec
 import msgspec.inspect
 
 from daemon.errors import ConfigError
-from daemon.events import TIMEFRAMES
 from daemon.rag.config import RagConfig
 from daemon.secret import Secret
+from feeds.config import CandlesSection, CoinbaseWsSection, ReplaySection
 from hooks_runtime.config import SandboxConfig
 
 __all__ = ["DEFAULT_CONFIG_PATH", "Config", "Secret", "load", "parse"]
@@ -63,49 +63,6 @@ class BusSection(Base, frozen=True):
     def __post_init__(self) -> None:
         if not 1 <= self.queue_size <= 1_000_000:
             raise ValueError("queue_size must be between 1 and 1000000")
-
-
-class CoinbaseWsSection(Base, frozen=True):
-    enabled: bool = False
-    url: str = "wss://advanced-trade-ws.coinbase.com"
-    products: list[str] = msgspec.field(default_factory=list)
-    # Reconnect when nothing (not even a heartbeat) arrived for this long.
-    idle_timeout_seconds: float = 10.0
-    backoff_initial_seconds: float = 1.0
-    backoff_max_seconds: float = 60.0
-    max_message_bytes: int = 10 * 1024 * 1024
-
-
-class CandlesSection(Base, frozen=True):
-    enabled: bool = False
-    base_url: str = "https://api.coinbase.com/api/v3/brokerage"
-    products: list[str] = msgspec.field(default_factory=list)
-    timeframes: list[str] = msgspec.field(default_factory=lambda: ["5m"])
-    # 0 = derive from the timeframe (a tenth of it, clamped to 10..300 s).
-    poll_seconds: float = 0.0
-    emit_updated: bool = False
-    # How far back to backfill after downtime, in candles per timeframe.
-    max_backfill: int = 1000
-    request_timeout_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        for tf in self.timeframes:
-            if tf not in TIMEFRAMES:
-                raise ValueError(
-                    f"unknown timeframe {tf!r} (expected one of {', '.join(TIMEFRAMES)})"
-                )
-
-
-class ReplaySection(Base, frozen=True):
-    enabled: bool = False
-    path: str = ""
-    format: Literal["auto", "jsonl", "csv"] = "auto"
-    # For CSV candles: which symbol/timeframe they are.
-    symbol: str = ""
-    timeframe: str = "1m"
-    # 0 = as fast as possible; 1 = real time; 60 = a minute per second.
-    speed: float = 0.0
-    source: str = "replay"
 
 
 class FeedsSection(Base, frozen=True):

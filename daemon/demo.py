@@ -22,9 +22,10 @@ from rich.console import Console
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
 from daemon.bus import Subscription
-from daemon.config import Config, DaemonSection, FeedsSection, HooksSection, ReplaySection
+from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
 from daemon.events import MARKET_CANDLE_CLOSED
 from daemon.state import StateCache
+from feeds.config import ReplaySection
 from feeds.synthetic import generate_candles
 
 DEMO_SYMBOL = "BTC-USD"

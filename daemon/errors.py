@@ -11,11 +11,12 @@ adapter that meets them, never deeper.
     * :exc:`FeedError` -- a feed could not do its job
         * :exc:`FeedProtocolError` -- the venue sent something we cannot parse
         * :exc:`FeedDisconnected` -- the connection dropped or stalled
-    * :exc:`StoreError` -- a persistent store (SQLite, Qdrant) failed
+    * :exc:`StoreError` -- a persistent store (SQLite, Qdrant) failed (rpc -32003)
     * :exc:`BrokerError` -- a broker refused an operation
     * :exc:`HookError` -- a hook could not produce a valid decision
-        * :exc:`HookCompileError` (:exc:`WorkspaceFileError`), :exc:`HookTimeout`,
-          :exc:`HookCrashed`, :exc:`HookResultInvalid`, :exc:`HookRequestTooLarge`
+        * :exc:`HookCompileError` (:exc:`WorkspaceFileError`), :exc:`HookCrashed`,
+          :exc:`HookResultInvalid`, :exc:`HookRequestTooLarge` (a timeout is a
+          recorded ``error_kind``, never raised: the parent kills the worker)
     * :exc:`SandboxUnavailable` -- a required hardening layer is missing
     * :exc:`RpcError` -- a JSON-RPC request failed; carries ``rpc_code``
     * :exc:`ReplayError` -- a replay file is malformed
@@ -32,7 +33,9 @@ class MarketwakeError(Exception):
     """Base of every deliberate marketwake error."""
 
     exit_code: ClassVar[int] = 1
+    # How the RAG JSON-RPC server reports it (seed 003's error table).
     rpc_code: ClassVar[int] = -32000
+    rpc_message: ClassVar[str] = "Server error"
 
 
 class ConfigError(MarketwakeError):
@@ -62,6 +65,9 @@ class FeedDisconnected(FeedError):
 class StoreError(MarketwakeError):
     """A persistent store could not be read or written."""
 
+    rpc_code = -32003
+    rpc_message = "Qdrant error"
+
 
 class BrokerError(MarketwakeError):
     """A broker refused an operation (unknown order, order no longer working)."""
@@ -78,6 +84,7 @@ class EmbeddingError(MarketwakeError):
 
     exit_code = 2
     rpc_code = -32004
+    rpc_message = "Embedding error"
 
 
 class ReplayError(MarketwakeError):
@@ -99,10 +106,6 @@ class WorkspaceFileError(HookCompileError):
 
     A compile error of that file (the agent keeps its last good revision); for
     agent.toml the loader turns it into the agent's ConfigError."""
-
-
-class HookTimeout(HookError):
-    """The hook overran its deadline and its worker was killed."""
 
 
 class HookCrashed(HookError):

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import math
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -111,6 +112,10 @@ class FeedEvent(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_
         if self.partition_key is not None:
             return self.partition_key
         return f"{self.source}:{self.symbol or '-'}:{self.timeframe or '-'}"
+
+
+#: How a feed (or the paper broker) hands an event to the bus.
+Publish = Callable[[FeedEvent], Awaitable[None]]
 
 
 # --- typed payloads ---------------------------------------------------------

@@ -12,14 +12,14 @@ service can tell a live feed from a stalled one.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from anyio.abc import TaskStatus
 
-from daemon.events import FeedEvent
+from daemon.events import Publish
 
-Publish = Callable[[FeedEvent], Awaitable[None]]
+__all__ = ["Feed", "FeedHealth", "Publish"]
 
 
 class FeedHealth:

@@ -48,11 +48,11 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from daemon.config import ReplaySection
 from daemon.errors import ReplayError
 from daemon.events import TIMEFRAMES, Candle, FeedEvent, decode, parse_iso_ms
 from feeds.base import FeedHealth, Publish
 from feeds.candles.protocol import closed_event
+from feeds.config import ReplaySection
 
 log = structlog.get_logger("feeds.replay")
 

@@ -20,9 +20,7 @@ Usage from the daemon (one pool for the whole process, one worker per agent)::
   one of ``compile``, ``runtime``, ``invalid_result``, ``memory``, ``timeout``,
   ``crashed`` (the hook ran and failed: it counts towards backoff),
   ``backoff``/``paused`` (the hook was skipped) or ``oversized`` (the caller's
-  request did not fit a frame; set by the dispatcher). ``ERROR_CLASSES`` maps kinds
-  to the exception classes of :mod:`daemon.errors` for callers that want to
-  raise. Only :exc:`SandboxUnavailable` (no worker can start) and
+  request did not fit a frame; set by the dispatcher). Only :exc:`SandboxUnavailable` (no worker can start) and
   :exc:`HookRequestTooLarge` (event + state over ``max_frame_bytes``) are raised.
 * ``pool.compile(agent, hooks)`` compiles without running: a loader can check a
   new revision and keep the previous good one running when it fails (the
@@ -36,14 +34,6 @@ Usage from the daemon (one pool for the whole process, one worker per agent)::
 
 from __future__ import annotations
 
-from daemon.errors import (
-    HookCompileError,
-    HookCrashed,
-    HookError,
-    HookRequestTooLarge,
-    HookResultInvalid,
-    HookTimeout,
-)
 from hooks_runtime.breaker import HookBreaker
 from hooks_runtime.config import KNOWN_LAYERS, SandboxConfig
 from hooks_runtime.decisions import (
@@ -61,22 +51,8 @@ from hooks_runtime.pool import HookResult, WorkerPool, open_worker_pool
 from hooks_runtime.protocol import ErrorKind, HookKind, encode_state
 from hooks_runtime.validate import validate_result
 
-#: Exception class per recorded error kind (skips map to the HookError base).
-ERROR_CLASSES: dict[str, type[HookError]] = {
-    "compile": HookCompileError,
-    "runtime": HookError,
-    "invalid_result": HookResultInvalid,
-    "memory": HookCrashed,
-    "timeout": HookTimeout,
-    "crashed": HookCrashed,
-    "backoff": HookError,
-    "paused": HookError,
-    "oversized": HookRequestTooLarge,
-}
-
 __all__ = [
     "ALLOWED_DECISIONS",
-    "ERROR_CLASSES",
     "KNOWN_LAYERS",
     "Alert",
     "Decision",

@@ -141,12 +141,8 @@ class RagService:
             return self._query(parse_params(params))
         except RpcError:
             raise
-        except StoreError as exc:
-            raise RpcError(-32003, "Qdrant error", {"reason": str(exc)}) from None
-        except EmbeddingError as exc:
-            raise RpcError(-32004, "Embedding error", {"reason": str(exc)}) from None
-        except MarketwakeError as exc:
-            raise RpcError(exc.rpc_code, "Server error", {"reason": str(exc)}) from None
+        except MarketwakeError as exc:  # each error class carries its JSON-RPC code
+            raise RpcError(exc.rpc_code, exc.rpc_message, {"reason": str(exc)}) from None
         except Exception as exc:  # noqa: BLE001 - a query must never take the server down
             raise RpcError(-32000, "Server error", {"reason": type(exc).__name__}) from None
 
@@ -156,7 +152,7 @@ class RagService:
             meta = self._store.meta()
             points = self._store.count()
         except StoreError as exc:
-            raise RpcError(-32003, "Qdrant error", {"reason": str(exc)}) from None
+            raise RpcError(exc.rpc_code, exc.rpc_message, {"reason": str(exc)}) from None
         return {
             "status": "ok",
             "points": points,

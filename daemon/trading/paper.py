@@ -33,7 +33,7 @@ import msgspec
 
 from daemon import events as ev
 from daemon.errors import BrokerError
-from daemon.events import Candle, FeedEvent
+from daemon.events import Candle, FeedEvent, Publish
 from daemon.trading.amend import amended, misfit
 from daemon.trading.broker import Broker, OrderRequest
 from daemon.trading.intents import TradeIntent
@@ -46,7 +46,6 @@ from daemon.trading.matching import (
 )
 from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import WORKING, Order, OrderRole, PortfolioView, Position
-from feeds.base import Publish
 
 SOURCE = "paper"
 _CHILD_ROLES: frozenset[str] = frozenset({"stop_loss", "take_profit"})

@@ -34,12 +34,12 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from daemon.config import CandlesSection
 from daemon.errors import FeedError, FeedProtocolError
 from daemon.events import Candle, now_ms
 from feeds.base import FeedHealth, Publish
 from feeds.candles import protocol as p
 from feeds.candles.store import HighWaterStore
+from feeds.config import CandlesSection
 
 log = structlog.get_logger("feeds.candles")
 

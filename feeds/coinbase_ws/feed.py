@@ -19,11 +19,11 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from daemon.config import CoinbaseWsSection
 from daemon.errors import ConfigError
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms
 from feeds.base import FeedHealth, Publish
 from feeds.coinbase_ws.pool import CoinbaseWsPool, Tick
+from feeds.config import CoinbaseWsSection
 
 log = structlog.get_logger("feeds.coinbase_ws")
 

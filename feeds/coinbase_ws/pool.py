@@ -32,7 +32,6 @@ import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
-from daemon.config import CoinbaseWsSection
 from daemon.errors import ConfigError, FeedDisconnected, FeedError, FeedProtocolError
 from daemon.events import now_ms
 from feeds.base import FeedHealth
@@ -53,6 +52,7 @@ from feeds.coinbase_ws.protocol import (
     subscribe_message,
     unsubscribe_message,
 )
+from feeds.config import CoinbaseWsSection
 
 log = structlog.get_logger("feeds.coinbase_ws")
 

@@ -14,11 +14,11 @@ from daemon.audit.records import HookRecord, now_ts
 from daemon.audit.why import collect, explain
 from daemon.audit.writer import AuditWriter
 from daemon.cli.audit import audit_group, why_command
-from daemon.config import ReplaySection
 from daemon.events import FeedEvent, trace_id_for
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import parse_intent
 from daemon.trading.paper import PaperBroker
+from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
 from feeds.synthetic import generate_candles
 

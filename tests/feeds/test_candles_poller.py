@@ -18,11 +18,11 @@ import anyio
 import pytest
 from aiohttp import web
 
-from daemon.config import CandlesSection
 from daemon.events import MARKET_CANDLE_CLOSED, MARKET_CANDLE_UPDATED, FeedEvent, iso_ms
 from feeds.base import FeedHealth
 from feeds.candles import CandlesFeed
 from feeds.candles.protocol import GRANULARITY
+from feeds.config import CandlesSection
 from tests.loopback import serve_app
 
 ENUM_SECONDS = {
@@ -367,7 +367,7 @@ import structlog
 
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
-from daemon.config import CandlesSection
+from feeds.config import CandlesSection
 from daemon.events import encode
 from feeds.base import FeedHealth
 from feeds.candles import CandlesFeed

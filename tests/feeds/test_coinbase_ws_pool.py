@@ -19,12 +19,12 @@ import msgspec
 import pytest
 from websockets.asyncio.server import serve
 
-from daemon.config import CoinbaseWsSection
 from daemon.errors import ConfigError
 from daemon.events import FeedEvent, parse_iso_ms
 from feeds.base import FeedHealth
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
 from feeds.coinbase_ws.pool import CoinbaseWsPool, Subscription, Tick
+from feeds.config import CoinbaseWsSection
 from tests.coinbase_fake import TS, WAIT, FakeCoinbase, fake_server, ticker
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import anyio
 import pytest
 
-from daemon.config import ReplaySection
 from daemon.errors import ReplayError
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
@@ -20,6 +19,7 @@ from daemon.events import (
     iso_ms,
 )
 from feeds.base import FeedHealth
+from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
 
 M1 = 60_000

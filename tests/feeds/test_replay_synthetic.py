@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from daemon.config import ReplaySection
 from daemon.events import FeedEvent
 from feeds.base import FeedHealth
+from feeds.config import ReplaySection
 from feeds.replay import CSV_HEADER, ReplayFeed
 from feeds.synthetic import generate_candles, main
 

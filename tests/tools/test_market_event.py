@@ -12,7 +12,6 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from daemon.config import CoinbaseWsSection
 from daemon.tools import registry
 from daemon.tools.base import ToolError
 from daemon.tools.context import ProductCatalog, ToolContext
@@ -27,6 +26,7 @@ from daemon.tools.market_event import (
 )
 from feeds.coinbase_ws.pool import CoinbaseWsPool, Tick
 from feeds.coinbase_ws.protocol import Ticker
+from feeds.config import CoinbaseWsSection
 from tests.coinbase_fake import FakeCoinbase, fake_server
 from tests.loopback import serve_app
 
