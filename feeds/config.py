@@ -23,6 +23,7 @@ class CoinbaseWsSection(_Section, frozen=True):
     url: str = "wss://advanced-trade-ws.coinbase.com"
     products: list[str] = msgspec.field(default_factory=list)
     # Reconnect when nothing (not even a heartbeat) arrived for this long.
+    # Checked (with the URL) by the pool, which names the key in a ConfigError.
     idle_timeout_seconds: float = 10.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from daemon.backoff import backoff_delay
+
 Key = tuple[str, str]  # (agent_id, hook_id)
 Gate = Literal["backoff", "paused"]
 
@@ -78,7 +80,7 @@ class HookBreaker:
         if t.failures >= self._pause_after:
             t.paused = True
         else:
-            delay = min(self._base * 2 ** (t.failures - 1), self._max)
+            delay = backoff_delay(t.failures - 1, self._base, self._max, jitter=0)
             t.until = (self._clock() if now is None else now) + delay
 
     def pause(self, key: Key, revision: str, reason: str) -> None:

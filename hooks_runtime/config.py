@@ -7,6 +7,8 @@ enforced by the parent (deadlines, recycling, backoff).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 #: Layer names a worker can report; ``require_layers`` must use these.
@@ -59,9 +61,9 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # ~50 us per hop on this VM. 0 disables; never used when batches run concurrently.
     spin_us: int = 300
     # Failure handling per hook: backoff doubles from base to max, pause after N in a row.
-    backoff_base_seconds: float = 1.0
-    backoff_max_seconds: float = 300.0
-    pause_after_failures: int = 5
+    backoff_base_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    backoff_max_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    pause_after_failures: Annotated[int, msgspec.Meta(ge=1)] = 5
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.require_layers) - KNOWN_LAYERS)
@@ -72,8 +74,10 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError("timeout_ms must be > 0 and compile_timeout_ms >= 0")
         if self.memory_mb < 64:
             raise ValueError("memory_mb must be at least 64 (the interpreter needs it)")
-        if self.pause_after_failures < 1 or self.recycle_after < 1:
-            raise ValueError("pause_after_failures and recycle_after must be >= 1")
+        if self.recycle_after < 1:
+            raise ValueError("recycle_after must be >= 1")
+        if self.backoff_max_seconds < self.backoff_base_seconds:
+            raise ValueError("backoff_max_seconds must be >= backoff_base_seconds")
         if not 0 < self.max_agent_source_bytes < self.max_frame_bytes:
             raise ValueError("max_agent_source_bytes must be > 0 and below max_frame_bytes")
         if not 0 <= self.spin_us <= 10_000:

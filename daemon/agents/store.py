@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from daemon.errors import StoreError
+from daemon.sqlite import open_sqlite
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS revisions (
@@ -53,14 +54,7 @@ class HookStore:
     def __init__(
         self, path: Path, *, dedupe_days: float = 30.0, dedupe_max_keys: int = 100_000
     ) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path}: cannot open hook store: {exc}") from None
+        self._db = open_sqlite(path, "hook store", schema=_SCHEMA)
         self.path = path
         self.dedupe_ms = int(dedupe_days * 86_400_000)
         self.dedupe_max_keys = dedupe_max_keys

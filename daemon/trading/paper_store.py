@@ -24,6 +24,7 @@ from typing import Literal
 import msgspec
 
 from daemon.errors import StoreError
+from daemon.sqlite import open_sqlite
 from daemon.trading.portfolio import Order, Position
 
 LEGACY_ACCOUNT = "paper"
@@ -84,11 +85,8 @@ class PaperStore:
     """The paper broker's database at ``path`` (created if missing)."""
 
     def __init__(self, path: Path, synchronous: Literal["NORMAL", "FULL"] = "FULL") -> None:
+        self._db = open_sqlite(path, "paper broker store", synchronous=synchronous, threads=False)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._migrate()
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.errors import StoreError
+from daemon.sqlite import open_sqlite
 
 FILE_NAME = "wake.sqlite3"
 
@@ -50,14 +51,7 @@ class RunStore:
         self.path = Path(path)
         self.keep_seconds = keep_seconds
         self._lock = threading.Lock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open wake run store {self.path}: {exc}") from None
+        self._db = open_sqlite(self.path, "wake run store", schema=_SCHEMA)
 
     @classmethod
     def in_dir(cls, state_dir: Path) -> RunStore:

@@ -22,7 +22,6 @@ backoff and jitter, honouring Retry-After; malformed bodies are recorded errors
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -34,6 +33,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
+from daemon.backoff import backoff_delay
 from daemon.errors import FeedError, FeedProtocolError
 from daemon.events import Candle, now_ms
 from feeds.base import FeedHealth, Publish
@@ -294,8 +294,7 @@ class CandlesFeed:
             return resp.status, resp.headers.get("Retry-After"), body
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        delay = min(self.backoff_max, self.backoff_initial * 2.0**attempt)
-        delay *= random.uniform(0.5, 1.0)
+        delay = backoff_delay(attempt, self.backoff_initial, self.backoff_max, jitter=0.5)
         if retry_after is not None:
             delay = max(delay, min(retry_after, _MAX_RETRY_AFTER))
         return delay

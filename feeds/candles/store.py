@@ -17,6 +17,7 @@ from pathlib import Path
 
 from daemon.errors import StoreError
 from daemon.events import now_ms
+from daemon.sqlite import open_sqlite
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS candle_hwm (
@@ -38,15 +39,7 @@ class HighWaterStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.execute(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"{path}: cannot open candle state: {exc}") from None
+        self._db = open_sqlite(path, "candle state", schema=_SCHEMA)
 
     def get(self, partition_key: str) -> int | None:
         """The last published close (epoch ms), or None if never published."""

@@ -32,6 +32,7 @@ import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
+from daemon.backoff import backoff_delays
 from daemon.errors import ConfigError, FeedDisconnected, FeedError, FeedProtocolError
 from daemon.events import now_ms
 from feeds.base import FeedHealth
@@ -46,7 +47,6 @@ from feeds.coinbase_ws.protocol import (
     SubscriptionsFrame,
     Ticker,
     TickerFrame,
-    backoff_delays,
     diff,
     parse_frame,
     subscribe_message,

@@ -11,7 +11,6 @@ values, so the wire format is tested without a socket:
   connection owner can send exactly the subscribe/unsubscribe diffs.
 * :class:`CounterTracker` spots jumps in ``sequence_num`` and
   ``heartbeat_counter``.
-* :func:`backoff_delays` is the reconnect schedule (exponential, full jitter).
 
 Numbers arrive as JSON strings; they go through ``Decimal`` (no float parsing
 surprises such as ``"1e999"`` or ``"NaN"``) and ``""`` means "missing".
@@ -19,8 +18,7 @@ surprises such as ``"1e999"`` or ``"NaN"``) and ``""`` means "missing".
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Generic, TypeVar
 
@@ -397,22 +395,3 @@ class CounterTracker:
         self.gaps += 1
         self.missed += skipped
         return skipped
-
-
-# --- reconnect schedule --------------------------------------------------------------
-
-
-def backoff_delays(
-    initial: float, maximum: float, rand: Callable[[], float] = random.random
-) -> Iterator[float]:
-    """Exponential backoff with full jitter: attempt n waits U(0, min(max, initial*2^n)).
-
-    Full jitter spreads many clients' reconnects so they never storm together.
-    Start a new generator to reset the schedule after a healthy connection.
-    """
-    if initial <= 0 or maximum < initial:
-        raise ValueError("backoff needs 0 < initial <= maximum")
-    cap = initial
-    while True:
-        yield cap * rand()
-        cap = min(maximum, cap * 2)

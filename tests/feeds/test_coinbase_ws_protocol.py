@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from daemon.backoff import backoff_delays
 from daemon.errors import FeedProtocolError
 from feeds.coinbase_ws.protocol import (
     CounterTracker,
@@ -17,7 +18,6 @@ from feeds.coinbase_ws.protocol import (
     SubscriptionBook,
     SubscriptionsFrame,
     TickerFrame,
-    backoff_delays,
     diff,
     parse_frame,
     parse_number,
