@@ -15,7 +15,8 @@ import anyio
 
 from daemon.agents.pipeline import open_agents
 from daemon.config import Config
-from daemon.service import Component, Consumer, Service, Status
+from daemon.service import Component, Consumer, Service
+from daemon.status import Status
 from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed

@@ -28,31 +28,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from typing import NamedTuple, final
+from typing import final
 
 import anyio
 
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, topic_matches, validate_pattern
+from daemon.status import BusStatus, SubscriptionStatus
 
 COALESCING_TOPICS = frozenset({MARKET_PRICE_TICK})
-
-
-class SubscriptionStatistics(NamedTuple):
-    name: str
-    patterns: tuple[str, ...]
-    depth: int
-    max_depth: int
-    delivered: int
-    coalesced: int
-    blocked_publishes: int
-    lag_ms: float
-
-
-class BusStatistics(NamedTuple):
-    published: int
-    delivered: int
-    coalesced: int
-    subscriptions: tuple[SubscriptionStatistics, ...]
 
 
 @final
@@ -167,7 +150,7 @@ class Subscription:
             if ev is not None:
                 ev.set()
 
-    def statistics(self, now_ns: int | None = None) -> SubscriptionStatistics:
+    def statistics(self, now_ns: int | None = None) -> SubscriptionStatus:
         """A snapshot of this subscriber's counters."""
         now_ns = time.perf_counter_ns() if now_ns is None else now_ns
         lag_ms = 0.0
@@ -175,7 +158,7 @@ class Subscription:
             enq = self._queue[0][1]
             assert isinstance(enq, int)
             lag_ms = (now_ns - enq) / 1e6
-        return SubscriptionStatistics(
+        return SubscriptionStatus(
             self.name,
             self.patterns,
             len(self._queue),
@@ -263,10 +246,8 @@ class Bus:
         for sub in list(self._subs):
             sub.close()
 
-    def statistics(self) -> BusStatistics:
+    def statistics(self) -> BusStatus:
         """Counters for ``marketwake status`` and the periodic status log line."""
         now_ns = time.perf_counter_ns()
         subs = tuple(s.statistics(now_ns) for s in self._subs)
-        return BusStatistics(
-            self.published, self.delivered, sum(s.coalesced for s in self._subs), subs
-        )
+        return BusStatus(self.published, self.delivered, sum(s.coalesced for s in self._subs), subs)

@@ -25,6 +25,7 @@ from daemon.bus import Subscription
 from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
 from daemon.events import MARKET_CANDLE_CLOSED
 from daemon.state import StateCache
+from daemon.status import BusStatus
 from feeds.config import ReplaySection
 from feeds.synthetic import generate_candles
 
@@ -168,7 +169,7 @@ def _audit_summary(console: Console, audit_dir: Path) -> None:
 
 
 def _summary(
-    console: Console, printer: Printer, bus: dict[str, Any], elapsed: float, record: Path
+    console: Console, printer: Printer, bus: BusStatus, elapsed: float, record: Path
 ) -> None:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ind = printer.state.export(candles=0)["indicators"].get(DEMO_SYMBOL, {}).get(DEMO_TIMEFRAME)
@@ -176,8 +177,7 @@ def _summary(
     for topic, n in sorted(printer.topics.items()):
         console.print(f"  {topic:<24} {n:>7}")
     console.print(
-        f"  bus: published {bus['published']}, delivered {bus['delivered']}, "
-        f"coalesced {bus['coalesced']}"
+        f"  bus: published {bus.published}, delivered {bus.delivered}, coalesced {bus.coalesced}"
     )
     console.print(f"  wall time {elapsed:.2f}s, peak RSS {rss_mb:.0f} MiB")
     if ind:

@@ -38,7 +38,8 @@ from daemon.events import FeedEvent
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
-from daemon.statedir import REPLAY_FILE, SNAPSHOT_FILE, STATUS_FILE, StateDirLock
+from daemon.statedir import REPLAY_FILE, SNAPSHOT_FILE, StateDirLock
+from daemon.status import FeedStatus, Status, write_status
 from feeds.base import Feed, FeedHealth, Resumable
 
 log = structlog.get_logger("service")
@@ -50,16 +51,6 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 # Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
 RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag", "mcp")
-
-
-class FeedStatus(msgspec.Struct, frozen=True):
-    name: str
-    silent_seconds: float
-    errors: int
-    finished: bool
-    stalled: bool
-    stats: dict[str, Any] = {}
-    failed: bool = False
 
 
 class _StartFlag(TaskStatus[None]):
@@ -77,21 +68,6 @@ class _StartFlag(TaskStatus[None]):
 def new_run_id() -> str:
     """A daemon run's id: its UTC start time (sortable, readable) plus a random suffix."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(2).hex()
-
-
-class Status(msgspec.Struct, frozen=True):
-    """What ``marketwake status`` shows; written to ``<state_dir>/status.json``."""
-
-    pid: int
-    started_at: float
-    written_at: float
-    running: bool
-    bus: dict[str, Any]
-    feeds: list[FeedStatus]
-    state: dict[str, int]
-    # What components report about themselves (the hook pipeline: agents, sandbox).
-    components: dict[str, Any] = {}
-    run_id: str = ""
 
 
 class Service:
@@ -286,12 +262,12 @@ class Service:
             stats = status.bus
             log.info(
                 "status",
-                published=stats["published"],
-                delivered=stats["delivered"],
-                coalesced=stats["coalesced"],
+                published=stats.published,
+                delivered=stats.delivered,
+                coalesced=stats.coalesced,
                 stalled=[f.name for f in status.feeds if f.stalled],
             )
-            self.notifier.status(f"published {stats['published']} events")
+            self.notifier.status(f"published {stats.published} events")
 
     async def _signals(self, signals: AsyncIterator[int]) -> None:
         """Handle signals for the whole run: the receiver stays open while draining, so a
@@ -358,18 +334,12 @@ class Service:
             )
             for name, h in self.health.items()
         ]
-        bus = {
-            "published": stats.published,
-            "delivered": stats.delivered,
-            "coalesced": stats.coalesced,
-            "subscriptions": [s._asdict() for s in stats.subscriptions],
-        }
         return Status(
             os.getpid(),
             self.started_at,
             time.time(),
             running,
-            bus,
+            stats,
             feeds,
             self.state.statistics(),
             {name: provider() for name, provider in self.status_providers.items()},
@@ -387,10 +357,7 @@ class Service:
     def write_status(self, *, running: bool) -> Status:
         """Write status.json atomically (temp file + rename)."""
         status = self.status(running=running)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_dir / (STATUS_FILE + ".tmp")
-        tmp.write_bytes(msgspec.json.format(msgspec.json.encode(status)))
-        tmp.replace(self.state_dir / STATUS_FILE)
+        write_status(self.state_dir, status)
         return status
 
     # -- main ----------------------------------------------------------------
@@ -430,7 +397,7 @@ class Service:
                 tg.cancel_scope.cancel()
         status = self.write_status(running=False)
         await self._save_snapshot()
-        log.info("daemon stopped", published=status.bus["published"])
+        log.info("daemon stopped", published=status.bus.published)
         return status
 
     async def _run_consumers(self, scope: anyio.CancelScope) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from daemon.config import Config, DaemonSection
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
 from daemon.sdnotify import Notifier
 from daemon.service import Service
+from daemon.status import read_status
 from feeds.base import Feed, FeedHealth, Publish
 
 
@@ -113,9 +113,9 @@ async def test_finite_feeds_run_to_end_record_and_notify(
     assert msgs[-1] == "STOPPING=1"
     assert [decode(line) for line in rec.read_bytes().splitlines()] == events
     assert svc.state.statistics()["candles_held"] == 30
-    assert status.bus["published"] == 30 and not status.running
-    on_disk = json.loads((tmp_path / "state" / "status.json").read_text())
-    assert on_disk["feeds"][0]["finished"] is True
+    assert status.bus.published == 30 and not status.running
+    on_disk = read_status(tmp_path / "state")  # the typed reader `marketwake status` uses
+    assert on_disk.feeds[0].finished is True and on_disk.bus == status.bus
 
 
 async def test_watchdog_withheld_while_a_feed_is_stalled(

@@ -33,6 +33,7 @@ from daemon.bus import Bus, Subscription
 from daemon.clock import EventClock
 from daemon.errors import ConfigError
 from daemon.state import StateCache
+from daemon.status import AgentStatus, HooksStatus
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore
 from hooks_runtime.hookfile import HookSpec
@@ -83,29 +84,27 @@ class AgentManager:
         self._warned_missing = False
         self._bad_revisions: set[tuple[str, str, str]] = set()
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> HooksStatus:
         """Per agent: hooks and revisions, paused hooks, queue depth; plus dispatcher counters."""
         d = self.dispatcher
         ready = d.pool.ready
-        return {
-            "sandbox_layers": list(ready.active) if ready is not None else [],
-            "evaluations": d.evaluations,
-            "suppressed": d.suppressed,
-            "failures": d.failures,
-            "config_errors": dict(self._config_errors),
-            "agents": {
-                agent_id: {
-                    "hooks": {h: s.revision for h, s in rt.agent.hooks.items()},
-                    "paused": rt.paused,
-                    "paused_hooks": sorted(rt.paused_hooks),
-                    "queue_depth": rt.sub.statistics().depth,
-                    "file_errors": {
-                        h: e for (a, h), e in self._file_errors.items() if a == agent_id
-                    },
-                }
+        return HooksStatus(
+            sandbox_layers=list(ready.active) if ready is not None else [],
+            evaluations=d.evaluations,
+            suppressed=d.suppressed,
+            failures=d.failures,
+            config_errors=dict(self._config_errors),
+            agents={
+                agent_id: AgentStatus(
+                    hooks={h: s.revision for h, s in rt.agent.hooks.items()},
+                    paused=rt.paused,
+                    paused_hooks=sorted(rt.paused_hooks),
+                    queue_depth=rt.sub.statistics().depth,
+                    file_errors={h: e for (a, h), e in self._file_errors.items() if a == agent_id},
+                )
                 for agent_id, rt in self.runtimes.items()
             },
-        }
+        )
 
     def _sink(self, record: AuditRecord) -> None:
         self.dispatcher.audit.write(record)

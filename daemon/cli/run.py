@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import click
+import msgspec
 
 from daemon import config as config_mod
 from daemon.cli.common import resolve_state_dir
+from daemon.errors import StoreError
 from daemon.logs import configure as configure_logging
 from daemon.statedir import STATUS_FILE, holder
+from daemon.status import Status, read_status
 
 CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
 
@@ -83,60 +84,53 @@ def config_check(path: Path | None) -> None:
     click.echo(f"  state_dir: {cfg.daemon.state_dir}")
 
 
-def _render_status(data: dict[str, Any], live_pid: int | None) -> str:
+def _render_status(st: Status, live_pid: int | None) -> str:
     """``live_pid`` comes from the state dir lock: a live daemon holds it."""
-    age = time.time() - float(data["written_at"])
-    bus = data["bus"]
+    age = time.time() - st.written_at
+    bus = st.bus
     if live_pid is not None:
-        head = f"running (pid {live_pid or data['pid']}, "
-    elif data["running"]:
-        head = f"not running (pid {data['pid']} ended without a clean stop; "
+        head = f"running (pid {live_pid or st.pid}, "
+    elif st.running:
+        head = f"not running (pid {st.pid} ended without a clean stop; "
     else:
-        head = f"not running (last pid {data['pid']}, "
+        head = f"not running (last pid {st.pid}, "
     lines = [
         f"daemon: {head}status written {age:.0f}s ago)"
-        + (f", run {data['run_id']}" if data.get("run_id") else ""),
-        (
-            f"bus: published {bus['published']}, delivered {bus['delivered']}, "
-            f"coalesced {bus['coalesced']}"
-        ),
+        + (f", run {st.run_id}" if st.run_id else ""),
+        f"bus: published {bus.published}, delivered {bus.delivered}, coalesced {bus.coalesced}",
     ]
-    for sub in data["bus"]["subscriptions"]:
+    for sub in bus.subscriptions:
         lines.append(
-            f"  subscriber {sub['name']}: depth {sub['depth']} (max {sub['max_depth']}), "
-            f"delivered {sub['delivered']}, lag {sub['lag_ms']} ms, "
-            f"blocked publishes {sub['blocked_publishes']}"
+            f"  subscriber {sub.name}: depth {sub.depth} (max {sub.max_depth}), "
+            f"delivered {sub.delivered}, lag {sub.lag_ms} ms, "
+            f"blocked publishes {sub.blocked_publishes}"
         )
-    for feed in data["feeds"]:
+    for feed in st.feeds:
         state = (
-            "FAILED"
-            if feed.get("failed")
-            else "finished"
-            if feed["finished"]
-            else "STALLED"
-            if feed["stalled"]
+            "FAILED" if feed.failed
+            else "finished" if feed.finished
+            else "STALLED" if feed.stalled
             else "live"
-        )
+        )  # fmt: skip
         lines.append(
-            f"feed {feed['name']}: {state}, silent {feed['silent_seconds']:.1f}s, "
-            f"errors {feed['errors']}"
+            f"feed {feed.name}: {state}, silent {feed.silent_seconds:.1f}s, errors {feed.errors}"
         )
-        flat = {k: v for k, v in feed.get("stats", {}).items() if isinstance(v, (int, float, str))}
+        flat = {k: v for k, v in feed.stats.items() if isinstance(v, (int, float, str))}
         if flat:
             lines.append("    " + ", ".join(f"{k} {v}" for k, v in flat.items()))
-    lines.append("state: " + ", ".join(f"{k} {v}" for k, v in data["state"].items()))
-    hooks = data.get("components", {}).get("hooks")
-    if hooks:
+    lines.append("state: " + ", ".join(f"{k} {v}" for k, v in st.state.items()))
+    hooks = st.hooks
+    if hooks is not None:
         lines.append(
-            f"hooks: {hooks['evaluations']} evaluations, {hooks['suppressed']} suppressed, "
-            f"{hooks['failures']} failures; sandbox layers: "
-            + (", ".join(hooks["sandbox_layers"]) or "none yet")
+            f"hooks: {hooks.evaluations} evaluations, {hooks.suppressed} suppressed, "
+            f"{hooks.failures} failures; sandbox layers: "
+            + (", ".join(hooks.sandbox_layers) or "none yet")
         )
-        for agent, a in hooks["agents"].items():
-            paused = " PAUSED" if a["paused"] else ""
-            held = f", paused hooks: {', '.join(a['paused_hooks'])}" if a["paused_hooks"] else ""
+        for agent, a in hooks.agents.items():
+            paused = " PAUSED" if a.paused else ""
+            held = f", paused hooks: {', '.join(a.paused_hooks)}" if a.paused_hooks else ""
             lines.append(
-                f"  agent {agent}{paused}: {len(a['hooks'])} hooks, queue {a['queue_depth']}{held}"
+                f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{held}"
             )
     return "\n".join(lines)
 
@@ -148,11 +142,15 @@ def _render_status(data: dict[str, Any], live_pid: int | None) -> str:
 def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     """Show the counters of a running (or the last) daemon: bus, feeds, state."""
     state = resolve_state_dir(config_path, state_dir)
-    status_file = state / STATUS_FILE
     try:
-        data = json.loads(status_file.read_text())
+        status = read_status(state)
     except FileNotFoundError:
-        raise click.ClickException(f"no status at {status_file}: has the daemon run?") from None
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot read {status_file}: {exc}") from None
-    click.echo(json.dumps(data, indent=2) if as_json else _render_status(data, holder(state)))
+        raise click.ClickException(
+            f"no status at {state / STATUS_FILE}: has the daemon run?"
+        ) from None
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(msgspec.json.format(msgspec.json.encode(status)).decode())
+    else:
+        click.echo(_render_status(status, holder(state)))

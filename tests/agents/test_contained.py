@@ -80,4 +80,4 @@ async def test_an_unexpected_error_in_handling_is_logged_and_the_agent_serves_on
         status = await svc.run()
     seen = [r["eventId"] for r in audit(tmp_path) if r["type"] == "hook"]
     assert seen == [e.event_id for i, e in enumerate(events) if i != 2]
-    assert status.components["hooks"]["failures"] == 1
+    assert status.hooks is not None and status.hooks.failures == 1

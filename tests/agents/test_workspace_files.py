@@ -101,8 +101,8 @@ async def test_the_daemon_serves_other_agents_beside_hostile_workspaces(tmp_path
     rows = [r for r in audit(tmp_path) if r["type"] == "hook"]
     assert {r["agentId"] for r in rows} == {"calm"}
     assert len(rows) == 5
-    hooks = status.components["hooks"]
-    assert sorted(hooks["config_errors"]) == ["fifo", "zero"]
-    assert "symbolic link" in hooks["agents"]["leaky"]["file_errors"]["wake_x"]
+    hooks = status.hooks
+    assert hooks is not None and sorted(hooks.config_errors) == ["fifo", "zero"]
+    assert "symbolic link" in hooks.agents["leaky"].file_errors["wake_x"]
     everything = b"".join(f.read_bytes() for f in (tmp_path / "state").rglob("*") if f.is_file())
     assert SECRET.encode() not in everything

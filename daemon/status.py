@@ -1,0 +1,118 @@
+"""What ``marketwake status`` shows, typed from the writer to the reader.
+
+The daemon writes :class:`Status` to ``<state_dir>/status.json`` (atomically)
+every ``status_interval_seconds`` and at a stop; ``status`` decodes the same
+Structs, so a renamed counter is a type error, not a blank line. Components
+add their own part under ``components`` (the hook pipeline: :class:`HooksStatus`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from daemon.errors import StoreError
+from daemon.statedir import STATUS_FILE
+
+
+class SubscriptionStatus(msgspec.Struct, frozen=True):
+    """One bus subscriber's queue."""
+
+    name: str
+    patterns: tuple[str, ...]
+    depth: int
+    max_depth: int
+    delivered: int
+    coalesced: int
+    blocked_publishes: int
+    lag_ms: float
+
+
+class BusStatus(msgspec.Struct, frozen=True):
+    """The bus counters."""
+
+    published: int
+    delivered: int
+    coalesced: int
+    subscriptions: tuple[SubscriptionStatus, ...]
+
+
+class FeedStatus(msgspec.Struct, frozen=True):
+    """One feed's liveness and its own counters (``statistics()``, if it keeps any)."""
+
+    name: str
+    silent_seconds: float
+    errors: int
+    finished: bool
+    stalled: bool
+    stats: dict[str, Any] = {}
+    failed: bool = False
+
+
+class AgentStatus(msgspec.Struct, frozen=True):
+    """One loaded agent: hook revisions, pauses, its queue, unreadable files."""
+
+    hooks: dict[str, str]
+    paused: bool
+    paused_hooks: list[str]
+    queue_depth: int
+    file_errors: dict[str, str] = {}
+
+
+class HooksStatus(msgspec.Struct, frozen=True):
+    """The hook pipeline's part of the status (``components["hooks"]``)."""
+
+    sandbox_layers: list[str]
+    evaluations: int
+    suppressed: int
+    failures: int
+    agents: dict[str, AgentStatus]
+    config_errors: dict[str, str] = {}
+
+
+class Status(msgspec.Struct, frozen=True):
+    """The whole status file."""
+
+    pid: int
+    started_at: float
+    written_at: float
+    running: bool
+    bus: BusStatus
+    feeds: list[FeedStatus]
+    state: dict[str, int]
+    # What components report about themselves; "hooks" decodes as HooksStatus.
+    components: dict[str, Any] = {}
+    run_id: str = ""
+
+    @property
+    def hooks(self) -> HooksStatus | None:
+        """The hook pipeline's part, if it ran (None for an unreadable one)."""
+        raw = self.components.get("hooks")
+        if raw is None or isinstance(raw, HooksStatus):  # in memory / never ran
+            return raw
+        try:
+            return msgspec.convert(raw, HooksStatus)
+        except msgspec.ValidationError:
+            return None
+
+
+def write_status(state_dir: Path, status: Status) -> None:
+    """Write ``status.json`` atomically (temp file + rename)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / (STATUS_FILE + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(status)))
+    tmp.replace(state_dir / STATUS_FILE)
+
+
+def read_status(state_dir: Path) -> Status:
+    """The last status written under ``state_dir``; FileNotFoundError if none,
+    :exc:`StoreError` if it cannot be read or decoded."""
+    path = state_dir / STATUS_FILE
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Status)
+    except FileNotFoundError:
+        raise
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StoreError(f"cannot read {path}: {exc}") from None
