@@ -1,13 +1,14 @@
 """The daemon's one notion of time: wall clock live, event time in replays.
 
 Everything time-dependent (wake budgets, debounce, cooldown after a run, hook
-backoff) takes a :class:`Clock`. Live it is :class:`SystemClock`. In a replay
+backoff, and the service's feed-stall and watchdog timers) takes a :class:`Clock`. Live it is :class:`SystemClock`. In a replay
 or backtest it is an :class:`EventClock`: the time of the last event applied,
 so a replay answers "how often would this agent wake?" the same at any speed.
 :class:`ManualClock` moves only when a test says so.
 
 Clocks work in epoch seconds (not monotonic time) because budgets and
-cooldowns are persisted and must mean the same thing after a restart. This
+cooldowns are persisted and must mean the same thing after a restart; only
+liveness timers, never persisted, use :class:`MonotonicClock`. This
 module imports nothing from the project, so every layer may take a clock.
 """
 
@@ -49,6 +50,23 @@ class SystemClock:
         """
         while (left := deadline - time.time()) > 0:  # noqa: ASYNC110 (time is the event)
             await anyio.sleep(min(left, MAX_NAP))
+
+
+class MonotonicClock:
+    """Seconds that never step back (``time.monotonic``): for liveness timers,
+    which must not see an NTP step as silence."""
+
+    def now(self) -> float:
+        """Seconds from ``time.monotonic``."""
+        return time.monotonic()
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Sleep until ``deadline`` on the monotonic clock."""
+        left = deadline - time.monotonic()
+        if left > 0:
+            await anyio.sleep(left)
+        else:
+            await anyio.lowlevel.checkpoint()
 
 
 class ManualClock:

@@ -32,6 +32,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from daemon import config as config_mod
 from daemon.bus import Bus, Subscription
+from daemon.clock import Clock, MonotonicClock
 from daemon.config import Config
 from daemon.errors import ConfigError, StoreError
 from daemon.events import FeedEvent
@@ -84,6 +85,7 @@ class Service:
         components: Sequence[Component] = (),
         notifier: Notifier | None = None,
         from_start: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.components = components
         # Components register a ``() -> plain data`` here to appear in status.json.
@@ -92,6 +94,8 @@ class Service:
         self.config_path = config_path
         self.build_feeds = build_feeds
         self.notifier = notifier or Notifier()
+        # Feed stall timers and the watchdog ping (a ManualClock in tests).
+        self.clock: Clock = clock or MonotonicClock()
         self.bus = Bus(queue_size=config.bus.queue_size)
         self.state = StateCache.from_config(config.state)
         self.health: dict[str, FeedHealth] = {}
@@ -185,7 +189,7 @@ class Service:
         """Run one feed. Failing to start propagates (startup fails fast, a reload rolls
         back); failing later is contained: the feed is marked failed, which withholds
         the watchdog ping so systemd restarts us, and the daemon keeps draining."""
-        health = self.health[feed.name] = FeedHealth(feed.name)
+        health = self.health[feed.name] = FeedHealth(feed.name, self.clock.now)
         self.feeds[feed.name] = feed
         self.finished.discard(feed.name)
         self.failed.discard(feed.name)
@@ -251,7 +255,7 @@ class Service:
                 log.warning("feeds stalled; withholding watchdog ping", feeds=stalled)
             else:
                 self.notifier.watchdog()
-            await anyio.sleep(interval)
+            await self.clock.sleep_until(self.clock.now() + interval)
 
     async def _status_loop(self) -> None:
         self.write_status(running=True)  # `marketwake status` works from READY on

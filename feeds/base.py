@@ -12,7 +12,7 @@ service can tell a live feed from a stalled one.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 from anyio.abc import TaskStatus
@@ -25,16 +25,17 @@ __all__ = ["Feed", "FeedHealth", "Publish"]
 class FeedHealth:
     """Liveness of one feed, judged by the time since it last heard its source."""
 
-    __slots__ = ("errors", "last_beat", "name")
+    __slots__ = ("_now", "errors", "last_beat", "name")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, now: Callable[[], float] = time.monotonic) -> None:
         self.name = name
-        self.last_beat = time.monotonic()
+        self._now = now
+        self.last_beat = now()
         self.errors = 0
 
     def beat(self) -> None:
         """Record that the source just said something."""
-        self.last_beat = time.monotonic()
+        self.last_beat = self._now()
 
     def error(self) -> None:
         """Count a recorded (non-fatal) error."""
@@ -42,7 +43,7 @@ class FeedHealth:
 
     def silent_for(self, now: float | None = None) -> float:
         """Seconds since the last beat."""
-        return (time.monotonic() if now is None else now) - self.last_beat
+        return (self._now() if now is None else now) - self.last_beat
 
 
 class Feed(Protocol):

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from anyio.abc import TaskStatus
 
+from daemon.clock import ManualClock
 from daemon.config import Config, DaemonSection
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
 from daemon.sdnotify import Notifier
@@ -121,25 +122,39 @@ async def test_finite_feeds_run_to_end_record_and_notify(
 async def test_watchdog_withheld_while_a_feed_is_stalled(
     tmp_path: Path, notify_socket: tuple[socket.socket, dict[str, str]]
 ) -> None:
-    """A silent feed stops the WATCHDOG=1 pings so systemd can restart a zombie."""
-    sock, env = notify_socket
+    """A silent feed stops the WATCHDOG=1 pings so systemd can restart a zombie.
+
+    The stall timer and the ping interval run on a manual clock: the test moves
+    time, it does not wait for it (the short real waits only let tasks run)."""
+    sock, env = notify_socket  # WATCHDOG_USEC=100000: a ping every 0.05 s of clock time
+    clock = ManualClock(1_000.0)
     svc = Service(
-        make_config(tmp_path, stall_seconds=0.15),
+        make_config(tmp_path, stall_seconds=10),
         lambda _: [SilentFeed()],
         notifier=Notifier(env),
+        clock=clock,
     )
+    seen: list[str] = []
+
+    async def pings() -> int:
+        for _ in range(200):  # up to 2 s of real time for the loop to get its turn
+            await anyio.sleep(0.01)
+            seen.extend(drain(sock))
+            if seen.count("WATCHDOG=1"):
+                break
+        n = seen.count("WATCHDOG=1")
+        seen.clear()
+        return n
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(svc.run)
-        await anyio.sleep(0.1)
-        early = drain(sock)
-        await anyio.sleep(0.2)  # the feed is now stalled
-        drain(sock)
-        await anyio.sleep(0.2)
-        late = drain(sock)
+        assert await pings() >= 1  # the first ping right after READY
+        clock.advance(0.05)
+        assert await pings() == 1  # one interval later, one more: the feed is 0.05 s silent
+        clock.advance(10.0)  # silent for 10.05 s > stall_seconds
+        assert await pings() == 0
+        assert svc.stalled_feeds() == ["silent"]
         svc.request_stop()
-    assert "WATCHDOG=1" in early
-    assert "WATCHDOG=1" not in late
-    assert svc.stalled_feeds() == ["silent"]
 
 
 async def test_state_cache_survives_a_restart(tmp_path: Path) -> None:

@@ -18,11 +18,12 @@ from typing import Protocol
 
 import msgspec
 
-from daemon.audit.records import AuditRecord, order_record_from_event, risk_record
+from daemon.audit.records import AuditRecord
 from daemon.events import FeedEvent, Publish
 from daemon.trading.broker import Broker, OrderRequest, client_order_id
 from daemon.trading.intents import ORDER_ACTIONS, RiskLimits, TradeIntent, TradingState
 from daemon.trading.portfolio import Order
+from daemon.trading.records import order_record_from_event, risk_record
 from daemon.trading.risk import ORDER_NOT_FOUND, Reason, RiskEngine, Verdict
 
 

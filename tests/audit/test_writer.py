@@ -8,12 +8,12 @@ from pathlib import Path
 import anyio
 
 from daemon.audit.files import list_files
-from daemon.audit.records import order_record, risk_record
 from daemon.audit.writer import AuditWriter, open_audit
 from daemon.trading.broker import OrderRequest
 from daemon.trading.intents import RiskLimits, parse_intent
 from daemon.trading.paper import PaperBroker
 from daemon.trading.portfolio import PortfolioView
+from daemon.trading.records import order_record, risk_record
 from daemon.trading.risk import RiskEngine
 from tests.audit.factory import hook, ts
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from daemon.audit.records import AuditRecord, OrderRecord, RiskRecord, order_record_from_event
+from daemon.audit.records import AuditRecord, OrderRecord, RiskRecord
 from daemon.events import FeedEvent
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import RiskLimits, TradingState, parse_intent
 from daemon.trading.paper import PaperBroker
+from daemon.trading.records import order_record_from_event
 
 INTENT = parse_intent(
     {
