@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import msgspec.inspect
@@ -50,19 +50,11 @@ class DaemonSection(Base, frozen=True):
     clock: Literal["auto", "wall", "event"] = "auto"
     # A stop (SIGTERM) lets agents finish their queued events for at most this long;
     # the rest is re-delivered after the restart. Keep it below systemd's TimeoutStopSec.
-    stop_timeout_seconds: float = 8.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.stop_timeout_seconds <= 600:
-            raise ValueError("stop_timeout_seconds must be in (0, 600]")
+    stop_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=600)] = 8.0
 
 
 class BusSection(Base, frozen=True):
-    queue_size: int = 4096
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.queue_size <= 1_000_000:
-            raise ValueError("queue_size must be between 1 and 1000000")
+    queue_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096
 
 
 class FeedsSection(Base, frozen=True):
@@ -80,31 +72,21 @@ class HooksSection(Base, frozen=True):
     # agents/<id>/agent.toml + agents/<id>/hooks/*.py; relative to the working directory.
     agents_dir: str = "agents"
     # How often the agents directory is rescanned for edits (hot reload).
-    reload_seconds: float = 2.0
+    reload_seconds: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     # POST every ALERT as JSON here too ("" = log only).
     alert_webhook: str = ""
     # Dedupe keys kept per agent (the oldest go first; keys are also dropped after
     # 30 days of event time). Bounds hooks.sqlite3 whatever keys hooks invent.
-    dedupe_max_keys: int = 100_000
+    dedupe_max_keys: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
-
-    def __post_init__(self) -> None:
-        if self.reload_seconds <= 0:
-            raise ValueError("reload_seconds must be > 0")
-        if self.dedupe_max_keys < 1:
-            raise ValueError("dedupe_max_keys must be >= 1")
 
 
 class AuditSection(Base, frozen=True):
     # "" = <daemon.state_dir>/audit
     dir: str = ""
-    max_total_mb: int = 512
-    max_days: int = 30
-    flush_interval_seconds: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.max_total_mb < 1 or self.max_days < 1 or self.flush_interval_seconds <= 0:
-            raise ValueError("max_total_mb and max_days must be >= 1, flush interval > 0")
+    max_total_mb: Annotated[int, msgspec.Meta(ge=1)] = 512
+    max_days: Annotated[int, msgspec.Meta(ge=1)] = 30
+    flush_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] = 0.2
 
 
 class TradingSection(Base, frozen=True):
@@ -117,16 +99,12 @@ class McpSection(Base, frozen=True):
     # daemon, sharing its Coinbase connection. `marketwake mcp` serves stdio instead.
     enabled: bool = False
     host: str = "127.0.0.1"
-    port: int = 7880
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 7880
     # Required when host is not loopback: clients send "Authorization: Bearer <token>".
     token: Secret = msgspec.field(default_factory=Secret)
-    max_request_bytes: int = 1024 * 1024
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError("port must be in 0..65535")
-        if not 1024 <= self.max_request_bytes <= 64 * 1024 * 1024:
-            raise ValueError("max_request_bytes must be in 1 KiB..64 MiB")
         if self.host not in ("127.0.0.1", "::1", "localhost") and not self.token:
             raise ValueError(f"host {self.host!r} is not loopback: set a token")
 

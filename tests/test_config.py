@@ -36,7 +36,11 @@ def test_empty_config_uses_defaults() -> None:
         ),
         ("[wake]\nx = 1\n", "unknown section or key 'wake' (top-level sections are: daemon,"),
         ("[bus\n", "not valid TOML"),
-        ("[bus]\nqueue_size = 0\n", "queue_size must be between"),
+        ("[bus]\nqueue_size = 0\n", "bus.queue_size: expected `int` >= 1 (found 0)"),
+        (
+            "[daemon]\nstop_timeout_seconds = 900\n",
+            "daemon.stop_timeout_seconds: expected `float` <= 600",
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_was_found(text: str, expected: str) -> None:
