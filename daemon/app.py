@@ -15,8 +15,11 @@ import anyio
 
 from daemon.agents.pipeline import open_agents
 from daemon.config import Config
+from daemon.llm.runner import RegistryToolBox
 from daemon.service import Component, Consumer, Service
 from daemon.status import Status
+from daemon.tools import registry
+from daemon.tools.context import open_context
 from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
@@ -39,12 +42,13 @@ def build_feeds(config: Config, pool: CoinbaseWsPool | None = None) -> list[Feed
 
 
 def shared_pool(config: Config) -> CoinbaseWsPool | None:
-    """The daemon's one Coinbase connection, when the ticker feed or the tools need it.
+    """The daemon's one Coinbase connection, when the ticker feed, MCP or the agents'
+    tools (LLM runs) may need it.
 
     It connects only once someone wants a product. Its connection settings are
     those at start: a reload that changes ``[feeds.coinbase_ws] url`` or the
     backoff applies after a restart (products apply at once)."""
-    if not (config.feeds.coinbase_ws.enabled or config.mcp.enabled):
+    if not (config.feeds.coinbase_ws.enabled or config.mcp.enabled or config.hooks.enabled):
         return None
     return CoinbaseWsPool(config.feeds.coinbase_ws, lazy=True)
 
@@ -56,20 +60,17 @@ async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[N
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
         try:
-            if cfg.mcp.enabled:
-                # imported here: the MCP stack (pydantic, starlette) costs ~0.6 s at start
-                from daemon.tools import registry
-                from daemon.tools.context import open_context
-                from daemon.tools.mcp_server import bound_port, build_server, serve_http
+            async with open_context(cfg, pool=pool) as ctx:
+                service.tools = RegistryToolBox(registry(), ctx)  # LLM runs call these
+                if cfg.mcp.enabled:
+                    # imported here: the MCP stack (pydantic, starlette) costs ~0.6 s at start
+                    from daemon.tools.mcp_server import bound_port, build_server, serve_http
 
-                async with (
-                    open_context(cfg, pool=pool) as ctx,
-                    serve_http(build_server(registry(), ctx), cfg.mcp) as http,
-                ):
-                    service.status_providers["mcp"] = lambda: {"port": bound_port(http)}
+                    async with serve_http(build_server(registry(), ctx), cfg.mcp) as http:
+                        service.status_providers["mcp"] = lambda: {"port": bound_port(http)}
+                        yield
+                else:
                     yield
-            else:
-                yield
         finally:
             tg.cancel_scope.cancel()
 

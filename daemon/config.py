@@ -23,7 +23,7 @@ from daemon.secret import Secret
 from feeds.config import CandlesSection, CoinbaseWsSection, ReplaySection
 from hooks_runtime.config import SandboxConfig
 
-__all__ = ["DEFAULT_CONFIG_PATH", "Config", "Secret", "load", "parse"]
+__all__ = ["DEFAULT_CONFIG_PATH", "Config", "Secret", "decode_hook", "expand_env", "load", "parse"]
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -136,12 +136,12 @@ class Config(Base, frozen=True):
 _SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)
 
 
-def _expand(value: Any, path: str) -> Any:
+def expand_env(value: Any, path: str) -> Any:
     """Substitute ``${VAR}`` recursively; a missing variable is a ConfigError."""
     if isinstance(value, dict):
-        return {k: _expand(v, f"{path}.{k}" if path else k) for k, v in value.items()}
+        return {k: expand_env(v, f"{path}.{k}" if path else k) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [expand_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
@@ -154,7 +154,8 @@ def _expand(value: Any, path: str) -> Any:
     return value
 
 
-def _dec_hook(type_: type, obj: Any) -> Any:
+def decode_hook(type_: type, obj: Any) -> Any:
+    """msgspec ``dec_hook``: a string where a :class:`Secret` is expected becomes one."""
     if type_ is Secret and isinstance(obj, str):
         return Secret(obj)
     raise NotImplementedError(f"cannot decode {type_!r}")
@@ -219,11 +220,11 @@ def parse(text: str, source: str = "<config>") -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     try:
-        expanded = _expand(raw, "")
+        expanded = expand_env(raw, "")
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     try:
-        return msgspec.convert(expanded, Config, dec_hook=_dec_hook)
+        return msgspec.convert(expanded, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
         raise ConfigError(_describe(expanded, exc, source)) from None
 

@@ -90,6 +90,9 @@ class Service:
         self.components = components
         # Components register a ``() -> plain data`` here to appear in status.json.
         self.status_providers: dict[str, Callable[[], Any]] = {}
+        # The agent tools for LLM runs (a daemon.llm.runner.ToolBox), set by the
+        # component that owns the shared market connection (daemon/app.py).
+        self.tools: Any = None
         self.config = config
         self.config_path = config_path
         self.build_feeds = build_feeds

@@ -18,6 +18,7 @@ Every ``reload_seconds`` the agents directory is rescanned:
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from daemon.clock import EventClock
 from daemon.errors import ConfigError
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
+from daemon.wake.runners import build_runner
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore
 from hooks_runtime.hookfile import HookSpec
@@ -57,6 +59,7 @@ class AgentManager:
         reload_seconds: float = 2.0,
         event_time: bool = False,
         recently_evaluated: dict[str, list[str]] | None = None,
+        tools: Any = None,
     ) -> None:
         self.agents_dir = agents_dir
         self.bus = bus
@@ -72,6 +75,8 @@ class AgentManager:
         self.drain_wakes = False
         # Per agent, the events its newest audit rows show evaluated (see checkpoints).
         self.recently_evaluated = recently_evaluated or {}
+        # The agent tools LLM runs call (a daemon.llm.runner.ToolBox; None: no tools).
+        self.tools = tools
         self.runtimes: dict[str, AgentRuntime] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -246,6 +251,7 @@ class AgentManager:
             sink=self._sink,
             state=self._wake_state,
             clock=EventClock() if self.event_time else None,
+            runner_factory=partial(build_runner, agent_dir=agent.path, tools=self.tools),
         )
         rt = AgentRuntime(
             agent=agent,

@@ -99,6 +99,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             reload_seconds=cfg.hooks.reload_seconds,
             event_time=cfg.event_time,
             recently_evaluated=seen,
+            tools=service.tools,
         )
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         io.start(_forward, receive, service)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from daemon.config import decode_hook, expand_env
 from daemon.errors import ConfigError, HookCompileError, WorkspaceFileError
 from daemon.events import validate_pattern
 from daemon.trading.intents import RiskLimits
@@ -83,7 +84,10 @@ def load_agent_config(path: Path) -> AgentConfig:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     try:
-        return msgspec.convert(raw, AgentConfig)
+        # ${VAR} is read from the environment (an LLM runner's api_key), as in config.toml.
+        return msgspec.convert(expand_env(raw, ""), AgentConfig, dec_hook=decode_hook)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except msgspec.ValidationError as exc:
         msg, _, where = str(exc).rpartition(" - at `")
         key = where.rstrip("`").removeprefix("$").lstrip(".")

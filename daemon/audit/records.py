@@ -69,6 +69,31 @@ class WakeRecord(_Record, frozen=True, kw_only=True, tag="wake"):
     run_id: str | None = None
 
 
+class ToolCallReport(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One tool call of an LLM run: which tool, a digest of its arguments (the
+    arguments themselves may be large or sensitive), how long, and how it ended."""
+
+    name: str
+    args_digest: str
+    duration_ms: float
+    ok: bool
+    error: str | None = None
+
+
+class LlmReport(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What an LLM run cost and did, for the ``run`` record (``why``, ``audit tail``)."""
+
+    provider: str
+    model: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    model_calls: int = 0
+    stop_reason: str = ""
+    tool_calls: list[ToolCallReport] = msgspec.field(default_factory=list)
+    text: str = ""
+
+
 class RunRecord(_Record, frozen=True, kw_only=True, tag="run"):
     """An agent run (LLM or runner) starting or ending."""
 
@@ -82,6 +107,8 @@ class RunRecord(_Record, frozen=True, kw_only=True, tag="run"):
     duration_ms: float | None = None
     error: str | None = None
     summary: str = ""
+    # LLM runs: tokens, cost, tool calls, the final text (None for other runners).
+    llm: LlmReport | None = None
 
 
 class RiskRecord(_Record, frozen=True, kw_only=True, tag="risk"):

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from daemon.audit.records import LlmReport
+
 RunKind = Literal["wake", "audit"]
 Outcome = Literal["woke", "queued", "suppressed"]
 SuppressedBy = Literal["budget", "cooldown", "paused", "shutdown", "none"]
@@ -93,10 +95,17 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     stderr: str = ""
     truncated: bool = False
     error: str | None = None
+    llm: LlmReport | None = None
 
     def summary(self) -> str:
         """One line for the audit ``run`` record."""
         parts: list[str] = [self.status]
+        if self.llm is not None:
+            r = self.llm
+            parts.append(
+                f"{r.model}: {len(r.tool_calls)} tool call(s), {r.tokens_in}+{r.tokens_out} "
+                f"tokens, cost {r.cost:.4f}, stop {r.stop_reason or '-'}"
+            )
         if self.exit_code is not None:
             parts.append(f"exit {self.exit_code}")
         if self.truncated:

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from daemon.secret import Secret
+
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 PosFloat = Annotated[float, msgspec.Meta(gt=0)]
@@ -21,20 +23,46 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Which runner an agent run uses.
 
     ``log`` records the run and calls nothing (the default); ``command`` pipes
-    the wake context as JSON to ``command`` (an argv list, never a shell line).
+    the wake context as JSON to ``command`` (an argv list, never a shell line);
+    ``llm`` runs the model with the agent's tools (``daemon/llm``, docs/llm.md).
     """
 
-    kind: Literal["log", "command"] = "log"
+    kind: Literal["log", "command", "llm"] = "log"
     command: list[str] = msgspec.field(default_factory=list)
     timeout_seconds: PosFloat = 300.0
     # Each of stdout and stderr is kept up to this many bytes; the rest is drained.
     max_output_bytes: OutputCap = 64 * 1024
+    # --- kind = "llm" ---
+    provider: Literal["anthropic", "openai"] | None = None
+    model: str = ""
+    api_key: Secret = msgspec.field(default_factory=Secret)
+    # "" = the provider's own API; an OpenAI-compatible server (Ollama, vLLM, ...) here.
+    base_url: str = ""
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=200_000)] = 4096
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=0, le=100)] = 12
+    # The whole run (model turns, tool calls, retries) ends by then (seed 002: 45 s).
+    deadline_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 45.0
+    # For the cost in the run record: prices per million tokens.
+    price_input_per_mtok: NonNegFloat = 0.0
+    price_output_per_mtok: NonNegFloat = 0.0
 
     def __post_init__(self) -> None:
         if self.kind == "command" and not self.command:
             raise ValueError("runner.command must name the program to run when kind = 'command'")
         if any(not arg for arg in self.command[:1]):
             raise ValueError("runner.command[0] must not be empty")
+        if self.kind == "llm":
+            if self.provider is None:
+                raise ValueError(
+                    "runner.provider must be 'anthropic' or 'openai' when kind = 'llm'"
+                )
+            if not self.model:
+                raise ValueError("runner.model must name the model when kind = 'llm'")
+            if not self.api_key and not self.base_url:
+                raise ValueError(
+                    'runner.api_key is missing (api_key = "${ANTHROPIC_API_KEY}" reads it '
+                    "from the environment); only a local base_url may go without one"
+                )
 
 
 class WakePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,7 +1,7 @@
 """Runners: what an agent run actually does with a :class:`WakeContext`.
 
 A runner is anything with a ``name`` and ``async def run(ctx) -> RunResult``;
-the LLM runner of a later issue plugs in the same way. A runner reports
+:class:`daemon.llm.runner.LlmRunner` (``kind = "llm"``) plugs in the same way. A runner reports
 failures in its result; the scheduler also survives one that raises.
 
 * :class:`LogRunner` (the default) logs the run and calls nothing.
@@ -20,7 +20,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -190,8 +190,15 @@ class CommandRunner:
                 await process.aclose()
 
 
-def build_runner(config: RunnerConfig) -> Runner:
-    """The runner a policy asks for."""
+def build_runner(
+    config: RunnerConfig, *, agent_dir: Path | None = None, tools: Any = None
+) -> Runner:
+    """The runner a policy asks for; an ``llm`` runner reads ``agent_dir``/AGENT.md and
+    calls ``tools`` (a :class:`daemon.llm.runner.ToolBox`; None: no tools)."""
+    if config.kind == "llm":
+        from daemon.llm.runner import LlmRunner  # the SDKs load only for LLM agents
+
+        return LlmRunner(config, tools=tools, agent_dir=agent_dir)
     if config.kind == "command":
         return CommandRunner(
             config.command,

@@ -70,7 +70,7 @@ from daemon.wake.context import (
     WakeRequest,
     summarize_earlier,
 )
-from daemon.wake.policy import WakePolicy
+from daemon.wake.policy import RunnerConfig, WakePolicy
 from daemon.wake.runners import Runner, build_runner
 from daemon.wake.store import RunStore
 
@@ -132,6 +132,7 @@ class WakeScheduler:
         clock: Clock | None = None,
         state: StateProvider | None = None,
         paused: bool = False,
+        runner_factory: Callable[[RunnerConfig], Runner] = build_runner,
     ) -> None:
         self.agent_id = agent_id
         self.policy = policy
@@ -141,7 +142,8 @@ class WakeScheduler:
         self.state = state
         self.paused = paused
         self._own_runner = runner is None
-        self.runner: Runner = runner or build_runner(policy.runner)
+        self._build = runner_factory
+        self.runner: Runner = runner or runner_factory(policy.runner)
         now = self.clock.now()
         starts = store.starts_since(agent_id, now - HOUR)
         self.budget = SlidingWindowBudget(policy.max_runs_per_hour, HOUR, starts)
@@ -197,7 +199,7 @@ class WakeScheduler:
         self.policy = policy
         self.budget = self.budget.resized(policy.max_runs_per_hour)
         if self._own_runner:
-            self.runner = build_runner(policy.runner)
+            self.runner = self._build(policy.runner)
         self._changed.set()
 
     @property
@@ -482,5 +484,6 @@ class WakeScheduler:
             trace_ids=list(dict.fromkeys(w.trace_id for w in run.wakes if w.trace_id)),
             duration_ms=duration_ms,
             error=result.error if result else None,
+            llm=result.llm if result else None,
             summary=summary,
         )

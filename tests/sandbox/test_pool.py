@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from daemon.cli.main import cli
 from daemon.errors import SandboxUnavailable
@@ -295,6 +296,14 @@ def test_os_layers_stop_escape_primitives(sentinels: Sentinels) -> None:
     sentinels.check([])
 
 
+def invoke(args: list[str]) -> Result:
+    """The CLI in a fresh thread: this module's async tests keep anyio's test runner
+    alive, and with sniffio installed (the model SDKs need it) the CLI's own
+    ``anyio.run`` would think it already runs inside asyncio on this thread."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(CliRunner().invoke, cli, args).result()
+
+
 @pytest.mark.parametrize(
     ("event", "hook", "decision"),
     [
@@ -321,7 +330,7 @@ def test_cli_runs_the_example_agent(tmp_path: Path, event: str, hook: str, decis
     (tmp_path / "s.json").write_text(json.dumps({"candles": {"BTC-USD": {"5m": candles}}}))
     agent = Path(__file__).parents[2] / "agents" / "example"
     args = ["hooks", "test", str(agent), "--event", str(tmp_path / "e.json")]
-    res = CliRunner().invoke(cli, [*args, "--state", str(tmp_path / "s.json")])
+    res = invoke([*args, "--state", str(tmp_path / "s.json")])
     assert res.exit_code == 0, res.output
     lines = [json.loads(ln) for ln in res.stdout.splitlines()]
     assert len(lines) == 3
@@ -336,7 +345,7 @@ def test_cli_fails_on_a_bad_hook(tmp_path: Path) -> None:
     hook = tmp_path / "wake_bad.py"
     hook.write_text("def evaluate(event, state):\n    return event['nope']\n")
     (tmp_path / "e.json").write_text(json.dumps(EVENT))
-    res = CliRunner().invoke(cli, ["hooks", "test", str(hook), "--event", str(tmp_path / "e.json")])
+    res = invoke(["hooks", "test", str(hook), "--event", str(tmp_path / "e.json")])
     assert res.exit_code == 1
     line = json.loads(res.stdout.splitlines()[0])
     assert line["error_kind"] == "runtime" and "KeyError" in line["error"]

@@ -1,0 +1,253 @@
+"""One model conversation with tools, behind one small interface per provider.
+
+A :class:`Conversation` keeps the provider's own message list and turns it
+into neutral :class:`Turn` values: the text, the tool calls, why the model
+stopped and the tokens it used. The runner never sees a provider's wire shape:
+
+* ``anthropic`` -- the official SDK's Messages API: ``tool_use`` blocks in the
+  assistant's content, answered by ``tool_result`` blocks in a user message;
+* ``openai`` -- the official SDK's Chat Completions: ``tool_calls`` on the
+  assistant message, answered by ``role: tool`` messages (the same code talks
+  to Ollama, vLLM, LM Studio, OpenRouter through ``base_url``).
+
+The SDKs retry 429 and 5xx themselves (with backoff, honouring Retry-After);
+the runner bounds the whole run with its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import msgspec
+
+from daemon.wake.policy import RunnerConfig
+
+
+class ToolSpec(msgspec.Struct, frozen=True):
+    """A tool as the model sees it: name, description, JSON Schema of its input."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One call the model asked for; ``arguments`` is None when they were not JSON."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | None
+
+
+class ToolOutcome(msgspec.Struct, frozen=True):
+    """The answer to one call, as JSON text for the model."""
+
+    call_id: str
+    content: str
+    is_error: bool
+
+
+class Turn(msgspec.Struct, frozen=True):
+    """One model response."""
+
+    text: str
+    tool_calls: list[ToolCall]
+    stop_reason: str
+    tokens_in: int
+    tokens_out: int
+
+
+class Conversation(Protocol):
+    """A running conversation: ask for the next turn, answer its tool calls."""
+
+    provider: str
+
+    async def turn(self) -> Turn:
+        """Send the conversation so far; return the model's next turn (and keep it)."""
+        ...
+
+    def answer(self, outcomes: list[ToolOutcome]) -> None:
+        """Add the results of the last turn's tool calls."""
+        ...
+
+    async def close(self) -> None:
+        """Release the HTTP client."""
+        ...
+
+
+def _arguments(raw: Any) -> dict[str, Any] | None:
+    """Tool arguments as a dict: already one (Anthropic) or JSON text (OpenAI)."""
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw or "{}")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    return None
+
+
+class AnthropicConversation:
+    """The Messages API with tool use."""
+
+    provider = "anthropic"
+
+    def __init__(self, cfg: RunnerConfig, system: str, user: str, tools: list[ToolSpec]) -> None:
+        from anthropic import AsyncAnthropic
+
+        self._client = AsyncAnthropic(
+            api_key=cfg.api_key.reveal() or "none",
+            base_url=cfg.base_url or None,
+            timeout=cfg.deadline_seconds,
+            max_retries=2,
+        )
+        self._cfg = cfg
+        self._system = system
+        self._tools = [
+            {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+            for t in tools
+        ]
+        self._messages: list[dict[str, Any]] = [{"role": "user", "content": user}]
+
+    async def turn(self) -> Turn:
+        kwargs: dict[str, Any] = {}
+        if self._tools:
+            kwargs["tools"] = self._tools
+        msg = await self._client.messages.create(
+            model=self._cfg.model,
+            max_tokens=self._cfg.max_tokens,
+            system=self._system,
+            messages=self._messages,  # type: ignore[arg-type]
+            **kwargs,
+        )
+        blocks: list[dict[str, Any]] = []
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in msg.content:
+            if block.type == "text":
+                texts.append(block.text)
+                blocks.append({"type": "text", "text": block.text})
+            elif block.type == "tool_use":
+                calls.append(ToolCall(block.id, block.name, _arguments(block.input)))
+                blocks.append(
+                    {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+                )
+        self._messages.append({"role": "assistant", "content": blocks})
+        usage = msg.usage
+        return Turn(
+            text="\n".join(texts),
+            tool_calls=calls,
+            stop_reason=str(msg.stop_reason or ""),
+            tokens_in=int(usage.input_tokens or 0),
+            tokens_out=int(usage.output_tokens or 0),
+        )
+
+    def answer(self, outcomes: list[ToolOutcome]) -> None:
+        self._messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": o.call_id,
+                        "content": o.content,
+                        "is_error": o.is_error,
+                    }
+                    for o in outcomes
+                ],
+            }
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class OpenAIConversation:
+    """Chat Completions with function tools (OpenAI and compatible servers)."""
+
+    provider = "openai"
+
+    def __init__(self, cfg: RunnerConfig, system: str, user: str, tools: list[ToolSpec]) -> None:
+        from openai import AsyncOpenAI
+
+        self._client = AsyncOpenAI(
+            api_key=cfg.api_key.reveal() or "none",
+            base_url=cfg.base_url or None,
+            timeout=cfg.deadline_seconds,
+            max_retries=2,
+        )
+        self._cfg = cfg
+        self._tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.input_schema,
+                },
+            }
+            for t in tools
+        ]
+        self._messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]
+
+    async def turn(self) -> Turn:
+        kwargs: dict[str, Any] = {}
+        if self._tools:
+            kwargs["tools"] = self._tools
+        resp = await self._client.chat.completions.create(
+            model=self._cfg.model,
+            messages=self._messages,  # type: ignore[arg-type]
+            max_tokens=self._cfg.max_tokens,
+            **kwargs,
+        )
+        choice = resp.choices[0]
+        message = choice.message
+        calls: list[ToolCall] = []
+        wire_calls: list[dict[str, Any]] = []
+        for call in message.tool_calls or []:
+            fn = getattr(call, "function", None)
+            if fn is None:  # a custom (non-function) tool call: not ours
+                continue
+            calls.append(ToolCall(call.id, fn.name, _arguments(fn.arguments)))
+            wire_calls.append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": fn.name, "arguments": fn.arguments},
+                }
+            )
+        assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if wire_calls:
+            assistant["tool_calls"] = wire_calls
+        self._messages.append(assistant)
+        usage = resp.usage
+        return Turn(
+            text=message.content or "",
+            tool_calls=calls,
+            stop_reason=str(choice.finish_reason or ""),
+            tokens_in=int(usage.prompt_tokens) if usage else 0,
+            tokens_out=int(usage.completion_tokens) if usage else 0,
+        )
+
+    def answer(self, outcomes: list[ToolOutcome]) -> None:
+        for o in outcomes:
+            self._messages.append({"role": "tool", "tool_call_id": o.call_id, "content": o.content})
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def open_conversation(
+    cfg: RunnerConfig, system: str, user: str, tools: list[ToolSpec]
+) -> Conversation:
+    """The conversation for ``cfg.provider``."""
+    if cfg.provider == "anthropic":
+        return AnthropicConversation(cfg, system, user, tools)
+    if cfg.provider == "openai":
+        return OpenAIConversation(cfg, system, user, tools)
+    raise ValueError(f"unknown LLM provider {cfg.provider!r}")

@@ -1,0 +1,221 @@
+"""LlmRunner: one agent run = a model conversation with tools, under a deadline.
+
+The loop: ask the model for a turn; if it called tools, run every call of that
+turn **concurrently** (seed 002: the bundled tools exist so a run needs few,
+parallel calls) through the tool box, answer them, and ask again; stop when
+the model answers without tools. Bounds:
+
+* ``deadline_seconds`` (45 by default, seed 002's budget) covers the whole run:
+  model turns, the SDK's own retries of 429/5xx, tool calls. A run past it is
+  cut and reported as ``timeout`` with what it had used so far.
+* ``max_tool_calls`` per run: calls past it are answered with an error that
+  asks the model to conclude; a model that keeps calling ends the run.
+* each tool has its own time budget (:meth:`daemon.tools.base.Registry.call`).
+
+Every run reports tokens in and out, its cost at the configured prices, why
+it stopped and each tool call (name, a digest of its arguments, duration, ok
+or the error), for the audit ``run`` record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import anyio
+import msgspec
+import structlog
+
+from daemon.audit.records import LlmReport, ToolCallReport
+from daemon.llm.conversation import (
+    Conversation,
+    ToolCall,
+    ToolOutcome,
+    ToolSpec,
+    open_conversation,
+)
+from daemon.llm.prompt import render_context, system_prompt
+from daemon.tools.base import Registry, render
+from daemon.wake.context import RunResult, WakeContext
+from daemon.wake.policy import RunnerConfig
+
+log = structlog.get_logger("llm")
+Ctx = TypeVar("Ctx")
+OpenConversation = Callable[[RunnerConfig, str, str, list[ToolSpec]], Conversation]
+_ERROR_CHARS = 500
+
+
+class ToolBox(Protocol):
+    """The tools a run may call."""
+
+    def specs(self) -> list[ToolSpec]:
+        """What the model is offered."""
+        ...
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """Run one call: (JSON text for the model, whether it is an error). Never raises."""
+        ...
+
+
+class RegistryToolBox(Generic[Ctx]):
+    """The tool registry of :mod:`daemon.tools`, called in-process with its context."""
+
+    def __init__(self, registry: Registry[Ctx], ctx: Ctx) -> None:
+        self.registry = registry
+        self.ctx = ctx
+
+    def specs(self) -> list[ToolSpec]:
+        return [ToolSpec(t.name, t.description, t.input_schema()) for t in self.registry]
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        data, is_error = render(await self.registry.call(self.ctx, name, arguments))
+        return json.dumps(data, separators=(",", ":")), is_error
+
+
+def args_digest(arguments: dict[str, Any] | None) -> str:
+    """A short stable digest of a call's arguments (canonical JSON)."""
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+class _Tally:
+    """What one run used, as it goes (kept even when the run is cut)."""
+
+    def __init__(self) -> None:
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.model_calls = 0
+        self.calls: list[ToolCallReport] = []
+        self.text = ""
+        self.stop = ""
+
+
+class LlmRunner:
+    """Runs the model for one wake context (see the module docstring)."""
+
+    name = "llm"
+
+    def __init__(
+        self,
+        config: RunnerConfig,
+        *,
+        tools: ToolBox | None = None,
+        agent_dir: Path | None = None,
+        open_conv: OpenConversation = open_conversation,
+    ) -> None:
+        self.config = config
+        self.tools = tools
+        self.agent_dir = agent_dir
+        self._open = open_conv
+
+    async def run(self, ctx: WakeContext) -> RunResult:
+        """The whole run; failures and the deadline are reported in the result."""
+        cfg = self.config
+        specs = self.tools.specs() if self.tools is not None and cfg.max_tool_calls else []
+        tally = _Tally()
+        status: Any = "ok"
+        error: str | None = None
+        conv: Conversation | None = None
+        with anyio.move_on_after(cfg.deadline_seconds) as scope:
+            try:
+                conv = self._open(
+                    cfg, await system_prompt(self.agent_dir), render_context(ctx), specs
+                )
+                await self._loop(conv, tally)
+            except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
+                status, tally.stop = "failed", "error"
+                error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+                log.warning("llm run failed", agent=ctx.agent_id, run=ctx.run_id, error=error)
+        if scope.cancelled_caught:
+            status, tally.stop = "timeout", "deadline"
+            error = f"the run passed its {cfg.deadline_seconds:g} s deadline and was cut"
+        if conv is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await conv.close()
+        return RunResult(status=status, error=error, llm=self._report(tally))
+
+    async def _loop(self, conv: Conversation, tally: _Tally) -> None:
+        limit = self.config.max_tool_calls
+        while True:
+            turn = await conv.turn()
+            tally.model_calls += 1
+            tally.tokens_in += turn.tokens_in
+            tally.tokens_out += turn.tokens_out
+            if turn.text:
+                tally.text = turn.text
+            if not turn.tool_calls:
+                tally.stop = turn.stop_reason or "end_turn"
+                return
+            left = limit - len(tally.calls)
+            if left <= 0:
+                tally.stop = "max_tool_calls"
+                return
+            run_now, refused = turn.tool_calls[:left], turn.tool_calls[left:]
+            outcomes = await self._call_all(run_now, tally)
+            note = (
+                f"not run: this run's budget of {limit} tool calls is used up; "
+                "answer now with what you have"
+            )
+            outcomes += [ToolOutcome(c.id, json.dumps({"error": note}), True) for c in refused]
+            conv.answer(outcomes)
+
+    async def _call_all(self, calls: list[ToolCall], tally: _Tally) -> list[ToolOutcome]:
+        """Every call of one turn at once; answers in the model's order."""
+        results: list[ToolOutcome | None] = [None] * len(calls)
+        reports: list[ToolCallReport | None] = [None] * len(calls)
+
+        async def one(i: int, call: ToolCall) -> None:
+            t0 = time.perf_counter()
+            if call.arguments is None:
+                text, bad = json.dumps({"error": "the arguments are not a JSON object"}), True
+            elif self.tools is None:
+                text, bad = json.dumps({"error": f"no tool named {call.name!r}"}), True
+            else:
+                text, bad = await self.tools.call(call.name, call.arguments)
+            results[i] = ToolOutcome(call.id, text, bad)
+            reports[i] = ToolCallReport(
+                name=call.name,
+                args_digest=args_digest(call.arguments),
+                duration_ms=round((time.perf_counter() - t0) * 1000, 3),
+                ok=not bad,
+                error=_error_of(text) if bad else None,
+            )
+
+        async with anyio.create_task_group() as tg:
+            for i, call in enumerate(calls):
+                tg.start_soon(one, i, call)
+        tally.calls += [r for r in reports if r is not None]
+        return [r for r in results if r is not None]
+
+    def _report(self, tally: _Tally) -> LlmReport:
+        cfg = self.config
+        cost = (
+            tally.tokens_in * cfg.price_input_per_mtok
+            + tally.tokens_out * cfg.price_output_per_mtok
+        ) / 1e6
+        return LlmReport(
+            provider=str(cfg.provider),
+            model=cfg.model,
+            tokens_in=tally.tokens_in,
+            tokens_out=tally.tokens_out,
+            cost=round(cost, 6),
+            model_calls=tally.model_calls,
+            stop_reason=tally.stop,
+            tool_calls=tally.calls,
+            text=tally.text[:4000],
+        )
+
+
+def _error_of(text: str) -> str:
+    """The one-line error of a tool's error answer (its ``message``, else the text)."""
+    try:
+        data = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text[:200]
+    if isinstance(data, dict):
+        return str(data.get("message") or data.get("error") or text)[:200]
+    return text[:200]

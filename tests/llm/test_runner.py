@@ -1,0 +1,200 @@
+"""The LLM runner against loopback fakes of both APIs, driven by the real SDKs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from daemon.errors import ConfigError
+from daemon.llm.runner import LlmRunner, RegistryToolBox, args_digest
+from daemon.secret import Secret
+from daemon.tools.base import Registry, Tool
+from daemon.wake.context import WakeContext, WakeReason
+from daemon.wake.policy import RunnerConfig
+from tests.llm.fakes import anthropic_turn, fake_anthropic, fake_openai, openai_turn
+
+
+class Nap(msgspec.Struct, frozen=True):
+    """Sleep a little, then echo the symbol."""
+
+    symbol: str
+    seconds: float = 0.3
+
+
+class Napped(msgspec.Struct, frozen=True):
+    symbol: str
+
+
+SPANS: list[tuple[float, float]] = []  # (start, end) of every nap, to see overlap
+
+
+async def _nap(_: None, req: Nap) -> Napped:
+    t0 = time.perf_counter()
+    await anyio.sleep(req.seconds)
+    SPANS.append((t0, time.perf_counter()))
+    return Napped(req.symbol)
+
+
+NAP = Tool("nap", "Nap", "Sleeps, then echoes the symbol.", Nap, _nap, timeout_seconds=5)
+TOOLS = RegistryToolBox(Registry([NAP]), None)
+CTX = WakeContext(
+    agent_id="alpha",
+    run_id="alpha-1",
+    kind="wake",
+    triggered_at="2026-11-25T00:00:00.000Z",
+    reasons=[
+        WakeReason(
+            hook_id="wake_rsi",
+            reason="RSI14 23.0",
+            event_id="ev1",
+            trace_id="t1",
+            symbol="BTC-USD",
+            topic="market.candle.closed",
+            ts="2026-11-25T00:00:00.000Z",
+        )
+    ],
+    state={"indicators": {"BTC-USD": {"5m": {"rsi14": 23.0}}}},
+)
+
+
+def cfg(provider: str, base_url: str, **kw: Any) -> RunnerConfig:
+    base: dict[str, Any] = {
+        "kind": "llm",
+        "provider": provider,
+        "model": "m",
+        "api_key": Secret("test-key"),
+        "base_url": base_url,
+        "price_input_per_mtok": 3.0,
+        "price_output_per_mtok": 15.0,
+    }
+    return RunnerConfig(**{**base, **kw})
+
+
+async def test_openai_parallel_tool_calls_after_a_429(tmp_path: Path) -> None:
+    """A 429 is retried by the SDK; two tool calls of one turn run at the same time;
+    their answers go back as role=tool messages; tokens and cost add up."""
+    (tmp_path / "AGENT.md").write_text("You trade BTC carefully.")
+    script = [
+        (429, {"error": {"message": "slow down", "type": "rate_limit_error"}}),
+        openai_turn(calls=[("c1", "nap", {"symbol": "BTC-USD"}), ("c2", "nap", {"symbol": "ETH-USD"})]),
+        openai_turn("BTC looks oversold; no trade.", usage=(300, 40)),
+    ]  # fmt: skip
+    async with fake_openai(script) as (fake, url):
+        runner = LlmRunner(cfg("openai", url), tools=TOOLS, agent_dir=tmp_path)
+        SPANS.clear()
+        result = await runner.run(CTX)
+    assert result.status == "ok", result
+    report = result.llm
+    assert report is not None
+    assert (report.tokens_in, report.tokens_out, report.model_calls) == (400, 60, 2)
+    assert report.cost == pytest.approx((400 * 3.0 + 60 * 15.0) / 1e6)
+    assert report.text == "BTC looks oversold; no trade." and report.stop_reason == "stop"
+    assert [(c.name, c.ok) for c in report.tool_calls] == [("nap", True), ("nap", True)]
+    assert report.tool_calls[0].args_digest == args_digest({"symbol": "BTC-USD"})
+    (a0, a1), (b0, b1) = SPANS
+    assert max(a0, b0) < min(a1, b1), "the two calls of one turn did not overlap"
+    assert len(fake.requests) == 3  # the 429 was retried once by the SDK
+    first, *_, last = fake.requests
+    assert first["messages"][0] == {"role": "system", "content": "You trade BTC carefully."}
+    assert "RSI14 23.0" in first["messages"][1]["content"]
+    assert first["tools"][0]["function"]["name"] == "nap"
+    answers = [m for m in last["messages"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], json.loads(m["content"])) for m in answers] == [
+        ("c1", {"symbol": "BTC-USD"}),
+        ("c2", {"symbol": "ETH-USD"}),
+    ]
+
+
+async def test_anthropic_tool_errors_go_back_as_error_results(tmp_path: Path) -> None:
+    """An unknown tool and bad arguments are answered as is_error tool_result blocks
+    the model can correct, and recorded as failed calls; the run still succeeds."""
+    script = [
+        anthropic_turn("Let me look.", calls=[("u1", "nope", {}), ("u2", "nap", {"seconds": "x"})]),
+        anthropic_turn("Done.", usage=(150, 10)),
+    ]  # fmt: skip
+    async with fake_anthropic(script) as (fake, url):
+        result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
+    assert result.status == "ok" and result.llm is not None
+    calls = result.llm.tool_calls
+    assert [(c.name, c.ok) for c in calls] == [("nope", False), ("nap", False)]
+    assert "no tool named 'nope'" in (calls[0].error or "")
+    second = fake.requests[1]
+    assert second["system"].startswith("You are a trading agent")  # no AGENT.md: the default
+    assert second["messages"][1]["content"][2] == {
+        "type": "tool_use", "id": "u2", "name": "nap", "input": {"seconds": "x"},
+    }  # fmt: skip
+    results = second["messages"][2]["content"]
+    assert [(r["tool_use_id"], r["is_error"]) for r in results] == [("u1", True), ("u2", True)]
+    assert "seconds" in results[1]["content"]  # the problem names the bad field
+    assert (result.llm.tokens_in, result.llm.tokens_out) == (250, 30)
+
+
+async def test_a_run_past_its_deadline_is_cut_and_reported() -> None:
+    """The model stalls: the run ends at the deadline as timeout, with the usage so far."""
+    script = [
+        openai_turn(calls=[("c1", "nap", {"symbol": "BTC-USD", "seconds": 0})]),
+        1.5,
+        openai_turn("late"),
+    ]
+    async with fake_openai(script) as (_, url):
+        t0 = time.perf_counter()
+        result = await LlmRunner(cfg("openai", url, deadline_seconds=0.8), tools=TOOLS).run(CTX)
+        took = time.perf_counter() - t0
+    assert result.status == "timeout" and took < 2.0
+    assert result.llm is not None and result.llm.stop_reason == "deadline"
+    assert result.llm.model_calls == 1 and len(result.llm.tool_calls) == 1
+    assert "deadline" in (result.error or "")
+
+
+async def test_tool_call_budget_asks_the_model_to_conclude() -> None:
+    """Calls past max_tool_calls are answered with an error; a model that keeps
+    calling ends the run with stop reason max_tool_calls."""
+    many = [(f"c{i}", "nap", {"symbol": "X", "seconds": 0}) for i in range(3)]
+    script = [openai_turn(calls=many), openai_turn(calls=many[:1])]
+    async with fake_openai(script) as (fake, url):
+        result = await LlmRunner(cfg("openai", url, max_tool_calls=2), tools=TOOLS).run(CTX)
+    assert result.llm is not None and result.llm.stop_reason == "max_tool_calls"
+    assert len(result.llm.tool_calls) == 2
+    refused = [m for m in fake.requests[1]["messages"] if m.get("tool_call_id") == "c2"]
+    assert "budget of 2 tool calls" in refused[0]["content"]
+
+
+async def test_an_api_error_fails_the_run_with_the_reason() -> None:
+    """A 401 is not retried: the run fails with the provider's message."""
+    script = [
+        (401, {"type": "error", "error": {"type": "authentication_error", "message": "bad key"}})
+    ]
+    async with fake_anthropic(script) as (fake, url):
+        result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
+    assert result.status == "failed" and "bad key" in (result.error or "")
+    assert len(fake.requests) == 1
+
+
+def test_llm_runner_settings_fail_with_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """agent.toml: a missing key or provider names the key; ${VAR} fills the api_key
+    from the environment and the key never prints."""
+    from daemon.agents.workspace import load_agent_config
+
+    toml = tmp_path / "agent.toml"
+    toml.write_text('[wake.runner]\nkind = "llm"\nprovider = "anthropic"\nmodel = "m"\n')
+    with pytest.raises(ConfigError, match=r"runner\.api_key is missing"):
+        load_agent_config(toml)
+    toml.write_text('[wake.runner]\nkind = "llm"\nprovider = "gemini"\nmodel = "m"\n')
+    with pytest.raises(ConfigError, match=r"wake.runner.provider"):
+        load_agent_config(toml)
+    toml.write_text(
+        '[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "m"\napi_key = "${MW_TEST_KEY}"\n'
+    )
+    with pytest.raises(ConfigError, match="MW_TEST_KEY is not set"):
+        load_agent_config(toml)
+    monkeypatch.setenv("MW_TEST_KEY", "sk-secret-value")
+    runner = load_agent_config(toml).wake.runner
+    assert runner.api_key.reveal() == "sk-secret-value" and "sk-secret" not in repr(runner)
