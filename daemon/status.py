@@ -59,6 +59,11 @@ class AgentStatus(msgspec.Struct, frozen=True):
     paused_hooks: list[str]
     queue_depth: int
     file_errors: dict[str, str] = {}
+    # Runs since 00:00 UTC (of the agent's clock) and what LLM runs among them used.
+    runs_today: int = 0
+    cost_today: float = 0.0
+    tokens_in_today: int = 0
+    tokens_out_today: int = 0
 
 
 class HooksStatus(msgspec.Struct, frozen=True):

@@ -93,6 +93,7 @@ class AgentManager:
         """Per agent: hooks and revisions, paused hooks, queue depth; plus dispatcher counters."""
         d = self.dispatcher
         ready = d.pool.ready
+        usage = {agent_id: rt.scheduler.usage_today() for agent_id, rt in self.runtimes.items()}
         return HooksStatus(
             sandbox_layers=list(ready.active) if ready is not None else [],
             evaluations=d.evaluations,
@@ -106,6 +107,10 @@ class AgentManager:
                     paused_hooks=sorted(rt.paused_hooks),
                     queue_depth=rt.sub.statistics().depth,
                     file_errors={h: e for (a, h), e in self._file_errors.items() if a == agent_id},
+                    runs_today=usage[agent_id][0],
+                    cost_today=round(usage[agent_id][1], 6),
+                    tokens_in_today=usage[agent_id][2],
+                    tokens_out_today=usage[agent_id][3],
                 )
                 for agent_id, rt in self.runtimes.items()
             },

@@ -17,7 +17,8 @@ import msgspec
 from daemon.events import iso_ms, now_ms
 
 # "shutdown": a wake still waiting for its run when the daemon stopped.
-SuppressedBy = Literal["dedupe", "cooldown", "budget", "paused", "shutdown", "none"]
+# "cost": the agent's LLM runs reached [wake] max_cost_per_day.
+SuppressedBy = Literal["dedupe", "cooldown", "budget", "cost", "paused", "shutdown", "none"]
 
 
 def now_ts() -> str:

@@ -129,8 +129,12 @@ def _render_status(st: Status, live_pid: int | None) -> str:
         for agent, a in hooks.agents.items():
             paused = " PAUSED" if a.paused else ""
             held = f", paused hooks: {', '.join(a.paused_hooks)}" if a.paused_hooks else ""
+            spend = (
+                f", today {a.runs_today} runs, {a.tokens_in_today}+{a.tokens_out_today} tokens, "
+                f"cost {a.cost_today:.4f}"
+            )
             lines.append(
-                f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{held}"
+                f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{held}{spend}"
             )
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from daemon.audit.records import LlmReport
 
 RunKind = Literal["wake", "audit"]
 Outcome = Literal["woke", "queued", "suppressed"]
-SuppressedBy = Literal["budget", "cooldown", "paused", "shutdown", "none"]
+SuppressedBy = Literal["budget", "cost", "cooldown", "paused", "shutdown", "none"]
 
 
 class WakeRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -80,4 +80,7 @@ class WakePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     max_collected: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 20
     # Start an audit run after this many seconds without any run (0 = off).
     audit_interval_seconds: NonNegFloat = 0.0
+    # LLM spend per UTC day of the agent's clock (wake and audit runs); once reached,
+    # runs are suppressed with reason "cost" until the day turns. 0 = no cap.
+    max_cost_per_day: NonNegFloat = 0.0
     runner: RunnerConfig = msgspec.field(default_factory=RunnerConfig)

@@ -13,6 +13,9 @@
 * **cooldown**: after a wake run ends, a wake that would start a *new* run on
   an idle agent within ``cooldown_after_run_seconds`` is suppressed. Runs that
   were already pending wait for the cooldown to end instead.
+* **cost**: once the agent's LLM runs have spent ``max_cost_per_day`` since
+  00:00 UTC (of its clock), wakes that need a new run and pending runs are
+  suppressed (``suppressedBy=cost``) until the day turns; audit runs too.
 * **budget**: at most ``max_runs_per_hour`` wake runs start in any hour
   (sliding window, pending runs count as promised); a wake that would need one
   more run is suppressed (``suppressedBy=budget``). Joining a pending run is free.
@@ -86,6 +89,11 @@ _FINAL: dict[str, Literal["finished", "failed", "timeout"]] = {
 }
 
 
+def _utc_day(t: float) -> float:
+    """00:00 UTC of the day holding epoch second ``t``."""
+    return t - t % 86_400
+
+
 def _discard(record: AuditRecord) -> None:
     """The default sink: records go nowhere."""
 
@@ -98,6 +106,17 @@ class _Saved(msgspec.Struct, frozen=True):
 
 
 _saved_decoder = msgspec.json.Decoder(_Saved)
+
+
+@dataclass
+class _DayUsage:
+    """What the agent's runs used since ``start`` (00:00 UTC), kept in memory."""
+
+    start: float
+    runs: int
+    cost: float
+    tokens_in: int
+    tokens_out: int
 
 
 @dataclass
@@ -153,6 +172,7 @@ class WakeScheduler:
         self._in_flight: _PendingRun | None = None
         self._changed = anyio.Event()
         self.counters: Counter[str] = Counter()
+        self._today: _DayUsage | None = None
         self._restore()
 
     def _restore(self) -> None:
@@ -224,6 +244,8 @@ class WakeScheduler:
                 return WakeOutcome(outcome="queued", run_id=joinable[-1].run_id)
         if not self.busy and now < self._cooldown_end():
             return WakeOutcome(outcome="suppressed", suppressed_by="cooldown")
+        if self._over_cost_cap(now):
+            return WakeOutcome(outcome="suppressed", suppressed_by="cost")
         promised = sum(p.kind == "wake" for p in self._pending)
         if not self.budget.allows(now, promised) or promised >= policy.max_collected:
             return WakeOutcome(outcome="suppressed", suppressed_by="budget")
@@ -325,7 +347,9 @@ class WakeScheduler:
         self._last_start = now
         if run.kind == "wake":
             self.budget.record(now)
+        today = self._day(now)  # loaded before this run's row exists: counted once
         self._persist(self.store.record_start, self.agent_id, run.run_id, run.kind, now)
+        today.runs += 1
         self._in_flight = run
         try:
             await self._execute(run, self._context(run, now))
@@ -343,9 +367,33 @@ class WakeScheduler:
     def _blocked(self, run: _PendingRun, now: float) -> SuppressedBy:
         if self.paused:
             return "paused"
+        if self._over_cost_cap(now):
+            return "cost"
         if run.kind == "wake" and not self.budget.allows(now):
             return "budget"
         return "none"
+
+    def _over_cost_cap(self, now: float) -> bool:
+        """Whether today's LLM spend (UTC day of the agent's clock) reached the cap."""
+        cap = self.policy.max_cost_per_day
+        return cap > 0 and self._day(now).cost >= cap
+
+    def _day(self, now: float) -> _DayUsage:
+        """Today's usage, from the store when the day (of the agent's clock) changes."""
+        start = _utc_day(now)
+        if self._today is None or self._today.start != start:
+            try:
+                runs, cost, tin, tout = self.store.usage_since(self.agent_id, start)
+            except StoreError as exc:  # unknown spend: do not block runs on a disk problem
+                log.error("usage so far unknown", agent=self.agent_id, error=str(exc))
+                runs, cost, tin, tout = 0, 0.0, 0, 0
+            self._today = _DayUsage(start, runs, cost, tin, tout)
+        return self._today
+
+    def usage_today(self) -> tuple[int, float, int, int]:
+        """(runs, cost, tokens in, tokens out) since 00:00 UTC of the agent's clock."""
+        d = self._day(self.clock.now())
+        return d.runs, d.cost, d.tokens_in, d.tokens_out
 
     def abandon_pending(self, *, keep: bool) -> int:
         """At a stop: ``keep`` leaves the pending runs in the store for the next start
@@ -412,7 +460,14 @@ class WakeScheduler:
             end = self.clock.now()
             if run.kind == "wake":
                 self._last_wake_end = end
-            self._persist(self.store.record_finish, run.run_id, end, result.status)
+            llm = result.llm
+            usage = (llm.cost, llm.tokens_in, llm.tokens_out) if llm else (0.0, 0, 0)
+            self._persist(self.store.record_finish, run.run_id, end, result.status, usage)
+            day = self._today
+            if day is not None and day.start == _utc_day(self._last_start):
+                day.cost += usage[0]
+                day.tokens_in += usage[1]
+                day.tokens_out += usage[2]
             self.sink(self._run_record(run, trace, duration_ms, result))
 
     async def _call_runner(self, ctx: WakeContext) -> RunResult:

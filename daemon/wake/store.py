@@ -32,7 +32,10 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     kind TEXT NOT NULL,
     started_at REAL NOT NULL,
     finished_at REAL,
-    status TEXT NOT NULL DEFAULT 'started'
+    status TEXT NOT NULL DEFAULT 'started',
+    cost REAL NOT NULL DEFAULT 0,
+    tokens_in INTEGER NOT NULL DEFAULT 0,
+    tokens_out INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
 CREATE TABLE IF NOT EXISTS wake_pending (
@@ -52,6 +55,14 @@ class RunStore:
         self.keep_seconds = keep_seconds
         self._lock = threading.Lock()
         self._db = open_sqlite(self.path, "wake run store", schema=_SCHEMA)
+        self._add_usage_columns()
+
+    def _add_usage_columns(self) -> None:
+        """Stores from before LLM runs have no usage columns: add them (zeros)."""
+        have = {row[1] for row in self._exec("PRAGMA table_info(wake_runs)")}
+        for column, kind in (("cost", "REAL"), ("tokens_in", "INTEGER"), ("tokens_out", "INTEGER")):
+            if column not in have:
+                self._exec(f"ALTER TABLE wake_runs ADD COLUMN {column} {kind} NOT NULL DEFAULT 0")
 
     @classmethod
     def in_dir(cls, state_dir: Path) -> RunStore:
@@ -73,12 +84,29 @@ class RunStore:
         )
         self._exec("DELETE FROM wake_runs WHERE started_at < ?", (started_at - self.keep_seconds,))
 
-    def record_finish(self, run_id: str, finished_at: float, status: str) -> None:
-        """A run ended with ``status``."""
+    def record_finish(
+        self,
+        run_id: str,
+        finished_at: float,
+        status: str,
+        usage: tuple[float, int, int] = (0.0, 0, 0),
+    ) -> None:
+        """A run ended with ``status``, having used ``usage`` = (cost, tokens in, out)."""
         self._exec(
-            "UPDATE wake_runs SET finished_at = ?, status = ? WHERE run_id = ?",
-            (finished_at, status, run_id),
+            "UPDATE wake_runs SET finished_at = ?, status = ?, cost = ?, tokens_in = ?,"
+            " tokens_out = ? WHERE run_id = ?",
+            (finished_at, status, *usage, run_id),
         )
+
+    def usage_since(self, agent_id: str, since: float) -> tuple[int, float, int, int]:
+        """(runs, cost, tokens in, tokens out) of the agent's runs started after ``since``."""
+        rows = self._exec(
+            "SELECT COUNT(*), COALESCE(SUM(cost), 0), COALESCE(SUM(tokens_in), 0),"
+            " COALESCE(SUM(tokens_out), 0) FROM wake_runs WHERE agent_id = ? AND started_at >= ?",
+            (agent_id, since),
+        )
+        runs, cost, tin, tout = rows[0]
+        return int(runs), float(cost), int(tin), int(tout)
 
     def starts_since(self, agent_id: str, since: float, kind: str = "wake") -> list[float]:
         """Start times of ``kind`` runs after ``since``, oldest first."""

@@ -10,6 +10,7 @@ import anyio
 from daemon.agents.pipeline import open_agents
 from daemon.app import open_market, shared_pool
 from daemon.service import Service
+from daemon.status import read_status
 from tests.agents.test_pipeline import WAKE_EVERY, PacedFeed, audit, candle, config, workspace
 from tests.llm.fakes import fake_openai, openai_turn
 
@@ -60,3 +61,6 @@ async def test_a_wake_runs_the_model_with_the_daemon_tools(tmp_path: Path) -> No
     first = fake.requests[0]
     assert first["messages"][0]["content"] == "Watch BTC."
     assert "wait_for_market_event" in [t["function"]["name"] for t in first["tools"]]
+    agent = read_status(tmp_path / "state").hooks.agents["alpha"]  # type: ignore[union-attr]
+    assert (agent.runs_today, agent.cost_today) == (1, llm["cost"])
+    assert (agent.tokens_in_today, agent.tokens_out_today) == (1200, 42)

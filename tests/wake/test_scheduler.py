@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from daemon.audit.records import AuditRecord, RunRecord
+from daemon.audit.records import AuditRecord, LlmReport, RunRecord
 from daemon.clock import SystemClock
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.scheduler import WakeScheduler
@@ -386,3 +386,40 @@ async def test_pending_runs_survive_a_restart_and_a_removed_agent_drops_them(
     assert gone.sched.abandon_pending(keep=False) == 1
     assert [w.suppressed_by for w in gone.wakes("suppressed")] == ["shutdown"]
     assert gone.store.pending("a1") == []
+
+
+class PricedRunner:
+    """Each run 'costs' a fixed amount, as an LLM run reports it."""
+
+    name = "priced"
+
+    def __init__(self, cost: float) -> None:
+        self.cost = cost
+        self.runs = 0
+
+    async def run(self, ctx: WakeContext) -> RunResult:
+        self.runs += 1
+        report = LlmReport(provider="p", model="m", tokens_in=100, tokens_out=10, cost=self.cost)
+        return RunResult(status="ok", llm=report)
+
+
+async def test_daily_cost_cap_suppresses_until_the_utc_day_turns(tmp_path: Path) -> None:
+    """Runs that spent max_cost_per_day since 00:00 UTC stop new runs (reason 'cost');
+    the spend is persisted (a restarted scheduler knows it) and resets at midnight."""
+    pol = policy(queue_mode="immediate", cooldown_after_run_seconds=0, max_cost_per_day=1.0)
+    runner = PricedRunner(0.6)
+    h = Harness(tmp_path, pol, runner=runner)  # the manual clock starts at 08:00 UTC
+    async with h.running():
+        for i in (1, 2):
+            assert h.sched.submit(wake(i)).outcome == "woke"
+            await h.settle()
+        assert h.sched.submit(wake(3)).suppressed_by == "cost"
+    assert runner.runs == 2 and h.sched.usage_today() == (2, 1.2, 200, 20)
+
+    again = Harness(tmp_path, pol, runner=runner, clock=h.clock)
+    assert again.sched.submit(wake(4)).suppressed_by == "cost"
+    again.clock.advance(16 * 3600 + 1)  # past 00:00 UTC
+    async with again.running():
+        assert again.sched.submit(wake(5)).outcome == "woke"
+        await again.settle()
+    assert runner.runs == 3 and again.sched.usage_today()[:2] == (1, 0.6)
