@@ -33,7 +33,7 @@ def mw(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
 def test_help_lists_commands() -> None:
     """--help names every top-level command."""
     out = mw("--help").stdout
-    for cmd in ("run", "status", "config", "demo", "hooks", "audit", "rag"):
+    for cmd in ("run", "status", "config", "demo", "hooks", "audit", "rag", "agent"):
         assert cmd in out
 
 

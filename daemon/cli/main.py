@@ -7,6 +7,7 @@ import sys
 import click
 
 from daemon import __version__
+from daemon.cli.agent import agent_group
 from daemon.cli.audit import audit_group, why_command
 from daemon.cli.demo import demo_command
 from daemon.cli.hooks import hooks_group
@@ -35,6 +36,7 @@ cli.add_command(why_command)
 cli.add_command(hooks_group)
 cli.add_command(rag_group)
 cli.add_command(mcp_command)
+cli.add_command(agent_group)
 
 
 def _deliberate(exc: BaseException) -> MarketwakeError | None:

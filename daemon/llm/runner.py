@@ -36,6 +36,7 @@ from daemon.llm.conversation import (
     ToolCall,
     ToolOutcome,
     ToolSpec,
+    Turn,
     open_conversation,
 )
 from daemon.llm.prompt import render_context, system_prompt
@@ -46,6 +47,21 @@ from daemon.wake.policy import RunnerConfig
 log = structlog.get_logger("llm")
 Ctx = TypeVar("Ctx")
 OpenConversation = Callable[[RunnerConfig, str, str, list[ToolSpec]], Conversation]
+# Sees the run as it goes (``marketwake agent run`` prints it): the prompt, each
+# model turn, and each tool call with its answer.
+Observer = Callable[["Step"], None]
+
+
+class Step(msgspec.Struct, frozen=True):
+    """One thing that happened in a run, for a transcript."""
+
+    kind: str  # "system" | "user" | "turn" | "tool"
+    text: str = ""
+    turn: Turn | None = None
+    call: ToolCall | None = None
+    outcome: ToolOutcome | None = None
+
+
 _ERROR_CHARS = 500
 
 
@@ -106,11 +122,13 @@ class LlmRunner:
         tools: ToolBox | None = None,
         agent_dir: Path | None = None,
         open_conv: OpenConversation = open_conversation,
+        observer: Observer | None = None,
     ) -> None:
         self.config = config
         self.tools = tools
         self.agent_dir = agent_dir
         self._open = open_conv
+        self._observe: Observer = observer or (lambda _: None)
 
     async def run(self, ctx: WakeContext) -> RunResult:
         """The whole run; failures and the deadline are reported in the result."""
@@ -122,9 +140,10 @@ class LlmRunner:
         conv: Conversation | None = None
         with anyio.move_on_after(cfg.deadline_seconds) as scope:
             try:
-                conv = self._open(
-                    cfg, await system_prompt(self.agent_dir), render_context(ctx), specs
-                )
+                system, user = await system_prompt(self.agent_dir), render_context(ctx)
+                self._observe(Step("system", system))
+                self._observe(Step("user", user))
+                conv = self._open(cfg, system, user, specs)
                 await self._loop(conv, tally)
             except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
                 status, tally.stop = "failed", "error"
@@ -142,6 +161,7 @@ class LlmRunner:
         limit = self.config.max_tool_calls
         while True:
             turn = await conv.turn()
+            self._observe(Step("turn", turn=turn))
             tally.model_calls += 1
             tally.tokens_in += turn.tokens_in
             tally.tokens_out += turn.tokens_out
@@ -176,7 +196,8 @@ class LlmRunner:
                 text, bad = json.dumps({"error": f"no tool named {call.name!r}"}), True
             else:
                 text, bad = await self.tools.call(call.name, call.arguments)
-            results[i] = ToolOutcome(call.id, text, bad)
+            results[i] = outcome = ToolOutcome(call.id, text, bad)
+            self._observe(Step("tool", call=call, outcome=outcome))
             reports[i] = ToolCallReport(
                 name=call.name,
                 args_digest=args_digest(call.arguments),

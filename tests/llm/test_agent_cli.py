@@ -1,0 +1,71 @@
+"""`marketwake agent run`: one LLM run by hand, its transcript on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+from click.testing import CliRunner, Result
+
+from daemon.cli.main import cli
+from daemon.events import encode
+from tests.agents.test_pipeline import candle
+from tests.llm.fakes import fake_openai, openai_turn
+
+
+def _workspace(root: Path, toml: str) -> Path:
+    agent = root / "agents" / "alpha"
+    agent.mkdir(parents=True)
+    (agent / "agent.toml").write_text(toml)
+    (agent / "AGENT.md").write_text("You watch BTC-USD.")
+    config = root / "config.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{root / "state"}"\n[hooks]\nagents_dir = "{root / "agents"}"\n'
+    )
+    return config
+
+
+async def _invoke(args: list[str]) -> Result:
+    # In a worker thread: the command runs its own event loop (anyio.run).
+    return await anyio.to_thread.run_sync(lambda: CliRunner().invoke(cli, args))
+
+
+async def test_agent_run_prints_the_transcript(tmp_path: Path) -> None:
+    """The prompt, the wake context with the event, each model turn and tool answer,
+    then the one-line summary; exit 0 for a finished run."""
+    script = [
+        openai_turn("Checking.", calls=[("c1", "wait_for_market_event", {})]),
+        openai_turn("Hold.", usage=(300, 5)),
+    ]
+    async with fake_openai(script) as (fake, url):
+        toml = (
+            f'[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "fake-gpt"\n'
+            f'base_url = "{url}"\n'
+        )
+        config = _workspace(tmp_path, toml)
+        event = tmp_path / "e.json"
+        event.write_bytes(encode(candle(0)))
+        res = await _invoke(
+            ["agent", "run", "alpha", "--config", str(config), "--event", str(event)]
+        )
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for expected in (
+        "── system prompt (AGENT.md)\nYou watch BTC-USD.",
+        "manual: manual run on market.candle.closed",
+        "→ wait_for_market_event {}",
+        "← wait_for_market_event error:",
+        "Hold.",
+        "── ok; fake-gpt: 1 tool call(s), 400+25 tokens",
+    ):
+        assert expected in out, (expected, out)
+    assert candle(0).event_id in fake.requests[0]["messages"][1]["content"]
+
+
+async def test_agent_run_refuses_an_agent_without_an_llm_runner(tmp_path: Path) -> None:
+    """The default log runner cannot be run by hand: one line says what to set."""
+    config = _workspace(tmp_path, "")
+    res = await _invoke(["agent", "run", "alpha", "--config", str(config)])
+    assert res.exit_code != 0 and 'kind = "llm"' in res.output
+    missing = await _invoke(["agent", "run", "nobody", "--config", str(config)])
+    assert missing.exit_code != 0 and "no agent 'nobody'" in missing.output
