@@ -60,7 +60,7 @@ async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[N
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
         try:
-            async with open_context(cfg, pool=pool) as ctx:
+            async with open_context(cfg, pool=pool, state=service.state) as ctx:
                 service.tools = RegistryToolBox(registry(), ctx)  # LLM runs call these
                 if cfg.mcp.enabled:
                     # imported here: the MCP stack (pydantic, starlette) costs ~0.6 s at start

@@ -17,6 +17,7 @@ import anyio
 import structlog
 
 from daemon.config import Config
+from daemon.state import StateCache
 from feeds.coinbase_ws.pool import CoinbaseWsPool
 
 log = structlog.get_logger("tools")
@@ -66,18 +67,25 @@ class ProductCatalog:
                     tg.start_soon(self._check, product)
         return [p for p in products if self._cache.get(p, (None, 0.0))[0] is False]
 
+    async def get(self, path: str, params: dict[str, str]) -> tuple[int, bytes]:
+        """``GET {base_url}{path}`` on the shared session: (status, body).
+
+        Raises ``LookupError`` when no session exists; network errors propagate."""
+        if self.session is None:
+            raise LookupError("no REST session")
+        async with self.session.get(self.base_url.rstrip("/") + path, params=params) as resp:
+            return resp.status, await resp.read()
+
     async def _check(self, product: str) -> None:
         self.remember(product, await self._ask(product))
 
     async def _ask(self, product: str) -> bool | None:
         if self.session is None:
             return None
-        url = f"{self.base_url.rstrip('/')}/market/products/{quote(product, safe='-')}"
         try:
             with anyio.fail_after(self.timeout_seconds):
-                async with self.session.get(url) as resp:
-                    await resp.read()
-                    return product_status(resp.status)
+                status, _ = await self.get(f"/market/products/{quote(product, safe='-')}", {})
+                return product_status(status)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.info("product check skipped", product=product, error=f"{type(exc).__name__}")
             return None
@@ -89,11 +97,13 @@ class ToolContext:
 
     pool: CoinbaseWsPool | None = None
     catalog: ProductCatalog | None = None
+    # The daemon's state cache (candles and indicators of every series it follows).
+    state: StateCache | None = None
 
 
 @asynccontextmanager
 async def open_context(
-    cfg: Config, *, pool: CoinbaseWsPool | None = None
+    cfg: Config, *, pool: CoinbaseWsPool | None = None, state: StateCache | None = None
 ) -> AsyncIterator[ToolContext]:
     """A context for ``cfg``: a Coinbase pool (running) and the product catalog.
 
@@ -104,12 +114,12 @@ async def open_context(
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         catalog = ProductCatalog(cfg.feeds.candles.base_url, session)
         if pool is not None:
-            yield ToolContext(pool=pool, catalog=catalog)
+            yield ToolContext(pool=pool, catalog=catalog, state=state)
             return
         own = CoinbaseWsPool(cfg.feeds.coinbase_ws, lazy=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(own.run)
             try:
-                yield ToolContext(pool=own, catalog=catalog)
+                yield ToolContext(pool=own, catalog=catalog, state=state)
             finally:
                 tg.cancel_scope.cancel()
