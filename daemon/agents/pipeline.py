@@ -71,6 +71,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
         desk = TradeDesk(broker, audit)
+        if service.tools is not None:  # the trading tools of LLM runs act through it
+            service.tools.ctx.desk = desk
         checkpoints = Checkpoints(hook_store, audit)
         if service.from_start:
             checkpoints.reset()

@@ -19,12 +19,13 @@ or the error), for the audit ``run`` record.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 import anyio
 import msgspec
@@ -41,11 +42,11 @@ from daemon.llm.conversation import (
 )
 from daemon.llm.prompt import render_context, system_prompt
 from daemon.tools.base import Registry, render
+from daemon.tools.context import AgentCall, ToolContext
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.policy import RunnerConfig
 
 log = structlog.get_logger("llm")
-Ctx = TypeVar("Ctx")
 OpenConversation = Callable[[RunnerConfig, str, str, list[ToolSpec]], Conversation]
 # Sees the run as it goes (``marketwake agent run`` prints it): the prompt, each
 # model turn, and each tool call with its answer.
@@ -68,6 +69,10 @@ _ERROR_CHARS = 500
 class ToolBox(Protocol):
     """The tools a run may call."""
 
+    def for_run(self, ctx: WakeContext, config: RunnerConfig) -> ToolBox:
+        """The same tools, acting for this run's agent (trading tools need to know)."""
+        ...
+
     def specs(self) -> list[ToolSpec]:
         """What the model is offered."""
         ...
@@ -77,12 +82,24 @@ class ToolBox(Protocol):
         ...
 
 
-class RegistryToolBox(Generic[Ctx]):
+class RegistryToolBox:
     """The tool registry of :mod:`daemon.tools`, called in-process with its context."""
 
-    def __init__(self, registry: Registry[Ctx], ctx: Ctx) -> None:
+    def __init__(self, registry: Registry[ToolContext], ctx: ToolContext) -> None:
         self.registry = registry
         self.ctx = ctx
+
+    def for_run(self, ctx: WakeContext, config: RunnerConfig) -> RegistryToolBox:
+        first = ctx.reasons[0] if ctx.reasons else None
+        call = AgentCall(
+            agent_id=ctx.agent_id,
+            run_id=ctx.run_id,
+            trace_id=first.trace_id if first else None,
+            event_id=first.event_id if first else None,
+            signal_notional=config.signal_notional,
+            min_confidence=config.min_confidence,
+        )
+        return RegistryToolBox(self.registry, dataclasses.replace(self.ctx, agent=call))
 
     def specs(self) -> list[ToolSpec]:
         return [ToolSpec(t.name, t.description, t.input_schema()) for t in self.registry]
@@ -133,7 +150,8 @@ class LlmRunner:
     async def run(self, ctx: WakeContext) -> RunResult:
         """The whole run; failures and the deadline are reported in the result."""
         cfg = self.config
-        specs = self.tools.specs() if self.tools is not None and cfg.max_tool_calls else []
+        tools = self.tools.for_run(ctx, cfg) if self.tools is not None else None
+        specs = tools.specs() if tools is not None and cfg.max_tool_calls else []
         tally = _Tally()
         status: Any = "ok"
         error: str | None = None
@@ -144,7 +162,7 @@ class LlmRunner:
                 self._observe(Step("system", system))
                 self._observe(Step("user", user))
                 conv = self._open(cfg, system, user, specs)
-                await self._loop(conv, tally)
+                await self._loop(conv, tally, tools)
             except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
                 status, tally.stop = "failed", "error"
                 error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
@@ -157,7 +175,7 @@ class LlmRunner:
                 await conv.close()
         return RunResult(status=status, error=error, llm=self._report(tally))
 
-    async def _loop(self, conv: Conversation, tally: _Tally) -> None:
+    async def _loop(self, conv: Conversation, tally: _Tally, tools: ToolBox | None) -> None:
         limit = self.config.max_tool_calls
         while True:
             turn = await conv.turn()
@@ -175,7 +193,7 @@ class LlmRunner:
                 tally.stop = "max_tool_calls"
                 return
             run_now, refused = turn.tool_calls[:left], turn.tool_calls[left:]
-            outcomes = await self._call_all(run_now, tally)
+            outcomes = await self._call_all(run_now, tally, tools)
             note = (
                 f"not run: this run's budget of {limit} tool calls is used up; "
                 "answer now with what you have"
@@ -183,7 +201,9 @@ class LlmRunner:
             outcomes += [ToolOutcome(c.id, json.dumps({"error": note}), True) for c in refused]
             conv.answer(outcomes)
 
-    async def _call_all(self, calls: list[ToolCall], tally: _Tally) -> list[ToolOutcome]:
+    async def _call_all(
+        self, calls: list[ToolCall], tally: _Tally, tools: ToolBox | None
+    ) -> list[ToolOutcome]:
         """Every call of one turn at once; answers in the model's order."""
         results: list[ToolOutcome | None] = [None] * len(calls)
         reports: list[ToolCallReport | None] = [None] * len(calls)
@@ -192,10 +212,10 @@ class LlmRunner:
             t0 = time.perf_counter()
             if call.arguments is None:
                 text, bad = json.dumps({"error": "the arguments are not a JSON object"}), True
-            elif self.tools is None:
+            elif tools is None:
                 text, bad = json.dumps({"error": f"no tool named {call.name!r}"}), True
             else:
-                text, bad = await self.tools.call(call.name, call.arguments)
+                text, bad = await tools.call(call.name, call.arguments)
             results[i] = outcome = ToolOutcome(call.id, text, bad)
             self._observe(Step("tool", call=call, outcome=outcome))
             reports[i] = ToolCallReport(

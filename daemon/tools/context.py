@@ -18,6 +18,7 @@ import structlog
 
 from daemon.config import Config
 from daemon.state import StateCache
+from daemon.trading.desk import TradeDesk
 from feeds.coinbase_ws.pool import CoinbaseWsPool
 
 log = structlog.get_logger("tools")
@@ -91,6 +92,20 @@ class ProductCatalog:
             return None
 
 
+@dataclass(frozen=True)
+class AgentCall:
+    """Who is calling: set for a tool call made by an agent's LLM run (the trading
+    tools need it); MCP hosts call without one."""
+
+    agent_id: str
+    run_id: str
+    trace_id: str | None = None
+    event_id: str | None = None
+    # How a signal becomes an order ([wake.runner] of the agent).
+    signal_notional: float = 100.0
+    min_confidence: float = 60.0
+
+
 @dataclass
 class ToolContext:
     """The shared resources tools use; ``None`` where this process has none."""
@@ -99,6 +114,9 @@ class ToolContext:
     catalog: ProductCatalog | None = None
     # The daemon's state cache (candles and indicators of every series it follows).
     state: StateCache | None = None
+    # The daemon's trade desk (risk engines and the paper broker), once the agents run.
+    desk: TradeDesk | None = None
+    agent: AgentCall | None = None
 
 
 @asynccontextmanager

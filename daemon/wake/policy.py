@@ -45,6 +45,10 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # For the cost in the run record: prices per million tokens.
     price_input_per_mtok: NonNegFloat = 0.0
     price_output_per_mtok: NonNegFloat = 0.0
+    # submit_trading_signal: the order's notional (quote currency) and the confidence
+    # a signal needs to be traded (seed 002: 60).
+    signal_notional: PosFloat = 100.0
+    min_confidence: Annotated[float, msgspec.Meta(ge=0, le=100)] = 60.0
 
     def __post_init__(self) -> None:
         if self.kind == "command" and not self.command:

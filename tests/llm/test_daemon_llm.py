@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -64,3 +65,56 @@ async def test_a_wake_runs_the_model_with_the_daemon_tools(tmp_path: Path) -> No
     agent = read_status(tmp_path / "state").hooks.agents["alpha"]  # type: ignore[union-attr]
     assert (agent.runs_today, agent.cost_today) == (1, llm["cost"])
     assert (agent.tokens_in_today, agent.tokens_out_today) == (1200, 42)
+
+
+async def test_a_signal_from_the_model_is_risk_checked_and_placed_once(tmp_path: Path) -> None:
+    """submit_trading_signal, sent twice in one turn, becomes one limit order in the
+    agent's own account through its risk engine, audited with the waking event's
+    trace id; get_orders then shows it; `why` follows event -> run -> risk -> order."""
+    signal = {
+        "symbol": "BTC-USD", "confidence": 72, "entry_price": 100.0, "stop_loss": 95.0,
+        "tp1": 110.0, "technical_score": 30, "sentiment_score": 20, "liquidity_score": 15,
+        "correlation_score": 7, "analysis": "oversold bounce",
+    }  # fmt: skip
+    script = [
+        openai_turn(calls=[("s1", "submit_trading_signal", signal), ("s2", "submit_trading_signal", signal)]),
+        openai_turn(calls=[("o1", "get_orders", {})]),
+        openai_turn("Long placed."),
+    ]  # fmt: skip
+    async with fake_openai(script) as (fake, url):
+        toml = RUNNER.format(url=url) + "signal_notional = 50.0\n"
+        agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
+        cfg = config(tmp_path, agents)
+        pool = shared_pool(cfg)
+        assert pool is not None
+        svc = Service(
+            cfg,
+            lambda _: [PacedFeed([candle(0), candle(1)])],
+            components=[partial(open_market, pool), open_agents],
+        )
+        with anyio.fail_after(30):
+            await svc.run()
+    rows = audit(tmp_path)
+    (risk,) = [r for r in rows if r["type"] == "risk"]
+    wake = next(r for r in rows if r["type"] == "hook" and r["eventId"] == candle(0).event_id)
+    assert risk["approved"] and risk["hookId"] == "submit_trading_signal"
+    assert risk["traceId"] == wake["traceId"] and risk["intent"]["volume"] == 0.5
+    (order,) = [r for r in rows if r["type"] == "order"]
+    assert order["status"] == "OPEN" and order["clientOrderId"] == risk["clientOrderId"]
+    answers = [
+        json.loads(m["content"]) for m in fake.requests[1]["messages"] if m["role"] == "tool"
+    ]
+    assert [a["duplicate"] for a in answers] == [False, True]
+    assert answers[0]["order_id"] == answers[1]["order_id"] == order["clientOrderId"]
+    (orders,) = [
+        json.loads(m["content"])
+        for m in fake.requests[2]["messages"]
+        if m.get("tool_call_id") == "o1"
+    ]
+    assert [o["clientOrderId"] for o in orders["orders"]] == [order["clientOrderId"]]
+    from daemon.audit.why import collect, explain
+
+    (story,) = explain(
+        collect(tmp_path / "state" / "audit", candle(0).event_id), candle(0).event_id
+    ).agents
+    assert order["clientOrderId"] in str(story), story

@@ -15,6 +15,7 @@ from daemon.errors import ConfigError
 from daemon.llm.runner import LlmRunner, RegistryToolBox, args_digest
 from daemon.secret import Secret
 from daemon.tools.base import Registry, Tool
+from daemon.tools.context import ToolContext
 from daemon.wake.context import WakeContext, WakeReason
 from daemon.wake.policy import RunnerConfig
 from tests.llm.fakes import anthropic_turn, fake_anthropic, fake_openai, openai_turn
@@ -34,7 +35,7 @@ class Napped(msgspec.Struct, frozen=True):
 SPANS: list[tuple[float, float]] = []  # (start, end) of every nap, to see overlap
 
 
-async def _nap(_: None, req: Nap) -> Napped:
+async def _nap(_: ToolContext, req: Nap) -> Napped:
     t0 = time.perf_counter()
     await anyio.sleep(req.seconds)
     SPANS.append((t0, time.perf_counter()))
@@ -42,7 +43,7 @@ async def _nap(_: None, req: Nap) -> Napped:
 
 
 NAP = Tool("nap", "Nap", "Sleeps, then echoes the symbol.", Nap, _nap, timeout_seconds=5)
-TOOLS = RegistryToolBox(Registry([NAP]), None)
+TOOLS = RegistryToolBox(Registry([NAP]), ToolContext())
 CTX = WakeContext(
     agent_id="alpha",
     run_id="alpha-1",
