@@ -52,6 +52,16 @@ def audit_rows(state: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _errors(logs: Path) -> list[str]:
+    """Warning and error lines of the killed runs: what to look at when a close is lost."""
+    out = []
+    for f in sorted(logs.glob("*.log")):
+        for line in f.read_text(errors="replace").splitlines():
+            if '"level": "error"' in line or '"level": "warning"' in line or "Traceback" in line:
+                out.append(f"{f.name}: {line[:300]}")
+    return out[:20]
+
+
 def test_kill_9_at_20_random_moments_evaluates_every_close_once(tmp_path: Path) -> None:
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=9, n=N, timeframe="1m")
@@ -69,10 +79,13 @@ def test_kill_9_at_20_random_moments_evaluates_every_close_once(tmp_path: Path) 
     rng = random.Random(20261124)
     cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for _ in range(KILLS):
-        with subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        ) as proc:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for n in range(KILLS):
+        with (
+            (logs / f"run-{n:02}.log").open("wb") as err,
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err) as proc,
+        ):
             time.sleep(rng.uniform(0.2, 1.2))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -82,7 +95,7 @@ def test_kill_9_at_20_random_moments_evaluates_every_close_once(tmp_path: Path) 
     rows = audit_rows(tmp_path / "state")
     evaluated = Counter((r["eventId"], r["hookId"]) for r in rows if r["type"] == "hook")
     missing = [(e, h) for e in event_ids(csv) for h in HOOKS if (e, h) not in evaluated]
-    assert not missing, f"no close missing: {missing[:5]}"
+    assert not missing, f"no close missing: {missing[:5]}; {_errors(logs)}"
     assert len(evaluated) == 2 * N
     assert set(evaluated.values()) == {1}, [k for k, n in evaluated.items() if n > 1][:5]
     placed = Counter(

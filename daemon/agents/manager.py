@@ -41,6 +41,7 @@ from daemon.wake.store import RunStore
 from hooks_runtime.hookfile import HookSpec
 
 log = structlog.get_logger("agents")
+TRANSIENT_RETRIES = 3  # more compile attempts after a timeout or a crashed worker
 
 
 class AgentManager:
@@ -216,6 +217,22 @@ class AgentManager:
             if current.get(h) != s and (agent.agent_id, h, s.revision) not in bad
         ]
         results = await self.dispatcher.pool.compile(agent.agent_id, changed) if changed else []
+        for _ in range(TRANSIENT_RETRIES):
+            # A timeout or a crashed worker says nothing about the source (a loaded
+            # machine, a worker still starting): try again before running without the
+            # hook, or the events it missed would count as evaluated.
+            retry = [i for i, r in enumerate(results) if not r.ok and r.error_kind != "compile"]
+            if not retry:
+                break
+            log.warning(
+                "hook compile failed transiently; retrying",
+                agent=agent.agent_id,
+                hooks=[changed[i].hook_id for i in retry],
+                error=results[retry[0]].error,
+            )
+            again = await self.dispatcher.pool.compile(agent.agent_id, [changed[i] for i in retry])
+            for i, res in zip(retry, again, strict=True):
+                results[i] = res
         # A file that vanished stops; one that became unreadable keeps its last revision.
         accepted = {h: s for h, s in current.items() if h in agent.hooks or h in agent.errors}
         for spec, res in zip(changed, results, strict=True):

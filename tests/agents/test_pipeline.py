@@ -445,3 +445,32 @@ async def test_a_hook_places_moves_and_cancels_its_own_order(tmp_path: Path) -> 
     assert bad["error"].startswith(
         "invalid_result: invalid TRADE_INTENT result: CANCEL_ORDER needs"
     )
+
+
+async def test_a_transient_compile_failure_at_start_is_retried_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first compile of the agent's hook times out (a loaded machine): it is
+    compiled again before the agent serves, so no event goes by unevaluated (and
+    marked as done) while the hook was missing."""
+    from hooks_runtime.pool import HookResult, WorkerPool
+
+    real = WorkerPool.compile
+    calls: list[int] = []
+
+    async def flaky(self: WorkerPool, agent_id: str, hooks: list[Any]) -> list[HookResult]:
+        calls.append(len(hooks))
+        if len(calls) == 1:
+            return [
+                HookResult(hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=1000.0,
+                           error_kind="timeout", error="compile overran 1000 ms")
+                for h in hooks
+            ]  # fmt: skip
+        return await real(self, agent_id, hooks)
+
+    monkeypatch.setattr(WorkerPool, "compile", flaky)
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(5)]))
+    rows = [r for r in audit(tmp_path) if r["type"] == "hook"]
+    assert [r["eventId"] for r in rows] == [candle(i).event_id for i in range(5)]
+    assert calls[:2] == [1, 1]
