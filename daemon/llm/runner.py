@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import msgspec
@@ -153,7 +153,7 @@ class LlmRunner:
         tools = self.tools.for_run(ctx, cfg) if self.tools is not None else None
         specs = tools.specs() if tools is not None and cfg.max_tool_calls else []
         tally = _Tally()
-        status: Any = "ok"
+        status: Literal["ok", "failed", "timeout"] = "ok"
         error: str | None = None
         conv: Conversation | None = None
         with anyio.move_on_after(cfg.deadline_seconds) as scope:

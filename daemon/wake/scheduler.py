@@ -335,9 +335,8 @@ class WakeScheduler:
                 tg.start_soon(until_deadline)
 
     async def _start(self, run: _PendingRun) -> None:
-        if (
-            run.kind == "wake"
-        ):  # forgotten first: a crash after this loses the run, never pays twice
+        # Forgotten first: a crash after this loses the run, never pays for it twice.
+        if run.kind == "wake":
             self._persist(self.store.drop_pending, run.run_id)
         now = self.clock.now()
         blocked = self._blocked(run, now)
