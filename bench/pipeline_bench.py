@@ -94,7 +94,7 @@ def _rss_kib(pid: int) -> int:
 def timed(cfg: Config) -> tuple[float, int]:
     start = time.perf_counter()
     status = run_daemon(cfg)
-    return time.perf_counter() - start, int(status.bus["published"])
+    return time.perf_counter() - start, status.bus.published
 
 
 def audit_lines(tmp: Path) -> int:
