@@ -12,6 +12,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -37,7 +38,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # Only events for these symbols (empty = every symbol; events without one pass).
     symbols: list[str] = msgspec.field(default_factory=list)
     # Candles per series in the hooks' ``state`` (more = slower round trips).
-    state_candles: int = 50
+    state_candles: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 50
     # The paper account this agent trades in; empty = its own (the agent id).
     # Agents naming the same account share positions, orders, PnL and limits' view.
     account: str = ""
@@ -51,8 +52,6 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError("topics must list at least one topic pattern")
         for pattern in self.topics:
             validate_pattern(pattern)
-        if not 0 <= self.state_candles <= 1000:
-            raise ValueError("state_candles must be between 0 and 1000")
         if self.account and not AGENT_ID.match(self.account):
             raise ValueError(
                 "account must be 1-64 letters, digits, '_', '.' or '-', starting with a "

@@ -9,7 +9,7 @@ directory or remote Qdrant), ``rag.embedding`` (numeric or fastembed text),
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -22,34 +22,22 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 class ServerSection(_Section, frozen=True):
     host: str = "127.0.0.1"
-    port: int = 7879
-    max_connections: int = 100
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 7879
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 100
     # One JSON text (a request or a whole batch) may not exceed this many bytes.
-    max_request_bytes: int = 1_048_576
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=64)] = 1_048_576
     # Per request (a batch counts as one request).
-    timeout_ms: int = 10_000
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1)] = 10_000
     # A connection that has not completed a request for this long is closed
     # (counted from the last complete request, so dribbling bytes does not help).
-    idle_timeout_seconds: float = 30.0
+    idle_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     # "" = no key required. Clients send it as the ``api_key`` member of params.
     api_key: Secret = msgspec.field(default_factory=Secret)
     # Token bucket per client address; 0 disables the limit.
-    rate_limit_per_second: float = 1000.0
-    rate_limit_burst: int = 2000
+    rate_limit_per_second: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    rate_limit_burst: Annotated[int, msgspec.Meta(ge=1)] = 2000
     # Worker threads that run queries (numpy releases the GIL for the math).
-    worker_threads: int = 4
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError("port must be between 0 and 65535")
-        if self.max_connections < 1 or self.max_request_bytes < 64:
-            raise ValueError("max_connections must be >= 1 and max_request_bytes >= 64")
-        if self.timeout_ms < 1 or self.idle_timeout_seconds <= 0:
-            raise ValueError("timeout_ms and idle_timeout_seconds must be positive")
-        if self.rate_limit_per_second < 0 or self.rate_limit_burst < 1:
-            raise ValueError("rate_limit_per_second must be >= 0 and rate_limit_burst >= 1")
-        if self.worker_threads < 1:
-            raise ValueError("worker_threads must be >= 1")
+    worker_threads: Annotated[int, msgspec.Meta(ge=1)] = 4
 
 
 class StoreSection(_Section, frozen=True):
@@ -75,19 +63,13 @@ class EmbeddingSection(_Section, frozen=True):
 
 
 class QueryDefaultsSection(_Section, frozen=True):
-    lookback_days: float = 90.0
-    top_k: int = 5
-    min_similarity: float = 0.7
-    min_matches: int = 3
+    lookback_days: Annotated[float, msgspec.Meta(ge=1, le=365)] = 90.0
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] = 5
+    min_similarity: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.7
+    min_matches: Annotated[int, msgspec.Meta(ge=0)] = 3
     include_regime_filters: bool = True
     # |OI delta vs 24 h average| below this many percent counts as "flat".
     oi_flat_band_pct: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.lookback_days <= 365 or not 1 <= self.top_k <= 50:
-            raise ValueError("lookback_days must be 1..365 and top_k 1..50")
-        if not 0.0 <= self.min_similarity <= 1.0 or self.min_matches < 0:
-            raise ValueError("min_similarity must be 0..1 and min_matches >= 0")
 
 
 class ExchangeSection(_Section, frozen=True):
