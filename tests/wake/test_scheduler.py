@@ -423,3 +423,14 @@ async def test_daily_cost_cap_suppresses_until_the_utc_day_turns(tmp_path: Path)
         assert again.sched.submit(wake(5)).outcome == "woke"
         await again.settle()
     assert runner.runs == 3 and again.sched.usage_today()[:2] == (1, 0.6)
+
+
+async def test_an_unreadable_queued_run_is_dropped_not_fatal(tmp_path: Path) -> None:
+    """A garbled wake_pending row (a disk or a hand edit) costs that run only: the
+    scheduler starts, restores the readable ones and forgets the bad one."""
+    store = RunStore(tmp_path / "wake.sqlite3")
+    store.save_pending("a1", "a1-bad", 1.0, b"\xff{not json")
+    store.save_pending("a1", "a1-good", 2.0, b'{"wakes": [], "earlier": {"wake_x": 2}}')
+    h = Harness(tmp_path, policy())
+    assert h.sched.counters["restored"] == 1 and h.sched.busy
+    assert [run_id for run_id, _, _ in h.store.pending("a1")] == ["a1-good"]
