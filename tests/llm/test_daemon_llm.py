@@ -29,6 +29,21 @@ price_output_per_mtok = 10.0
 """
 
 
+async def run_daemon(root: Path, agents: Path) -> None:
+    """The daemon as `run` wires it (shared market connection and tools, then the
+    agents) over two replayed candles."""
+    cfg = config(root, agents)
+    pool = shared_pool(cfg)
+    assert pool is not None
+    svc = Service(
+        cfg,
+        lambda _: [PacedFeed([candle(0), candle(1)])],
+        components=[partial(open_market, pool), open_agents],
+    )
+    with anyio.fail_after(30):
+        await svc.run()
+
+
 async def test_a_wake_runs_the_model_with_the_daemon_tools(tmp_path: Path) -> None:
     """The hook wakes the agent; the model calls wait_for_market_event (with arguments
     it must fix: the tool answers a structured error) and concludes; the run record
@@ -40,16 +55,7 @@ async def test_a_wake_runs_the_model_with_the_daemon_tools(tmp_path: Path) -> No
     async with fake_openai(script) as (fake, url):
         agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, RUNNER.format(url=url))
         (agents / "alpha" / "AGENT.md").write_text("Watch BTC.")
-        cfg = config(tmp_path, agents)
-        pool = shared_pool(cfg)
-        assert pool is not None
-        svc = Service(
-            cfg,
-            lambda _: [PacedFeed([candle(0), candle(1)])],
-            components=[partial(open_market, pool), open_agents],
-        )
-        with anyio.fail_after(30):
-            await svc.run()
+        await run_daemon(tmp_path, agents)
     (run,) = [r for r in audit(tmp_path) if r["type"] == "run" and r["status"] != "started"]
     assert run["status"] == "finished" and run["runner"] == "llm", run
     llm = run["llm"]
@@ -84,16 +90,7 @@ async def test_a_signal_from_the_model_is_risk_checked_and_placed_once(tmp_path:
     async with fake_openai(script) as (fake, url):
         toml = RUNNER.format(url=url) + "signal_notional = 50.0\n"
         agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
-        cfg = config(tmp_path, agents)
-        pool = shared_pool(cfg)
-        assert pool is not None
-        svc = Service(
-            cfg,
-            lambda _: [PacedFeed([candle(0), candle(1)])],
-            components=[partial(open_market, pool), open_agents],
-        )
-        with anyio.fail_after(30):
-            await svc.run()
+        await run_daemon(tmp_path, agents)
     rows = audit(tmp_path)
     (risk,) = [r for r in rows if r["type"] == "risk"]
     wake = next(r for r in rows if r["type"] == "hook" and r["eventId"] == candle(0).event_id)

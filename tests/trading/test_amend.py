@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from daemon.audit.records import AuditRecord, OrderRecord, RiskRecord
+from daemon.audit.records import OrderRecord, RiskRecord
 from daemon.events import ACCOUNT_ORDER_MODIFIED, FeedEvent
-from daemon.trading.desk import TradeDesk, audited_publish
+from daemon.trading.desk import TradeDesk
 from daemon.trading.intents import RiskLimits, TradeIntent, TradingState, parse_intent
 from daemon.trading.paper import PaperBroker
+from tests.trading.conftest import Audit
 
 LIMIT = {
     "action": "PLACE_LIMIT_ORDER",
@@ -22,31 +18,6 @@ LIMIT = {
     "stopLoss": 90.0,
     "takeProfit": 110.0,
 }
-
-
-class Audit(list[AuditRecord]):
-    def write(self, record: AuditRecord) -> None:
-        self.append(record)
-
-
-@pytest.fixture
-def events() -> list[FeedEvent]:
-    return []
-
-
-@pytest.fixture
-def audit() -> Audit:
-    return Audit()
-
-
-@pytest.fixture
-def broker(tmp_path: Path, events: list[FeedEvent], audit: Audit) -> Iterator[PaperBroker]:
-    async def publish(event: FeedEvent) -> None:
-        events.append(event)
-
-    b = PaperBroker(tmp_path, audited_publish(publish, audit), synchronous="NORMAL")
-    yield b
-    b.close()
 
 
 async def _resting(desk: TradeDesk, broker: PaperBroker, agent: str = "a") -> str:

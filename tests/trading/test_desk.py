@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from daemon.audit.records import AuditRecord, OrderRecord, RiskRecord
+from daemon.audit.records import OrderRecord, RiskRecord
 from daemon.events import FeedEvent
-from daemon.trading.desk import TradeDesk, audited_publish
+from daemon.trading.desk import TradeDesk
 from daemon.trading.intents import RiskLimits, TradingState, parse_intent
 from daemon.trading.paper import PaperBroker
 from daemon.trading.records import order_record_from_event
+from tests.trading.conftest import Audit
 
 INTENT = parse_intent(
     {
@@ -23,31 +19,6 @@ INTENT = parse_intent(
         "stopLoss": 90.0,
     }
 )
-
-
-class Audit(list[AuditRecord]):
-    def write(self, record: AuditRecord) -> None:
-        self.append(record)
-
-
-@pytest.fixture
-def events() -> list[FeedEvent]:
-    return []
-
-
-@pytest.fixture
-def audit() -> Audit:
-    return Audit()
-
-
-@pytest.fixture
-def broker(tmp_path: Path, events: list[FeedEvent], audit: Audit) -> Iterator[PaperBroker]:
-    async def publish(event: FeedEvent) -> None:
-        events.append(event)
-
-    b = PaperBroker(tmp_path, audited_publish(publish, audit), synchronous="NORMAL")
-    yield b
-    b.close()
 
 
 async def test_approved_intent_is_traded_and_audited(broker: PaperBroker, audit: Audit) -> None:
