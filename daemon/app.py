@@ -24,6 +24,7 @@ from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
 from feeds.coinbase_ws.pool import CoinbaseWsPool
+from feeds.movers import MoversFeed
 from feeds.replay import ReplayFeed
 
 
@@ -38,6 +39,8 @@ def build_feeds(config: Config, pool: CoinbaseWsPool | None = None) -> list[Feed
         feeds.append(CandlesFeed(section.candles, Path(config.daemon.state_dir)))
     if section.replay.enabled:
         feeds.append(ReplayFeed(section.replay))
+    if section.movers.enabled:
+        feeds.append(MoversFeed(section.movers))
     return feeds
 
 

@@ -20,7 +20,7 @@ import msgspec.inspect
 from daemon.errors import ConfigError
 from daemon.rag.config import RagConfig
 from daemon.secret import Secret
-from feeds.config import CandlesSection, CoinbaseWsSection, ReplaySection
+from feeds.config import CandlesSection, CoinbaseWsSection, MoversSection, ReplaySection
 from hooks_runtime.config import SandboxConfig
 
 __all__ = ["DEFAULT_CONFIG_PATH", "Config", "Secret", "decode_hook", "expand_env", "load", "parse"]
@@ -61,6 +61,7 @@ class FeedsSection(Base, frozen=True):
     coinbase_ws: CoinbaseWsSection = msgspec.field(default_factory=CoinbaseWsSection)
     candles: CandlesSection = msgspec.field(default_factory=CandlesSection)
     replay: ReplaySection = msgspec.field(default_factory=ReplaySection)
+    movers: MoversSection = msgspec.field(default_factory=MoversSection)
 
 
 class StateSection(Base, frozen=True):
@@ -130,7 +131,8 @@ class Config(Base, frozen=True):
         """Whether agents live on event time (``[daemon] clock``; auto: no live feed)."""
         if self.daemon.clock != "auto":
             return self.daemon.clock == "event"
-        return not (self.feeds.coinbase_ws.enabled or self.feeds.candles.enabled)
+        feeds = self.feeds
+        return not (feeds.coinbase_ws.enabled or feeds.candles.enabled or feeds.movers.enabled)
 
 
 _SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)

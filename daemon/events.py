@@ -29,6 +29,8 @@ MARKET_CANDLE_UPDATED: Final = "market.candle.updated"
 MARKET_CANDLE_CLOSED: Final = "market.candle.closed"
 MARKET_SESSION_OPEN: Final = "market.session.open"
 MARKET_SESSION_CLOSE: Final = "market.session.close"
+# A product moved at least [feeds.movers] min_change_pct % in 24 h (the scanner).
+MARKET_MOVERS_DETECTED: Final = "market.movers.detected"
 
 ACCOUNT_POSITION_OPENED: Final = "account.position.opened"
 ACCOUNT_POSITION_CLOSED: Final = "account.position.closed"
@@ -54,6 +56,7 @@ ALL_TOPICS: Final = frozenset(
         MARKET_CANDLE_CLOSED,
         MARKET_SESSION_OPEN,
         MARKET_SESSION_CLOSE,
+        MARKET_MOVERS_DETECTED,
         ACCOUNT_POSITION_OPENED,
         ACCOUNT_POSITION_CLOSED,
         ACCOUNT_ORDER_PLACED,

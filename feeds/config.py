@@ -7,7 +7,7 @@ are rejected: a typo fails at startup with its key path.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -60,3 +60,17 @@ class ReplaySection(_Section, frozen=True):
     # 0 = as fast as possible; 1 = real time; 60 = a minute per second.
     speed: float = 0.0
     source: str = "replay"
+
+
+class MoversSection(_Section, frozen=True):
+    """The scanner: Coinbase products that moved at least ``min_change_pct`` % in 24 h."""
+
+    enabled: bool = False
+    base_url: str = "https://api.coinbase.com/api/v3/brokerage"
+    poll_seconds: Annotated[float, msgspec.Meta(ge=5)] = 60.0
+    min_change_pct: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 5.0
+    # Only products quoted in these currencies (empty = any).
+    quote_currencies: list[str] = msgspec.field(default_factory=lambda: ["USD", "USDC"])
+    # Ignore products that traded less than this (base units) in 24 h.
+    min_volume_24h: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0

@@ -76,6 +76,7 @@ def config_check(path: Path | None) -> None:
             ("coinbase_ws", feeds.coinbase_ws.enabled),
             ("candles", feeds.candles.enabled),
             ("replay", feeds.replay.enabled),
+            ("movers", feeds.movers.enabled),
         )
         if on
     ]
