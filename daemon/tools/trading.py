@@ -148,23 +148,30 @@ async def submit_trading_signal(ctx: ToolContext, req: SignalRequest) -> msgspec
     )
 
 
-async def get_positions(ctx: ToolContext, _: AccountRequest) -> msgspec.Struct:
-    """The calling agent's open positions."""
+def _account(ctx: ToolContext) -> tuple[str, TradeDesk] | ToolError:
+    """The calling agent's account and the desk holding it."""
     caller = _caller(ctx)
     if isinstance(caller, ToolError):
         return caller
     call, desk = caller
-    account = desk.account_of(call.agent_id)
+    return desk.account_of(call.agent_id), desk
+
+
+async def get_positions(ctx: ToolContext, _: AccountRequest) -> msgspec.Struct:
+    """The calling agent's open positions."""
+    own = _account(ctx)
+    if isinstance(own, ToolError):
+        return own
+    account, desk = own
     return Positions(account, msgspec.to_builtins(desk.broker.positions(account)))
 
 
 async def get_orders(ctx: ToolContext, _: AccountRequest) -> msgspec.Struct:
     """The calling agent's working orders."""
-    caller = _caller(ctx)
-    if isinstance(caller, ToolError):
-        return caller
-    call, desk = caller
-    account = desk.account_of(call.agent_id)
+    own = _account(ctx)
+    if isinstance(own, ToolError):
+        return own
+    account, desk = own
     return Orders(account, msgspec.to_builtins(desk.broker.open_orders(account)))
 
 
