@@ -23,6 +23,8 @@ from feeds.config import MoversSection
 from feeds.movers.protocol import MoverTracker, parse_products
 
 log = structlog.get_logger("feeds.movers")
+# The whole spot list is a few MB; anything far larger is not an answer to keep.
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 class MoversFeed:
@@ -62,9 +64,15 @@ class MoversFeed:
         url = self.config.base_url.rstrip("/") + "/market/products"
         try:
             async with session.get(url, params={"product_type": "SPOT"}) as resp:
-                body = await resp.read()
                 if resp.status != 200:
                     raise FeedError(f"GET {url}: HTTP {resp.status}")
+                chunks, size = [], 0
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > MAX_BODY_BYTES:
+                        raise FeedError(f"GET {url}: the answer is over {MAX_BODY_BYTES} bytes")
+                    chunks.append(chunk)
+                body = b"".join(chunks)
             quotes = parse_products(body, frozenset(self.config.quote_currencies))
         except (aiohttp.ClientError, TimeoutError, FeedError) as exc:
             health.error()

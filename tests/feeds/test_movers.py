@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import anyio
 import pytest
 from aiohttp import web
@@ -99,3 +100,30 @@ async def test_the_feed_polls_publishes_and_survives_a_bad_poll() -> None:
     assert health.errors == 1 and asked[0] == "SPOT"
     assert [(e.symbol, e.payload["direction"]) for e in got] == [("SOL-USD", "down")]
     assert feed.statistics() == {"polls": 1, "movers_published": 1}
+
+
+async def test_an_oversized_answer_is_an_error_not_a_memory_spike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A product list over the cap is refused as a recorded error; nothing is published."""
+    import feeds.movers.feed as feed_mod
+
+    monkeypatch.setattr(feed_mod, "MAX_BODY_BYTES", 1000)
+    big = body(*[product(f"C{i}-USD", "9") for i in range(50)])
+
+    async def products(_: web.Request) -> web.Response:
+        return web.Response(body=big, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/market/products", products)
+    got: list[FeedEvent] = []
+
+    async def publish(event: FeedEvent) -> None:
+        got.append(event)
+
+    async with serve_app(app) as url:
+        feed = MoversFeed(MoversSection(enabled=True, base_url=url), clock=lambda: T0)
+        health = FeedHealth("movers")
+        async with aiohttp.ClientSession() as session:
+            await feed._poll(session, publish, health)
+    assert health.errors == 1 and got == [] and feed.polls == 0
