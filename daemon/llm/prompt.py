@@ -9,15 +9,18 @@ indicators of the symbols involved).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
 import msgspec
+import structlog
 
 from daemon.errors import WorkspaceFileError
 from daemon.wake.context import WakeContext
 from hooks_runtime.safe_read import read_regular
 
+log = structlog.get_logger("llm")
 MAX_AGENT_MD_BYTES = 64 * 1024
 DEFAULT_SYSTEM = (
     "You are a trading agent run by marketwake. A hook decided that the market needs "
@@ -26,16 +29,23 @@ DEFAULT_SYSTEM = (
 )
 
 
+def _read(path: Path) -> bytes | None:
+    """AGENT.md's bytes; None when there is none. Blocking: run it in a thread."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return read_regular(path, MAX_AGENT_MD_BYTES, "AGENT.md")
+    except WorkspaceFileError as exc:  # there is one, but it cannot be used: say why
+        log.warning("AGENT.md not used; the default prompt runs", error=str(exc))
+        return None
+
+
 async def system_prompt(agent_dir: Path | None) -> str:
     """AGENT.md of the agent, or a neutral default when there is none (or it is unusable)."""
     if agent_dir is None:
         return DEFAULT_SYSTEM
-    path = agent_dir / "AGENT.md"
-    try:
-        data = await anyio.to_thread.run_sync(read_regular, path, MAX_AGENT_MD_BYTES, "AGENT.md")
-    except WorkspaceFileError:
-        return DEFAULT_SYSTEM
-    text = data.decode("utf-8", errors="replace").strip()
+    data = await anyio.to_thread.run_sync(_read, agent_dir / "AGENT.md")
+    text = data.decode("utf-8", errors="replace").strip() if data else ""
     return text or DEFAULT_SYSTEM
 
 

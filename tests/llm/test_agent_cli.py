@@ -69,3 +69,15 @@ async def test_agent_run_refuses_an_agent_without_an_llm_runner(tmp_path: Path) 
     assert res.exit_code != 0 and 'kind = "llm"' in res.output
     missing = await _invoke(["agent", "run", "nobody", "--config", str(config)])
     assert missing.exit_code != 0 and "no agent 'nobody'" in missing.output
+
+
+async def test_agent_run_refuses_an_event_file_that_is_not_a_feed_event(tmp_path: Path) -> None:
+    """A broken --event file is one clear error line, before any model call."""
+    config = _workspace(
+        tmp_path,
+        '[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9"\n',
+    )
+    bad = tmp_path / "e.json"
+    bad.write_text('{"topic": 5}')
+    res = await _invoke(["agent", "run", "alpha", "--config", str(config), "--event", str(bad)])
+    assert res.exit_code != 0 and "not a FeedEvent" in res.output

@@ -199,3 +199,35 @@ def test_llm_runner_settings_fail_with_one_clear_line(
     monkeypatch.setenv("MW_TEST_KEY", "sk-secret-value")
     runner = load_agent_config(toml).wake.runner
     assert runner.api_key.reveal() == "sk-secret-value" and "sk-secret" not in repr(runner)
+
+
+async def test_arguments_that_are_not_an_object_are_answered_as_an_error() -> None:
+    """A model that sends a string (or broken JSON) as arguments gets an error result
+    it can correct; nothing is called and the run goes on."""
+    script = [openai_turn(calls=[("c1", "nap", "not an object")]), openai_turn("ok")]  # type: ignore[list-item]
+    async with fake_openai(script) as (fake, url):
+        result = await LlmRunner(cfg("openai", url), tools=TOOLS).run(CTX)
+    assert result.status == "ok" and result.llm is not None
+    (call,) = result.llm.tool_calls
+    assert not call.ok and "not a JSON object" in (call.error or "")
+    (answer,) = [m for m in fake.requests[1]["messages"] if m["role"] == "tool"]
+    assert "not a JSON object" in answer["content"]
+
+
+async def test_a_special_agent_md_falls_back_to_the_default_prompt(tmp_path: Path) -> None:
+    """AGENT.md as a symlink (to a secret), a FIFO or a huge file is not read: the run
+    uses the neutral default system prompt instead of hanging or leaking."""
+    import os
+
+    from daemon.llm.prompt import DEFAULT_SYSTEM, MAX_AGENT_MD_BYTES, system_prompt
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("API_KEY=sk-live")
+    cases = {"link": lambda p: p.symlink_to(secret), "fifo": lambda p: os.mkfifo(p),
+             "huge": lambda p: p.write_bytes(b"x" * (MAX_AGENT_MD_BYTES + 1))}  # fmt: skip
+    for name, make in cases.items():
+        agent = tmp_path / name
+        agent.mkdir()
+        make(agent / "AGENT.md")
+        with anyio.fail_after(5):
+            assert await system_prompt(agent) == DEFAULT_SYSTEM, name
