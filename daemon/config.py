@@ -13,6 +13,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 import msgspec.inspect
@@ -110,6 +111,46 @@ class McpSection(Base, frozen=True):
             raise ValueError(f"host {self.host!r} is not loopback: set a token")
 
 
+def check_http_url(url: str, key: str) -> None:
+    """``url`` (after ``${VAR}`` expansion) must be an absolute http(s) URL with a host."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{key} must be an http:// or https:// URL with a host (got {url!r})")
+
+
+class SentimentSection(Base, frozen=True):
+    """Sources of ``fetch_sentiment_data`` (docs/tools.md); each is optional."""
+
+    # RSS or Atom feeds; their items that name the symbol are scored.
+    rss_feeds: list[str] = msgspec.field(default_factory=list)
+    # A Tavily-compatible search API: POST {"query", "topic": "news", "max_results"}.
+    search_url: str = ""
+    search_api_key: Secret = msgspec.field(default_factory=Secret)
+    # The crypto Fear & Greed index in alternative.me's format.
+    fear_greed_url: str = ""
+    # Headlines returned to the model (and scored), newest sources first.
+    max_results: Annotated[int, msgspec.Meta(ge=1, le=50)] = 8
+    # Per request; the whole call answers within 15 s whatever the sources do.
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=15)] = 10.0
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * 1024 * 1024)] = 2 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for i, url in enumerate(self.rss_feeds):
+            check_http_url(url, f"rss_feeds[{i}]")
+        for key in ("search_url", "fear_greed_url"):
+            if url := getattr(self, key):
+                check_http_url(url, key)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any source is set."""
+        return bool(self.rss_feeds or self.search_url or self.fear_greed_url)
+
+
+class ToolsSection(Base, frozen=True):
+    sentiment: SentimentSection = msgspec.field(default_factory=SentimentSection)
+
+
 class Config(Base, frozen=True):
     daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
     bus: BusSection = msgspec.field(default_factory=BusSection)
@@ -120,6 +161,7 @@ class Config(Base, frozen=True):
     trading: TradingSection = msgspec.field(default_factory=TradingSection)
     rag: RagConfig = msgspec.field(default_factory=RagConfig)
     mcp: McpSection = msgspec.field(default_factory=McpSection)
+    tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
 
     @property
     def audit_dir(self) -> Path:

@@ -4,13 +4,14 @@
 * :mod:`daemon.tools.context` -- the shared resources tools run against
 * :mod:`daemon.tools.market_event` -- ``wait_for_market_event`` (seed 000)
 * :mod:`daemon.tools.snapshot` -- ``fetch_technical_snapshot`` (seed 002)
+* :mod:`daemon.tools.sentiment` -- ``fetch_sentiment_data`` (seed 002; news, score)
 * :mod:`daemon.tools.trading` -- ``submit_trading_signal``, ``get_positions``, ``get_orders``
 * :mod:`daemon.tools.mcp_server` -- the tools over MCP (stdio, streamable HTTP)
 """
 
 from __future__ import annotations
 
-from daemon.tools import market_event, snapshot, trading
+from daemon.tools import market_event, sentiment, snapshot, trading
 from daemon.tools.base import Registry
 from daemon.tools.context import ToolContext
 
@@ -18,5 +19,12 @@ from daemon.tools.context import ToolContext
 def registry() -> Registry[ToolContext]:
     """Every tool of this build."""
     return Registry(
-        [market_event.TOOL, snapshot.TOOL, trading.SUBMIT, trading.POSITIONS, trading.ORDERS]
+        [
+            market_event.TOOL,
+            snapshot.TOOL,
+            sentiment.TOOL,
+            trading.SUBMIT,
+            trading.POSITIONS,
+            trading.ORDERS,
+        ]
     )

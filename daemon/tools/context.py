@@ -16,7 +16,7 @@ import aiohttp
 import anyio
 import structlog
 
-from daemon.config import Config
+from daemon.config import Config, SentimentSection
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk
 from feeds.coinbase_ws.pool import CoinbaseWsPool
@@ -117,6 +117,9 @@ class ToolContext:
     # The daemon's trade desk (risk engines and the paper broker), once the agents run.
     desk: TradeDesk | None = None
     agent: AgentCall | None = None
+    # fetch_sentiment_data's sources ([tools.sentiment]) and the session to ask them on.
+    sentiment: SentimentSection = field(default_factory=SentimentSection)
+    http: aiohttp.ClientSession | None = None
 
 
 @asynccontextmanager
@@ -131,13 +134,18 @@ async def open_context(
     headers = {"user-agent": "marketwake"}
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         catalog = ProductCatalog(cfg.feeds.candles.base_url, session)
+
+        def context(pool: CoinbaseWsPool) -> ToolContext:
+            sentiment = cfg.tools.sentiment
+            return ToolContext(pool, catalog, state, sentiment=sentiment, http=session)
+
         if pool is not None:
-            yield ToolContext(pool=pool, catalog=catalog, state=state)
+            yield context(pool)
             return
         own = CoinbaseWsPool(cfg.feeds.coinbase_ws, lazy=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(own.run)
             try:
-                yield ToolContext(pool=own, catalog=catalog, state=state)
+                yield context(own)
             finally:
                 tg.cancel_scope.cancel()

@@ -20,6 +20,7 @@ from daemon.errors import FeedError
 from daemon.events import Publish, now_ms
 from feeds.base import FeedHealth
 from feeds.config import MoversSection
+from feeds.http import read_capped
 from feeds.movers.protocol import MoverTracker, parse_products
 
 log = structlog.get_logger("feeds.movers")
@@ -66,13 +67,7 @@ class MoversFeed:
             async with session.get(url, params={"product_type": "SPOT"}) as resp:
                 if resp.status != 200:
                     raise FeedError(f"GET {url}: HTTP {resp.status}")
-                chunks, size = [], 0
-                async for chunk in resp.content.iter_chunked(64 * 1024):
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        raise FeedError(f"GET {url}: the answer is over {MAX_BODY_BYTES} bytes")
-                    chunks.append(chunk)
-                body = b"".join(chunks)
+                body = await read_capped(resp, MAX_BODY_BYTES, f"GET {url}")
             quotes = parse_products(body, frozenset(self.config.quote_currencies))
         except (aiohttp.ClientError, TimeoutError, FeedError) as exc:
             health.error()

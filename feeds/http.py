@@ -1,0 +1,24 @@
+"""HTTP helpers shared by the REST feeds and the tools that poll public APIs."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from daemon.errors import FeedError
+
+CHUNK_BYTES = 64 * 1024
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """The whole body of ``resp``, or FeedError once it passes ``limit`` bytes.
+
+    A server (or a proxy in front of it) that answers with an endless or huge
+    body must cost at most ``limit`` bytes of memory, whatever Content-Length says."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+        size += len(chunk)
+        if size > limit:
+            raise FeedError(f"{what}: the answer is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
