@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 
+from daemon import preflight
 from daemon.agents.pipeline import open_agents
 from daemon.config import Config
 from daemon.llm.runner import RegistryToolBox
@@ -86,7 +87,10 @@ def run_daemon(
     consumers: Sequence[tuple[str, Consumer]] = (),
     from_start: bool = False,
 ) -> Status:
-    """Run one daemon until a signal or until its finite feeds end."""
+    """Run one daemon until a signal or until its finite feeds end.
+
+    What ``config check`` would reject stops the start here (ConfigError, exit 2)."""
+    preflight.check(config).raise_for_problems()
     components: list[Component] = [open_agents] if config.hooks.enabled else []
     pool = shared_pool(config)
     if pool is not None:

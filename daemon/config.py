@@ -8,12 +8,12 @@ are wrapped in :class:`Secret` so they never reach a log line or a repr.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import msgspec
 import msgspec.inspect
@@ -21,10 +21,25 @@ import msgspec.inspect
 from daemon.errors import ConfigError
 from daemon.rag.config import RagConfig
 from daemon.secret import Secret
-from feeds.config import CandlesSection, CoinbaseWsSection, MoversSection, ReplaySection
+from feeds.config import (
+    CandlesSection,
+    CoinbaseWsSection,
+    MoversSection,
+    ReplaySection,
+    check_http_url,
+)
 from hooks_runtime.config import SandboxConfig
 
-__all__ = ["DEFAULT_CONFIG_PATH", "Config", "Secret", "decode_hook", "expand_env", "load", "parse"]
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "Config",
+    "Secret",
+    "decode_hook",
+    "describe_error",
+    "expand_env",
+    "load",
+    "parse",
+]
 
 DEFAULT_CONFIG_PATH = Path("config.toml")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -82,6 +97,10 @@ class HooksSection(Base, frozen=True):
     dedupe_max_keys: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
+    def __post_init__(self) -> None:
+        if self.alert_webhook:
+            check_http_url(self.alert_webhook, "alert_webhook")
+
 
 class AuditSection(Base, frozen=True):
     # "" = <daemon.state_dir>/audit
@@ -109,13 +128,6 @@ class McpSection(Base, frozen=True):
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "::1", "localhost") and not self.token:
             raise ValueError(f"host {self.host!r} is not loopback: set a token")
-
-
-def check_http_url(url: str, key: str) -> None:
-    """``url`` (after ``${VAR}`` expansion) must be an absolute http(s) URL with a host."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{key} must be an http:// or https:// URL with a host (got {url!r})")
 
 
 class SentimentSection(Base, frozen=True):
@@ -180,19 +192,28 @@ class Config(Base, frozen=True):
 _SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)
 
 
-def expand_env(value: Any, path: str) -> Any:
-    """Substitute ``${VAR}`` recursively; a missing variable is a ConfigError."""
+def expand_env(value: Any, path: str, *, keep_missing: bool = False) -> Any:
+    """Substitute ``${VAR}`` recursively; a missing variable is a ConfigError, or
+    left as written with ``keep_missing`` (a disabled agent may name a key that
+    is not set yet)."""
     if isinstance(value, dict):
-        return {k: expand_env(v, f"{path}.{k}" if path else k) for k, v in value.items()}
+        return {
+            k: expand_env(v, f"{path}.{k}" if path else k, keep_missing=keep_missing)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [expand_env(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [
+            expand_env(v, f"{path}[{i}]", keep_missing=keep_missing) for i, v in enumerate(value)
+        ]
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
             name = m.group(1)
-            if name not in os.environ:
-                raise ConfigError(f"{path}: environment variable {name} is not set")
-            return os.environ[name]
+            if name in os.environ:
+                return os.environ[name]
+            if keep_missing:
+                return m.group(0)
+            raise ConfigError(f"{path}: environment variable {name} is not set")
 
         return _VAR.sub(sub, value)
     return value
@@ -217,44 +238,59 @@ def _lookup(raw: Any, path: str) -> Any:
     return cur
 
 
-def _choices(path: str) -> list[Any]:
-    """The allowed values of the Literal field at a msgspec error path, if it is one."""
-    info: Any = msgspec.inspect.type_info(Config)
+def _type_at(root: type, path: str) -> Any:
+    """msgspec's type info of the field at an error path (``$.wake.runner``), or None."""
+    info: Any = msgspec.inspect.type_info(root)
     for name in re.findall(r"\.([^.\[]+)", path):
         fields = {f.encode_name: f.type for f in getattr(info, "fields", ())}
         if name not in fields:
-            return []
+            return None
         info = fields[name]
-    return list(getattr(info, "values", ()))
+    return info
 
 
-def _describe(raw: dict[str, Any], err: msgspec.ValidationError, source: str) -> str:
+def _choices(root: type, path: str) -> list[Any]:
+    """The allowed values of the Literal field at ``path``, if it is one."""
+    return list(getattr(_type_at(root, path), "values", ()))
+
+
+def _unknown_key(root: type, where: str, name: str) -> str:
+    """``unknown key 'topic' (did you mean 'topics'?)``, else the keys that exist."""
+    known = [f.encode_name for f in getattr(_type_at(root, where), "fields", ())]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    top = root is Config and where == "$"
+    what = "section or key" if top else "key"
+    if close:
+        return f"unknown {what} {name!r} (did you mean {close[0]!r}?)"
+    listed = "top-level sections are" if top else "known keys"
+    return f"unknown {what} {name!r} ({listed}: {', '.join(known)})"
+
+
+def describe_error(
+    raw: dict[str, Any], err: msgspec.ValidationError, source: str, root: type = Config
+) -> str:
+    """One line for a decoding problem: the file, the key path, what is wrong and
+    what was found (secrets masked), the allowed values or the likely key meant."""
     text = str(err)
     msg, _, where = text.rpartition(" - at `")
     if not msg:
-        unknown = re.match(r"Object contains unknown field `([^`]+)`", text)
-        if unknown:
-            sections = ", ".join(f.encode_name for f in msgspec.structs.fields(Config))
-            return (
-                f"{source}: unknown section or key {unknown.group(1)!r} "
-                f"(top-level sections are: {sections})"
-            )
-        return f"{source}: {text}"
+        msg, where = text, "$"
     where = where.rstrip("`")
-    key = where.removeprefix("$").lstrip(".") or "(top level)"
-    found = _lookup(raw, where)
+    key = where.removeprefix("$").lstrip(".")
+    prefix = f"{source}: {key}: " if key else f"{source}: "
     unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
     if unknown:
-        return f"{source}: {key}: unknown key {unknown.group(1)!r} (check the spelling)"
-    choices = _choices(where)
+        return prefix + _unknown_key(root, where, unknown.group(1))
+    found = _lookup(raw, where)
+    choices = _choices(root, where)
     if choices:
         allowed = ", ".join(repr(c) for c in choices)
-        return f"{source}: {key}: expected one of {allowed} (found {found!r})"
-    if found is not None and not isinstance(found, (dict, list)):
+        return f"{prefix}expected one of {allowed} (found {found!r})"
+    if key and found is not None and not isinstance(found, (dict, list)):
         if _SECRET_KEY.search(key):
             found = "***"
-        return f"{source}: {key}: {msg[0].lower()}{msg[1:]} (found {found!r})"
-    return f"{source}: {key}: {msg[0].lower()}{msg[1:]}"
+        return f"{prefix}{msg[0].lower()}{msg[1:]} (found {found!r})"
+    return f"{prefix}{msg[0].lower()}{msg[1:]}"
 
 
 def parse(text: str, source: str = "<config>") -> Config:
@@ -270,7 +306,7 @@ def parse(text: str, source: str = "<config>") -> Config:
     try:
         return msgspec.convert(expanded, Config, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_describe(expanded, exc, source)) from None
+        raise ConfigError(describe_error(expanded, exc, source)) from None
 
 
 def load(path: Path | str | None = None) -> Config:

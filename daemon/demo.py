@@ -93,10 +93,11 @@ class Printer:
 
 
 def demo_config(opts: DemoOptions, csv_path: Path) -> Config:
-    """An embedded config: replay of the synthetic CSV, the example agents, state under
-    the demo dir."""
+    """An embedded config: replay of the synthetic CSV, the example agents (when the
+    agents directory exists: run elsewhere, the demo shows the feed alone), state
+    under the demo dir."""
     return Config(
-        hooks=HooksSection(agents_dir=str(opts.agents_dir)),
+        hooks=HooksSection(agents_dir=str(opts.agents_dir), enabled=opts.agents_dir.is_dir()),
         daemon=msgspec.convert(
             {"state_dir": str(opts.directory / "state"), "status_interval_seconds": 5.0},
             DaemonSection,
@@ -128,6 +129,8 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
         f"[bold]marketwake demo[/] - replaying {opts.candles} SYNTHETIC {DEMO_TIMEFRAME} "
         f"candles (seed {opts.seed}) at {opts.speed:g}x; no network used"
     )
+    if not opts.agents_dir.is_dir():
+        console.print(f"[yellow]no agents directory at {opts.agents_dir}: running without hooks[/]")
     printer = Printer(console, opts.quiet)
     started = time.perf_counter()
     status = run_daemon(

@@ -8,10 +8,23 @@ are rejected: a typo fails at startup with its key path.
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
 from daemon.events import TIMEFRAMES
+
+
+def check_http_url(url: str, key: str) -> None:
+    """``url`` (after ``${VAR}`` expansion) must be an absolute http(s) URL with a host;
+    else ValueError naming ``key`` (msgspec reports it at the section's path)."""
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unbalanced "[" in the host, say
+        ok = False
+    if not ok:
+        raise ValueError(f"{key} must be an http:// or https:// URL with a host (got {url!r})")
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -43,6 +56,7 @@ class CandlesSection(_Section, frozen=True):
     request_timeout_seconds: float = 10.0
 
     def __post_init__(self) -> None:
+        check_http_url(self.base_url, "base_url")
         for tf in self.timeframes:
             if tf not in TIMEFRAMES:
                 raise ValueError(
@@ -74,3 +88,6 @@ class MoversSection(_Section, frozen=True):
     # Ignore products that traded less than this (base units) in 24 h.
     min_volume_24h: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+
+    def __post_init__(self) -> None:
+        check_http_url(self.base_url, "base_url")

@@ -38,7 +38,7 @@ import gzip
 import itertools
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -98,7 +98,7 @@ class ReplayFeed:
             head = fh.read(64).lstrip("\ufeff \t\r\n")
         return "jsonl" if head.startswith("{") else "csv"
 
-    def events(self) -> Iterator[FeedEvent]:
+    def events(self) -> Generator[FeedEvent, None, None]:
         """Every event of the file, in order; ReplayError (file:line) on bad input."""
         if not self.config.path:
             raise ReplayError("feeds.replay.path is not set")

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import msgspec
 
-from daemon.config import decode_hook, expand_env
+from daemon.config import decode_hook, describe_error, expand_env
 from daemon.errors import ConfigError, HookCompileError, WorkspaceFileError
 from daemon.events import validate_pattern
 from daemon.trading.intents import RiskLimits
@@ -83,14 +83,15 @@ def load_agent_config(path: Path) -> AgentConfig:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     try:
-        # ${VAR} is read from the environment (an LLM runner's api_key), as in config.toml.
-        return msgspec.convert(expand_env(raw, ""), AgentConfig, dec_hook=decode_hook)
+        # ${VAR} is read from the environment (an LLM runner's api_key), as in config.toml;
+        # a disabled agent may name one that is not set (it is checked once enabled).
+        expanded = expand_env(raw, "", keep_missing=raw.get("enabled") is False)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    try:
+        return msgspec.convert(expanded, AgentConfig, dec_hook=decode_hook)
     except msgspec.ValidationError as exc:
-        msg, _, where = str(exc).rpartition(" - at `")
-        key = where.rstrip("`").removeprefix("$").lstrip(".")
-        raise ConfigError(f"{path}: {key or '(top level)'}: {msg or exc}") from None
+        raise ConfigError(describe_error(expanded, exc, str(path), AgentConfig)) from None
 
 
 def load_agent(path: Path, max_source_bytes: int, max_total_bytes: int = 0) -> Agent:

@@ -66,9 +66,17 @@ def config_group() -> None:
 @config_group.command("check")
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 def config_check(path: Path | None) -> None:
-    """Decode PATH (default ./config.toml) and report what it enables."""
+    """Check PATH (default ./config.toml) as `run` would, before anything starts.
+
+    Decodes it (keys, types, URLs), then reads what it points at: the replay
+    file, the agents directory and each agent's agent.toml and hook files.
+    Every problem is printed; the exit status is 2 when there is one."""
+    from daemon.preflight import check  # imports the agents' modules
+
     p = path or config_mod.DEFAULT_CONFIG_PATH
     cfg = config_mod.load(p)
+    report = check(cfg)
+    report.raise_for_problems()
     feeds = cfg.feeds
     enabled = [
         name
@@ -83,6 +91,10 @@ def config_check(path: Path | None) -> None:
     click.echo(f"{p}: ok")
     click.echo(f"  feeds: {', '.join(enabled) or 'none'}")
     click.echo(f"  state_dir: {cfg.daemon.state_dir}")
+    if cfg.hooks.enabled:
+        click.echo(f"  agents ({cfg.hooks.agents_dir}): {len(report.agents) or 'none'}")
+        for line in report.agents:
+            click.echo(f"    {line}")
 
 
 def _render_status(st: Status, live_pid: int | None) -> str:

@@ -1,0 +1,103 @@
+"""What ``run`` would reject, found before anything starts.
+
+Decoding ``config.toml`` catches wrong keys, types and URL shapes. What needs
+the filesystem is checked here, once, by both ``marketwake config check`` and
+the daemon's start: the replay file (it exists and its first record parses),
+the agents directory, and every agent workspace (``agent.toml`` decodes, hook
+files are readable). At start any problem is one :class:`ConfigError`
+(exit 2) naming the file and key; during a hot reload the manager keeps the
+previous version of a broken agent running instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from daemon.agents.workspace import Agent, discover, load_agent
+from daemon.config import Config
+from daemon.errors import ConfigError, ReplayError
+from feeds.coinbase_ws.pool import check_settings
+from feeds.replay import ReplayFeed
+
+
+@dataclass
+class Report:
+    """The problems found, one line each, and a line per agent for ``config check``."""
+
+    problems: list[str] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)
+
+    def raise_for_problems(self) -> None:
+        """One ConfigError listing every problem (the first on the first line)."""
+        if self.problems:
+            more = f" (and {len(self.problems) - 1} more below)" if len(self.problems) > 1 else ""
+            raise ConfigError("\n  ".join([self.problems[0] + more, *self.problems[1:]]))
+
+
+def check(cfg: Config) -> Report:
+    """Everything ``cfg`` needs from the filesystem. Blocking (reads files)."""
+    report = Report()
+    _check_feeds(cfg, report)
+    if cfg.hooks.enabled:
+        _check_agents(cfg, report)
+    return report
+
+
+def _check_feeds(cfg: Config, report: Report) -> None:
+    if cfg.feeds.coinbase_ws.enabled:
+        try:
+            check_settings(cfg.feeds.coinbase_ws)
+        except ConfigError as exc:
+            report.problems.append(str(exc))
+    replay = cfg.feeds.replay
+    if not replay.enabled:
+        return
+    if not replay.path:
+        report.problems.append("feeds.replay.path: must name a file when the replay is enabled")
+        return
+    path = Path(replay.path)
+    if not path.is_file():
+        what = "is not a regular file" if path.exists() else "does not exist"
+        report.problems.append(f"feeds.replay.path: {replay.path!r} {what}")
+        return
+    events = ReplayFeed(replay).events()
+    try:
+        next(events, None)  # the header and the first record parse
+    except ReplayError as exc:
+        report.problems.append(f"feeds.replay: {exc}")
+    finally:
+        events.close()
+
+
+def _check_agents(cfg: Config, report: Report) -> None:
+    agents_dir = Path(cfg.hooks.agents_dir)
+    if not agents_dir.is_dir():
+        report.problems.append(
+            f"hooks.agents_dir: {str(agents_dir)!r} is not a directory (create it with "
+            "agents/<id>/hooks/, or set [hooks] enabled = false to run without hooks)"
+        )
+        return
+    sandbox = cfg.hooks.sandbox
+    for path in discover(agents_dir):
+        try:
+            agent = load_agent(path, sandbox.max_source_bytes, sandbox.max_agent_source_bytes)
+        except ConfigError as exc:
+            report.problems.append(f"agent {path.name!r}: {exc}")
+            continue
+        report.problems += [
+            f"agent {agent.agent_id!r}: {problem}" for problem in agent.errors.values()
+        ]
+        report.agents.append(describe(agent))
+
+
+def describe(agent: Agent) -> str:
+    """``scanner: disabled, 1 hook, runner llm (anthropic claude-…)``."""
+    cfg = agent.config
+    runner = cfg.wake.runner
+    how: str = runner.kind
+    if runner.kind == "llm":
+        how += f" ({runner.provider} {runner.model})"
+    hooks = len(agent.hooks)
+    state = "enabled" if cfg.enabled else "disabled"
+    return f"{agent.agent_id}: {state}, {hooks} hook{'s' * (hooks != 1)}, runner {how}"

@@ -1,0 +1,143 @@
+"""`config check` and the daemon's start reject what `run` cannot run, naming file and key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from daemon import preflight
+from daemon.app import run_daemon
+from daemon.config import Config, parse
+from daemon.errors import ConfigError
+from feeds.synthetic import generate_candles
+from tests.test_cli import mw
+
+LLM = '[wake.runner]\nkind = "llm"\nprovider = "anthropic"\nmodel = "claude-x"\n'
+
+
+def config(tmp_path: Path, extra: str = "", agents: Path | None = None) -> Config:
+    agents_dir = agents if agents is not None else tmp_path / "agents"
+    return parse(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[hooks]\nagents_dir = "{agents_dir}"\n' + extra,
+        "c.toml",
+    )
+
+
+def agent(root: Path, name: str, toml: str, hooks: dict[str, str] | None = None) -> Path:
+    path = root / "agents" / name
+    (path / "hooks").mkdir(parents=True)
+    (path / "agent.toml").write_text(toml)
+    for file, source in (hooks or {}).items():
+        (path / "hooks" / file).write_text(source)
+    return path
+
+
+def problems(cfg: Config) -> list[str]:
+    return preflight.check(cfg).problems
+
+
+def test_a_good_setup_has_no_problems_and_describes_each_agent(tmp_path: Path) -> None:
+    agent(tmp_path, "alpha", "", {"wake_x.py": "def evaluate(e, s):\n    return None\n"})
+    agent(tmp_path, "scanner", "enabled = false\n" + LLM + 'api_key = "${MW_UNSET_KEY}"\n')
+    report = preflight.check(config(tmp_path))
+    assert report.problems == []
+    assert report.agents == [
+        "alpha: enabled, 1 hook, runner log",
+        "scanner: disabled, 0 hooks, runner llm (anthropic claude-x)",
+    ]
+
+
+def test_agent_toml_problems_name_the_agent_the_file_and_the_key(tmp_path: Path) -> None:
+    """A misspelt key gets a suggestion; a missing api_key and an unset ${VAR} of an
+    enabled agent are errors; hook files the daemon refuses are listed too."""
+    a = agent(tmp_path, "a", 'topic = ["market.candle.closed"]\n')
+    b = agent(tmp_path, "b", LLM)
+    c = agent(tmp_path, "c", LLM + 'api_key = "${MW_UNSET_KEY}"\n')
+    agent(tmp_path, "d", "", {"wake_bad-name.py": "x = 1\n"})
+    assert "MW_UNSET_KEY" not in os.environ
+    assert problems(config(tmp_path)) == [
+        f"agent 'a': {a}/agent.toml: unknown key 'topic' (did you mean 'topics'?)",
+        (
+            f"agent 'b': {b}/agent.toml: wake.runner: runner.api_key is missing "
+            '(api_key = "${ANTHROPIC_API_KEY}" reads it from the environment); only a '
+            "local base_url may go without one"
+        ),
+        (
+            f"agent 'c': {c}/agent.toml: wake.runner.api_key: environment variable "
+            "MW_UNSET_KEY is not set"
+        ),
+        (
+            "agent 'd': 'wake_bad-name.py': rename it to wake_<name>.py with letters, "
+            "digits and '_' only"
+        ),
+    ]
+
+
+def test_a_missing_agents_dir_and_replay_problems_are_found(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    assert problems(config(tmp_path, agents=missing)) == [
+        (
+            f"hooks.agents_dir: '{missing}' is not a directory (create it with "
+            "agents/<id>/hooks/, or set [hooks] enabled = false to run without hooks)"
+        )
+    ]
+    off = "[hooks]\nenabled = false\n"
+
+    def replay(body: str) -> list[str]:
+        cfg = parse(f"{off}[feeds.replay]\nenabled = true\n{body}", "c.toml")
+        return problems(cfg)
+
+    assert replay("") == ["feeds.replay.path: must name a file when the replay is enabled"]
+    nope = tmp_path / "nope.csv"
+    assert replay(f'path = "{nope}"\n') == [f"feeds.replay.path: '{nope}' does not exist"]
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=1, n=10, timeframe="1m")
+    assert replay(f'path = "{csv}"\n') == [
+        f"feeds.replay: {csv}: feeds.replay.symbol must be set to replay CSV candles"
+    ]
+    assert replay(f'path = "{csv}"\nsymbol = "BTC-USD"\n') == []
+
+
+def test_urls_are_checked_after_variable_expansion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MW_TEST_URL", "api.example.com/v3")
+    with pytest.raises(ConfigError) as info:
+        parse('[feeds.movers]\nbase_url = "${MW_TEST_URL}"\n', "c.toml")
+    assert str(info.value) == (
+        "c.toml: feeds.movers: base_url must be an http:// or https:// URL with a host "
+        "(got 'api.example.com/v3')"
+    )
+    with pytest.raises(ConfigError, match="hooks: alert_webhook must be an http"):
+        parse('[hooks]\nalert_webhook = "slack"\n', "c.toml")
+
+
+def test_the_daemon_refuses_to_start_with_a_broken_agent(tmp_path: Path) -> None:
+    """At start a broken agent is exit 2 (ConfigError) before anything runs; every
+    problem is listed, the first on the first line."""
+    agent(tmp_path, "a", "topics = []\n")
+    agent(tmp_path, "b", "state_candles = -1\n")
+    with pytest.raises(ConfigError) as info:
+        run_daemon(config(tmp_path))
+    first, second = str(info.value).splitlines()
+    assert first.startswith("agent 'a': ") and first.endswith(
+        "topics must list at least one topic pattern (and 1 more below)"
+    )
+    assert second.strip().startswith("agent 'b': ") and "state_candles" in second
+    assert not (tmp_path / "state").exists()
+
+
+def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path) -> None:
+    agent(tmp_path, "a", 'topic = ["x"]\n')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
+        f'[feeds.replay]\nenabled = true\npath = "{tmp_path / "gone.jsonl"}"\n'
+    )
+    res = mw("config", "check", str(cfg))
+    assert res.returncode == 2, res.stdout
+    assert "feeds.replay.path: " in res.stderr and "gone.jsonl' does not exist" in res.stderr
+    assert "unknown key 'topic' (did you mean 'topics'?)" in res.stderr
+    ok = mw("config", "check", "config.toml")
+    assert ok.returncode == 0 and "example: enabled, 3 hooks, runner log" in ok.stdout
