@@ -19,7 +19,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -181,6 +181,18 @@ class TickPayload(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     stale_after_reconnect: bool = msgspec.field(default=False, name="staleAfterReconnect")
 
 
+class MoverPayload(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """The payload of ``market.movers.detected``: the product's last price when it was
+    seen moving ``percentChange24h`` % (at least ``thresholdPct``) in 24 h."""
+
+    product_id: str = msgspec.field(name="productId")
+    price: float
+    percent_change24h: float = msgspec.field(name="percentChange24h")
+    volume24h: float
+    direction: Literal["up", "down"]
+    threshold_pct: float = msgspec.field(name="thresholdPct")
+
+
 def candle_of(payload: Any) -> Candle | None:
     """The candle in an event payload; None if a field is missing, mistyped or not
     finite, or a time is outside what a calendar holds."""
@@ -206,6 +218,17 @@ def tick_of(payload: Any) -> TickPayload | None:
     except msgspec.ValidationError:
         return None
     return t if math.isfinite(t.price) and t.price > 0 else None
+
+
+def mover_of(payload: Any) -> MoverPayload | None:
+    """The mover in an event payload; None unless ``price`` is a finite number > 0."""
+    if type(payload) is not dict:
+        return None
+    try:
+        m = msgspec.convert(payload, MoverPayload)
+    except msgspec.ValidationError:
+        return None
+    return m if math.isfinite(m.price) and m.price > 0 else None
 
 
 _MIN_MS: Final = 0

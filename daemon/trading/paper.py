@@ -76,6 +76,7 @@ class PaperBroker:
         self._clock = clock
         self._market_ms = 0
         self._marks = self._store.marks()
+        self._mark_ms: dict[str, int] = {}  # when each mark was taken (this run)
         self._working = {o.client_order_id: o for o in self._store.working_orders()}
         self._books = self._store.positions()  # account -> symbol -> position
         self.ignored_events = 0
@@ -187,10 +188,12 @@ class PaperBroker:
         return self._store.get_order(client_order_id) or changed
 
     async def on_market_event(self, event: FeedEvent) -> None:
-        """Take prices from ticks and closed candles; other events are ignored."""
+        """Take prices from ticks and closed candles (trades that fill orders) and from
+        movers (a mark only: a scanner's agent may trade a product no feed follows)."""
         if event.symbol is None or event.topic not in (
             ev.MARKET_PRICE_TICK,
             ev.MARKET_CANDLE_CLOSED,
+            ev.MARKET_MOVERS_DETECTED,
         ):
             return
         try:
@@ -204,6 +207,13 @@ class PaperBroker:
         if last is not None and (ts < last[0] or (ts == last[0] and event.event_id == last[1])):
             return
         self._applied[event.partition] = (ts, event.event_id)
+        if event.topic == ev.MARKET_MOVERS_DETECTED:
+            mover = ev.mover_of(event.payload)
+            if mover is None:
+                self.ignored_events += 1
+            elif ts >= self._mark_ms.get(event.symbol, 0):  # never over a newer price
+                self._advance(event.symbol, mover.price, ts)
+            return
         if event.topic == ev.MARKET_PRICE_TICK:
             tick = ev.tick_of(event.payload)
             if tick is None:
@@ -268,6 +278,7 @@ class PaperBroker:
 
     def _advance(self, symbol: str, price: float, ts_ms: int) -> None:
         self._marks[symbol] = price
+        self._mark_ms[symbol] = max(self._mark_ms.get(symbol, 0), ts_ms)
         self._market_ms = max(self._market_ms, ts_ms)
 
     def _symbol_orders(self, symbol: str, entries: bool | None = None) -> list[Order]:

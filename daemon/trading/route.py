@@ -36,6 +36,7 @@ import structlog
 from daemon.bus import Subscription
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
+    MARKET_MOVERS_DETECTED,
     MARKET_PRICE_TICK,
     NO_MARK,
     FeedEvent,
@@ -45,8 +46,9 @@ from daemon.events import (
 
 log = structlog.get_logger("route")
 
-# What the broker takes prices from (candle updates are not trades).
-BROKER_TOPICS = (MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK)
+# What the broker takes prices from (candle updates are not trades; a mover's price is
+# a mark for products no feed follows, see PaperBroker.on_market_event).
+BROKER_TOPICS = (MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, MARKET_MOVERS_DETECTED)
 _NEVER = NO_MARK  # an unreadable time: the broker ignores it too, nobody waits on it
 _mark = event_mark
 

@@ -12,12 +12,12 @@ as are numbers Coinbase leaves empty.
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
 from daemon.errors import FeedProtocolError
-from daemon.events import MARKET_MOVERS_DETECTED, FeedEvent, iso_ms
+from daemon.events import MARKET_MOVERS_DETECTED, FeedEvent, MoverPayload, iso_ms
 
 SOURCE: Final = "movers"
 
@@ -90,14 +90,14 @@ class MoverTracker:
         for q in quotes:
             if abs(q.change_pct) < self.min_change_pct or q.volume_24h < self.min_volume_24h:
                 continue
-            direction = "up" if q.change_pct > 0 else "down"
+            direction: Literal["up", "down"] = "up" if q.change_pct > 0 else "down"
             seen[q.product_id] = direction
             if self._moving.get(q.product_id) != direction:
                 events.append(self._event(q, direction, now_ms))
         self._moving = seen
         return events
 
-    def _event(self, q: Quote, direction: str, now_ms: int) -> FeedEvent:
+    def _event(self, q: Quote, direction: Literal["up", "down"], now_ms: int) -> FeedEvent:
         ts = iso_ms(now_ms)
         return FeedEvent(
             event_id=f"{SOURCE}:{q.product_id}:{direction}:{ts[:10]}",
@@ -106,13 +106,15 @@ class MoverTracker:
             topic=MARKET_MOVERS_DETECTED,
             symbol=q.product_id,
             partition_key=f"{SOURCE}:{q.product_id}",
-            payload={
-                "productId": q.product_id,
-                "price": q.price,
-                "percentChange24h": q.change_pct,
-                "volume24h": q.volume_24h,
-                "direction": direction,
-                "thresholdPct": self.min_change_pct,
-            },
+            payload=msgspec.to_builtins(
+                MoverPayload(
+                    product_id=q.product_id,
+                    price=q.price,
+                    percent_change24h=q.change_pct,
+                    volume24h=q.volume_24h,
+                    direction=direction,
+                    threshold_pct=self.min_change_pct,
+                )
+            ),
             received_ts=ts,
         )

@@ -293,3 +293,24 @@ async def test_cheap_accessors_match_the_view(broker: PaperBroker) -> None:
     assert broker.positions("agent") == view.positions and "BTC" in broker.positions("agent")
     assert broker.open_orders("agent") == view.open_orders
     assert any(o.order_type == "limit" for o in broker.open_orders("agent"))
+
+
+async def test_a_mover_marks_the_price_without_filling_or_going_back(broker: PaperBroker) -> None:
+    """A scanner trades products no feed follows: the mover's price is a mark (so risk
+    can size and band-check), never a trade, and never replaces a newer tick."""
+    mover = {
+        "productId": "BTC", "price": 120.0, "percentChange24h": 9.5, "volume24h": 10.0,
+        "direction": "up", "thresholdPct": 5.0,
+    }  # fmt: skip
+    order = await broker.submit(request(action="PLACE_LIMIT_ORDER", openPrice=125.0))
+    await broker.on_market_event(_event(ev.MARKET_MOVERS_DETECTED, mover, T0))
+    assert broker.last_price("BTC") == 120.0
+    assert broker.get_order(order.client_order_id).status == "OPEN"  # type: ignore[union-attr]
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": 130.0}, T0 + 2 * MIN))
+    late = FeedEvent(
+        event_id="movers:late", ts=ev.iso_ms(T0 + MIN), source="movers",
+        topic=ev.MARKET_MOVERS_DETECTED, payload=mover | {"price": 90.0}, symbol="BTC",
+    )  # fmt: skip
+    await broker.on_market_event(late)
+    await broker.on_market_event(_event(ev.MARKET_MOVERS_DETECTED, {"price": 1}, T0 + 3 * MIN))
+    assert broker.last_price("BTC") == 130.0 and broker.ignored_events == 1
