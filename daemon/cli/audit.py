@@ -65,10 +65,11 @@ def audit_group() -> None:
 @click.option("--since", help="Only records newer than this: 15m, 2h, 3d or an RFC 3339 time.")
 @click.option(
     "--type",
+    "--kind",
     "types",
     multiple=True,
     type=click.Choice(RECORD_TYPES),
-    help="Only these record types (repeatable).",
+    help="Only these record types (repeatable); --kind run lists runs with their cost.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the stored JSON lines.")
 @click.option("--dir", "directory", type=click.Path(path_type=Path), help=DIR_HELP)

@@ -53,7 +53,7 @@ def test_tail_prints_readable_lines(logdir: Path) -> None:
         (["--decision", "WAKE"], ["two green"]),
         (["--hook", "autotrade_doji"], ["one green candle"]),
         (["--symbol", "BTC-USD"], ["one green candle"]),
-        (["--since", "2026-02-17T00:00:00Z", "--type", "hook"], ["two green", "one green candle"]),
+        (["--since", "2026-02-17T00:00:00Z", "--kind", "hook"], ["two green", "one green candle"]),
     ],
 )
 def test_tail_filters_json(logdir: Path, args: list[str], reasons: list[str]) -> None:
