@@ -159,8 +159,22 @@ class SentimentSection(Base, frozen=True):
         return bool(self.rss_feeds or self.search_url or self.fear_greed_url)
 
 
+class DflowSection(Base, frozen=True):
+    """``discover_event``'s prediction-market source: DFlow's Metadata API."""
+
+    # The developer endpoint needs no key (rate-limited); production needs api_key.
+    base_url: str = "https://dev-prediction-markets-api.dflow.net"
+    api_key: Secret = msgspec.field(default_factory=Secret)  # sent as x-api-key
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=30)] = 10.0
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        check_http_url(self.base_url, "base_url")
+
+
 class ToolsSection(Base, frozen=True):
     sentiment: SentimentSection = msgspec.field(default_factory=SentimentSection)
+    dflow: DflowSection = msgspec.field(default_factory=DflowSection)
 
 
 class Config(Base, frozen=True):

@@ -5,13 +5,14 @@
 * :mod:`daemon.tools.market_event` -- ``wait_for_market_event`` (seed 000)
 * :mod:`daemon.tools.snapshot` -- ``fetch_technical_snapshot`` (seed 002)
 * :mod:`daemon.tools.sentiment` -- ``fetch_sentiment_data`` (seed 002; news, score)
+* :mod:`daemon.tools.discovery` -- ``discover_event`` (seed 003; DFlow prediction markets)
 * :mod:`daemon.tools.trading` -- ``submit_trading_signal``, ``get_positions``, ``get_orders``
 * :mod:`daemon.tools.mcp_server` -- the tools over MCP (stdio, streamable HTTP)
 """
 
 from __future__ import annotations
 
-from daemon.tools import market_event, sentiment, snapshot, trading
+from daemon.tools import discovery, market_event, sentiment, snapshot, trading
 from daemon.tools.base import Registry
 from daemon.tools.context import ToolContext
 
@@ -23,6 +24,7 @@ def registry() -> Registry[ToolContext]:
             market_event.TOOL,
             snapshot.TOOL,
             sentiment.TOOL,
+            discovery.TOOL,
             trading.SUBMIT,
             trading.POSITIONS,
             trading.ORDERS,

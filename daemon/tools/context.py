@@ -16,7 +16,7 @@ import aiohttp
 import anyio
 import structlog
 
-from daemon.config import Config, SentimentSection
+from daemon.config import Config, DflowSection, SentimentSection
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk
 from feeds.coinbase_ws.pool import CoinbaseWsPool
@@ -119,6 +119,8 @@ class ToolContext:
     agent: AgentCall | None = None
     # fetch_sentiment_data's sources ([tools.sentiment]) and the session to ask them on.
     sentiment: SentimentSection = field(default_factory=SentimentSection)
+    # discover_event's DFlow API ([tools.dflow]).
+    dflow: DflowSection = field(default_factory=DflowSection)
     http: aiohttp.ClientSession | None = None
 
 
@@ -136,8 +138,10 @@ async def open_context(
         catalog = ProductCatalog(cfg.feeds.candles.base_url, session)
 
         def context(pool: CoinbaseWsPool) -> ToolContext:
-            sentiment = cfg.tools.sentiment
-            return ToolContext(pool, catalog, state, sentiment=sentiment, http=session)
+            tools = cfg.tools
+            return ToolContext(
+                pool, catalog, state, sentiment=tools.sentiment, dflow=tools.dflow, http=session
+            )
 
         if pool is not None:
             yield context(pool)
