@@ -70,6 +70,9 @@ class QueryDefaultsSection(_Section, frozen=True):
     include_regime_filters: bool = True
     # |OI delta vs 24 h average| below this many percent counts as "flat".
     oi_flat_band_pct: float = 1.0
+    # The agents' query_similar_patterns tool computes the live state on candles of
+    # this timeframe: the one the store was ingested at.
+    timeframe: Literal["1m", "3m", "5m", "15m", "30m", "1h"] = "5m"
 
 
 class ExchangeSection(_Section, frozen=True):

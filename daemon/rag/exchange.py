@@ -131,3 +131,32 @@ async def fetch_history(
         _parse_obs(funding, "fundingTime", "fundingRate", "fundingRate"),
         _parse_obs(oi, "timestamp", "sumOpenInterestValue", "openInterestHist"),
     )
+
+
+async def fetch_context(
+    session: aiohttp.ClientSession, base_url: str, symbol: str, timeframe: str, now_ms: int
+) -> tuple[Observations, Observations]:
+    """Funding settlements (last 2 days) and OI value in USD (last 26 h) known at
+    ``now_ms``: what a live state needs, asked as ingest asks for history."""
+    base = base_url.rstrip("/")
+    funding = await _pages(
+        session,
+        f"{base}/fapi/v1/fundingRate",
+        {"symbol": symbol, "limit": 1000},
+        now_ms - 2 * DAY_MS,
+        now_ms,
+        lambda r: int(r["fundingTime"]),
+    )
+    period = timeframe if timeframe in _OI_PERIODS else "5m"
+    oi = await _pages(
+        session,
+        f"{base}/futures/data/openInterestHist",
+        {"symbol": symbol, "period": period, "limit": 500},
+        now_ms - 26 * 3_600_000,
+        now_ms,
+        lambda r: int(r["timestamp"]),
+    )
+    return (
+        _parse_obs(funding, "fundingTime", "fundingRate", "fundingRate"),
+        _parse_obs(oi, "timestamp", "sumOpenInterestValue", "openInterestHist"),
+    )

@@ -131,6 +131,10 @@ class RagService:
         self._embedder: tuple[int, Embedder] | None = None
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Close the store."""
+        self._store.close()
+
     @property
     def cache(self) -> EmbeddingCache:
         return self._cache

@@ -6,13 +6,14 @@
 * :mod:`daemon.tools.snapshot` -- ``fetch_technical_snapshot`` (seed 002)
 * :mod:`daemon.tools.sentiment` -- ``fetch_sentiment_data`` (seed 002; news, score)
 * :mod:`daemon.tools.discovery` -- ``discover_event`` (seed 003; DFlow prediction markets)
+* :mod:`daemon.tools.patterns` -- ``query_similar_patterns`` (seed 004's state, in-process RAG)
 * :mod:`daemon.tools.trading` -- ``submit_trading_signal``, ``get_positions``, ``get_orders``
 * :mod:`daemon.tools.mcp_server` -- the tools over MCP (stdio, streamable HTTP)
 """
 
 from __future__ import annotations
 
-from daemon.tools import discovery, market_event, sentiment, snapshot, trading
+from daemon.tools import discovery, market_event, patterns, sentiment, snapshot, trading
 from daemon.tools.base import Registry
 from daemon.tools.context import ToolContext
 
@@ -25,6 +26,7 @@ def registry() -> Registry[ToolContext]:
             snapshot.TOOL,
             sentiment.TOOL,
             discovery.TOOL,
+            patterns.TOOL,
             trading.SUBMIT,
             trading.POSITIONS,
             trading.ORDERS,

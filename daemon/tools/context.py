@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import aiohttp
@@ -17,9 +18,13 @@ import anyio
 import structlog
 
 from daemon.config import Config, DflowSection, SentimentSection
+from daemon.rag.config import RagConfig
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk
 from feeds.coinbase_ws.pool import CoinbaseWsPool
+
+if TYPE_CHECKING:
+    from daemon.rag.service import RagService
 
 log = structlog.get_logger("tools")
 
@@ -121,7 +126,17 @@ class ToolContext:
     sentiment: SentimentSection = field(default_factory=SentimentSection)
     # discover_event's DFlow API ([tools.dflow]).
     dflow: DflowSection = field(default_factory=DflowSection)
+    # query_similar_patterns: the [rag] settings, and the service opened on first use.
+    rag: RagConfig = field(default_factory=RagConfig)
+    rag_service: RagService | None = None
+    rag_lock: anyio.Lock = field(default_factory=anyio.Lock)
     http: aiohttp.ClientSession | None = None
+
+    def close(self) -> None:
+        """Release what a tool opened lazily (the pattern store)."""
+        if self.rag_service is not None:
+            self.rag_service.close()
+            self.rag_service = None
 
 
 @asynccontextmanager
@@ -140,16 +155,28 @@ async def open_context(
         def context(pool: CoinbaseWsPool) -> ToolContext:
             tools = cfg.tools
             return ToolContext(
-                pool, catalog, state, sentiment=tools.sentiment, dflow=tools.dflow, http=session
+                pool,
+                catalog,
+                state,
+                sentiment=tools.sentiment,
+                dflow=tools.dflow,
+                rag=cfg.rag,
+                http=session,
             )
 
         if pool is not None:
-            yield context(pool)
+            ctx = context(pool)
+            try:
+                yield ctx
+            finally:
+                ctx.close()
             return
         own = CoinbaseWsPool(cfg.feeds.coinbase_ws, lazy=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(own.run)
+            ctx = context(own)
             try:
-                yield context(own)
+                yield ctx
             finally:
+                ctx.close()
                 tg.cancel_scope.cancel()
