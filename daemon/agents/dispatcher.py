@@ -318,6 +318,7 @@ class Dispatcher:
                 event_id=event.event_id,
                 topic=event.topic,
                 symbol=event.symbol,
+                event_ts=event.ts,
                 decision=d.name if d else None,
                 reason=d.reason if d else "",
                 dedupe_key=d.dedupe_key if d else None,

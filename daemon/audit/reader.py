@@ -7,10 +7,11 @@ a JSON object (a torn write after a crash) is skipped and counted, never fatal.
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,18 +112,23 @@ def iter_records(
     *,
     contains: Iterable[str] = (),
     stats: Stats | None = None,
+    upto: Mapping[Path, int] | None = None,
 ) -> Iterator[Record]:
     """Matching records, oldest first. ``contains``: a cheap prefilter on the raw line
-    (a line must contain one of the strings to be decoded at all)."""
+    (a line must contain one of the strings to be decoded at all). ``upto``: read
+    each file only to that many bytes, and no file it does not name (a snapshot)."""
     flt = flt or AuditFilter()
     needles = [n.encode() for n in contains]
     for path in _files(directory, flt.since_ms):
+        if upto is not None and path not in upto:
+            continue
         try:
             fh = path.open("rb")
         except FileNotFoundError:
             continue  # deleted by retention while we listed
         with fh:
-            for line in fh:
+            lines = fh if upto is None else io.BytesIO(fh.read(upto[path]))
+            for line in lines:
                 if needles and not any(n in line for n in needles):
                     continue
                 rec = parse_line(line, stats)
@@ -130,9 +136,30 @@ def iter_records(
                     yield rec
 
 
-def tail(directory: Path, flt: AuditFilter | None = None, n: int = 20) -> list[Record]:
-    """The last ``n`` matching records, oldest first (memory: ``n`` records)."""
-    return list(deque(iter_records(directory, flt), maxlen=max(n, 0)))
+def tail(
+    directory: Path,
+    flt: AuditFilter | None = None,
+    n: int = 20,
+    upto: Mapping[Path, int] | None = None,
+) -> list[Record]:
+    """The last ``n`` matching records, oldest first (memory: ``n`` records); with
+    ``upto`` (a :class:`Follower`'s offsets) exactly those before it starts."""
+    return list(deque(iter_records(directory, flt, upto=upto), maxlen=max(n, 0)))
+
+
+def complete_size(path: Path, step: int = 64 * 1024) -> int:
+    """Bytes up to and including the file's last newline (a line being written is
+    not a record yet)."""
+    with path.open("rb") as fh:
+        pos = fh.seek(0, 2)
+        while pos > 0:
+            size = min(step, pos)
+            fh.seek(pos - size)
+            found = fh.read(size).rfind(b"\n")
+            if found >= 0:
+                return pos - size + found + 1
+            pos -= size
+    return 0
 
 
 class Follower:
@@ -140,15 +167,27 @@ class Follower:
 
     Call :meth:`poll` repeatedly; it returns the new complete lines since the
     last call. A partial last line is kept until its newline arrives.
+    :attr:`offsets` is where it starts: ``tail(..., upto=follower.offsets)``
+    shows what came before, so ``tail -f`` never repeats or reorders a record
+    that is flushed while it starts.
     """
 
     def __init__(self, directory: Path, flt: AuditFilter | None = None) -> None:
         self.directory = directory
         self.flt = flt or AuditFilter()
         self.stats = Stats()
-        files = list_files(directory)
-        self._offsets: dict[Path, int] = {f.path: f.path.stat().st_size for f in files}
+        self._offsets: dict[Path, int] = {}
+        for f in list_files(directory):
+            try:
+                self._offsets[f.path] = complete_size(f.path)
+            except FileNotFoundError:
+                continue
         self._partial: dict[Path, bytes] = {}
+
+    @property
+    def offsets(self) -> Mapping[Path, int]:
+        """Per file, the byte where following started."""
+        return dict(self._offsets)
 
     def poll(self) -> list[Record]:
         """New matching records in file order."""

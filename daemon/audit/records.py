@@ -2,8 +2,8 @@
 
 Every field is always written (nulls included), so every line of a type has
 the same keys and ``jq`` filters never trip on a missing one. ``ts`` is when
-marketwake did the thing (wall clock, RFC 3339 UTC with milliseconds); the
-event's own time is in the event. :class:`HookRecord` carries the fields of
+marketwake did the thing (wall clock, RFC 3339 UTC with milliseconds); a hook
+row also carries the event's own time (``eventTs``). :class:`HookRecord` carries the fields of
 design.md's audit contract plus ``type`` and ``daemonRun`` (the id of the
 daemon run that wrote the row, so a restarted replay's rows are told apart).
 """
@@ -47,6 +47,8 @@ class HookRecord(_Record, frozen=True, kw_only=True, tag="hook"):
     event_id: str
     topic: str
     symbol: str | None = None
+    # The event's own time (``ts`` is when it was evaluated): a replay read by date.
+    event_ts: str | None = None
     decision: str | None = None
     reason: str = ""
     dedupe_key: str | None = None

@@ -87,8 +87,11 @@ def _hook(rec: Record, line: Text) -> None:
         line.append(f" {rec['reason']}")
     if rec.get("error"):
         line.append(f" error: {rec['error']}", style="red")
+    event_ts = _s(rec, "eventTs")
+    at = f" event {event_ts[:10]} {event_ts[11:19]}" if len(event_ts) >= 19 else ""
     line.append(
-        f"  {_s(rec, 'symbol', '-')} {_s(rec, 'topic')} {float(rec.get('runtimeMs') or 0):.2f}ms",
+        f"  {_s(rec, 'symbol', '-')} {_s(rec, 'topic')}{at} "
+        f"{float(rec.get('runtimeMs') or 0):.2f}ms",
         style="dim",
     )
 

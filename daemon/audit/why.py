@@ -40,6 +40,8 @@ class Explanation(msgspec.Struct, kw_only=True, rename="camel"):
     event_ids: list[str]
     trace_ids: list[str]
     agents: list[AgentStory]
+    # The events' own times (from the hook rows), beside the rows' wall-clock ts.
+    event_times: dict[str, str] = msgspec.field(default_factory=dict)
 
     @property
     def found(self) -> bool:
@@ -196,6 +198,11 @@ def explain(records: Iterable[Record], query: str) -> Explanation:
         event_ids=sorted({str(r["eventId"]) for r in recs if r.get("eventId")}),
         trace_ids=sorted({str(r["traceId"]) for r in recs if r.get("traceId")}),
         agents=sorted(stories.values(), key=lambda s: s.agent_id),
+        event_times={
+            str(r["eventId"]): str(r["eventTs"])
+            for r in recs
+            if r.get("eventId") and isinstance(r.get("eventTs"), str)
+        },
     )
 
 
@@ -214,9 +221,13 @@ def render_explanation(exp: Explanation) -> list[Text]:
     """Readable lines: a header, then per agent its outcome, why, and the evidence."""
     if not exp.found:
         return [Text(f"no audit records for {exp.query}", style="yellow")]
+    events = [
+        f"{e} (event time {exp.event_times[e]})" if e in exp.event_times else e
+        for e in exp.event_ids
+    ]
     lines = [
         Text(
-            f"{exp.query}: events {', '.join(exp.event_ids) or '-'}; traces {', '.join(exp.trace_ids)}",
+            f"{exp.query}: events {', '.join(events) or '-'}; traces {', '.join(exp.trace_ids)}",
             style="bold",
         )
     ]

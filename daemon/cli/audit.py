@@ -24,6 +24,7 @@ DIR_HELP = (
     "Audit directory (default: [audit] dir of --config or ./config.toml, else ./state/audit)."
 )
 RECORD_TYPES = ("hook", "wake", "run", "risk", "order")
+DECISIONS = ("WAKE", "IGNORE", "ALERT", "TRADE_INTENT", "ERROR")
 
 
 def audit_dir(directory: Path | None, config_path: Path | None, must_exist: bool = True) -> Path:
@@ -59,7 +60,8 @@ def audit_group() -> None:
 @click.option("--hook", help="Only this hook id.")
 @click.option(
     "--decision",
-    help="Only hook records with this decision (WAKE, IGNORE, ALERT, TRADE_INTENT, ERROR).",
+    type=click.Choice(DECISIONS, case_sensitive=False),
+    help="Only hook records with this decision (ERROR: the hook failed).",
 )
 @click.option("--symbol", help="Only this symbol.")
 @click.option("--since", help="Only records newer than this: 15m, 2h, 3d or an RFC 3339 time.")
@@ -115,8 +117,10 @@ def tail_command(
             console.print(render(rec))
         sys.stdout.flush()
 
-    follower = Follower(where, flt) if follow else None  # start before reading: no gap
-    for rec in tail(where, flt, lines):
+    # Following starts first and the tail reads exactly up to where it starts: a batch
+    # flushed meanwhile is shown once, after the tail, in order.
+    follower = Follower(where, flt) if follow else None
+    for rec in tail(where, flt, lines, upto=follower.offsets if follower else None):
         show(rec)
     if follower is None:
         return

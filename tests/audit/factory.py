@@ -23,6 +23,7 @@ def hook(**kw: Any) -> HookRecord:
         "event_id": "coinbase:ETH-USD:5m:1",
         "topic": "market.candle.closed",
         "symbol": "ETH-USD",
+        "event_ts": "2025-03-01T12:05:00.000Z",
         "decision": "IGNORE",
         "reason": "one green candle",
         "trace_id": "t1",

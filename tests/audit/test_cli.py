@@ -100,3 +100,12 @@ def test_tail_follow_prints_appended_records(logdir: Path) -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def test_tail_shows_the_event_time_and_refuses_unknown_decisions(logdir: Path) -> None:
+    """A replay is read by its own dates: hook lines show the event's time beside the
+    wall clock; a misspelt --decision lists the valid ones (exit 2)."""
+    code, out = invoke("--dir", str(logdir), "--type", "hook", "-n", "1")
+    assert code == 0 and "event 2025-03-01 12:05:00" in out
+    code, out = invoke("--dir", str(logdir), "--decision", "BOGUS")
+    assert code == 2 and "'BOGUS' is not one of" in out and "trade_intent" in out

@@ -108,3 +108,26 @@ def test_follower_survives_truncation_and_deletion(tmp_path: Path) -> None:
     assert f.poll() == []
     path.write_bytes(b'{"type":"hook","reason":"again"}\n')
     assert [r["reason"] for r in f.poll()] == ["again"]
+
+
+def test_tail_then_follow_never_repeats_or_goes_back(tmp_path: Path) -> None:
+    """`audit tail -f -n 5` while the daemon flushes a batch between the follower's
+    start and the tail's read: the 5 newest before the start, then the batch once,
+    in order. A line half written at the start is shown once, when complete."""
+    w = AuditWriter(tmp_path, flush_every=1)
+    for i in range(10):
+        w.write(hook(reason=f"old {i}"))
+    w.flush_sync()
+    path = max(tmp_path.iterdir())
+    with path.open("ab") as fh:
+        fh.write(b'{"type":"hook","agentId":"alpha","reason":"half')
+    f = Follower(tmp_path)
+    with path.open("ab") as fh:
+        fh.write(b'"}\n')
+    for i in range(250):  # the flush that lands while tail reads
+        w.write(hook(reason=f"new {i}"))
+    w.flush_sync()
+    shown = [r["reason"] for r in tail(tmp_path, None, 5, upto=f.offsets)]
+    shown += [r["reason"] for r in f.poll()]
+    w.close()
+    assert shown == [f"old {i}" for i in range(5, 10)] + ["half"] + [f"new {i}" for i in range(250)]

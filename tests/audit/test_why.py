@@ -85,6 +85,7 @@ def test_why_cli_text_json_and_missing(logdir: Path) -> None:
     text = runner.invoke(why_command, [EVENT, "--dir", str(logdir)])
     assert text.exit_code == 0, text.output
     assert "agent gamma: SUPPRESSED" in text.output and "agent alpha: TRADED" in text.output
+    assert f"events {EVENT} (event time 2025-03-01T12:05:00.000Z)" in text.output
     data = json.loads(runner.invoke(why_command, ["t1", "--dir", str(logdir), "--json"]).output)
     assert {a["agentId"]: a["outcome"] for a in data["agents"]} == EXPECTED
     missing = runner.invoke(why_command, ["nope", "--dir", str(logdir)])
