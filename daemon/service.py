@@ -51,7 +51,9 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 # and drained (the hook pipeline is one).
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 # Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
-RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag", "mcp")
+RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag", "mcp", "tools")
+# How often feeds are checked for a stall (at most; a quarter of stall_seconds if less).
+STALL_CHECK_SECONDS = 1.0
 
 
 class _StartFlag(TaskStatus[None]):
@@ -254,11 +256,32 @@ class Service:
     async def _watchdog(self, interval: float) -> None:
         while True:
             stalled = self.stalled_feeds()
-            if stalled:
-                log.warning("feeds stalled; withholding watchdog ping", feeds=stalled)
+            if stalled:  # the stall monitor logs each stall once; this repeats every ping
+                log.debug("feeds stalled; withholding watchdog ping", feeds=stalled)
             else:
                 self.notifier.watchdog()
             await self.clock.sleep_until(self.clock.now() + interval)
+
+    async def _stall_monitor(self) -> None:
+        """A WARNING when a feed goes silent past ``stall_seconds``, an INFO when it is
+        heard again: once per transition, not in every status line."""
+        limit = self.config.daemon.stall_seconds
+        stalled: set[str] = set()
+        while True:
+            now = {n for n in self.stalled_feeds() if n not in self.failed}
+            for name in sorted(now - stalled):
+                silent = self.health[name].silent_for() if name in self.health else limit
+                log.warning(
+                    "feed stalled: nothing heard from its source",
+                    feed=name,
+                    silent_seconds=round(silent, 1),
+                    stall_seconds=limit,
+                )
+            for name in sorted(stalled - now):
+                if name in self.health and name not in self.finished and name not in self.failed:
+                    log.info("feed recovered", feed=name)
+            stalled = now
+            await self.clock.sleep_until(self.clock.now() + min(STALL_CHECK_SECONDS, limit / 4))
 
     async def _status_loop(self) -> None:
         self.write_status(running=True)  # `marketwake status` works from READY on
@@ -425,6 +448,7 @@ class Service:
             if self.notifier.watchdog_interval:
                 ftg.start_soon(self._watchdog, self.notifier.watchdog_interval)
             ftg.start_soon(self._status_loop)
+            ftg.start_soon(self._stall_monitor)
             ftg.start_soon(self._wait_for_finish)
             await self._stop.wait()
             self.notifier.stopping()

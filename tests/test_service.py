@@ -9,6 +9,8 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+import structlog
+import structlog.testing
 from anyio.abc import TaskStatus
 
 from daemon.clock import ManualClock
@@ -155,6 +157,40 @@ async def test_watchdog_withheld_while_a_feed_is_stalled(
         assert await pings() == 0
         assert svc.stalled_feeds() == ["silent"]
         svc.request_stop()
+
+
+async def test_a_stall_and_its_recovery_are_logged_once_each(tmp_path: Path) -> None:
+    """Silent past stall_seconds: one WARNING naming the feed (not one per check);
+    heard again: one INFO. Time is a manual clock."""
+    clock = ManualClock(1_000.0)
+    svc = Service(make_config(tmp_path, stall_seconds=10), lambda _: [SilentFeed()], clock=clock)
+
+    async def settle() -> None:
+        for _ in range(20):  # let the monitor loop take its turns
+            await anyio.sleep(0.005)
+
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            await settle()
+            for _ in range(30):  # 30 s of silence, checked every second
+                clock.advance(1.0)
+                await settle()
+            svc.health["silent"].beat()
+            clock.advance(1.0)
+            await settle()
+            svc.request_stop()
+    events = [
+        (e["log_level"], e["event"], e["feed"])
+        for e in logs
+        if e["event"].startswith(("feed stalled", "feed recovered"))
+    ]
+    assert events == [
+        ("warning", "feed stalled: nothing heard from its source", "silent"),
+        ("info", "feed recovered", "silent"),
+    ]
+    stalled = next(e for e in logs if e["event"].startswith("feed stalled"))
+    assert stalled["stall_seconds"] == 10 and 10 < stalled["silent_seconds"] <= 12
 
 
 async def test_state_cache_survives_a_restart(tmp_path: Path) -> None:
