@@ -310,6 +310,7 @@ def invoke(args: list[str]) -> Result:
         ("candle", "wake_two_green", "WAKE"),
         ("doji", "autotrade_doji_reversal", "TRADE_INTENT"),
         ("crash", "wake_crash_alert", "ALERT"),
+        ("slide", "wake_crash_alert", "ALERT"),
     ],
 )
 def test_cli_runs_the_example_agent(tmp_path: Path, event: str, hook: str, decision: str) -> None:
@@ -319,11 +320,14 @@ def test_cli_runs_the_example_agent(tmp_path: Path, event: str, hook: str, decis
         {"open": 2.0, "high": 2.1, "low": 0.9, "close": 1.0, "closeTime": "t1"},
         {"open": 1.0, "high": 1.5, "low": 0.5, "close": 1.05, "closeTime": "t2"},
     ]
+    red = {"open": 100.0, "high": 100.0, "low": 98.0, "close": 99.0, "closeTime": "t"}
+    slide = [red] * 9 + [{"open": 95.0, "high": 95.0, "low": 89.0, "close": 90.0, "closeTime": "t"}]
     base = {"eventId": "e", "ts": "2026-01-01T00:05:00.000Z", "source": "t", "symbol": "BTC-USD"}
     events = {
         "candle": ({**base, "topic": "market.candle.closed", "timeframe": "5m", "payload": {}}, green),
         "doji": ({**base, "topic": "market.candle.closed", "timeframe": "5m", "payload": {}}, doji),
         "crash": ({**base, "topic": "market.price.tick", "payload": {"percentChange24h": -12.5}}, []),
+        "slide": ({**base, "topic": "market.candle.closed", "timeframe": "5m", "payload": {}}, slide),
     }  # fmt: skip
     ev, candles = events[event]
     (tmp_path / "e.json").write_text(json.dumps(ev))
@@ -338,6 +342,13 @@ def test_cli_runs_the_example_agent(tmp_path: Path, event: str, hook: str, decis
     assert by_hook[hook]["decision"]["decision"] == decision
     others = [ln["decision"]["decision"] for h, ln in by_hook.items() if h != hook]
     assert others == ["IGNORE", "IGNORE"]
+    if event == "doji":  # sized in quote currency: 250 of it at any price
+        intent = by_hook[hook]["decision"]["intent"]
+        assert 249.99 < intent["volume"] * intent["openPrice"] <= 250.0
+    if event == "slide":
+        assert by_hook[hook]["decision"]["reason"] == (
+            "BTC-USD 10.00% below its high of the last 10 candles"
+        )
 
 
 def test_cli_fails_on_a_bad_hook(tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """Propose a limit buy after a doji that follows a red candle (a possible reversal).
 
 A doji is a candle whose body is at most a tenth of its range. The order sits
-at the doji's close, with the stop below its low and a 2:1 take-profit.
+at the doji's close, with the stop below its low and a 2:1 take-profit. It is
+sized in quote currency (NOTIONAL), so it fits agent.toml's max_order_notional
+at any price (0.01 BTC was 1,000 USD at 100k).
 """
 
 import math
 
 BODY_RATIO = 0.1
-VOLUME = 0.01
+NOTIONAL = 250.0  # quote currency per order; keep it below [risk] max_order_notional
 
 
 def is_doji(candle):
@@ -36,7 +38,7 @@ def evaluate(event, state):
             "action": "PLACE_LIMIT_ORDER",
             "symbol": symbol,
             "side": "buy",
-            "volume": VOLUME,
+            "volume": math.floor(NOTIONAL / entry * 1e6) / 1e6,
             "openPrice": entry,
             "stopLoss": math.floor(stop * 100) / 100,
             "takeProfit": math.ceil(take * 100) / 100,
