@@ -8,8 +8,10 @@ follows at the end. Everything the demo writes stays under ``--dir``.
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,9 +20,11 @@ from typing import Any
 
 import msgspec
 from rich.console import Console
+from rich.text import Text
 
 from daemon.app import run_daemon
-from daemon.audit.reader import iter_records
+from daemon.audit.reader import Follower, decision_of, iter_records
+from daemon.audit.render import render
 from daemon.bus import Subscription
 from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
 from daemon.events import MARKET_CANDLE_CLOSED
@@ -43,15 +47,58 @@ class DemoOptions:
     agents_dir: Path = Path("agents")
 
 
+def self_command() -> str:
+    """How the user's shell runs this marketwake again: ``marketwake`` when that is the
+    one on PATH, else the venv's script (relative to the working directory when
+    under it), else ``python -m daemon.cli``."""
+    script = Path(sys.executable).parent / "marketwake"
+    on_path = shutil.which("marketwake")
+    if on_path and script.exists() and os.path.samefile(on_path, script):
+        return "marketwake"
+    if script.exists():
+        absolute = Path(os.path.abspath(script))
+        try:
+            return str(absolute.relative_to(Path.cwd()))
+        except ValueError:
+            return str(absolute)
+    return f"{sys.executable} -m daemon.cli"
+
+
+# What the live stream shows from the audit log (the bus carries candles and orders).
+_STREAMED_DECISIONS = frozenset({"WAKE", "ALERT", "TRADE_INTENT", "ERROR"})
+
+
+def _streamed(rec: dict[str, Any]) -> bool:
+    """Acted-on decisions and finished runs; suppressed ones go to the summary."""
+    if rec.get("type") == "hook":
+        return decision_of(rec) in _STREAMED_DECISIONS and rec.get("suppressedBy") == "none"
+    return rec.get("type") == "run" and rec.get("status") != "started"
+
+
 @dataclass
 class Printer:
-    """A bus consumer that prints closed candles as readable lines."""
+    """A bus consumer that prints closed candles as readable lines, with the hooks'
+    decisions and the agent's runs as the audit log records them."""
 
     console: Console
     quiet: bool
+    audit_dir: Path | None = None
     topics: Counter[str] = field(default_factory=Counter)
     state: StateCache = field(default_factory=StateCache)
     last_close: float | None = None
+    _follower: Follower | None = None
+
+    def print_audit(self) -> None:
+        """Print what the audit log gained since the last call."""
+        if self.quiet or self.audit_dir is None:
+            return
+        if self._follower is None:
+            self._follower = Follower(self.audit_dir)
+        for rec in self._follower.poll():
+            if _streamed(rec):
+                line = Text("  ")
+                line.append_text(render(rec))
+                self.console.print(line, soft_wrap=True)
 
     async def __call__(self, sub: Subscription) -> None:
         async for event in sub:
@@ -60,6 +107,7 @@ class Printer:
             if self.quiet:
                 continue
             if event.topic == MARKET_CANDLE_CLOSED:
+                self.print_audit()
                 self._print_candle(event.ts, event.symbol or "?", event.payload)
             elif event.topic.startswith("account."):
                 p = event.payload
@@ -131,12 +179,14 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     )
     if not opts.agents_dir.is_dir():
         console.print(f"[yellow]no agents directory at {opts.agents_dir}: running without hooks[/]")
-    printer = Printer(console, opts.quiet)
+    audit_dir = opts.directory / "state" / "audit"
+    printer = Printer(console, opts.quiet, audit_dir)
     started = time.perf_counter()
     status = run_daemon(
         demo_config(opts, csv_path), record_path=record_path, consumers=[("printer", printer)]
     )
     elapsed = time.perf_counter() - started
+    printer.print_audit()  # the last flush
     _summary(console, printer, status.bus, elapsed, record_path)
     _audit_summary(console, opts.directory / "state" / "audit")
     return 0
@@ -165,10 +215,39 @@ def _audit_summary(console: Console, audit_dir: Path) -> None:
     console.rule("hooks (from the audit log)")
     for key, n in sorted(counts.items()):
         console.print(f"  {key:<40} {n:>7}")
-    console.print(f"  tail it:   marketwake audit tail --dir {audit_dir}", soft_wrap=True)
-    console.print(f"  status:    marketwake status --state-dir {audit_dir.parent}", soft_wrap=True)
+    for line in wake_story(counts):
+        console.print(f"  {line}", soft_wrap=True, markup=False)
+    mw = self_command()
+    console.print(f"  tail it:   {mw} audit tail --dir {audit_dir}", soft_wrap=True)
+    console.print(f"  status:    {mw} status --state-dir {audit_dir.parent}", soft_wrap=True)
     if last_wake:
-        console.print(f"  ask why:   marketwake why {last_wake} --dir {audit_dir}", soft_wrap=True)
+        console.print(f"  ask why:   {mw} why {last_wake} --dir {audit_dir}", soft_wrap=True)
+
+
+_SUPPRESSION = {
+    "budget": "[wake] max_runs_per_hour was used up",
+    "cooldown": "inside cooldown_after_run_seconds after a run",
+    "dedupe": "the hook's dedupeKey was seen before",
+    "cost": "[wake] max_cost_per_day was reached",
+    "paused": "the hook or agent was paused",
+}
+
+
+def wake_story(counts: Counter[str]) -> list[str]:
+    """Why N WAKE decisions became M runs, from the summary's counters."""
+    decided = sum(n for k, n in counts.items() if k.startswith("hook WAKE"))
+    if not decided:
+        return []
+    runs = counts["run started"]
+    lines = [f"{decided} WAKE decisions -> {runs} agent runs:"]
+    for key, n in sorted(counts.items()):
+        if key.startswith("hook WAKE (suppressed: "):
+            reason = key.removeprefix("hook WAKE (suppressed: ").rstrip(")")
+            lines.append(f"  {n} suppressed: {_SUPPRESSION.get(reason, reason)}")
+    merged = counts["wake queued"] + counts["wake woke"] - runs
+    if merged > 0:
+        lines.append(f"  {merged} merged into a run already pending (collect mode)")
+    return lines
 
 
 def _summary(

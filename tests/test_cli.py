@@ -153,6 +153,32 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     assert all(e.topic.startswith(("market.", "account.")) for e in recorded)
 
 
+def test_demo_streams_decisions_and_its_commands_work_when_pasted(tmp_path: Path) -> None:
+    """The default demo shows WAKEs, the crash ALERT and runs as they happen, explains
+    how the WAKE decisions became runs, and each next-step command it prints runs
+    as printed in a shell (the binary may not be on PATH)."""
+    res = mw("demo", "--dir", str(tmp_path), "--speed", "0")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert " example wake_two_green WAKE Two consecutive green candles" in out
+    assert " example wake_crash_alert ALERT BTC-USD " in out
+    assert " example run example-" in out and " finished in " in out
+    assert "168 WAKE decisions -> 103 agent runs:" in out
+    assert "65 suppressed: [wake] max_runs_per_hour was used up" in out
+    commands = [
+        line.split(":", 1)[1].strip()
+        for line in out.splitlines()
+        if line.strip().startswith(("tail it:", "status:", "ask why:"))
+    ]
+    assert len(commands) == 3
+    for command in commands:
+        ran = subprocess.run(
+            command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert ran.returncode == 0, (command, ran.stderr)
+        assert ran.stdout.strip(), command
+
+
 def test_status_after_a_run(tmp_path: Path) -> None:
     """`marketwake status` reads the last status.json: not running, bus counters, feeds."""
     assert mw("demo", "--dir", str(tmp_path), "--candles", "30", "--speed", "0", "--quiet")
