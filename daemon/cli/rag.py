@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import click
 import msgspec
+import structlog
 
 from daemon.cli.common import load_config_or_defaults
 from daemon.events import now_ms
@@ -114,13 +115,26 @@ def ingest_cmd(
 @click.option("--host", default=None, help="Default: rag.server.host (127.0.0.1)")
 @click.option("--port", default=None, type=int, help="Default: rag.server.port (7879)")
 @click.option("--config", "config_path", type=_FILE, help="config.toml ([rag] section)")
-def serve_cmd(host: str | None, port: int | None, config_path: Path | None) -> None:
-    """Serve rag.query_patterns as JSON-RPC 2.0 over TCP (one JSON text per line)."""
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "console", "json"]),
+    help="Override daemon.log_format of the config.",
+)
+def serve_cmd(
+    host: str | None, port: int | None, config_path: Path | None, log_format: str | None
+) -> None:
+    """Serve rag.query_patterns as JSON-RPC 2.0 over TCP (one JSON text per line).
+
+    Logs as the daemon does ([daemon] log_format and log_level of the config);
+    deploy/marketwake-rag.service runs it under systemd."""
+    from daemon.logs import configure as configure_logging
     from daemon.rag.server import RagServer, methods_for
     from daemon.rag.service import RagService
     from daemon.rag.store import open_store
 
-    cfg = rag_config(config_path)
+    full = load_config_or_defaults(config_path)
+    configure_logging(log_format or full.daemon.log_format, full.daemon.log_level)
+    cfg = full.rag
     server_cfg = msgspec.structs.replace(
         cfg.server,
         host=host if host is not None else cfg.server.host,
@@ -128,8 +142,8 @@ def serve_cmd(host: str | None, port: int | None, config_path: Path | None) -> N
     )
     store = open_store(cfg.store)
     server = RagServer(server_cfg, methods_for(RagService(cfg, store)))
-    click.echo(
-        f"rag: serving {cfg.store.kind} store on {server_cfg.host}:{server_cfg.port}", err=True
+    structlog.get_logger("rag").info(
+        "rag serving", store=cfg.store.kind, host=server_cfg.host, port=server_cfg.port
     )
     try:
         anyio.run(server.serve)

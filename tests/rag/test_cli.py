@@ -136,6 +136,8 @@ def test_serve_and_query_over_tcp(tmp_path: Path) -> None:
             "serve",
             "--config",
             config,
+            "--log-format",
+            "json",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -144,10 +146,10 @@ def test_serve_and_query_over_tcp(tmp_path: Path) -> None:
     try:
         port = None
         assert proc.stdout is not None
-        for line in proc.stdout:
-            m = re.search(r"port=(\d+)", line)
-            if m:
-                port = int(m.group(1))
+        for line in proc.stdout:  # JSON log lines, as under systemd
+            rec = json.loads(line)
+            if rec["event"] == "rag server listening":
+                port = int(rec["port"])
                 break
         assert port
         params = tmp_path / "p.json"
