@@ -601,3 +601,37 @@ async def test_worker_that_stops_reading_is_replaced(pool: WorkerPool) -> None:
     results = await pool.evaluate("stop", [CANARY], EVENT, big)
     assert results[0].ok and pool.worker_pids()["stop"] != pid
     assert await _eventually(lambda: not _alive(pid))
+
+
+def test_cli_judges_hooks_as_the_daemon_does(tmp_path: Path) -> None:
+    """`hooks test` compiles first, then evaluates under the daemon's deadline: a hook
+    the daemon would time out fails here too (its compile time is reported on its
+    own); a malformed intent is refused naming the key; a syntax error is a compile
+    error; exit 1."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "wake_slow.py").write_text(
+        "def evaluate(event, state):\n"
+        "    n = 0\n"
+        "    for i in range(50000000):\n"
+        "        n += i\n"
+        "    return {'decision': 'IGNORE', 'reason': 'late'}\n"
+    )
+    (hooks / "autotrade_bad.py").write_text(
+        "def evaluate(event, state):\n"
+        "    intent = {'action': 'BUY', 'side': 'long', 'volume': -1, 'symbol': 'BTC-USD'}\n"
+        "    return {'decision': 'TRADE_INTENT', 'reason': 'x', 'intent': intent}\n"
+    )
+    (hooks / "wake_broken.py").write_text("def evaluate(event, state)\n    return None\n")
+    event = {"eventId": "e", "ts": "2026-01-01T00:00:00.000Z", "source": "t",
+             "topic": "market.candle.closed", "payload": {}}  # fmt: skip
+    (tmp_path / "e.json").write_text(json.dumps(event))
+    res = invoke(["hooks", "test", str(tmp_path), "--event", str(tmp_path / "e.json")])
+    assert res.exit_code == 1, res.output
+    by_hook = {ln["hook"]: ln for ln in map(json.loads, res.stdout.splitlines())}
+    assert by_hook["wake_broken"]["error_kind"] == "compile"
+    slow = by_hook["wake_slow"]
+    assert slow["error_kind"] == "timeout" and slow["runtime_ms"] == 250.0
+    assert 0 < slow["compile_ms"] < 250
+    bad = by_hook["autotrade_bad"]
+    assert bad["error_kind"] == "invalid_result" and "$.intent.action" in bad["error"]
