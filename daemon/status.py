@@ -9,7 +9,7 @@ add their own part under ``components`` (the hook pipeline: :class:`HooksStatus`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -51,6 +51,21 @@ class FeedStatus(msgspec.Struct, frozen=True):
     failed: bool = False
 
 
+class HookHealth(msgspec.Struct, frozen=True, kw_only=True):
+    """How one hook has fared since the daemon started."""
+
+    evaluations: int = 0
+    # Failed evaluations: timeouts apart, every other error kind (runtime, invalid
+    # result, memory, crash, compile, oversized request).
+    timeouts: int = 0
+    errors: int = 0
+    # Events skipped while the hook backed off after a failure.
+    backoffs: int = 0
+    # ok; failing (its last evaluation failed: it backs off); paused (until resumed).
+    state: Literal["ok", "failing", "paused"] = "ok"
+    last_error: str | None = None
+
+
 class AgentStatus(msgspec.Struct, frozen=True):
     """One loaded agent: hook revisions, pauses, its queue, unreadable files."""
 
@@ -64,6 +79,8 @@ class AgentStatus(msgspec.Struct, frozen=True):
     cost_today: float = 0.0
     tokens_in_today: int = 0
     tokens_out_today: int = 0
+    # Per hook that ran: evaluations, failures, backoffs, pause.
+    hook_health: dict[str, HookHealth] = {}
 
 
 class HooksStatus(msgspec.Struct, frozen=True):

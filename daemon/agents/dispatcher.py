@@ -38,6 +38,7 @@ import msgspec
 import structlog
 
 from daemon.agents.checkpoints import Checkpoints
+from daemon.agents.health import HealthTracker
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
@@ -100,7 +101,9 @@ class Dispatcher:
     checkpoints: Checkpoints
     evaluations: int = 0
     suppressed: int = 0
+    # Events whose handling raised (not hook failures: those are in ``health``).
     failures: int = 0
+    health: HealthTracker = field(default_factory=HealthTracker)
 
     # -- the per-agent loop ----------------------------------------------------
 
@@ -194,6 +197,7 @@ class Dispatcher:
     ) -> Callable[[], Awaitable[object]] | None:
         """Record one result (audit row, dedupe, cooldown, wake submission) and return
         the action it still needs (an alert to send, an intent to trade), if any."""
+        self.health.record(rt.agent_id, r.hook_id, r.error_kind, r.error)
         if not r.ok or r.decision is None:
             self._audit_hook(rt, event, trace, r, error=f"{r.error_kind}: {r.error}")
             if r.error_kind == "paused":
@@ -258,8 +262,7 @@ class Dispatcher:
         if r.hook_id in rt.paused_hooks:
             return
         rt.paused_hooks.add(r.hook_id)
-        self.store.pause(rt.agent_id, r.hook_id, r.error or "paused")
-        log.warning("hook paused", agent=rt.agent_id, hook=r.hook_id, reason=r.error)
+        self.store.pause(rt.agent_id, r.hook_id, r.error or "paused")  # logged by self.health
         limit = rt.agent.config.pause_agent_after_paused_hooks
         if limit and len(rt.paused_hooks) >= limit and not rt.paused:
             self.pause_agent(rt, f"{len(rt.paused_hooks)} hooks paused")

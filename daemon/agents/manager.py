@@ -112,6 +112,7 @@ class AgentManager:
                     cost_today=round(usage[agent_id][1], 6),
                     tokens_in_today=usage[agent_id][2],
                     tokens_out_today=usage[agent_id][3],
+                    hook_health=d.health.of(agent_id),
                 )
                 for agent_id, rt in self.runtimes.items()
             },
@@ -349,6 +350,7 @@ class AgentManager:
         self.dispatcher.route.leave(agent_id)
         self._scopes.pop(agent_id).cancel()
         await self.dispatcher.pool.discard(agent_id)
+        self.dispatcher.health.forget(agent_id)
         log.info("agent stopped", agent=agent_id)
 
     # -- pauses ----------------------------------------------------------------------
@@ -374,5 +376,6 @@ class AgentManager:
                 self.dispatcher.resume_agent(rt)
             else:
                 self.dispatcher.pool.resume(agent_id, hook)
+                self.dispatcher.health.resumed(agent_id, hook)
                 rt.paused_hooks.discard(hook)
                 log.info("hook resumed", agent=agent_id, hook=hook)

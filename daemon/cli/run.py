@@ -134,9 +134,14 @@ def _render_status(st: Status, live_pid: int | None) -> str:
     lines.append("state: " + ", ".join(f"{k} {v}" for k, v in st.state.items()))
     hooks = st.hooks
     if hooks is not None:
+        health = [h for a in hooks.agents.values() for h in a.hook_health.values()]
+        timeouts = sum(h.timeouts for h in health)
+        errors = sum(h.errors for h in health)
+        backoffs = sum(h.backoffs for h in health)
         lines.append(
             f"hooks: {hooks.evaluations} evaluations, {hooks.suppressed} suppressed, "
-            f"{hooks.failures} failures; sandbox layers: "
+            f"{timeouts + errors} hook failures ({timeouts} timeouts, {errors} errors), "
+            f"{backoffs} skipped in backoff, {hooks.failures} handler errors; sandbox layers: "
             + (", ".join(hooks.sandbox_layers) or "none yet")
         )
         for agent, a in hooks.agents.items():
@@ -149,6 +154,15 @@ def _render_status(st: Status, live_pid: int | None) -> str:
             lines.append(
                 f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{held}{spend}"
             )
+            for hook, h in a.hook_health.items():
+                if not (h.timeouts or h.errors or h.backoffs or h.state != "ok"):
+                    continue
+                state = "PAUSED" if h.state == "paused" else h.state
+                lines.append(
+                    f"    hook {hook}: {state}, {h.evaluations} evaluations, {h.timeouts} "
+                    f"timeouts, {h.errors} errors, {h.backoffs} backoffs"
+                    + (f" (last: {h.last_error})" if h.last_error else "")
+                )
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+import structlog.testing
 from anyio.abc import TaskStatus
 
 from daemon.agents.pipeline import open_agents
@@ -16,6 +17,7 @@ from daemon.agents.store import HookStore
 from daemon.config import Config
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, candle_event_id, iso_ms
 from daemon.service import Service
+from daemon.status import read_status
 from feeds.base import Feed, FeedHealth, Publish
 
 T0 = 1_700_000_000_000
@@ -253,11 +255,14 @@ async def test_why_links_a_wake_to_its_run(tmp_path: Path) -> None:
 
 async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path: Path) -> None:
     """Repeated failures pause a hook (persisted); `marketwake hooks resume` lifts it while
-    the daemon runs, and the hook is evaluated again."""
+    the daemon runs, and the hook is evaluated again. The failures are visible: one
+    WARNING per transition (failing, then paused, once per pause), and status counts
+    per hook (an infinite loop's timeouts too)."""
     import sys
 
     boom = "def evaluate(event, state):\n    return 1 / 0\n"
-    agents = workspace(tmp_path, {"wake_boom.py": boom})
+    loop = "def evaluate(event, state):\n    while True:\n        pass\n"
+    agents = workspace(tmp_path, {"wake_boom.py": boom, "wake_loop.py": loop})
     cfg = msgspec.convert(
         {
             "daemon": {"state_dir": str(tmp_path / "state")},
@@ -280,16 +285,40 @@ async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path:
             check=True,
         )  # fmt: skip
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(resume)
-        svc = Service(cfg, lambda _: [feed], components=[open_agents])
-        with anyio.fail_after(30):
-            await svc.run()
-    errors = [r["error"] or "" for r in audit(tmp_path) if r["type"] == "hook"]
+    with structlog.testing.capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(resume)
+            svc = Service(cfg, lambda _: [feed], components=[open_agents])
+            with anyio.fail_after(30):
+                await svc.run()
+    errors = [
+        r["error"] or ""
+        for r in audit(tmp_path)
+        if r["type"] == "hook" and r["hookId"] == "wake_boom"
+    ]
     first_pause = next(i for i, e in enumerate(errors) if e.startswith("paused"))
     assert all("ZeroDivisionError" in e for e in errors[:first_pause])
     assert first_pause < 10
     assert any("ZeroDivisionError" in e for e in errors[first_pause:]), "resumed"
+    transitions = [
+        (e["hook"], e["event"].split(":")[0])
+        for e in logs
+        if e["event"].startswith("hook ") and "hook" in e and e["log_level"] == "warning"
+    ]
+    assert transitions.count(("wake_boom", "hook failing")) == 1
+    episodes = sum(
+        e.startswith("paused") and (i == 0 or not errors[i - 1].startswith("paused"))
+        for i, e in enumerate(errors)
+    )  # a pause, and another if it failed twice again after the resume
+    assert transitions.count(("wake_boom", "hook paused")) == episodes >= 1
+    assert transitions.count(("wake_loop", "hook failing")) == 1
+    assert transitions.count(("wake_loop", "hook paused")) == 1
+    health = read_status(tmp_path / "state").hooks.agents["alpha"].hook_health  # type: ignore[union-attr]
+    assert health["wake_loop"].timeouts == 2 and health["wake_loop"].state == "paused"
+    assert health["wake_boom"].errors == sum(e.startswith("runtime: ZeroDivision") for e in errors)
+    assert health["wake_boom"].state == "paused"
+    assert health["wake_boom"].last_error is not None
+    assert "ZeroDivisionError" in health["wake_boom"].last_error
 
 
 async def test_absurd_cooldown_is_clamped_not_fatal(tmp_path: Path) -> None:

@@ -1,0 +1,56 @@
+"""Per-hook health: counters, and one WARNING per transition (failing, paused, recovered)."""
+
+from __future__ import annotations
+
+import structlog.testing
+
+from daemon.agents.health import HealthTracker
+from daemon.cli.run import _render_status
+from daemon.status import AgentStatus, BusStatus, HooksStatus, Status
+
+
+def test_transitions_are_logged_once_each_and_counted() -> None:
+    t = HealthTracker()
+    with structlog.testing.capture_logs() as logs:
+        t.record("a", "h", None, None)
+        t.record("a", "h", "timeout", "exceeded its 250 ms budget")
+        t.record("a", "h", "backoff", "backing off")
+        t.record("a", "h", "runtime", "ZeroDivisionError")  # still failing: no new line
+        t.record("a", "h", "paused", "paused after 2 consecutive failures")
+        t.record("a", "h", "paused", "paused after 2 consecutive failures")
+        t.resumed("a", "h")
+        t.record("a", "h", None, None)
+    assert [(e["log_level"], e["event"].split(":")[0]) for e in logs] == [
+        ("warning", "hook failing"),
+        ("warning", "hook paused"),
+        ("warning", "hook recovered"),
+    ]
+    h = t.of("a")["h"]
+    assert (h.evaluations, h.timeouts, h.errors, h.backoffs, h.state) == (4, 1, 1, 1, "ok")
+    assert h.last_error == "runtime: ZeroDivisionError"
+    t.forget("a")
+    assert t.of("a") == {}
+
+
+def test_status_shows_each_troubled_hook() -> None:
+    t = HealthTracker()
+    for _ in range(4):
+        t.record("alpha", "wake_loop", "timeout", "exceeded its 250 ms budget")
+    t.record("alpha", "wake_loop", "paused", "paused")
+    t.record("alpha", "wake_fine", None, None)
+    agent = AgentStatus(
+        hooks={"wake_loop": "r1", "wake_fine": "r2"}, paused=False,
+        paused_hooks=["wake_loop"], queue_depth=0, hook_health=t.of("alpha"),
+    )  # fmt: skip
+    hooks = HooksStatus(sandbox_layers=["fds"], evaluations=5, suppressed=0, failures=0,
+                        agents={"alpha": agent})  # fmt: skip
+    st = Status(pid=1, started_at=0.0, written_at=0.0, running=False,
+                bus=BusStatus(published=0, delivered=0, coalesced=0, subscriptions=()),
+                feeds=[], state={}, components={"hooks": hooks})  # fmt: skip
+    text = _render_status(st, None)
+    assert "4 hook failures (4 timeouts, 0 errors), 0 skipped in backoff" in text
+    assert (
+        "    hook wake_loop: PAUSED, 4 evaluations, 4 timeouts, 0 errors, 0 backoffs "
+        "(last: timeout: exceeded its 250 ms budget)"
+    ) in text
+    assert "wake_fine" not in text.split("hook wake_loop")[1]
