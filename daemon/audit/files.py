@@ -1,16 +1,22 @@
 """Naming of audit files: ``audit-YYYY-MM-DD.jsonl``, then ``audit-YYYY-MM-DD.N.jsonl``.
 
 A day's log rolls to a numbered part when it reaches the per-file cap, so the
-disk bound can delete whole old parts even within a busy day.
+disk bound can delete whole old parts even within a busy day. A part the
+writer has moved on from is gzip-compressed (``.jsonl.gz``, about a tenth of
+the size); readers open either form with :func:`open_lines`.
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 import re
+import shutil
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple, cast
 
-_NAME = re.compile(r"^audit-(\d{4}-\d{2}-\d{2})(?:\.(\d+))?\.jsonl$")
+_NAME = re.compile(r"^audit-(\d{4}-\d{2}-\d{2})(?:\.(\d+))?\.jsonl(\.gz)?$")
+GZ = ".gz"
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -20,6 +26,16 @@ class AuditFile(NamedTuple):
     day: str
     part: int
     path: Path
+
+    @property
+    def compressed(self) -> bool:
+        """A closed part, gzip-compressed (never appended to again)."""
+        return self.path.name.endswith(GZ)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(day, part): the same for a part before and after compression."""
+        return self.day, self.part
 
 
 def file_name(day: str, part: int) -> str:
@@ -39,9 +55,35 @@ def list_files(directory: Path) -> list[AuditFile]:
         names = [p for p in directory.iterdir() if p.is_file()]
     except FileNotFoundError:
         return []
-    found = []
+    found: dict[tuple[str, int], AuditFile] = {}
     for path in names:
         m = _NAME.match(path.name)
         if m:
-            found.append(AuditFile(m.group(1), int(m.group(2) or 0), path))
-    return sorted(found)
+            f = AuditFile(m.group(1), int(m.group(2) or 0), path)
+            # Both forms exist only if compression was cut short after its rename:
+            # the .gz is then complete (see compress), so it wins.
+            if f.key not in found or f.compressed:
+                found[f.key] = f
+    return sorted(found.values())
+
+
+def open_lines(path: Path) -> BinaryIO:
+    """A binary reader of an audit file's lines, compressed or not."""
+    if path.name.endswith(GZ):
+        return cast(BinaryIO, gzip.GzipFile(path, "rb"))
+    return path.open("rb")
+
+
+def compress(path: Path, level: int = 6) -> Path:
+    """Replace a closed ``.jsonl`` part by its ``.jsonl.gz``: written to a temporary
+    name, synced, renamed, then the original removed (a crash leaves one complete
+    copy or both, never a torn .gz under the final name)."""
+    target = path.with_name(path.name + GZ)
+    tmp = path.with_name(path.name + GZ + ".tmp")
+    with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=level) as dst:
+        shutil.copyfileobj(src, dst, 1024 * 1024)
+    with tmp.open("rb") as fh:
+        os.fsync(fh.fileno())
+    tmp.replace(target)
+    path.unlink(missing_ok=True)
+    return target

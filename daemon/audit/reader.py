@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from daemon.audit.files import list_files
+from daemon.audit.files import AuditFile, list_files, open_lines
 from daemon.events import iso_ms, now_ms, parse_iso_ms
 
 Record = dict[str, Any]
@@ -100,10 +100,10 @@ def parse_line(line: bytes, stats: Stats | None = None) -> Record | None:
     return None
 
 
-def _files(directory: Path, since_ms: int | None) -> list[Path]:
+def _files(directory: Path, since_ms: int | None) -> list[AuditFile]:
     """Files that can hold records at or after ``since_ms`` (by their day)."""
     first_day = iso_ms(since_ms)[:10] if since_ms is not None else ""
-    return [f.path for f in list_files(directory) if f.day >= first_day]
+    return [f for f in list_files(directory) if f.day >= first_day]
 
 
 def iter_records(
@@ -112,22 +112,23 @@ def iter_records(
     *,
     contains: Iterable[str] = (),
     stats: Stats | None = None,
-    upto: Mapping[Path, int] | None = None,
+    upto: Mapping[tuple[str, int], int] | None = None,
 ) -> Iterator[Record]:
-    """Matching records, oldest first. ``contains``: a cheap prefilter on the raw line
-    (a line must contain one of the strings to be decoded at all). ``upto``: read
-    each file only to that many bytes, and no file it does not name (a snapshot)."""
+    """Matching records, oldest first, compressed parts included. ``contains``: a
+    cheap prefilter on the raw line (a line must contain one of the strings to be
+    decoded at all). ``upto``: read each part (by its (day, part) key) only to that
+    many bytes of its content (-1: all), and no part it does not name (a snapshot)."""
     flt = flt or AuditFilter()
     needles = [n.encode() for n in contains]
-    for path in _files(directory, flt.since_ms):
-        if upto is not None and path not in upto:
+    for f in _files(directory, flt.since_ms):
+        if upto is not None and f.key not in upto:
             continue
         try:
-            fh = path.open("rb")
+            fh = open_lines(f.path)
         except FileNotFoundError:
             continue  # deleted by retention while we listed
         with fh:
-            lines = fh if upto is None else io.BytesIO(fh.read(upto[path]))
+            lines = fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
             for line in lines:
                 if needles and not any(n in line for n in needles):
                     continue
@@ -140,7 +141,7 @@ def tail(
     directory: Path,
     flt: AuditFilter | None = None,
     n: int = 20,
-    upto: Mapping[Path, int] | None = None,
+    upto: Mapping[tuple[str, int], int] | None = None,
 ) -> list[Record]:
     """The last ``n`` matching records, oldest first (memory: ``n`` records); with
     ``upto`` (a :class:`Follower`'s offsets) exactly those before it starts."""
@@ -169,58 +170,71 @@ class Follower:
     last call. A partial last line is kept until its newline arrives.
     :attr:`offsets` is where it starts: ``tail(..., upto=follower.offsets)``
     shows what came before, so ``tail -f`` never repeats or reorders a record
-    that is flushed while it starts.
+    that is flushed while it starts. Offsets are positions in a part's content,
+    kept by (day, part): when the writer compresses a part it has moved on
+    from, the rest of it is read from the ``.gz``, nothing twice.
     """
 
     def __init__(self, directory: Path, flt: AuditFilter | None = None) -> None:
         self.directory = directory
         self.flt = flt or AuditFilter()
         self.stats = Stats()
-        self._offsets: dict[Path, int] = {}
+        self._offsets: dict[tuple[str, int], int] = {}
+        self._done: set[tuple[str, int]] = set()  # compressed before we started
         for f in list_files(directory):
+            if f.compressed:
+                self._done.add(f.key)
+                continue
             try:
-                self._offsets[f.path] = complete_size(f.path)
+                self._offsets[f.key] = complete_size(f.path)
             except FileNotFoundError:
                 continue
-        self._partial: dict[Path, bytes] = {}
+        self._partial: dict[tuple[str, int], bytes] = {}
 
     @property
-    def offsets(self) -> Mapping[Path, int]:
-        """Per file, the byte where following started."""
-        return dict(self._offsets)
+    def offsets(self) -> Mapping[tuple[str, int], int]:
+        """Per part, the byte of its content where following started."""
+        return {**self._offsets, **dict.fromkeys(self._done, -1)}  # -1: all of it
 
     def poll(self) -> list[Record]:
         """New matching records in file order."""
         out: list[Record] = []
         files = list_files(self.directory)
-        live = {f.path for f in files}
-        for gone in [p for p in self._offsets if p not in live]:  # deleted by retention
+        live = {f.key for f in files}
+        for gone in [k for k in self._offsets if k not in live]:  # deleted by retention
             self._offsets.pop(gone)
             self._partial.pop(gone, None)
         for f in files:
-            for line in self._new_lines(f.path):
+            if f.key in self._done:
+                continue
+            for line in self._new_lines(f):
                 rec = parse_line(line, self.stats)
                 if rec is not None and self.flt.matches(rec):
                     out.append(rec)
+            if f.compressed:  # never appended to again
+                self._done.add(f.key)
+                self._offsets.pop(f.key, None)
         return out
 
-    def _new_lines(self, path: Path) -> list[bytes]:
-        start = self._offsets.get(path, 0)
+    def _new_lines(self, f: AuditFile) -> list[bytes]:
+        start = self._offsets.get(f.key, 0)
         try:
-            with path.open("rb") as fh:
-                if fh.seek(0, 2) < start:  # truncated or replaced: start over
-                    start = 0
-                    self._partial.pop(path, None)
-                fh.seek(start)
-                data = fh.read(8 * 1024 * 1024)
-        except FileNotFoundError:
-            self._offsets.pop(path, None)
+            with open_lines(f.path) as fh:
+                if f.compressed:
+                    data = fh.read()[start:]  # a closed part: its whole rest
+                else:
+                    if fh.seek(0, 2) < start:  # truncated or replaced: start over
+                        start = 0
+                        self._partial.pop(f.key, None)
+                    fh.seek(start)
+                    data = fh.read(8 * 1024 * 1024)
+        except (FileNotFoundError, EOFError, OSError):
             return []
-        self._offsets[path] = start + len(data)
-        data = self._partial.pop(path, b"") + data
+        self._offsets[f.key] = start + len(data)
+        data = self._partial.pop(f.key, b"") + data
         *lines, rest = data.split(b"\n")
         if rest:
-            self._partial[path] = rest
+            self._partial[f.key] = rest
         return lines
 
 
@@ -249,12 +263,17 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> dic
         if budget <= 0:
             break
         try:
-            with f.path.open("rb") as fh:
-                size = fh.seek(0, 2)
-                start = max(0, size - budget)
-                fh.seek(start)
-                data = fh.read()
-        except OSError:
+            with open_lines(f.path) as fh:
+                if f.compressed:  # a closed part (at most max_file_bytes of content)
+                    whole = fh.read()
+                    start = max(0, len(whole) - budget)
+                    data = whole[start:]
+                else:
+                    size = fh.seek(0, 2)
+                    start = max(0, size - budget)
+                    fh.seek(start)
+                    data = fh.read()
+        except (OSError, EOFError):
             continue
         if start > 0:
             data = data[data.find(b"\n") + 1 :]  # drop the partial first line

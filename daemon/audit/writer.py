@@ -16,8 +16,9 @@ next interval; only beyond ``max_pending`` are the oldest records dropped
 (``dropped``). A batch that failed halfway may be written twice on retry.
 
 Disk stays bounded: files are ``audit-YYYY-MM-DD[.N].jsonl`` (the day of the
-record's ``ts``); a part rolls over at ``max_file_bytes``; after a write the
-oldest files are deleted while the total exceeds ``max_total_bytes`` or their
+record's ``ts``); a part rolls over at ``max_file_bytes``; a part the writer
+has moved on from is gzip-compressed (``.jsonl.gz``, in the worker thread);
+after a write the oldest files are deleted while the total exceeds ``max_total_bytes`` or their
 day is more than ``max_days`` before the newest day. The file being written is
 never deleted, so the worst case is ``max_total_bytes + max_file_bytes``.
 """
@@ -38,7 +39,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from daemon.appendfile import open_append
-from daemon.audit.files import day_of, file_name, list_files
+from daemon.audit.files import compress, day_of, file_name, list_files
 from daemon.audit.records import AuditRecord, encode_line, now_ts
 from daemon.errors import StoreError
 
@@ -78,6 +79,7 @@ class AuditWriter:
         self.dropped = 0
         self.last_error = ""
         self.deleted_files = 0
+        self.compressed_files = 0
         self._pending: list[tuple[str, bytes]] = []
         self._wake: anyio.Event | None = None
         self._flushed: anyio.Event | None = None
@@ -215,7 +217,8 @@ class AuditWriter:
                 return self._fh
             part = self._fh_key[1] + 1
         else:
-            parts = [f.part for f in list_files(self.directory) if f.day == day]
+            # After a restart: the day's last part, unless it is already compressed.
+            parts = [f.part + f.compressed for f in list_files(self.directory) if f.day == day]
             part = max(parts, default=0)
         self._close_file()
         while True:
@@ -234,7 +237,26 @@ class AuditWriter:
             self._fh.close()
             self._fh = None
 
+    def _compress_closed(self) -> None:
+        """gzip every plain part older than the one being appended to (the writer never
+        goes back to it): rotated days and parts, and leftovers of a crash."""
+        if self._fh_key is None:
+            return
+        for f in list_files(self.directory):
+            if f.key >= self._fh_key:
+                break
+            if not f.compressed:
+                compress(f.path)
+                self.compressed_files += 1
+        for leftover in self.directory.glob("audit-*.jsonl*"):
+            if leftover.name.endswith(".gz.tmp") or (
+                not leftover.name.endswith(".gz")
+                and leftover.with_name(leftover.name + ".gz").exists()
+            ):
+                leftover.unlink(missing_ok=True)  # a compression cut short
+
     def _enforce_bounds(self) -> None:
+        self._compress_closed()
         files = list_files(self.directory)
         if not files:
             return

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import anyio
 
-from daemon.audit.files import list_files
+from daemon.audit.files import list_files, open_lines
 from daemon.audit.writer import AuditWriter, open_audit
 from daemon.trading.broker import OrderRequest
 from daemon.trading.intents import RiskLimits, parse_intent
@@ -24,9 +25,11 @@ DESIGN_FIELDS = {
 
 
 def lines(directory: Path) -> list[dict[str, object]]:
-    return [
-        json.loads(line) for f in list_files(directory) for line in f.path.read_text().splitlines()
-    ]
+    out = []
+    for f in list_files(directory):
+        with open_lines(f.path) as fh:
+            out += [json.loads(line) for line in fh.read().splitlines()]
+    return out
 
 
 def test_hook_record_has_exactly_the_design_fields(tmp_path: Path) -> None:
@@ -74,14 +77,19 @@ async def test_clean_stop_loses_nothing(tmp_path: Path) -> None:
 
 
 def test_daily_rotation(tmp_path: Path) -> None:
-    """Records land in audit-YYYY-MM-DD.jsonl by the day of their ts."""
+    """Records land in audit-YYYY-MM-DD.jsonl by the day of their ts; the days the
+    writer has moved on from are compressed, the current one is not."""
     w = AuditWriter(tmp_path)
     for day in ("2026-02-17", "2026-02-17", "2026-02-18", "2026-02-19"):
         w.write(hook(ts=ts(day)))
     w.close()
     names = [f.path.name for f in list_files(tmp_path)]
-    assert names == ["audit-2026-02-17.jsonl", "audit-2026-02-18.jsonl", "audit-2026-02-19.jsonl"]
-    assert len((tmp_path / names[0]).read_text().splitlines()) == 2
+    assert names == [
+        "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl.gz", "audit-2026-02-19.jsonl",
+    ]  # fmt: skip
+    assert len(gzip.decompress((tmp_path / names[0]).read_bytes()).splitlines()) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no plain copy, no .tmp
+    assert w.compressed_files == 2
 
 
 def test_disk_bound_deletes_oldest(tmp_path: Path) -> None:
@@ -159,3 +167,50 @@ async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
             await w.next_flush()
     assert [r["reason"] for r in lines(target)] == ["first", "second"]
     assert w.dropped == 0
+
+
+def test_a_follower_reads_the_rest_of_a_part_from_its_gz(tmp_path: Path) -> None:
+    """The writer compresses a day once it moved on; what the follower had not read yet
+    of that day comes from the .gz, nothing twice, in order."""
+    from daemon.audit.reader import Follower
+
+    w = AuditWriter(tmp_path, flush_every=1)
+    w.write(hook(reason="a"))
+    w.flush_sync()
+    f = Follower(tmp_path)
+    w.write(hook(reason="b"))
+    w.flush_sync()
+    assert [r["reason"] for r in f.poll()] == ["b"]
+    w.write(hook(reason="c"))
+    w.write(hook(ts=ts("2026-02-18"), reason="next day"))  # day 1 is compressed now
+    w.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
+    ]  # fmt: skip
+    assert [r["reason"] for r in f.poll()] == ["c", "next day"]
+    assert f.poll() == []
+
+
+def test_crash_leftovers_and_a_restart_on_a_compressed_day(tmp_path: Path) -> None:
+    """Both forms of a part (a compression cut short after its rename): the .gz is
+    read, the plain copy removed; a half-written .tmp is removed. A restart whose
+    day's last part is compressed appends to a new part, never beside the .gz."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(ts=ts("2026-02-17"), reason="one"))
+    w.write(hook(ts=ts("2026-02-18"), reason="two"))
+    w.close()
+    gz = tmp_path / "audit-2026-02-17.jsonl.gz"
+    plain = tmp_path / "audit-2026-02-17.jsonl"
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    (tmp_path / "audit-2026-02-17.jsonl.gz.tmp").write_bytes(b"\x1f\x8b torn")
+    assert [f.path.name for f in list_files(tmp_path)] == [gz.name, "audit-2026-02-18.jsonl"]
+    assert [r["reason"] for r in lines(tmp_path)] == ["one", "two"]
+    again = AuditWriter(tmp_path)
+    again.write(hook(ts=ts("2026-02-17"), reason="late"))  # back to a compressed day
+    again.write(hook(ts=ts("2026-02-18"), reason="three"))
+    again.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "audit-2026-02-17.1.jsonl.gz", "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
+    ]  # fmt: skip
+    assert [r["reason"] for r in lines(tmp_path)] == ["one", "late", "two", "three"]
