@@ -34,6 +34,7 @@ from daemon import config as config_mod
 from daemon.bus import Bus, Subscription
 from daemon.clock import Clock, MonotonicClock
 from daemon.config import Config
+from daemon.control import CONTROL_SOCKET, serve_control
 from daemon.errors import ConfigError, StoreError
 from daemon.events import FeedEvent
 from daemon.recorder import record
@@ -384,6 +385,10 @@ class Service:
         value = stats()
         return dict(value) if isinstance(value, dict) else msgspec.to_builtins(value)
 
+    def _live_status(self) -> bytes:
+        """The status as of now, for the control socket (``marketwake status``)."""
+        return msgspec.json.encode(self.status(running=True))
+
     def write_status(self, *, running: bool) -> Status:
         """Write status.json atomically (temp file + rename)."""
         status = self.status(running=running)
@@ -442,6 +447,8 @@ class Service:
         async with anyio.create_task_group() as ftg:
             self._feeds_tg = ftg
             await self._start_feeds(self.config)
+            # Up before READY: `status` right after READY asks the daemon itself.
+            await ftg.start(serve_control, self.state_dir / CONTROL_SOCKET, self._live_status)
             names = ", ".join(self.health) or "none"
             log.info("daemon ready", feeds=names)
             self.notifier.ready(f"feeds: {names}")

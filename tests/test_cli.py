@@ -117,7 +117,7 @@ def test_run_reload_and_graceful_stop(tmp_path: Path) -> None:
         try:
             _recv_until(sock, "READY=1")
             live = mw("status", "--state-dir", str(tmp_path / "state"))
-            assert f"daemon: running (pid {proc.pid}," in live.stdout, live.stderr
+            assert f"daemon: running (pid {proc.pid}, status as of now)" in live.stdout, live.stderr
             # A second daemon on the same state dir is refused, and leaves no trace.
             second = mw("run", "--config", str(cfg))
             assert second.returncode == 2

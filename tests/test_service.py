@@ -18,7 +18,7 @@ from daemon.config import Config, DaemonSection
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
 from daemon.sdnotify import Notifier
 from daemon.service import Service
-from daemon.status import read_status
+from daemon.status import Status, read_status
 from feeds.base import Feed, FeedHealth, Publish
 
 
@@ -202,3 +202,37 @@ async def test_state_cache_survives_a_restart(tmp_path: Path) -> None:
     await second.run()
     series = second.state.series("BTC-USD", "1m")
     assert series is not None and len(series.candles) == 25
+
+
+async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
+    """While the daemon runs, `status` asks it (not the minute-old file); the socket is
+    the daemon user's only, a bad or silent client gets nothing and harms nothing,
+    and the socket is gone after the stop."""
+    from daemon.control import CONTROL_SOCKET, ask_status
+
+    svc = Service(make_config(tmp_path, status_interval_seconds=3600), lambda _: [SilentFeed()])
+    path = tmp_path / "state" / CONTROL_SOCKET
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(svc.run)
+        with anyio.fail_after(10):
+            while not path.exists():  # noqa: ASYNC110 - waiting for the daemon's start
+                await anyio.sleep(0.01)
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        silent = await anyio.connect_unix(str(path))  # sends nothing: cut after 2 s
+        first = await anyio.to_thread.run_sync(ask_status, path)
+        assert first is not None
+        live = msgspec.json.decode(first, type=Status)
+        assert live.running and [f.name for f in live.feeds] == ["silent"]
+        await anyio.sleep(0.05)
+        second = await anyio.to_thread.run_sync(ask_status, path)
+        assert second is not None
+        again = msgspec.json.decode(second, type=Status)
+        assert again.written_at > live.written_at  # built per request, not the file
+        async with await anyio.connect_unix(str(path)) as bad:
+            await bad.send(b"\xff\x00 shutdown please\n")
+            answer = await bad.receive()
+        assert b"unknown request" in answer
+        await silent.aclose()
+        svc.request_stop()
+    assert not path.exists()
+    assert ask_status(path) is None

@@ -10,6 +10,7 @@ import msgspec
 
 from daemon import config as config_mod
 from daemon.cli.common import resolve_state_dir
+from daemon.control import CONTROL_SOCKET, ask_status
 from daemon.errors import StoreError
 from daemon.logs import configure as configure_logging
 from daemon.statedir import STATUS_FILE, holder
@@ -97,10 +98,12 @@ def config_check(path: Path | None) -> None:
             click.echo(f"    {line}")
 
 
-def _render_status(st: Status, live_pid: int | None) -> str:
-    """``live_pid`` comes from the state dir lock: a live daemon holds it."""
+def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
+    """``live_pid`` comes from the state dir lock: a live daemon holds it; ``live``:
+    the status came from the daemon itself (the control socket), not the file."""
     age = time.time() - st.written_at
     bus = st.bus
+    when = "status as of now" if live else f"status written {age:.0f}s ago"
     if live_pid is not None:
         head = f"running (pid {live_pid or st.pid}, "
     elif st.running:
@@ -108,8 +111,7 @@ def _render_status(st: Status, live_pid: int | None) -> str:
     else:
         head = f"not running (last pid {st.pid}, "
     lines = [
-        f"daemon: {head}status written {age:.0f}s ago)"
-        + (f", run {st.run_id}" if st.run_id else ""),
+        f"daemon: {head}{when})" + (f", run {st.run_id}" if st.run_id else ""),
         f"bus: published {bus.published}, delivered {bus.delivered}, coalesced {bus.coalesced}",
     ]
     for sub in bus.subscriptions:
@@ -171,8 +173,26 @@ def _render_status(st: Status, live_pid: int | None) -> str:
 @click.option("--state-dir", type=click.Path(path_type=Path), help="Read status from here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
-    """Show the counters of a running (or the last) daemon: bus, feeds, state."""
+    """Show the counters of a running (or the last) daemon: bus, feeds, state.
+
+    A running daemon is asked over its control socket (<state_dir>/control.sock),
+    so the figures are as of now; else the last status.json is read."""
     state = resolve_state_dir(config_path, state_dir)
+    pid = holder(state)
+    raw = ask_status(state / CONTROL_SOCKET) if pid is not None else None
+    if raw is not None:
+        try:
+            live = msgspec.json.decode(raw, type=Status)
+        except msgspec.DecodeError:
+            live = None
+        except msgspec.ValidationError:
+            live = None
+        if live is not None:
+            if as_json:
+                click.echo(msgspec.json.format(raw).decode())
+            else:
+                click.echo(_render_status(live, pid, live=True))
+            return
     try:
         status = read_status(state)
     except FileNotFoundError:
@@ -184,4 +204,4 @@ def status_command(config_path: Path | None, state_dir: Path | None, as_json: bo
     if as_json:
         click.echo(msgspec.json.format(msgspec.json.encode(status)).decode())
     else:
-        click.echo(_render_status(status, holder(state)))
+        click.echo(_render_status(status, pid))

@@ -1,0 +1,117 @@
+"""The daemon's control socket: ``<state_dir>/control.sock`` answers ``status`` live.
+
+``status.json`` is written every ``status_interval_seconds`` (60 by default),
+so reading it can be a minute stale. While the daemon runs, ``marketwake
+status`` asks it over this Unix socket instead and gets the status as of now.
+
+The protocol is one request line and one answer: the client sends
+``status\\n`` and reads a JSON document until the daemon closes the
+connection. Anything else gets ``{"error": ...}``. Requests are capped at
+64 bytes and 2 seconds, so a stuck or hostile client costs nothing; the
+socket is mode 0600 (the daemon's user only), like the state dir itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import SocketStream, TaskStatus
+
+log = structlog.get_logger("control")
+
+CONTROL_SOCKET: Final = "control.sock"
+MAX_REQUEST: Final = 64
+REQUEST_SECONDS: Final = 2.0
+MAX_ANSWER: Final = 64 * 1024 * 1024
+# sun_path holds 108 bytes on Linux, the terminating NUL included.
+MAX_PATH: Final = 107
+
+
+async def serve_control(
+    path: Path,
+    status: Callable[[], bytes],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``status`` requests on ``path`` until cancelled; the file is removed after.
+
+    A path too long for a Unix socket (or a directory we cannot bind in) is
+    logged and the daemon runs without it: ``status`` then reads the file."""
+    if len(os.fsencode(path)) > MAX_PATH:
+        log.warning("control socket path too long; status reads status.json", path=str(path))
+        task_status.started()
+        return
+    _remove(path)  # a previous run's, left by a crash (we hold the state dir's lock)
+    try:
+        listener = await anyio.create_unix_listener(path)
+    except OSError as exc:
+        log.warning("control socket unavailable; status reads status.json", error=str(exc))
+        task_status.started()
+        return
+    try:
+        os.chmod(path, 0o600)
+        task_status.started()
+
+        async def handle(conn: SocketStream) -> None:
+            async with conn:
+                await _answer(conn, status)
+
+        async with listener:
+            await listener.serve(handle)
+    finally:
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """Unlink the socket file (a local directory entry: no need for a thread)."""
+    path.unlink(missing_ok=True)
+
+
+async def _answer(conn: SocketStream, status: Callable[[], bytes]) -> None:
+    request = b""
+    with anyio.move_on_after(REQUEST_SECONDS):
+        while b"\n" not in request and len(request) <= MAX_REQUEST:
+            try:
+                request += await conn.receive(MAX_REQUEST + 1)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                break
+    line = request.split(b"\n", 1)[0].strip()
+    if line == b"status":
+        answer = status()
+    else:
+        shown = line[:MAX_REQUEST].decode("utf-8", "replace")
+        answer = msgspec.json.encode({"error": f"unknown request {shown!r}; send 'status'"})
+    try:
+        with anyio.fail_after(REQUEST_SECONDS):
+            await conn.send(answer)
+    except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # the client went away: its loss
+
+
+def ask_status(path: Path, timeout: float = 2.0) -> bytes | None:
+    """The running daemon's status JSON, or None when nobody answers (no daemon, an
+    old daemon without the socket, a timeout). Blocking: for the CLI."""
+    if len(os.fsencode(path)) > MAX_PATH or not path.exists():
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(os.fspath(path))
+            sock.sendall(b"status\n")
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := sock.recv(1 << 16):
+                size += len(chunk)
+                if size > MAX_ANSWER:
+                    return None
+                chunks.append(chunk)
+    except OSError:
+        return None
+    return b"".join(chunks) or None
