@@ -88,6 +88,12 @@ class AgentRuntime:
         return any(topic_matches(p, topic) for p in self.agent.config.topics)
 
 
+def market_state(cache: StateCache, event: FeedEvent, candles: int) -> dict[str, Any]:
+    """The market part of a hook's state for ``event``: the event's symbol (every
+    symbol for an event without one), ``candles`` per series (``state_candles``)."""
+    return cache.export([event.symbol] if event.symbol else None, candles=candles)
+
+
 @dataclass
 class Dispatcher:
     """Evaluates hooks for bus events and routes their decisions."""
@@ -182,8 +188,7 @@ class Dispatcher:
 
     def build_state(self, rt: AgentRuntime, event: FeedEvent) -> dict[str, Any]:
         """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs."""
-        symbols = [event.symbol] if event.symbol else None
-        state = rt.state.export(symbols, candles=rt.agent.config.state_candles)
+        state = market_state(rt.state, event, rt.agent.config.state_candles)
         broker, account = self.desk.broker, self.desk.account_of(rt.agent_id)
         state["positions"] = msgspec.to_builtins(broker.positions(account))
         state["orders"] = msgspec.to_builtins(broker.open_orders(account))

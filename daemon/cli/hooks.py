@@ -11,10 +11,14 @@ import anyio
 import click
 import msgspec
 
+from daemon.agents.dispatcher import market_state
 from daemon.agents.store import AGENT_WIDE, HookStore
-from daemon.cli.common import resolve_state_dir
-from daemon.errors import HookCompileError
-from daemon.events import FeedEvent, to_dict
+from daemon.agents.workspace import AGENT_FILE, load_agent_config
+from daemon.audit.reader import AuditFilter, iter_records
+from daemon.cli.common import load_config_or_defaults, resolve_state_dir
+from daemon.errors import ConfigError, HookCompileError
+from daemon.events import FeedEvent, decode, to_dict
+from daemon.state import StateCache
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 
 
@@ -78,12 +82,59 @@ async def _run(
     return all_ok
 
 
+def replay_state(recording: Path, event_id: str, candles: int) -> tuple[FeedEvent, dict[str, Any]]:
+    """The event ``event_id`` of a recording (JSONL FeedEvents, as ``--record``
+    writes them) and the market state a hook saw for it: every event up to and
+    including it applied to a state cache, exported as the dispatcher does."""
+    cache = StateCache(max_candles=max(candles, 1))
+    try:
+        fh = recording.open("rb")
+    except OSError as exc:
+        raise click.BadParameter(f"{recording}: cannot read the recording: {exc}") from None
+    with fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                event = decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise click.BadParameter(f"{recording}:{n}: not a FeedEvent: {exc}") from None
+            cache.apply(event)
+            if event.event_id == event_id:
+                state = market_state(cache, event, candles)
+                state.update(positions={}, orders=[], lastOutputs={})
+                return event, state
+    raise click.BadParameter(f"{recording}: no event with id {event_id!r}")
+
+
+def _state_candles(path: Path) -> int:
+    """``state_candles`` of the agent that ``path`` (a hook file or directory) is in."""
+    agent_dir = path.parent.parent if path.is_file() else path
+    if agent_dir.name == "hooks":
+        agent_dir = agent_dir.parent
+    try:
+        return load_agent_config(agent_dir / AGENT_FILE).state_candles
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _live_decisions(audit_dir: Path, event_id: str) -> None:
+    """What the daemon's hooks decided for the event, for comparison (stderr)."""
+    for rec in iter_records(audit_dir, AuditFilter(types=frozenset({"hook"})), contains=[event_id]):
+        if rec.get("eventId") == event_id:
+            decided = rec.get("decision") or f"ERROR ({rec.get('error')})"
+            click.echo(
+                f"live: {rec.get('agentId')}/{rec.get('hookId')} decided {decided}: "
+                f"{rec.get('reason', '')}",
+                err=True,
+            )
+
+
 @hooks_group.command("test")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--event",
     "event_path",
-    required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A FeedEvent as JSON (camelCase, as on the bus).",
 )
@@ -93,11 +144,38 @@ async def _run(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The read-only state the hooks see, as JSON (default: {}).",
 )
+@click.option(
+    "--recording",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A recording (--record JSONL): take the event and rebuild its state from it.",
+)
+@click.option("--event-id", help="With --recording: which event to test.")
+@click.option(
+    "--from-audit",
+    "audit_event",
+    metavar="EVENT_ID",
+    help="An event the daemon evaluated: replayed from its [daemon] record file, "
+    "beside what the live hooks decided (needs --config).",
+)
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
 @click.option("--timeout-ms", type=float, default=None, help="Per-hook budget (default 250).")
 def test_command(
-    path: Path, event_path: Path, state_path: Path | None, timeout_ms: float | None
+    path: Path,
+    event_path: Path | None,
+    state_path: Path | None,
+    recording: Path | None,
+    event_id: str | None,
+    audit_event: str | None,
+    config_path: Path | None,
+    timeout_ms: float | None,
 ) -> None:
     """Evaluate one hook file, or every hook of an agent directory in one worker.
+
+    The event is --event (with --state), or a real one: --recording FILE
+    --event-id ID rebuilds the candles, indicators and ticks the hook saw from
+    a recording, and --from-audit ID does so from the daemon's own recording
+    and prints what the live hooks decided. Positions, orders and lastOutputs
+    are not in a recording: they are empty then.
 
     Each hook is compiled first, then evaluated under the daemon's deadline
     (--timeout-ms, 250 by default): a hook the daemon would time out fails here
@@ -106,14 +184,33 @@ def test_command(
     recorded error, with runtime_ms and compile_ms) and exits 0 only if every
     hook produced a valid decision.
     """
-    event = _read_json(event_path, "event")
-    try:
-        event = to_dict(msgspec.convert(event, FeedEvent))  # exactly what hooks get live
-    except msgspec.ValidationError as exc:
-        raise click.BadParameter(
-            f"{event_path}: not a FeedEvent ({exc}); required: eventId, ts, source, topic, payload"
-        ) from None
-    state = _read_json(state_path, "state") if state_path else {}
+    if audit_event is not None:
+        cfg = load_config_or_defaults(config_path)
+        if not cfg.daemon.record:
+            raise click.BadParameter(
+                "the daemon records no events ([daemon] record is empty): set it (or run "
+                "with --record) and events it evaluates can be replayed here",
+                param_hint="--from-audit",
+            )
+        recording, event_id = Path(cfg.daemon.record), audit_event
+        _live_decisions(cfg.audit_dir, audit_event)
+    if recording is not None:
+        if event_id is None or event_path is not None or state_path is not None:
+            raise click.UsageError("--recording takes --event-id, and no --event or --state")
+        live, state = replay_state(recording, event_id, _state_candles(path))
+        event = to_dict(live)
+    else:
+        if event_path is None:
+            raise click.UsageError("pass --event, --recording with --event-id, or --from-audit")
+        raw = _read_json(event_path, "event")
+        try:
+            event = to_dict(msgspec.convert(raw, FeedEvent))  # exactly what hooks get live
+        except msgspec.ValidationError as exc:
+            raise click.BadParameter(
+                f"{event_path}: not a FeedEvent ({exc}); "
+                "required: eventId, ts, source, topic, payload"
+            ) from None
+        state = _read_json(state_path, "state") if state_path else {}
     config = SandboxConfig() if timeout_ms is None else SandboxConfig(timeout_ms=timeout_ms)
     agent, files = _collect(path)
     ok = anyio.run(_run, agent, files, event, state, config)

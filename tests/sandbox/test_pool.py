@@ -635,3 +635,76 @@ def test_cli_judges_hooks_as_the_daemon_does(tmp_path: Path) -> None:
     assert 0 < slow["compile_ms"] < 250
     bad = by_hook["autotrade_bad"]
     assert bad["error_kind"] == "invalid_result" and "$.intent.action" in bad["error"]
+
+
+@pytest.mark.parametrize(
+    ("sample", "decisions"),
+    [
+        ("candle_closed", {"wake_two_green": "WAKE", "wake_crash_alert": "IGNORE"}),
+        ("price_tick", {"wake_crash_alert": "ALERT", "wake_two_green": "IGNORE"}),
+    ],
+)
+def test_the_example_agent_ships_a_sample_per_event_kind(
+    sample: str, decisions: dict[str, str]
+) -> None:
+    samples = Path(__file__).parents[2] / "agents" / "example" / "samples"
+    agent = samples.parent
+    res = invoke(["hooks", "test", str(agent), "--event", str(samples / f"{sample}.event.json"),
+                  "--state", str(samples / f"{sample}.state.json")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    got = {
+        ln["hook"]: ln["decision"]["decision"] for ln in map(json.loads, res.stdout.splitlines())
+    }
+    assert {h: got[h] for h in decisions} == decisions
+
+
+def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> None:
+    """--recording/--event-id rebuilds the candles and indicators the hook saw (the
+    state cache fed every event up to it); --from-audit does it from the daemon's
+    own recording and prints what the live hooks decided."""
+    import msgspec
+
+    from daemon.cli.hooks import replay_state
+    from daemon.events import MARKET_CANDLE_CLOSED, Candle, FeedEvent, iso_ms
+
+    def bar(i: int, close: float) -> FeedEvent:
+        t = 1_767_225_600_000 + i * 60_000
+        c = Candle(open=100.0, high=max(100.0, close) + 1, low=min(100.0, close) - 1,
+                   close=close, volume=1.0, open_time_ms=t, close_time_ms=t + 60_000)  # fmt: skip
+        return FeedEvent(event_id=f"t:{i}", ts=iso_ms(t + 60_000), source="t",
+                         topic=MARKET_CANDLE_CLOSED, symbol="BTC-USD", timeframe="1m",
+                         payload=c.payload())  # fmt: skip
+
+    closes = [99.0] * 8 + [101.0, 102.0] + [99.0] * 5  # the 2nd green bar is event t:9
+    rec = tmp_path / "rec.jsonl"
+    rec.write_bytes(b"".join(msgspec.json.encode(bar(i, c)) + b"\n" for i, c in enumerate(closes)))
+    event, state = replay_state(rec, "t:9", 50)
+    assert event.event_id == "t:9"
+    series = state["candles"]["BTC-USD"]["1m"]
+    assert [c["close"] for c in series] == closes[:10]  # nothing after the event
+    assert state["indicators"]["BTC-USD"]["1m"]["count"] == 10
+    assert (state["positions"], state["orders"], state["lastOutputs"]) == ({}, [], {})
+    agent = Path(__file__).parents[2] / "agents" / "example"
+    res = invoke(["hooks", "test", str(agent), "--recording", str(rec), "--event-id", "t:9"])
+    assert res.exit_code == 0, res.output
+    got = {
+        ln["hook"]: ln["decision"]["decision"] for ln in map(json.loads, res.stdout.splitlines())
+    }
+    assert got["wake_two_green"] == "WAKE"
+    missing = invoke(["hooks", "test", str(agent), "--recording", str(rec), "--event-id", "nope"])
+    assert missing.exit_code == 2 and "no event with id 'nope'" in missing.output
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')
+    unrecorded = invoke(["hooks", "test", str(agent), "--from-audit", "t:9", "--config", str(cfg)])
+    assert unrecorded.exit_code == 2 and "[daemon] record is empty" in unrecorded.output
+    from daemon.audit.writer import AuditWriter
+    from tests.audit.factory import hook
+
+    w = AuditWriter(tmp_path / "state" / "audit")
+    w.write(hook(agent_id="example", event_id="t:9", decision="WAKE", reason="live reason"))
+    w.close()
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nrecord = "{rec}"\n')
+    audited = invoke(["hooks", "test", str(agent), "--from-audit", "t:9", "--config", str(cfg)])
+    assert audited.exit_code == 0, audited.output
+    assert "live: example/wake_two_green decided WAKE: live reason" in audited.stderr
+    assert '"decision": "WAKE"' in audited.stdout
