@@ -19,6 +19,7 @@ from daemon.cli.common import load_config_or_defaults, resolve_state_dir
 from daemon.errors import ConfigError, HookCompileError
 from daemon.events import FeedEvent, decode, to_dict
 from daemon.state import StateCache
+from daemon.trading.ledger import Ledger
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 
 
@@ -82,11 +83,15 @@ async def _run(
     return all_ok
 
 
-def replay_state(recording: Path, event_id: str, candles: int) -> tuple[FeedEvent, dict[str, Any]]:
+def replay_state(
+    recording: Path, event_id: str, candles: int, account: str = ""
+) -> tuple[FeedEvent, dict[str, Any]]:
     """The event ``event_id`` of a recording (JSONL FeedEvents, as ``--record``
-    writes them) and the market state a hook saw for it: every event up to and
-    including it applied to a state cache, exported as the dispatcher does."""
+    writes them) and the state a hook saw for it: every event up to it applied
+    to a state cache (exported as the dispatcher does) and to ``account``'s
+    ledger (its working orders and positions)."""
     cache = StateCache(max_candles=max(candles, 1))
+    ledger = Ledger(account)
     try:
         fh = recording.open("rb")
     except OSError as exc:
@@ -102,20 +107,23 @@ def replay_state(recording: Path, event_id: str, candles: int) -> tuple[FeedEven
             cache.apply(event)
             if event.event_id == event_id:
                 state = market_state(cache, event, candles)
-                state.update(positions={}, orders=[], lastOutputs={})
+                state.update(ledger.state(), lastOutputs={})
                 return event, state
+            ledger.apply(event)
     raise click.BadParameter(f"{recording}: no event with id {event_id!r}")
 
 
-def _state_candles(path: Path) -> int:
-    """``state_candles`` of the agent that ``path`` (a hook file or directory) is in."""
+def _agent_of(path: Path) -> tuple[int, str]:
+    """(``state_candles``, paper account) of the agent ``path`` (a hook file or
+    directory) belongs to."""
     agent_dir = path.parent.parent if path.is_file() else path
     if agent_dir.name == "hooks":
         agent_dir = agent_dir.parent
     try:
-        return load_agent_config(agent_dir / AGENT_FILE).state_candles
+        cfg = load_agent_config(agent_dir / AGENT_FILE)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
+    return cfg.state_candles, cfg.account or agent_dir.name
 
 
 def _live_decisions(audit_dir: Path, event_id: str) -> None:
@@ -174,8 +182,9 @@ def test_command(
     The event is --event (with --state), or a real one: --recording FILE
     --event-id ID rebuilds the candles, indicators and ticks the hook saw from
     a recording, and --from-audit ID does so from the daemon's own recording
-    and prints what the live hooks decided. Positions, orders and lastOutputs
-    are not in a recording: they are empty then.
+    and prints what the live hooks decided. Positions and working orders come
+    from the recording's account events; lastOutputs is not in a recording
+    (empty then).
 
     Each hook is compiled first, then evaluated under the daemon's deadline
     (--timeout-ms, 250 by default): a hook the daemon would time out fails here
@@ -197,7 +206,7 @@ def test_command(
     if recording is not None:
         if event_id is None or event_path is not None or state_path is not None:
             raise click.UsageError("--recording takes --event-id, and no --event or --state")
-        live, state = replay_state(recording, event_id, _state_candles(path))
+        live, state = replay_state(recording, event_id, *_agent_of(path))
         event = to_dict(live)
     else:
         if event_path is None:

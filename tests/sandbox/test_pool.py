@@ -683,7 +683,7 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
     series = state["candles"]["BTC-USD"]["1m"]
     assert [c["close"] for c in series] == closes[:10]  # nothing after the event
     assert state["indicators"]["BTC-USD"]["1m"]["count"] == 10
-    assert (state["positions"], state["orders"], state["lastOutputs"]) == ({}, [], {})
+    assert (state["positions"], state["orders"], state["lastOutputs"]) == ({}, [], {})  # no trades
     agent = Path(__file__).parents[2] / "agents" / "example"
     res = invoke(["hooks", "test", str(agent), "--recording", str(rec), "--event-id", "t:9"])
     assert res.exit_code == 0, res.output
