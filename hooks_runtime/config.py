@@ -60,10 +60,16 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # (worker) while only one batch is in flight: waking a sleeping process costs
     # ~50 us per hop on this VM. 0 disables; never used when batches run concurrently.
     spin_us: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 300
-    # Failure handling per hook: backoff doubles from base to max, pause after N in a row.
+    # Failure handling per hook: backoff doubles from base to max after each failure;
+    # paused once pause_after_failures of its last failure_window evaluations failed.
     backoff_base_seconds: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     backoff_max_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
     pause_after_failures: Annotated[int, msgspec.Meta(ge=1)] = 5
+    failure_window: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 20
+    # Per agent: more worker restarts (timeouts, crashes, memory) than this within
+    # restart_window_seconds pauses every hook that caused one.
+    max_worker_restarts: Annotated[int, msgspec.Meta(ge=1)] = 20
+    restart_window_seconds: Annotated[float, msgspec.Meta(gt=0)] = 300.0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.require_layers) - KNOWN_LAYERS)

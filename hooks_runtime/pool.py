@@ -86,6 +86,9 @@ class WorkerPool:
             config.backoff_max_seconds,
             config.pause_after_failures,
             clock,
+            window=config.failure_window,
+            max_restarts=config.max_worker_restarts,
+            restart_window=config.restart_window_seconds,
         )
         self._tg = tg
         self._workers: dict[str, WorkerProcess] = {}
@@ -157,7 +160,7 @@ class WorkerPool:
                 out.append(_error(h, g[0], g[1]))
                 continue
             r = next(ran)
-            self.breaker.record((agent_id, h.hook_id), h.revision, r.error, now)
+            self.breaker.record((agent_id, h.hook_id), h.revision, r.error, now, r.error_kind)
             out.append(r)
         return out
 

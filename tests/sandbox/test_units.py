@@ -6,6 +6,7 @@ import math
 
 import msgspec
 import pytest
+import structlog.testing
 
 from daemon.errors import HookCompileError, HookCrashed, HookResultInvalid
 from hooks_runtime import HookBreaker, SandboxConfig, kind_of, validate_result
@@ -155,6 +156,45 @@ def test_breaker_backs_off_exponentially_then_pauses() -> None:
     b.record(key, "r1", "boom")
     b.record(key, "r1", None)
     assert b.failures(key) == 0
+
+
+def test_breaker_pauses_a_hook_that_fails_every_other_time() -> None:
+    """A success ends the backoff but not the count: 4 failures among the last 20
+    evaluations pause the hook, however they are interleaved with successes."""
+    b = HookBreaker(0.001, 0.001, 4, clock=lambda: 0.0, window=20)
+    key = ("a", "h")
+    for i in range(6):
+        b.record(key, "r1", "boom" if i % 2 == 0 else None, now=float(i))
+        assert b.gate(key, "r1", now=float(i) + 0.5) is None
+    b.record(key, "r1", "boom", now=6.0)  # the 4th failure in 7 evaluations
+    why = "paused after 4 failures in its last 7 evaluations (last: boom); "
+    assert b.gate(key, "r1", now=100.0) == ("paused", why + "lift with `marketwake hooks resume`")
+    rare = HookBreaker(0.001, 0.001, 4, clock=lambda: 0.0, window=20)
+    for i in range(100):  # one failure in 10 stays under 4 in any 20
+        rare.record(key, "r1", "boom" if i % 10 == 0 else None, now=float(i))
+    assert rare.gate(key, "r1", now=1000.0) is None
+
+
+def test_an_agent_over_its_restart_budget_has_its_culprits_paused() -> None:
+    """Many hooks each timing out rarely (never paused on their own) exhaust the
+    agent's worker-restart budget: the hooks that caused restarts in the window
+    are paused (a WARNING names them); hooks that never cost a worker keep running,
+    and another agent is untouched."""
+    b = HookBreaker(0.001, 0.001, 5, clock=lambda: 0.0, max_restarts=6, restart_window=60.0)
+    with structlog.testing.capture_logs() as logs:
+        for i in range(7):  # 7 timeouts from 7 hooks within 60 s
+            b.record(("a", f"h{i}"), "r1", "exceeded", now=float(i), kind="timeout")
+        b.record(("a", "calm"), "r1", "bad value", now=7.0, kind="invalid_result")
+        b.record(("other", "h0"), "r1", "exceeded", now=7.0, kind="timeout")
+    paused = sorted(k for k in b.paused())
+    assert paused == [("a", f"h{i}") for i in range(7)]
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["agent"] == "a" and warning["restarts"] == 7
+    assert "worker restarts in 60 s" in b.paused()[("a", "h0")][1]
+    slow = HookBreaker(0.001, 0.001, 5, clock=lambda: 0.0, max_restarts=6, restart_window=60.0)
+    for i in range(20):  # the same count spread over 20 minutes: within budget
+        slow.record(("a", f"h{i}"), "r1", "exceeded", now=float(i * 60), kind="timeout")
+    assert slow.paused() == {}
 
 
 def test_breaker_new_revision_starts_clean() -> None:
