@@ -31,6 +31,13 @@ class ServerSection(_Section, frozen=True):
     # A connection that has not completed a request for this long is closed
     # (counted from the last complete request, so dribbling bytes does not help).
     idle_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    # Once a request's first byte arrived, the rest must follow within this.
+    request_read_seconds: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    # Calls in one batch (a longer batch is one -32600 error).
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 100
+    # One answer (a response or a whole batch's) may not exceed this: results are
+    # then replaced by a -32000 error naming the size, never truncated.
+    max_response_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 * 1024 * 1024
     # "" = no key required. Clients send it as the ``api_key`` member of params.
     api_key: Secret = msgspec.field(default_factory=Secret)
     # Token bucket per client address; 0 disables the limit.

@@ -87,8 +87,9 @@ def _entry(obj: Any) -> Call | dict[str, Any]:
     return Call(obj["method"], obj.get("params"), rid, "id" not in obj)
 
 
-def parse(text: bytes) -> Message:
-    """Classify one JSON text (a request, a notification or a batch)."""
+def parse(text: bytes, max_batch: int = 0) -> Message:
+    """Classify one JSON text (a request, a notification or a batch); a batch longer
+    than ``max_batch`` (0 = no limit) is one -32600 error, nothing runs."""
     try:
         obj = _decoder.decode(text.decode("utf-8"))
     except (UnicodeDecodeError, msgspec.DecodeError, RecursionError):
@@ -96,17 +97,35 @@ def parse(text: bytes) -> Message:
     if isinstance(obj, list):
         if not obj:
             return Message(batch=False, entries=[error(None, INVALID_REQUEST)])
+        if max_batch and len(obj) > max_batch:
+            data = {"reason": f"a batch of {len(obj)} members exceeds max_batch ({max_batch})"}
+            return Message(batch=False, entries=[error(None, INVALID_REQUEST, data=data)])
         return Message(batch=True, entries=[_entry(o) for o in obj])
     return Message(batch=False, entries=[_entry(obj)])
 
 
-def encode(message: Message, responses: list[dict[str, Any] | None]) -> bytes | None:
-    """The bytes to send (one line) for the responses of ``message``, or None."""
+def encode(
+    message: Message, responses: list[dict[str, Any] | None], max_bytes: int = 0
+) -> bytes | None:
+    """The bytes to send (one line) for the responses of ``message``, or None. Past
+    ``max_bytes`` (0 = no limit) every result becomes a -32000 error giving the size:
+    an error the client can act on, never a truncated answer."""
     out = [r for r in responses if r is not None]
     if not out:
         return None
     body = out if message.batch else out[0]
-    return _encoder.encode(body) + b"\n"
+    data = _encoder.encode(body) + b"\n"
+    if max_bytes and len(data) > max_bytes:
+        reason = {
+            "reason": f"the response of {len(data)} bytes exceeds max_response_bytes "
+            f"({max_bytes}); ask for fewer matches (top_k) or fewer calls per batch"
+        }
+        out = [
+            error(r.get("id"), SERVER_ERROR, "Response too large", reason) if "result" in r else r
+            for r in out
+        ]
+        data = _encoder.encode(out if message.batch else out[0]) + b"\n"
+    return data
 
 
 def oversized(limit: int) -> bytes:

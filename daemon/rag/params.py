@@ -3,8 +3,9 @@
 Validation failures become -32602 with the failing field named in
 ``error.data.field`` (dotted path, e.g. ``current_state.rsi_7``). Beyond the
 seed's schema: unknown members are rejected (a typo in ``query_config`` must
-not silently fall back to a default), numbers must be finite, and the values
-we divide by (price, EMAs, the 24 h OI average) must be > 0.
+not silently fall back to a default), numbers must be finite and within bounds
+far beyond any real market (a 1e308 price is -32602, not a NaN in the math),
+and the values we divide by (price, EMAs, the 24 h OI average) must be > 0.
 """
 
 from __future__ import annotations
@@ -19,9 +20,15 @@ from daemon.errors import RpcError
 
 INVALID_PARAMS = -32602
 
-Positive = Annotated[float, msgspec.Meta(gt=0)]
-NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+# Finite is not enough: 1e308 is finite and meaningless as a price. Bounds far beyond
+# any real market keep the arithmetic (deltas, squares in the embedding) finite.
+Positive = Annotated[float, msgspec.Meta(gt=0, lt=1e12)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0, lt=1e15)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Signed = Annotated[float, msgspec.Meta(gt=-1e12, lt=1e12)]
+# Funding is a fraction per interval (real values are within +-0.01).
+Funding = Annotated[float, msgspec.Meta(ge=-1, le=1)]
+Change = Annotated[float, msgspec.Meta(ge=-100, le=100_000)]  # percent
 
 
 class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -32,15 +39,15 @@ class CurrentState(_Strict, frozen=True):
     price: Positive
     rsi_7: Percent
     rsi_14: Percent
-    macd: float
+    macd: Signed
     ema_20: Positive
     ema_20_4h: Positive
     ema_50_4h: Positive
-    funding_rate: float
+    funding_rate: Funding
     open_interest_latest: NonNegative
-    open_interest_avg_24h: Positive
-    price_change_1h: float | None = None
-    price_change_4h: float | None = None
+    open_interest_avg_24h: Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
+    price_change_1h: Change | None = None
+    price_change_4h: Change | None = None
 
 
 class QueryConfig(_Strict, frozen=True):

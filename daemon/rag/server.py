@@ -4,14 +4,19 @@ Each connection reads bytes into a FrameDecoder, answers each complete text
 in order, and is closed when it: sends a text over ``max_request_bytes``,
 completes no request within ``idle_timeout_seconds`` (measured from the last
 completed request, so dribbling one byte at a time does not keep it alive),
-or does not read our responses within ``timeout_ms``. Queries run in worker
-threads under ``timeout_ms``; a connection beyond ``max_connections`` gets
-one -32000 line and is closed. Nothing a client sends can raise out of here.
+takes longer than ``request_read_seconds`` to finish a request it began, or
+does not read our responses within ``timeout_ms``. Queries run in worker
+threads under ``timeout_ms``. Every call of a batch counts against the rate
+limit; a batch over ``max_batch`` and an answer over ``max_response_bytes``
+are errors. At ``max_connections`` the longest-idle connection is closed to
+make room; only when none is idle does the newcomer get one -32000 line.
+Nothing a client sends can raise out of here.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +49,11 @@ class RagServer:
         self._limiter = RateLimiter(cfg.rate_limit_per_second, cfg.rate_limit_burst)
         self._threads = anyio.CapacityLimiter(cfg.worker_threads)
         self._active = 0
+        # Sessions waiting for their next request with nothing pending, oldest first:
+        # at max_connections the oldest is closed to make room (idle clients cannot
+        # lock the others out).
+        self._idle: OrderedDict[int, anyio.CancelScope] = OrderedDict()
+        self.evicted = 0
         self.port = 0
 
     async def serve(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -59,7 +69,11 @@ class RagServer:
 
     async def _connection(self, stream: SocketStream) -> None:
         async with stream:
-            if self._active >= self._cfg.max_connections:
+            if self._active >= self._cfg.max_connections and self._idle:
+                _, oldest = self._idle.popitem(last=False)
+                oldest.cancel()
+                self.evicted += 1
+            elif self._active >= self._cfg.max_connections:
                 data = {"reason": f"max_connections ({self._cfg.max_connections}) reached"}
                 line = jsonrpc.error(None, jsonrpc.SERVER_ERROR, "Too many connections", data)
                 await self._send(stream, jsonrpc.encode(jsonrpc.Message(False), [line]) or b"")
@@ -89,11 +103,7 @@ class RagServer:
         decoder = FrameDecoder(self._cfg.max_request_bytes)
         peer = self._peer(stream)
         while True:
-            frames: list[bytes] = []
-            # The deadline covers a whole request, however it is split into packets.
-            with anyio.move_on_after(self._cfg.idle_timeout_seconds):
-                while not frames:
-                    frames = decoder.feed(await stream.receive(65536))
+            frames = await self._next_frames(stream, decoder)
             if not frames:
                 return
             for frame in frames:
@@ -104,6 +114,31 @@ class RagServer:
                 if reply is not None and not await self._send(stream, reply):
                     return
 
+    async def _next_frames(self, stream: SocketStream, decoder: FrameDecoder) -> list[bytes]:
+        """The next complete texts, or [] to close: nothing at all within
+        ``idle_timeout_seconds``, or a request begun and not finished within
+        ``request_read_seconds`` (an idle or dribbling client holds no slot for long)."""
+        frames: list[bytes] = []
+        idle = anyio.current_time() + self._cfg.idle_timeout_seconds
+        reading: float | None = None
+        key = id(stream)
+        try:
+            while not frames:
+                deadline = idle if reading is None else min(idle, reading)
+                with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as scope:
+                    if reading is None and not decoder.pending:
+                        self._idle[key] = scope  # evictable while nothing is in flight
+                    chunk = await stream.receive(65536)
+                    self._idle.pop(key, None)
+                    frames = decoder.feed(chunk)
+                    if not frames and reading is None and decoder.pending:
+                        reading = anyio.current_time() + self._cfg.request_read_seconds
+                    continue
+                return []
+        finally:
+            self._idle.pop(key, None)
+        return frames
+
     async def _send(self, stream: SocketStream, payload: bytes) -> bool:
         with anyio.move_on_after(self._cfg.timeout_ms / 1000):
             await stream.send(payload)
@@ -111,14 +146,13 @@ class RagServer:
         return False
 
     async def _answer(self, frame: bytes, peer: str) -> bytes | None:
-        message = jsonrpc.parse(frame)
-        limited = message.calls and not self._limiter.allow(peer)
+        message = jsonrpc.parse(frame, self._cfg.max_batch)
         responses: list[dict[str, Any] | None] = []
         with anyio.move_on_after(self._cfg.timeout_ms / 1000) as scope:
             for entry in message.entries:
                 if not isinstance(entry, jsonrpc.Call):
                     responses.append(entry)
-                elif limited:
+                elif not self._limiter.allow(peer):  # every call of a batch counts
                     data = {"retry_after_ms": self._limiter.retry_after_ms(peer)}
                     err = jsonrpc.error(entry.id, jsonrpc.SERVER_ERROR, "Rate limit exceeded", data)
                     responses.append(None if entry.notification else err)
@@ -134,7 +168,7 @@ class RagServer:
                     )
                 elif not isinstance(entry, jsonrpc.Call):
                     responses.append(entry)
-        return jsonrpc.encode(message, responses)
+        return jsonrpc.encode(message, responses, self._cfg.max_response_bytes)
 
     def _authorized(self, params: Any) -> bool:
         key = self._cfg.api_key.reveal()

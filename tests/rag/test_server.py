@@ -223,30 +223,82 @@ async def test_idle_connection_is_closed(collection: Collection) -> None:
 
 
 async def test_connection_flood(collection: Collection) -> None:
-    """Beyond max_connections a client gets one -32000 line and EOF; freed slots are reused."""
+    """At max_connections the longest-idle connection is closed to make room, so idle
+    sockets cannot lock clients out; only when every connection is mid-request does a
+    newcomer get one -32000 line and EOF. Churn leaves the server usable."""
     svc = RagService(collection.cfg, collection.store)
     async with running(methods_for(svc), idle_timeout_seconds=5.0) as port:
         held = [await Client.connect(port) for _ in range(4)]
-        for c in held:  # make sure all four are accepted and counted
+        for c in held:  # all four accepted, each now idle between requests
             assert (await c.call("rag.health"))["result"]["status"] == "ok"
+        newcomer = await Client.connect(port)
+        assert (await newcomer.call("rag.health"))["result"]["status"] == "ok"
+        assert await held[0].line() is None  # the oldest idle one was closed
+        busy = [newcomer, *held[1:]]
+        for c in busy:  # each begins a request and holds it open
+            await c.send(b'{"jsonrpc": "2.0", ')
+        await anyio.sleep(0.1)
         extra = await Client.connect(port)
         refused = await extra.line()
         assert refused["error"]["message"] == "Too many connections"
         assert await extra.line() is None
-        await held.pop().aclose()
-        with anyio.fail_after(3):
-            while True:
-                again = await Client.connect(port)
-                reply = await again.call("rag.health")
-                await again.aclose()
-                if "result" in reply:
-                    break
+        for c in busy:
+            await c.aclose()
         for _ in range(30):  # churn: connect and drop without a word
             c = await Client.connect(port)
             await c.aclose()
-        assert (await held[0].call("rag.health"))["result"]["status"] == "ok"
-        for c in held:
-            await c.aclose()
+        again = await Client.connect(port)
+        assert (await again.call("rag.health"))["result"]["status"] == "ok"
+
+
+async def test_a_started_request_must_finish_quickly(collection: Collection) -> None:
+    """Idle between requests is allowed for idle_timeout_seconds; a request begun
+    must be complete within request_read_seconds, dribbled or not."""
+    svc = RagService(collection.cfg, collection.store)
+    async with running(
+        methods_for(svc), idle_timeout_seconds=5.0, request_read_seconds=0.3
+    ) as port:
+        client = await Client.connect(port)
+        await anyio.sleep(0.5)  # idle, under the idle timeout: still open
+        assert (await client.call("rag.health"))["result"]["status"] == "ok"
+        started = time.monotonic()
+        await client.send(b'{"jsonrpc": "2.0", "meth')
+        assert await client.line(wait=3) is None
+        assert time.monotonic() - started < 1.5
+
+
+async def test_batches_are_capped_and_every_call_is_rate_limited(
+    collection: Collection,
+) -> None:
+    """A batch counts one token per call (a big batch cannot pass as one message);
+    a batch longer than max_batch is one -32600 error and runs nothing."""
+    svc = RagService(collection.cfg, collection.store)
+    calls = [{"jsonrpc": "2.0", "method": "rag.health", "id": i} for i in range(5)]
+    async with running(
+        methods_for(svc), rate_limit_per_second=0.001, rate_limit_burst=3, max_batch=10
+    ) as port:
+        client = await Client.connect(port)
+        await client.send(msgspec.json.encode(calls) + b"\n")
+        replies = await client.line()
+        await client.send(msgspec.json.encode(calls * 3) + b"\n")
+        too_long = await client.line()
+    assert ["result" in r for r in replies] == [True, True, True, False, False]
+    assert replies[3]["error"]["message"] == "Rate limit exceeded"
+    assert too_long["error"]["code"] == -32600
+    assert "a batch of 15 members exceeds max_batch (10)" in too_long["error"]["data"]["reason"]
+
+
+async def test_an_oversized_answer_is_an_error_not_a_truncation(collection: Collection) -> None:
+    svc = RagService(collection.cfg, collection.store)
+    params = {**_params(collection), "query_config": {"lookback_days": 365, "top_k": 50,
+                                                      "min_similarity": 0.0}}  # fmt: skip
+    async with running(methods_for(svc), max_response_bytes=4096) as port:
+        client = await Client.connect(port)
+        big = await client.call("rag.query_patterns", params, id_=7)
+        small = await client.call("rag.health", id_=8)
+    assert big["id"] == 7 and big["error"]["message"] == "Response too large"
+    assert "exceeds max_response_bytes (4096)" in big["error"]["data"]["reason"]
+    assert small["result"]["status"] == "ok"
 
 
 async def test_api_key_required_when_configured(collection: Collection) -> None:

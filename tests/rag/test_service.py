@@ -219,6 +219,17 @@ def _code(svc: RagService, params: Any) -> RpcError:
         (lambda p: p["query_config"].update(min_similarity=1.5), "query_config.min_similarity"),
         (lambda p: p["query_config"].update(topk=3), "query_config.topk"),
         (lambda p: p.update(current_state=[1]), "current_state"),
+        (lambda p: p["current_state"].update(price=1e308), "current_state.price"),
+        (lambda p: p["current_state"].update(macd=-1e300), "current_state.macd"),
+        (lambda p: p["current_state"].update(funding_rate=5.0), "current_state.funding_rate"),
+        (
+            lambda p: p["current_state"].update(open_interest_latest=1e200),
+            "current_state.open_interest_latest",
+        ),
+        (
+            lambda p: p["current_state"].update(price_change_1h=-1e9),
+            "current_state.price_change_1h",
+        ),
     ],
 )
 def test_invalid_params_name_the_field(collection: Collection, mutate: Any, field: str) -> None:
