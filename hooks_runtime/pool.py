@@ -206,8 +206,15 @@ class WorkerPool:
     ) -> list[HookResult]:
         """Results for a prefix of ``hooks``: all of them, or up to the one that killed
         the worker (which is then dead and the caller re-runs the rest)."""
-        batch_id = next(self._ids)
         calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
+        if not compile_only and any(c.source for c in calls):
+            # A fresh worker gets every source with the event: when that would not fit
+            # one frame, the sources go first in compile-only requests that do.
+            size = len(worker.encoder.encode(Batch(0, event, state, calls, False, 0))) - 4
+            if size > self.config.max_frame_bytes and not await self._precompile(worker, hooks):
+                return []  # the worker died compiling: the caller retries on a fresh one
+            calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
+        batch_id = next(self._ids)
         spin_us, token = self._spin.start()
         worker.spin_missed = False
         try:
@@ -224,6 +231,30 @@ class WorkerPool:
             return await self._collect(worker, batch_id, hooks, calls, spin_us, compile_only)
         finally:
             self._spin.finish(token, worker.spin_missed)
+
+    async def _precompile(self, worker: WorkerProcess, hooks: list[HookSpec]) -> bool:
+        """Send the sources ``worker`` lacks in compile-only requests of at most half a
+        frame each; False if the worker died on the way."""
+        budget = self.config.max_frame_bytes // 2
+        chunk: list[HookSpec] = []
+        size = 0
+        chunks: list[list[HookSpec]] = []
+        for h in hooks:
+            if _source_for(worker, h) is None:
+                continue
+            n = len(h.source.encode())
+            if chunk and size + n > budget:
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(h)
+            size += n
+        if chunk:
+            chunks.append(chunk)
+        for part in chunks:
+            done = await self._batch(worker, part, {}, _NO_STATE, True)
+            if len(done) < len(part) or not worker.alive:
+                return False
+        return True
 
     async def _collect(
         self,
@@ -383,6 +414,9 @@ class WorkerPool:
 
 async def _reap(w: WorkerProcess) -> None:
     await anyio.to_thread.run_sync(w.proc.wait)
+
+
+_NO_STATE = encode_state(None)  # what compile() sends
 
 
 def _source_for(worker: WorkerProcess, h: HookSpec) -> str | None:

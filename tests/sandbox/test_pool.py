@@ -559,6 +559,22 @@ async def test_oversized_request_is_refused_before_sending() -> None:
         assert p.breaker.failures(("big", "wake_canary")) == 0
 
 
+async def test_sources_that_do_not_fit_one_frame_with_the_event_are_sent_first() -> None:
+    """A fresh worker needs every source; with a big state the whole would exceed the
+    frame. The sources go ahead in compile-only requests that fit, then the event:
+    every hook is evaluated, nothing is refused as too large."""
+    cfg = SandboxConfig(max_frame_bytes=100_000, max_agent_source_bytes=90_000)
+    body = "def evaluate(e, s):\n    return {'decision': 'IGNORE', 'reason': 'ok'}\n"
+    pad = "# " + "x" * 20_000 + "\n"
+    hooks = [spec_from_source(f"wake_big{i}", "wake", pad + body) for i in range(4)]
+    state = {"blob": "y" * 40_000}  # with the 80 kB of sources: over one frame
+    async with open_worker_pool(cfg) as p:
+        results = await p.evaluate("big", hooks, EVENT, state)
+        assert [r.error_kind for r in results] == [None] * 4, results
+        again = await p.evaluate("big", hooks, EVENT, state)  # warm: no sources sent
+        assert all(r.ok for r in again)
+
+
 async def test_worker_command_is_isolated_python(pool: WorkerPool) -> None:
     """-I -S -B with the int_max_str_digits limit; only the needed paths are passed in."""
     from hooks_runtime.process import worker_command
