@@ -154,15 +154,13 @@ _STRPTIME: Final = importlib.import_module("_strptime")
 
 class Importer:
     """A hook's ``__import__``: curated namespaces only; ``random`` is seeded from
-    (revision, eventId) so replays decide like live runs. Remembers whether the
-    evaluation touched ``decimal`` (so the worker resets its context only then)."""
+    (revision, eventId) so replays decide like live runs."""
 
-    __slots__ = ("event_id", "revision", "touched_decimal")
+    __slots__ = ("event_id", "revision")
 
     def __init__(self, revision: str, event_id: Any) -> None:
         self.revision = revision
         self.event_id = event_id
-        self.touched_decimal = False
 
     def __call__(
         self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
@@ -171,8 +169,6 @@ class Importer:
             raise ImportError("relative imports are not allowed in hooks")
         ns = _FIXED_IMPORTS.get(name)
         if ns is not None:
-            if ns is DECIMAL:
-                self.touched_decimal = True
             return ns
         if name == "random":
             rng = random.Random(f"{self.revision}:{self.event_id}")

@@ -93,7 +93,6 @@ class Evaluator:
         self.cache: dict[str, tuple[str, types.CodeType | str]] = {}
         # top-level state key -> (its encoded bytes, frozen value) from the last batch
         self.state_cache: dict[str, tuple[msgspec.Raw, Any]] = {}
-        self.decimal_dirty = True
 
     def state(self, raw: msgspec.Raw) -> Any:
         """Decode and freeze the batch state, reusing unchanged top-level values."""
@@ -142,19 +141,14 @@ class Evaluator:
         out = policy.OutputBuffer(self.cfg.max_output_bytes)
         importer = policy.Importer(call.revision, event.get("eventId"))
         glb = policy.fresh_globals("hook", importer, out)
-        if self.decimal_dirty:  # the last hook used decimal: give this one a fresh context
-            decimal.setcontext(decimal.Context())
-            self.decimal_dirty = False
-        try:
-            exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
-            fn = glb.get("evaluate")
-            if type(fn) is not types.FunctionType:
-                raise HookCompileError("the hook defines no evaluate(event, state) function")
-            value = fn(dict(event), state)
-            validate_result(value, call.kind, self.cfg.max_result_bytes)
-            return value, out.text()
-        finally:
-            self.decimal_dirty = importer.touched_decimal
+        decimal.setcontext(decimal.Context())  # every hook starts from the default context
+        exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
+        fn = glb.get("evaluate")
+        if type(fn) is not types.FunctionType:
+            raise HookCompileError("the hook defines no evaluate(event, state) function")
+        value = fn(dict(event), state)
+        validate_result(value, call.kind, self.cfg.max_result_bytes)
+        return value, out.text()
 
     def run(self, batch: Batch, send: Any) -> None:
         """Evaluate every hook of ``batch``, sending one Result each, in order."""
@@ -178,8 +172,11 @@ class Evaluator:
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, GeneratorExit too
             kind, msg = "runtime", describe(exc, self._filename(call), limit)
         # Cyclic garbage (and its finalizers) this hook made, failed or not, is all in
-        # the youngest generation (automatic gc is off): collect it on this hook's budget.
-        gc.collect(0)
+        # the youngest generation (automatic gc is off): collect it on this hook's budget,
+        # again and again while finalizers leave new garbage, so no code of this hook
+        # runs in the next one's window (an endless chain is this hook's timeout).
+        while gc.collect(0):
+            pass
         t1 = time.perf_counter_ns()
         done_at = time.monotonic()
         return Result(batch.id, index, (t1 - t0) // 1000, done_at, value, kind, msg, output)

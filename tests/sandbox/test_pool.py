@@ -724,3 +724,53 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
     assert audited.exit_code == 0, audited.output
     assert "live: example/wake_two_green decided WAKE: live reason" in audited.stderr
     assert '"decision": "WAKE"' in audited.stdout
+
+
+CHAIN = """
+from decimal import localcontext
+
+def holder():
+    with localcontext(prec=2):
+        yield 1
+
+def chain(depth):
+    try:
+        yield 1
+    finally:
+        if depth == 0:
+            g = chain(1)  # cleanup that leaves new cyclic garbage behind
+            next(g)
+            box = [g]
+            box.append(box)
+            h = holder()  # and a decimal context entered, not left
+            next(h)
+        else:
+            while True:
+                pass
+
+def evaluate(event, state):
+    g = chain(0)
+    next(g)
+    box = [g]
+    box.append(box)
+    return {"decision": "IGNORE", "reason": "trap set"}
+"""
+
+THIRD = (
+    "from decimal import Decimal\n"
+    "def evaluate(event, state):\n"
+    "    return {'decision': 'IGNORE', 'reason': str(Decimal(1) / Decimal(3))}\n"
+)
+
+
+async def test_no_hook_code_runs_outside_its_own_window(pool: WorkerPool) -> None:
+    """A generator's cleanup that makes new cyclic garbage (whose cleanup spins) is
+    collected until none is left within the hook's own window: the trap's hook is
+    the one that times out, the next hooks get their decisions, and a later hook
+    computes with a fresh decimal context (28 digits, not the trap's 2)."""
+    trap = spec_from_source("wake_trap", "wake", CHAIN)
+    innocent = _ok("wake_innocent")
+    third = spec_from_source("wake_third", "wake", THIRD)
+    results = await pool.evaluate("chain", [trap, innocent, third], EVENT, STATE)
+    assert [r.error_kind for r in results] == ["timeout", None, None], results
+    assert results[2].decision == Ignore(reason="0.3333333333333333333333333333")
