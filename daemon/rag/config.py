@@ -77,6 +77,12 @@ class QueryDefaultsSection(_Section, frozen=True):
     include_regime_filters: bool = True
     # |OI delta vs 24 h average| below this many percent counts as "flat".
     oi_flat_band_pct: float = 1.0
+    # Purge: a point is a candidate only once all its outcome horizons had passed at
+    # the query time (t + embargo <= timestamp), so every returned outcome is known and
+    # the query's own recent past is never a match.
+    embargo_hours: Annotated[float, msgspec.Meta(ge=0, le=24 * 365)] = 24.0
+    # Matches are at least this far apart (greedy by similarity): top_k distinct moments.
+    min_gap_hours: Annotated[float, msgspec.Meta(ge=0, le=24 * 365)] = 4.0
     # The agents' query_similar_patterns tool computes the live state on candles of
     # this timeframe: the one the store was ingested at.
     timeframe: Literal["1m", "3m", "5m", "15m", "30m", "1h"] = "5m"

@@ -155,6 +155,22 @@ def _upsert(
             bar.advance(task, len(sel))
 
 
+def check_spacing(bars: Bars, timeframe: str) -> None:
+    """The bars must be ``timeframe`` apart (the usual spacing; gaps are allowed): a 1h
+    file ingested as 5m would store points whose features mean something else."""
+    if len(bars) < 2:
+        return
+    step = int(np.median(np.diff(bars.open_ms)))
+    want = TIMEFRAME_MS[timeframe]
+    if step != want:
+        names = {ms: name for name, ms in TIMEFRAME_MS.items()}
+        found = names.get(step, f"{step / 60_000:g} minutes")
+        hint = f": pass --timeframe {names[step]}" if step in names else ""
+        raise DataFileError(
+            f"the bars are {found} apart (the median spacing), not {timeframe}{hint}"
+        )
+
+
 def ingest(
     store: Store,
     symbol: str,
@@ -169,6 +185,7 @@ def ingest(
 ) -> IngestReport:
     """Compute, embed and upsert what changed; ``batch_size`` 0 = one write."""
     started = time.perf_counter()
+    check_spacing(bars, timeframe)
     pts, derived = build_points(symbol, timeframe, bars, funding, oi, cfg)
     meta = ensure_collection(store, derived, cfg)
     embedder = make_embedder(

@@ -35,7 +35,10 @@ class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     pass
 
 
-class CurrentState(_Strict, frozen=True):
+class CurrentState(msgspec.Struct, frozen=True, kw_only=True):
+    """The seed's market snapshot; members it does not define are ignored (the seed's
+    workflow passes a whole snapshot) and listed in ``metadata.ignored_fields``."""
+
     price: Positive
     rsi_7: Percent
     rsi_14: Percent
@@ -52,11 +55,13 @@ class CurrentState(_Strict, frozen=True):
 
 class QueryConfig(_Strict, frozen=True):
     lookback_days: Annotated[float, msgspec.Meta(ge=1, le=365)] | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] | None = None
+    # The seed types these as numbers: 5.0 is 5 (a fraction is -32602, see parse_params).
+    top_k: Annotated[float, msgspec.Meta(ge=1, le=50)] | None = None
     min_similarity: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     include_regime_filters: bool | None = None
-    # Not in the seed's params (it is server config there); a per-query override.
-    min_matches: Annotated[int, msgspec.Meta(ge=0, le=50)] | None = None
+    # Not in the seed's params (server config there, or ours): per-query overrides.
+    min_matches: Annotated[float, msgspec.Meta(ge=0, le=50)] | None = None
+    min_gap_hours: Annotated[float, msgspec.Meta(ge=0, le=24 * 365)] | None = None
 
 
 class QueryParams(_Strict, frozen=True):
@@ -90,6 +95,14 @@ def invalid(field: str, reason: str) -> RpcError:
     return RpcError(INVALID_PARAMS, "Invalid params", {"field": field, "reason": reason})
 
 
+def ignored_fields(params: Any) -> list[str]:
+    """``current_state`` members the seed does not define (ignored, and said so)."""
+    state = params.get("current_state") if isinstance(params, dict) else None
+    if not isinstance(state, dict):
+        return []
+    return sorted(str(k) for k in state if k not in CurrentState.__struct_fields__)
+
+
 def parse_params(params: Any) -> QueryParams:
     """Validate raw params (a dict from JSON, or an in-process dict/QueryParams)."""
     if isinstance(params, QueryParams):
@@ -105,6 +118,11 @@ def parse_params(params: Any) -> QueryParams:
         value = getattr(parsed.current_state, name)
         if isinstance(value, float) and not math.isfinite(value):
             raise invalid(f"current_state.{name}", "must be a finite number")
+    qc = parsed.query_config
+    for name in ("top_k", "min_matches"):
+        value = getattr(qc, name) if qc is not None else None
+        if value is not None and value != int(value):
+            raise invalid(f"query_config.{name}", "must be a whole number")
     if not math.isfinite(parsed.timestamp):
         raise invalid("timestamp", "must be a finite number")
     return parsed

@@ -23,10 +23,16 @@ from daemon.errors import EmbeddingError, MarketwakeError, RpcError, StoreError
 from daemon.rag.config import QueryDefaultsSection, RagConfig
 from daemon.rag.embedding import Embedder, EmbeddingCache, make_embedder
 from daemon.rag.features import DAY_MS, H4_MS, HOUR_MS
-from daemon.rag.params import CurrentState, QueryConfig, QueryParams, parse_params
+from daemon.rag.params import (
+    CurrentState,
+    QueryConfig,
+    QueryParams,
+    ignored_fields,
+    parse_params,
+)
 from daemon.rag.schema import CollectionMeta, derive, oi_delta_pct
 from daemon.rag.statistics import outcome_stats
-from daemon.rag.store import QueryFilter, Range, Store
+from daemon.rag.store import Hit, QueryFilter, Range, Store
 
 SUGGESTION: Final = "Try increasing lookback_days or reducing min_similarity"
 # When each outcome becomes known, relative to the bar close.
@@ -96,6 +102,23 @@ def _match(hit_score: float, p: dict[str, Any], query_ms: int) -> dict[str, Any]
     }
 
 
+CANDIDATES_PER_MATCH = 20
+MAX_CANDIDATES = 1000
+
+
+def distinct(hits: list[Hit], gap_ms: int, k: int) -> list[Hit]:
+    """Up to ``k`` hits, best first, each at least ``gap_ms`` from every one already
+    taken (greedy by similarity): k different moments, not one episode k times."""
+    taken: list[Hit] = []
+    for hit in hits:
+        t = int(hit.payload["t_ms"])
+        if all(abs(t - int(h.payload["t_ms"])) >= gap_ms for h in taken):
+            taken.append(hit)
+            if len(taken) == k:
+                break
+    return taken
+
+
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """The query_config actually used: the request's values over the config defaults."""
@@ -105,18 +128,20 @@ class Knobs:
     min_similarity: float
     regime: bool
     min_matches: int
+    min_gap_hours: float
 
     @classmethod
     def resolve(cls, qc: QueryConfig | None, d: QueryDefaultsSection) -> Knobs:
         qc = qc or QueryConfig()
         return cls(
             lookback_days=d.lookback_days if qc.lookback_days is None else qc.lookback_days,
-            top_k=d.top_k if qc.top_k is None else qc.top_k,
+            top_k=d.top_k if qc.top_k is None else int(qc.top_k),
             min_similarity=d.min_similarity if qc.min_similarity is None else qc.min_similarity,
             regime=d.include_regime_filters
             if qc.include_regime_filters is None
             else qc.include_regime_filters,
-            min_matches=d.min_matches if qc.min_matches is None else qc.min_matches,
+            min_matches=d.min_matches if qc.min_matches is None else int(qc.min_matches),
+            min_gap_hours=d.min_gap_hours if qc.min_gap_hours is None else qc.min_gap_hours,
         )
 
 
@@ -142,7 +167,7 @@ class RagService:
     def query_patterns(self, params: Any) -> dict[str, Any]:
         """Validate, embed, search, summarize; every failure is an RpcError."""
         try:
-            return self._query(parse_params(params))
+            return self._query(parse_params(params), ignored_fields(params))
         except RpcError:
             raise
         except MarketwakeError as exc:  # each error class carries its JSON-RPC code
@@ -205,7 +230,7 @@ class RagService:
             self._cache.put(key, vec)
         return vector, vec, False
 
-    def _query(self, p: QueryParams) -> dict[str, Any]:
+    def _query(self, p: QueryParams, ignored: list[str]) -> dict[str, Any]:
         started = time.perf_counter()
         knobs = Knobs.resolve(p.query_config, self._cfg.query_defaults)
         meta = self._meta()
@@ -215,7 +240,14 @@ class RagService:
         vector, qvec, cache_hit = self._embed(meta, p.current_state)
         t_search = time.perf_counter()
         flt, applied = self._filter(p, knobs)
-        hits = self._store.search(vector, qvec, flt, knobs.top_k, knobs.min_similarity)
+        gap_ms = int(knobs.min_gap_hours * 3_600_000)
+        # Enough candidates to pick top_k moments at least min_gap apart from.
+        wide = (
+            knobs.top_k if gap_ms == 0 else min(knobs.top_k * CANDIDATES_PER_MATCH, MAX_CANDIDATES)
+        )
+        hits = distinct(
+            self._store.search(vector, qvec, flt, wide, knobs.min_similarity), gap_ms, knobs.top_k
+        )
         t_done = time.perf_counter()
         required = min(knobs.min_matches, knobs.top_k)
         if len(hits) < required:
@@ -232,13 +264,18 @@ class RagService:
             "embedding_model": meta.embedding_model,
             "vector": vector,
             "embedding_cache_hit": cache_hit,
+            "embargo_hours": self._cfg.query_defaults.embargo_hours,
+            "min_gap_hours": knobs.min_gap_hours,
+            "ignored_fields": ignored,
         }
         return {"matches": matches, "statistics": outcome_stats(matches), "metadata": metadata}
 
     def _filter(self, p: QueryParams, knobs: Knobs) -> tuple[QueryFilter, list[str]]:
         """Symbol, the lookback window ending at the query time, and the regime."""
         now = int(p.timestamp)
-        ranges = [Range(field="t_ms", gt=now - knobs.lookback_days * DAY_MS, lte=now)]
+        # Purge: only points whose outcome horizons had all passed at the query time.
+        known_by = now - int(self._cfg.query_defaults.embargo_hours * 3_600_000)
+        ranges = [Range(field="t_ms", gt=now - knobs.lookback_days * DAY_MS, lte=known_by)]
         applied = ["symbol", "timerange"]
         if knobs.regime:
             band = self._cfg.query_defaults.oi_flat_band_pct

@@ -122,7 +122,12 @@ def test_missing_oi_points_are_kept_but_never_matched(collection: Collection) ->
     assert np.isnan(early["open_interest_latest"]).all()
     ts = int(pts["t_ms"][-1])
     params = params_from(
-        pts[pts["complete"]][10], ts, top_k=50, min_similarity=0.0, include_regime_filters=False
+        pts[pts["complete"]][10],
+        ts,
+        top_k=50,
+        min_similarity=0.0,
+        include_regime_filters=False,
+        min_gap_hours=0,
     )
     out = RagService(collection.cfg, collection.store).query_patterns(params)
     assert len(out["matches"]) == 50
@@ -327,3 +332,21 @@ async def test_exchange_unreachable_is_feed_error() -> None:
 def test_exchange_config_default_is_binance() -> None:
     """The documented default base URL, overridable in [rag.exchange]."""
     assert ExchangeSection().base_url == "https://fapi.binance.com"
+
+
+def test_bars_must_be_the_timeframe_apart(tmp_path: Path) -> None:
+    """A 15m series offered as 5m is refused with what was found and what to pass."""
+    from daemon.errors import DataFileError
+    from daemon.rag.config import RagConfig, StoreSection
+    from daemon.rag.features import Bars
+    from daemon.rag.ingest import ingest
+    from daemon.rag.store_embedded import EmbeddedStore
+
+    rows = synth.candles(300, tf=TF_MS)
+    store = EmbeddedStore(str(tmp_path), "trading_patterns")
+    cfg = RagConfig(store=StoreSection(path=str(tmp_path)))
+    with pytest.raises(DataFileError) as info:
+        ingest(store, "BTCUSDT", "5m", Bars.from_rows(rows), None, None, cfg)
+    assert str(info.value) == (
+        "the bars are 15m apart (the median spacing), not 5m: pass --timeframe 15m"
+    )

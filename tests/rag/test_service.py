@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -53,7 +54,8 @@ def _regime(delta: float, funding: float) -> tuple[int, int]:
 def expected(
     col: Collection, params: dict[str, Any], regime: bool, dims: int = 10
 ) -> list[tuple[int, float]]:
-    """(timestamp, cosine) of the matches by brute force over the stored points."""
+    """(timestamp, cosine) of the matches by brute force over the stored points: purged
+    (outcomes known: t + 24 h <= timestamp), best first, at least 4 h apart."""
     meta = _meta(col)
     mean, std = np.array(meta["norm_mean"])[:dims], np.array(meta["norm_std"])[:dims]
     q = (ref_derived(params["current_state"])[:dims] - mean) / std
@@ -65,7 +67,7 @@ def expected(
     )
     found = []
     for p in col.points():
-        if not p["complete"] or not ts - cfg["lookback_days"] * DAY < p["t_ms"] <= ts:
+        if not p["complete"] or not ts - cfg["lookback_days"] * DAY < p["t_ms"] <= ts - DAY:
             continue
         if regime and _regime(p["oi_delta_pct"], p["funding_rate"]) != q_reg:
             continue
@@ -74,7 +76,12 @@ def expected(
         if cos >= cfg["min_similarity"]:
             found.append((int(p["t_ms"]), cos))
     found.sort(key=lambda x: (-x[1], -x[0]))
-    return found[: cfg["top_k"]]
+    gap = cfg.get("min_gap_hours", 4.0) * H
+    taken: list[tuple[int, float]] = []
+    for t, cos in found:
+        if all(abs(t - u) >= gap for u, _ in taken):
+            taken.append((t, cos))
+    return taken[: cfg["top_k"]]
 
 
 def _query_point(col: Collection) -> np.void:
@@ -118,7 +125,7 @@ def test_statistics_recomputed(collection: Collection) -> None:
     pts = collection.points()
     ts = int(pts["t_ms"][-1])
     out = svc.query_patterns(
-        params_from(_query_point(collection), ts, top_k=20, min_similarity=0.3)
+        params_from(_query_point(collection), ts, top_k=20, min_similarity=0.3, min_gap_hours=0)
     )
     by_t = {int(p["t_ms"]): p for p in pts}
     rows = [by_t[m["timestamp"]] for m in out["matches"]]
@@ -139,20 +146,38 @@ def test_statistics_recomputed(collection: Collection) -> None:
     assert st["similarity_range"] == [min(sims), max(sims)]
 
 
-def test_no_look_ahead_at_query_time(collection: Collection) -> None:
-    """Only bars closed by the query time match; outcomes whose horizon ends later are null."""
+def test_purged_matches_have_known_outcomes_and_are_distinct(collection: Collection) -> None:
+    """Purge: no candidate closer to the query time than the 24 h embargo, so every
+    outcome is known (no nulls) and the query's own recent bars never match. Matches
+    are at least min_gap_hours apart (4 by default; 0 turns it off)."""
     svc = RagService(collection.cfg, collection.store)
     point = _query_point(collection)
     ts = int(point["t_ms"]) + 2 * H
-    out = svc.query_patterns(params_from(point, ts, top_k=50, min_similarity=0.0, lookback_days=1))
-    assert out["matches"]
-    for m in out["matches"]:
-        assert ts - DAY < m["timestamp"] <= ts
-        o = m["outcomes"]
-        assert (o["outcome_4h"] is None) == (m["timestamp"] + 4 * H > ts)
-        assert (o["hit_stop_loss"] is None) == (m["timestamp"] + 4 * H > ts)
-        assert (o["outcome_1h"] is None) == (m["timestamp"] + H > ts)
-        assert o["outcome_24h"] is None
+    wide = {"top_k": 20, "min_similarity": 0.0, "lookback_days": 8, "include_regime_filters": False}
+    out = svc.query_patterns(params_from(point, ts, **wide))
+    times = [m["timestamp"] for m in out["matches"]]
+    assert len(times) == 20
+    assert all(ts - 8 * DAY < t <= ts - DAY for t in times)
+    assert all(v is not None for m in out["matches"] for v in m["outcomes"].values())
+    assert min(abs(a - b) for i, a in enumerate(times) for b in times[i + 1 :]) >= 4 * H
+    dense = svc.query_patterns(params_from(point, ts, **wide, min_gap_hours=0))
+    spread = sorted(m["timestamp"] for m in dense["matches"])
+    assert min(b - a for a, b in itertools.pairwise(spread)) < 4 * H
+    assert out["metadata"]["embargo_hours"] == 24.0 and out["metadata"]["min_gap_hours"] == 4.0
+
+
+def test_seed_clients_numbers_and_snapshots(collection: Collection) -> None:
+    """top_k 5.0 is 5 (the seed types it as a number); a fraction is -32602; extra
+    current_state members (a whole snapshot) are ignored and listed."""
+    svc = RagService(collection.cfg, collection.store)
+    ts = int(collection.points()["t_ms"][-1])
+    params = params_from(_query_point(collection), ts, top_k=5.0, min_similarity=0.3)
+    params["current_state"] |= {"volume_24h": 123.0, "symbol_name": "BTC"}
+    out = svc.query_patterns(params)
+    assert len(out["matches"]) == 5
+    assert out["metadata"]["ignored_fields"] == ["symbol_name", "volume_24h"]
+    half = params_from(_query_point(collection), ts, top_k=4.5)
+    assert (_code(svc, half).code, _code(svc, half).data["field"]) == (-32602, "query_config.top_k")
 
 
 def test_core_vector_without_price_changes(collection: Collection) -> None:
