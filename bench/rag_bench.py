@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -122,13 +121,18 @@ def start_server(config: Path) -> tuple[subprocess.Popen[str], int]:
         "serve",
         "--config",
         str(config),
+        "--log-format",
+        "json",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        m = re.search(r"port=(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
+    for line in proc.stdout:  # JSON log lines: the listening one has the bound port
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "rag server listening":
+            return proc, int(rec["port"])
     raise SystemExit("server did not start")
 
 
