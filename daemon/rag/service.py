@@ -32,7 +32,7 @@ from daemon.rag.params import (
 )
 from daemon.rag.schema import CollectionMeta, derive, oi_delta_pct
 from daemon.rag.statistics import outcome_stats
-from daemon.rag.store import Hit, QueryFilter, Range, Store
+from daemon.rag.store import QueryFilter, Range, Store
 
 SUGGESTION: Final = "Try increasing lookback_days or reducing min_similarity"
 # When each outcome becomes known, relative to the bar close.
@@ -100,23 +100,6 @@ def _match(hit_score: float, p: dict[str, Any], query_ms: int) -> dict[str, Any]
         },
         "outcomes": outcomes,
     }
-
-
-CANDIDATES_PER_MATCH = 20
-MAX_CANDIDATES = 1000
-
-
-def distinct(hits: list[Hit], gap_ms: int, k: int) -> list[Hit]:
-    """Up to ``k`` hits, best first, each at least ``gap_ms`` from every one already
-    taken (greedy by similarity): k different moments, not one episode k times."""
-    taken: list[Hit] = []
-    for hit in hits:
-        t = int(hit.payload["t_ms"])
-        if all(abs(t - int(h.payload["t_ms"])) >= gap_ms for h in taken):
-            taken.append(hit)
-            if len(taken) == k:
-                break
-    return taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,13 +224,7 @@ class RagService:
         t_search = time.perf_counter()
         flt, applied = self._filter(p, knobs)
         gap_ms = int(knobs.min_gap_hours * 3_600_000)
-        # Enough candidates to pick top_k moments at least min_gap apart from.
-        wide = (
-            knobs.top_k if gap_ms == 0 else min(knobs.top_k * CANDIDATES_PER_MATCH, MAX_CANDIDATES)
-        )
-        hits = distinct(
-            self._store.search(vector, qvec, flt, wide, knobs.min_similarity), gap_ms, knobs.top_k
-        )
+        hits = self._store.search(vector, qvec, flt, knobs.top_k, knobs.min_similarity, gap_ms)
         t_done = time.perf_counter()
         required = min(knobs.min_matches, knobs.top_k)
         if len(hits) < required:

@@ -36,6 +36,27 @@ class Hit(msgspec.Struct, frozen=True):
     payload: dict[str, Any]
 
 
+def distinct(hits: list[Hit], gap_ms: int, k: int) -> list[Hit]:
+    """Up to ``k`` of ``hits`` (best first), each at least ``gap_ms`` from every one
+    already taken, greedy by similarity: k different moments, not one episode k times."""
+    taken: list[int] = []
+    out: list[Hit] = []
+    for hit in hits:
+        t = int(hit.payload["t_ms"])
+        if all(abs(t - u) >= gap_ms for u in taken):
+            taken.append(t)
+            out.append(hit)
+            if len(out) == k:
+                break
+    return out
+
+
+# A remote engine is asked for this many candidates per wanted match when matches
+# must be min_gap apart (an episode yields many near-identical neighbours).
+CANDIDATES_PER_MATCH = 20
+MAX_CANDIDATES = 1000
+
+
 class Store(Protocol):
     """Embedded numpy or remote Qdrant: same columns, same answers."""
 
@@ -48,8 +69,17 @@ class Store(Protocol):
     def upsert(self, points: NDArray[np.void], vectors: dict[str, F32]) -> None: ...
 
     def search(
-        self, vector: str, query: F32, flt: QueryFilter, limit: int, min_score: float
-    ) -> list[Hit]: ...
+        self,
+        vector: str,
+        query: F32,
+        flt: QueryFilter,
+        limit: int,
+        min_score: float,
+        min_gap_ms: int = 0,
+    ) -> list[Hit]:
+        """Up to ``limit`` hits scoring >= ``min_score``, best first (later first on
+        ties), each at least ``min_gap_ms`` from every better one taken."""
+        ...
 
     def has_symbol(self, symbol: str) -> bool: ...
 

@@ -103,6 +103,39 @@ def _narrow(t: NDArray[np.float64], r: Range, lo: int, hi: int) -> tuple[int, in
     return lo, hi
 
 
+def _best(scores: F32, t: NDArray[np.float64], min_score: float, k: int) -> list[int]:
+    """Indices of the top ``k`` scores >= ``min_score``, best first, later first on ties."""
+    sel = np.flatnonzero(scores >= min_score)
+    if len(sel) > k:
+        sel = sel[np.argpartition(-scores[sel], k - 1)[:k]]
+    return [int(i) for i in sel[np.lexsort((-t[sel], -scores[sel]))]]
+
+
+def _spaced(
+    scores: F32, t: NDArray[np.float64], min_score: float, gap_ms: int, k: int
+) -> list[int]:
+    """Greedy by score: the best remaining point, then nothing within ``gap_ms`` of it.
+
+    ``t`` is sorted, so the points a pick rules out are one slice: k argmax
+    passes over the scores and no candidate window that a long episode of
+    near-identical neighbours could exhaust. Scanned latest first, so on equal
+    scores the later moment wins.
+    """
+    n = len(scores)
+    rev = np.where(scores >= min_score, scores, -np.inf)[::-1].copy()
+    picked: list[int] = []
+    while len(picked) < k:
+        r = int(np.argmax(rev))
+        if rev[r] == -np.inf:
+            break
+        i = n - 1 - r
+        picked.append(i)
+        a = int(np.searchsorted(t, t[i] - gap_ms, side="right"))
+        b = int(np.searchsorted(t, t[i] + gap_ms, side="left"))
+        rev[n - b : n - a] = -np.inf
+    return picked
+
+
 class EmbeddedStore:
     """One collection in a directory; whole-collection rewrite per upsert."""
 
@@ -184,7 +217,13 @@ class EmbeddedStore:
         return part
 
     def search(
-        self, vector: str, query: F32, flt: QueryFilter, limit: int, min_score: float
+        self,
+        vector: str,
+        query: F32,
+        flt: QueryFilter,
+        limit: int,
+        min_score: float,
+        min_gap_ms: int = 0,
     ) -> list[Hit]:
         snap = self._reload()
         if flt.symbol not in snap.slices or vector not in snap.vectors:
@@ -198,15 +237,12 @@ class EmbeddedStore:
         if hi <= lo:
             return []
         scores = part.vectors[vector][lo:hi] @ query.astype(np.float32)
-        sel = np.flatnonzero(scores >= min_score)
-        scores = scores[sel]
-        if len(sel) > limit:
-            top = np.argpartition(-scores, limit - 1)[:limit]
-            sel, scores = sel[top], scores[top]
-        idx = part.rows[lo + sel]
+        if min_gap_ms > 0:
+            picked = _spaced(scores, part.t[lo:hi], min_score, min_gap_ms, limit)
+        else:
+            picked = _best(scores, part.t[lo:hi], min_score, limit)
         p = snap.points
-        order = np.lexsort((-p["t_ms"][idx], -scores))
-        return [Hit(float(scores[i]), _row_payload(p[idx[i]])) for i in order]
+        return [Hit(float(scores[i]), _row_payload(p[part.rows[lo + i]])) for i in picked]
 
     # --- writing -----------------------------------------------------------
 

@@ -19,7 +19,7 @@ from qdrant_client import QdrantClient, models
 from daemon.errors import StoreError
 from daemon.rag.config import StoreSection
 from daemon.rag.schema import PAYLOAD_FIELDS, CollectionMeta
-from daemon.rag.store import F32, Hit, QueryFilter
+from daemon.rag.store import CANDIDATES_PER_MATCH, F32, MAX_CANDIDATES, Hit, QueryFilter, distinct
 
 _INDEXES: dict[str, Any] = {
     "symbol": models.PayloadSchemaType.KEYWORD,
@@ -134,8 +134,15 @@ class QdrantStore:
         self._call("upsert", self._client.upsert, self._name, points=structs, wait=True)
 
     def search(
-        self, vector: str, query: F32, flt: QueryFilter, limit: int, min_score: float
+        self,
+        vector: str,
+        query: F32,
+        flt: QueryFilter,
+        limit: int,
+        min_score: float,
+        min_gap_ms: int = 0,
     ) -> list[Hit]:
+        wide = limit if min_gap_ms <= 0 else min(limit * CANDIDATES_PER_MATCH, MAX_CANDIDATES)
         res = self._call(
             "query",
             self._client.query_points,
@@ -143,13 +150,13 @@ class QdrantStore:
             query=query.tolist(),
             using=vector,
             query_filter=to_filter(flt),
-            limit=limit,
+            limit=wide,
             score_threshold=min_score,
             with_payload=True,
         )
         hits = [Hit(float(p.score), dict(p.payload or {})) for p in res.points]
         hits.sort(key=lambda h: (-h.score, -int(h.payload["t_ms"])))
-        return hits
+        return distinct(hits, min_gap_ms, limit) if min_gap_ms > 0 else hits
 
     def has_symbol(self, symbol: str) -> bool:
         if not self._call("exists", self._client.collection_exists, self._name):

@@ -360,3 +360,23 @@ def test_unreachable_qdrant_server_is_32003(collection: Collection) -> None:
     store = open_store(StoreSection(kind="qdrant", url="http://127.0.0.1:9", timeout_seconds=1))
     err = _code(RagService(collection.cfg, store), params_from(_query_point(collection), 1))
     assert err.code == -32003 and "refused" in err.data["reason"].lower()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spacing_equals_greedy_over_every_candidate(seed: int) -> None:
+    """The store's spacing is the plain greedy over all candidates, even when one
+    long episode of near-identical top scores would exhaust any candidate window."""
+    from daemon.rag.store import Hit, distinct
+    from daemon.rag.store_embedded import _spaced
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(5000, dtype=np.float64) * 300_000
+    scores = rng.uniform(0.0, 0.9, 5000).astype(np.float32)
+    scores[1000:3000] = 0.99 - rng.uniform(0, 1e-3, 2000).astype(np.float32)  # one episode
+    scores[4000] = scores[4100] = 0.95  # a tie: the later moment first
+    gap = int(rng.choice([1, 4, 24]) * 3_600_000)
+    hits = [Hit(float(scores[i]), {"t_ms": int(t[i])}) for i in range(5000) if scores[i] >= 0.5]
+    hits.sort(key=lambda h: (-h.score, -h.payload["t_ms"]))
+    want = [h.payload["t_ms"] for h in distinct(hits, gap, 8)]
+    assert [int(t[i]) for i in _spaced(scores, t, 0.5, gap, 8)] == want
+    assert len(want) == 8
