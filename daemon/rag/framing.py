@@ -7,10 +7,12 @@ scanner tracks bracket depth outside strings, so a value ends at its closing
 bracket whatever the line breaks. Anything else is read up to the newline and
 handed on as one (likely invalid) text, so the dispatcher can answer -32700.
 
-A raw newline inside a string ends the text there (JSON strings cannot hold
-one), so an unterminated string costs one -32700, not the connection. An
-unbalanced ``{`` does swallow the following lines until the text completes,
-exceeds ``max_bytes`` or the idle timeout closes the connection.
+A text is handed on as soon as it can no longer become valid JSON, so the
+client gets its -32700 at once instead of a silence: a raw newline inside a
+string (JSON strings cannot hold one) or a closing bracket that does not match
+the open one (the JSON-RPC spec's batch example, ``{"method"`` then ``]``).
+What is merely unfinished (an unbalanced ``{``) waits for more lines until it
+completes, exceeds ``max_bytes`` or the idle timeout closes the connection.
 
 A text longer than ``max_bytes`` yields :data:`OVERSIZED` once and the decoder
 stops: the stream cannot be resynchronized, so the server answers and closes.
@@ -36,7 +38,7 @@ class FrameDecoder:
         self._buf = bytearray()
         self._pos = 0  # scan position
         self._start = -1  # start of the current text, -1 between texts
-        self._depth = 0
+        self._open = bytearray()  # the brackets still open, innermost last
         self._in_str = False
         self._line_mode = False
         self.broken = False
@@ -90,7 +92,8 @@ class FrameDecoder:
                 return False
             self._start = self._pos
             self._line_mode = buf[self._pos] not in b"{["
-            self._depth, self._in_str = 0, False
+            self._open.clear()
+            self._in_str = False
         if self._line_mode:
             nl = buf.find(b"\n", self._pos)
             if nl < 0:
@@ -124,9 +127,10 @@ class FrameDecoder:
             if c == 0x22:
                 self._in_str = True
             elif c in b"{[":
-                self._depth += 1
-            else:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._emit(frames, i + 1, i + 1)
-                    return True
+                self._open.append(c)
+            elif self._open.pop() != (0x7B if c == 0x7D else 0x5B):
+                self._emit(frames, i + 1, i + 1)  # `{ ... ]`: can never be valid, answer now
+                return True
+            elif not self._open:
+                self._emit(frames, i + 1, i + 1)
+                return True

@@ -114,6 +114,38 @@ def test_spec_examples_invalid_json_and_requests() -> None:
     )
 
 
+SPEC_BATCH = b"""[
+  {"jsonrpc": "2.0", "method": "sum", "params": [1,2,4], "id": "1"},
+  {"jsonrpc": "2.0", "method"
+]
+"""
+
+
+def test_spec_multiline_batch_with_invalid_json_answers_at_once() -> None:
+    """The spec's batch example, as the multi-line text it is printed as, is one text as
+    soon as its `]` arrives (it can never become valid): a -32700, not a silence."""
+    dec = FrameDecoder(10_000)
+    lines = SPEC_BATCH.splitlines(keepends=True)
+    assert [dec.feed(line) for line in lines[:3]] == [[], [], []]
+    frames = dec.feed(lines[3])
+    assert frames == [SPEC_BATCH.rstrip(b"\n")]
+    assert _run(frames[0]) == {
+        "jsonrpc": "2.0",
+        "error": {"code": -32700, "message": "Parse error"},
+        "id": None,
+    }
+    # The stream goes on: the next request is read normally.
+    assert dec.feed(b'{"jsonrpc": "2.0", "method": "x", "id": 2}\n') == [
+        b'{"jsonrpc": "2.0", "method": "x", "id": 2}'
+    ]
+    # Mismatched closers inside strings do not count; unfinished texts still wait.
+    dec = FrameDecoder(10_000)
+    assert dec.feed(b'{"a": "]}",\n') == [] and dec.feed(b'"b": [1,\n2]}\n') == [
+        b'{"a": "]}",\n"b": [1,\n2]}'
+    ]
+    assert FrameDecoder(100).feed(b"[1, {]\n") == [b"[1, {]"]
+
+
 def test_empty_batch_is_single_invalid_request() -> None:
     """[] gets one non-array -32600."""
     out = _run(b"[]")

@@ -368,3 +368,23 @@ async def test_service_errors_reach_the_wire(collection: Collection, code: int) 
         await client.aclose()
     assert reply["error"]["code"] == code
     assert reply["error"]["data"]
+
+
+async def test_spec_multiline_batch_example_is_answered_at_once(collection: Collection) -> None:
+    """The spec's invalid batch, sent as printed over several lines, gets its -32700 while
+    the connection stays open (no waiting for bytes that could never fix it)."""
+    from tests.rag.test_protocol import SPEC_BATCH
+
+    svc = RagService(collection.cfg, collection.store)
+    async with running(methods_for(svc), idle_timeout_seconds=30) as port:
+        client = await Client.connect(port)
+        await client.send(SPEC_BATCH)
+        err = await client.line(wait=1.0)
+        ok = await client.call("rag.health", id_=3)
+        await client.aclose()
+    assert err == {
+        "jsonrpc": "2.0",
+        "error": {"code": -32700, "message": "Parse error"},
+        "id": None,
+    }
+    assert ok["result"]["status"] == "ok"
