@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import itertools
 
+from daemon.errors import RpcError
 from daemon.rag.config import RagConfig, StoreSection
 from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
 from daemon.rag.features import STATE_COLUMNS
@@ -104,7 +105,19 @@ def main() -> int:
         nulls = sum(v is None for m in base["matches"] for v in m["outcomes"].values())
         print(f"baseline (no purge, no gap): span {(max(bt) - min(bt)) / H:.1f} h, "
               f"{nulls} null outcomes, own bar matched {query_ms in bt}")  # fmt: skip
+        health = svc.health()["symbols"]["BTCUSDT"]
+        print(f"rag.health BTCUSDT: {health}")
+        # The seed's own example asks about 2024-01-01, before the data starts.
+        try:
+            ask_seed = dict(state)
+            svc.query_patterns({"symbol": "BTCUSDT", "timestamp": 1_704_067_200_000,
+                                "current_state": ask_seed})  # fmt: skip
+            advice = ""
+        except RpcError as exc:
+            advice = str((exc.data or {}).get("suggestion", ""))
+            print(f"seed example (2024-01-01): {exc.code} {exc.message}: {advice}")
         ok = len(times) == args.top_k and gap >= 4 and known and purged
+        ok = ok and health["searchable"] == len(complete) and "starts at" in advice
         print("OK" if ok else "FAILED")
         return 0 if ok else 1
 

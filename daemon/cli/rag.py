@@ -107,7 +107,7 @@ def ingest_cmd(
         f"{symbol} {timeframe}: {report.bars} bars, {report.points} points "
         f"({report.new} new, {report.written} written, {report.unchanged} unchanged), "
         f"{report.incomplete} without funding/OI (kept, not searchable), "
-        f"{report.pending_outcomes} awaiting their 24 h outcome, {report.seconds:.2f} s"
+        f"{report.pending_outcomes} awaiting their 24 h outcome (not searchable yet), {report.seconds:.2f} s"
     )
 
 

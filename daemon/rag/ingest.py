@@ -91,7 +91,10 @@ def build_points(
         pts[c] = outcomes[c][valid]
     pts["oi_delta_pct"] = oi_delta_pct(pts["open_interest_latest"], pts["open_interest_avg_24h"])
     derived = derive({c: pts[c] for c in STATE_COLUMNS})
-    pts["complete"] = np.isfinite(derived).all(axis=1)
+    # Searchable: the whole state known, and every outcome (a match's outcomes are
+    # what the caller wants; a bar whose horizon runs past the data waits for more).
+    known = np.column_stack([pts[c] for c in OUTCOME_COLUMNS])
+    pts["complete"] = np.isfinite(derived).all(axis=1) & np.isfinite(known).all(axis=1)
     pts["rev"] = revision(pts)
     return pts, derived
 
@@ -202,7 +205,7 @@ def ingest(
         written=len(todo),
         new=sum(1 for i in ids if i not in known),
         unchanged=len(pts) - len(todo),
-        incomplete=int((~pts["complete"]).sum()),
+        incomplete=int((~np.isfinite(derived).all(axis=1)).sum()),
         pending_outcomes=int((~np.isfinite(pts["outcome_24h"])).sum()),
         seconds=time.perf_counter() - started,
     )

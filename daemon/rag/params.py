@@ -1,7 +1,9 @@
 """``rag.query_patterns`` params: the seed's JSON Schema as msgspec Structs.
 
-Validation failures become -32602 with the failing field named in
-``error.data.field`` (dotted path, e.g. ``current_state.rsi_7``). Beyond the
+Validation failures become -32602 listing every invalid field in
+``error.data.errors`` (dotted paths, e.g. ``current_state.rsi_7``, each with a
+reason; ``error.data.field`` is the first), so a client fixes a request in one
+round trip. Beyond the
 seed's schema: unknown members are rejected (a typo in ``query_config`` must
 not silently fall back to a default), numbers must be finite and within bounds
 far beyond any real market (a 1e308 price is -32602, not a NaN in the math),
@@ -90,9 +92,67 @@ def _field_of(text: str) -> tuple[str, str]:
     return ".".join(parts) or "params", msg
 
 
-def invalid(field: str, reason: str) -> RpcError:
-    """The -32602 error naming ``field``."""
-    return RpcError(INVALID_PARAMS, "Invalid params", {"field": field, "reason": reason})
+def invalid(field: str, reason: str, more: list[tuple[str, str]] | None = None) -> RpcError:
+    """The -32602 error naming ``field`` first, then every other problem found."""
+    problems = [(field, reason), *(more or [])]
+    return RpcError(
+        INVALID_PARAMS,
+        "Invalid params",
+        {
+            "field": field,
+            "reason": reason,
+            "errors": [{"field": f, "reason": r} for f, r in problems],
+        },
+    )
+
+
+_WHOLE = frozenset({"query_config.top_k", "query_config.min_matches"})
+
+
+def _struct_type(typ: Any) -> type[msgspec.Struct] | None:
+    """The Struct class of ``typ`` (or of ``Struct | None``)."""
+    for t in (typ, *getattr(typ, "__args__", ())):
+        if isinstance(t, type) and issubclass(t, msgspec.Struct):
+            return t
+    return None
+
+
+def _leaf(value: Any, typ: Any, path: str) -> list[tuple[str, str]]:
+    try:
+        out = msgspec.convert(value, typ)
+    except msgspec.ValidationError as exc:
+        return [(path, _field_of(str(exc))[1])]
+    if isinstance(out, float) and not math.isfinite(out):
+        return [(path, "must be a finite number")]
+    if path in _WHOLE and isinstance(out, float) and out != int(out):
+        return [(path, "must be a whole number")]
+    return []
+
+
+def problems(value: Any, typ: Any = None, path: str = "") -> list[tuple[str, str]]:
+    """Every (dotted field, reason) wrong in raw params, field by field.
+
+    msgspec stops at the first error; this walks the Structs' fields and checks
+    each member on its own. Only run once a request has failed (it is slower).
+    """
+    struct = _struct_type(QueryParams if typ is None else typ)
+    if struct is None:
+        return _leaf(value, typ, path)
+    if value is None and typ is not None and struct is not typ:
+        return []  # an optional Struct member sent as null
+    if not isinstance(value, dict):
+        return [(path or "params", "must be an object")]
+    prefix = f"{path}." if path else ""
+    fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+    out: list[tuple[str, str]] = []
+    if struct.__struct_config__.forbid_unknown_fields:
+        out += [(f"{prefix}{k}", "unknown field") for k in value if k not in fields]
+    for name, f in fields.items():
+        if name in value:
+            out += problems(value[name], f.type, f"{prefix}{name}")
+        elif f.required:
+            out.append((f"{prefix}{name}", "missing required field"))
+    return out
 
 
 def ignored_fields(params: Any) -> list[str]:
@@ -101,6 +161,23 @@ def ignored_fields(params: Any) -> list[str]:
     if not isinstance(state, dict):
         return []
     return sorted(str(k) for k in state if k not in CurrentState.__struct_fields__)
+
+
+def _checks(parsed: QueryParams) -> list[tuple[str, str]]:
+    """What the Struct types cannot say: finite numbers, whole counts."""
+    out = [
+        (f"current_state.{name}", "must be a finite number")
+        for name in CurrentState.__struct_fields__
+        if isinstance(v := getattr(parsed.current_state, name), float) and not math.isfinite(v)
+    ]
+    qc = parsed.query_config
+    for name in ("top_k", "min_matches"):
+        value = getattr(qc, name) if qc is not None else None
+        if value is not None and value != int(value):
+            out.append((f"query_config.{name}", "must be a whole number"))
+    if not math.isfinite(parsed.timestamp):
+        out.append(("timestamp", "must be a finite number"))
+    return out
 
 
 def parse_params(params: Any) -> QueryParams:
@@ -113,16 +190,9 @@ def parse_params(params: Any) -> QueryParams:
         try:
             parsed = msgspec.convert(params, QueryParams)
         except msgspec.ValidationError as exc:
-            raise invalid(*_field_of(str(exc))) from None
-    for name in CurrentState.__struct_fields__:
-        value = getattr(parsed.current_state, name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise invalid(f"current_state.{name}", "must be a finite number")
-    qc = parsed.query_config
-    for name in ("top_k", "min_matches"):
-        value = getattr(qc, name) if qc is not None else None
-        if value is not None and value != int(value):
-            raise invalid(f"query_config.{name}", "must be a whole number")
-    if not math.isfinite(parsed.timestamp):
-        raise invalid("timestamp", "must be a finite number")
+            found = problems(params) or [_field_of(str(exc))]
+            raise invalid(*found[0], found[1:]) from None
+    found = _checks(parsed)
+    if found:
+        raise invalid(*found[0], found[1:])
     return parsed

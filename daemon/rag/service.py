@@ -32,9 +32,13 @@ from daemon.rag.params import (
 )
 from daemon.rag.schema import CollectionMeta, derive, oi_delta_pct
 from daemon.rag.statistics import outcome_stats
-from daemon.rag.store import QueryFilter, Range, Store
+from daemon.rag.store import Coverage, QueryFilter, Range, Store
 
-SUGGESTION: Final = "Try increasing lookback_days or reducing min_similarity"
+SUGGESTION: Final = (
+    "Try increasing lookback_days, reducing min_similarity or min_gap_hours, "
+    "or setting include_regime_filters to false"
+)
+STORE_ERROR: Final = {"embedded": "Embedded store error", "qdrant": "Qdrant error"}
 # When each outcome becomes known, relative to the bar close.
 HORIZON_MS: Final = {
     "outcome_1h": HOUR_MS,
@@ -102,6 +106,41 @@ def _match(hit_score: float, p: dict[str, Any], query_ms: int) -> dict[str, Any]
     }
 
 
+def _coverage(c: Coverage) -> dict[str, Any]:
+    return {
+        "points": c.points,
+        "searchable": c.searchable,
+        "incomplete": c.points - c.searchable,
+        "missing_funding": c.missing_funding,
+        "missing_open_interest": c.missing_open_interest,
+        "first": _iso(c.first_ms) if c.first_ms is not None else None,
+        "last": _iso(c.last_ms) if c.last_ms is not None else None,
+    }
+
+
+def advice(cov: Coverage | None, lo: int, hi: int, embargo_hours: float) -> str:
+    """Which change would help, given what the store covers and the searched window."""
+    if cov is None or cov.first_ms is None or cov.last_ms is None:
+        return (
+            "the store has no searchable points for this symbol (each needs funding, open "
+            "interest and 24 h of later candles): ingest with --funding and --open-interest"
+        )
+    if hi < cov.first_ms:
+        return (
+            f"the store's searchable data for {cov.symbol} starts at {_iso(cov.first_ms)}; "
+            f"query a timestamp after {_iso(cov.first_ms + int(embargo_hours * 3_600_000))} "
+            "(matches must be embargo_hours before the query), or ingest older data"
+        )
+    if lo >= cov.last_ms:
+        days = (hi - cov.last_ms) / DAY_MS
+        wider = f" or raise lookback_days above {days:.0f}" if days < 365 else ""
+        return (
+            f"the store's searchable data for {cov.symbol} ends at {_iso(cov.last_ms)}, "
+            f"before the lookback window; ingest newer data{wider}"
+        )
+    return SUGGESTION
+
+
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """The query_config actually used: the request's values over the config defaults."""
@@ -153,21 +192,33 @@ class RagService:
             return self._query(parse_params(params), ignored_fields(params))
         except RpcError:
             raise
+        except StoreError as exc:
+            raise self._store_error(exc) from None
         except MarketwakeError as exc:  # each error class carries its JSON-RPC code
             raise RpcError(exc.rpc_code, exc.rpc_message, {"reason": str(exc)}) from None
         except Exception as exc:  # noqa: BLE001 - a query must never take the server down
             raise RpcError(-32000, "Server error", {"reason": type(exc).__name__}) from None
 
+    def _store_error(self, exc: StoreError) -> RpcError:
+        """-32003 naming the engine, so "Qdrant error" never blames a server that is not there."""
+        kind = self._store.kind
+        data = {"reason": str(exc), "store": kind}
+        return RpcError(exc.rpc_code, STORE_ERROR.get(kind, exc.rpc_message), data)
+
     def health(self, params: Any = None) -> dict[str, Any]:
-        """Liveness and what is loaded (for operators; takes no params)."""
+        """Liveness and what is loaded and searchable (for operators; takes no params)."""
         try:
             meta = self._store.meta()
             points = self._store.count()
+            covered = self._store.coverage()
         except StoreError as exc:
-            raise RpcError(exc.rpc_code, exc.rpc_message, {"reason": str(exc)}) from None
+            raise self._store_error(exc) from None
         return {
             "status": "ok",
+            "store": self._store.kind,
             "points": points,
+            "searchable": sum(c.searchable for c in covered),
+            "symbols": {c.symbol: _coverage(c) for c in covered},
             "embedding_model": meta.embedding_model if meta else None,
             "feature_version": meta.feature_version if meta else None,
             "cache": {"hits": self._cache.hits, "misses": self._cache.misses},
@@ -228,8 +279,7 @@ class RagService:
         t_done = time.perf_counter()
         required = min(knobs.min_matches, knobs.top_k)
         if len(hits) < required:
-            data = {"matches_found": len(hits), "min_required": required, "suggestion": SUGGESTION}
-            raise RpcError(-32001, "Insufficient matches found", data)
+            raise self._insufficient(p, knobs, flt, len(hits), required)
         matches = [_match(h.score, h.payload, int(p.timestamp)) for h in hits]
         metadata = {
             "query_duration_ms": _ms(time.perf_counter() - started),
@@ -246,6 +296,23 @@ class RagService:
             "ignored_fields": ignored,
         }
         return {"matches": matches, "statistics": outcome_stats(matches), "metadata": metadata}
+
+    def _insufficient(
+        self, p: QueryParams, knobs: Knobs, flt: QueryFilter, found: int, required: int
+    ) -> RpcError:
+        """-32001 saying what the store covers for the symbol and what would help."""
+        cov = next((c for c in self._store.coverage() if c.symbol == p.symbol), None)
+        window = flt.ranges[0]  # the time range, always first
+        lo, hi = int(window.gt or 0), int(window.lte or 0)
+        data: dict[str, Any] = {
+            "matches_found": found,
+            "min_required": required,
+            "window": {"from": _iso(lo), "to": _iso(hi)},
+            "suggestion": advice(cov, lo, hi, self._cfg.query_defaults.embargo_hours),
+        }
+        if cov is not None:
+            data["coverage"] = _coverage(cov)
+        return RpcError(-32001, "Insufficient matches found", data)
 
     def _filter(self, p: QueryParams, knobs: Knobs) -> tuple[QueryFilter, list[str]]:
         """Symbol, the lookback window ending at the query time, and the regime."""

@@ -1,7 +1,9 @@
 """Aggregate statistics over the matches a query returns (seed 004's shape).
 
-Only outcomes known at query time count; with none known, the 4 h figures are
-``null`` and the counts 0 rather than a made-up 0.0 mean.
+Every match's outcomes are known (the store only searches points whose
+horizons are in the data and passed before the query), so the figures are
+numbers, as the seed's schema types them. With no match at all (only possible
+with ``min_matches`` 0) they are 0 and ``count`` / ``total_matches`` say so.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ def outcome_4h_stats(values: list[float]) -> dict[str, Any]:
     neg = sum(1 for v in values if v < 0)
     if not values:
         return {
-            "mean": None,
-            "median": None,
-            "p10": None,
-            "p90": None,
+            "mean": 0.0,
+            "median": 0.0,
+            "p10": 0.0,
+            "p90": 0.0,
             "positive_count": 0,
             "negative_count": 0,
-            "win_rate": None,
+            "win_rate": 0.0,
             "count": 0,
         }
     return {
@@ -52,8 +54,8 @@ def outcome_stats(matches: list[dict[str, Any]]) -> dict[str, Any]:
     four = [o["outcome_4h"] for o in outs if o["outcome_4h"] is not None]
     return {
         "total_matches": len(matches),
-        "avg_similarity": sum(sims) / len(sims) if sims else None,
-        "similarity_range": [min(sims), max(sims)] if sims else None,
+        "avg_similarity": sum(sims) / len(sims) if sims else 0.0,
+        "similarity_range": [min(sims), max(sims)] if sims else [0.0, 0.0],
         "outcome_4h": outcome_4h_stats(four),
         "stop_loss_hits": sum(1 for o in outs if o["hit_stop_loss"] is True),
         "take_profit_hits": sum(1 for o in outs if o["hit_take_profit"] is True),

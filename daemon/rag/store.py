@@ -31,6 +31,22 @@ class QueryFilter(msgspec.Struct, frozen=True, kw_only=True):
     ranges: tuple[Range, ...] = ()
 
 
+class Coverage(msgspec.Struct, frozen=True, kw_only=True):
+    """What a store holds for one symbol: for ``rag.health`` and -32001's advice.
+
+    Only complete points (funding and open interest known) are searchable;
+    ``first_ms``/``last_ms`` bound the searchable bars' close times.
+    """
+
+    symbol: str
+    points: int
+    searchable: int
+    missing_funding: int
+    missing_open_interest: int
+    first_ms: int | None
+    last_ms: int | None
+
+
 class Hit(msgspec.Struct, frozen=True):
     score: float
     payload: dict[str, Any]
@@ -60,6 +76,8 @@ MAX_CANDIDATES = 1000
 class Store(Protocol):
     """Embedded numpy or remote Qdrant: same columns, same answers."""
 
+    kind: str  # "embedded" or "qdrant", named in errors
+
     def meta(self) -> CollectionMeta | None: ...
 
     def create(self, meta: CollectionMeta) -> None: ...
@@ -82,6 +100,10 @@ class Store(Protocol):
         ...
 
     def has_symbol(self, symbol: str) -> bool: ...
+
+    def coverage(self) -> list[Coverage]:
+        """Per symbol, sorted by symbol."""
+        ...
 
     def count(self) -> int: ...
 

@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from daemon.errors import StoreError
 from daemon.rag.schema import PAYLOAD_FIELDS, POINT_DTYPE, VECTORS, CollectionMeta
-from daemon.rag.store import F32, Hit, QueryFilter, Range
+from daemon.rag.store import F32, Coverage, Hit, QueryFilter, Range
 
 _FILTERABLE = ("t_ms", "oi_delta_pct", "funding_rate")
 _RECHECK_SECONDS = 0.25
@@ -66,6 +66,7 @@ class _Snapshot:
     cols: dict[str, NDArray[np.float64]]
     complete: NDArray[np.bool_]
     partitions: dict[tuple[str, tuple[Range, ...]], _Partition] = field(default_factory=dict)
+    covered: list[Coverage] = field(default_factory=list)  # computed on first ask
 
     @classmethod
     def empty(cls) -> _Snapshot:
@@ -139,6 +140,8 @@ def _spaced(
 class EmbeddedStore:
     """One collection in a directory; whole-collection rewrite per upsert."""
 
+    kind = "embedded"
+
     def __init__(self, path: str, collection: str) -> None:
         self._dir = Path(path) / collection
         self._snap = _Snapshot.empty()
@@ -184,6 +187,24 @@ class EmbeddedStore:
 
     def has_symbol(self, symbol: str) -> bool:
         return symbol in self._reload().slices
+
+    def coverage(self) -> list[Coverage]:
+        snap = self._reload()
+        if not snap.covered:
+            for symbol, (lo, hi) in sorted(snap.slices.items()):
+                done = np.flatnonzero(snap.complete[lo:hi]) + lo
+                t = snap.cols["t_ms"]
+                cov = Coverage(
+                    symbol=symbol,
+                    points=hi - lo,
+                    searchable=len(done),
+                    missing_funding=int(np.isnan(snap.cols["funding_rate"][lo:hi]).sum()),
+                    missing_open_interest=int(np.isnan(snap.cols["oi_delta_pct"][lo:hi]).sum()),
+                    first_ms=int(t[done[0]]) if len(done) else None,
+                    last_ms=int(t[done[-1]]) if len(done) else None,
+                )
+                snap.covered.append(cov)
+        return list(snap.covered)
 
     def revisions(self, symbol: str, timeframe: str) -> dict[int, int]:
         p = self._reload().points

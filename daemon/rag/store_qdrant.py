@@ -19,7 +19,15 @@ from qdrant_client import QdrantClient, models
 from daemon.errors import StoreError
 from daemon.rag.config import StoreSection
 from daemon.rag.schema import PAYLOAD_FIELDS, CollectionMeta
-from daemon.rag.store import CANDIDATES_PER_MATCH, F32, MAX_CANDIDATES, Hit, QueryFilter, distinct
+from daemon.rag.store import (
+    CANDIDATES_PER_MATCH,
+    F32,
+    MAX_CANDIDATES,
+    Coverage,
+    Hit,
+    QueryFilter,
+    distinct,
+)
 
 _INDEXES: dict[str, Any] = {
     "symbol": models.PayloadSchemaType.KEYWORD,
@@ -43,6 +51,10 @@ def _match(key: str, value: Any) -> models.FieldCondition:
     return models.FieldCondition(key=key, match=models.MatchValue(value=value))
 
 
+def _null(key: str) -> models.IsNullCondition:
+    return models.IsNullCondition(is_null=models.PayloadField(key=key))
+
+
 def to_filter(flt: QueryFilter) -> models.Filter:
     """Our filter as Qdrant's: symbol, complete points only, numeric ranges."""
     must: list[Any] = [_match("symbol", flt.symbol), _match("complete", True)]
@@ -54,6 +66,8 @@ def to_filter(flt: QueryFilter) -> models.Filter:
 
 class QdrantStore:
     """One collection on a Qdrant server (or any QdrantClient, e.g. ``:memory:``)."""
+
+    kind = "qdrant"
 
     def __init__(self, client: QdrantClient, collection: str) -> None:
         self._client = client
@@ -164,6 +178,47 @@ class QdrantStore:
         flt = models.Filter(must=[_match("symbol", symbol)])
         res = self._call("count", self._client.count, self._name, count_filter=flt, exact=True)
         return int(res.count) > 0
+
+    def _count(self, *must: Any) -> int:
+        flt = models.Filter(must=list(must))
+        res = self._call("count", self._client.count, self._name, count_filter=flt, exact=True)
+        return int(res.count)
+
+    def _edge(self, symbol: str, direction: models.Direction) -> int | None:
+        """The first or last searchable close time of ``symbol`` (t_ms is range-indexed)."""
+        recs, _ = self._call(
+            "scroll",
+            self._client.scroll,
+            self._name,
+            scroll_filter=models.Filter(must=[_match("symbol", symbol), _match("complete", True)]),
+            limit=1,
+            order_by=models.OrderBy(key="t_ms", direction=direction),
+            with_payload=["t_ms"],
+            with_vectors=False,
+        )
+        return int(recs[0].payload["t_ms"]) if recs else None
+
+    def coverage(self) -> list[Coverage]:
+        if not self._call("exists", self._client.collection_exists, self._name):
+            return []
+        facets = self._call(
+            "facet", self._client.facet, self._name, "symbol", limit=10_000, exact=True
+        )
+        out = []
+        for symbol in sorted(str(h.value) for h in facets.hits):
+            sym = _match("symbol", symbol)
+            out.append(
+                Coverage(
+                    symbol=symbol,
+                    points=self._count(sym),
+                    searchable=self._count(sym, _match("complete", True)),
+                    missing_funding=self._count(sym, _null("funding_rate")),
+                    missing_open_interest=self._count(sym, _null("oi_delta_pct")),
+                    first_ms=self._edge(symbol, models.Direction.ASC),
+                    last_ms=self._edge(symbol, models.Direction.DESC),
+                )
+            )
+        return out
 
     def count(self) -> int:
         if not self._call("exists", self._client.collection_exists, self._name):

@@ -219,6 +219,7 @@ def test_remote_qdrant_adapter_gives_same_answers(collection: Collection) -> Non
     )
     assert remote["statistics"]["outcome_4h"] == pytest.approx(local["statistics"]["outcome_4h"])
     assert not q.has_symbol("ETHUSDT")
+    assert q.coverage() == collection.store.coverage()
 
 
 def _text_cfg(tmp_path: Path) -> RagConfig:

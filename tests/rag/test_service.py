@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from daemon.errors import RpcError
 from daemon.rag.config import EmbeddingSection, RagConfig, StoreSection
 from daemon.rag.embedding import EmbeddingCache
+from daemon.rag.features import OUTCOME_COLUMNS
 from daemon.rag.service import RagService
 from daemon.rag.store_embedded import EmbeddedStore
 from tests.rag.conftest import Collection, params_from
@@ -266,6 +268,32 @@ def test_invalid_params_name_the_field(collection: Collection, mutate: Any, fiel
     assert (err.code, err.data["field"]) == (-32602, field)
 
 
+def test_invalid_params_lists_every_field(collection: Collection) -> None:
+    """One -32602 names every problem, so a client fixes the request in one round trip."""
+    svc = RagService(collection.cfg, collection.store)
+    params = params_from(_query_point(collection), 1, top_k=2.5, topk=3)
+    params["symbol"] = "btc"
+    del params["current_state"]["rsi_7"]
+    params["current_state"]["rsi_14"] = 101
+    params["current_state"]["price"] = "1"
+    params["current_state"]["note"] = "ignored, not an error"
+    err = _code(svc, params)
+    got = {e["field"]: e["reason"] for e in err.data["errors"]}
+    assert err.code == -32602 and err.data["field"] == next(iter(got))
+    assert set(got) == {
+        "symbol",
+        "current_state.rsi_7",
+        "current_state.rsi_14",
+        "current_state.price",
+        "query_config.topk",
+        "query_config.top_k",
+    }
+    assert got["current_state.rsi_7"] == "missing required field"
+    assert got["query_config.topk"] == "unknown field"
+    assert got["query_config.top_k"] == "must be a whole number"
+    assert "<= 100" in got["current_state.rsi_14"] and "float" in got["current_state.price"]
+
+
 def test_params_not_an_object(collection: Collection) -> None:
     """Positional params are -32602 too."""
     assert _code(RagService(collection.cfg, collection.store), [1, 2]).code == -32602
@@ -279,6 +307,72 @@ def test_insufficient_matches(collection: Collection) -> None:
     assert err.code == -32001 and err.message == "Insufficient matches found"
     assert err.data["min_required"] == 3 and err.data["matches_found"] < 3
     assert "lookback_days" in err.data["suggestion"]
+
+
+def iso(t: int) -> str:
+    return datetime.fromtimestamp(t / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _searchable_span(col: Collection) -> tuple[int, int]:
+    """First and last close time of points with every feature and outcome known."""
+    pts = col.points()
+    outcomes = np.column_stack([pts[c] for c in OUTCOME_COLUMNS])
+    ok = pts["complete"] & np.isfinite(outcomes).all(axis=1)
+    assert ok.sum() < len(pts)  # warm-up without OI, and the tail awaiting outcomes
+    return int(pts["t_ms"][ok].min()), int(pts["t_ms"][ok].max())
+
+
+def test_no_data_in_window_says_what_the_store_covers(collection: Collection) -> None:
+    """The seed's own example asks about 2024, before the data: the answer says where the
+    data is and what to change, instead of "increase lookback_days"."""
+    svc = RagService(collection.cfg, collection.store)
+    first, last = _searchable_span(collection)
+    early = _code(svc, params_from(_query_point(collection), 1_704_067_200_000))
+    assert early.code == -32001 and early.data["matches_found"] == 0
+    cov = early.data["coverage"]
+    assert (cov["first"], cov["last"]) == (iso(first), iso(last))
+    assert (
+        cov["searchable"] + cov["incomplete"] == cov["points"] and cov["missing_open_interest"] > 0
+    )
+    assert f"starts at {iso(first)}" in early.data["suggestion"]
+    assert f"after {iso(first + 24 * 3_600_000)}" in early.data["suggestion"]
+    late_ts = last + 40 * 86_400_000
+    late = _code(svc, params_from(_query_point(collection), late_ts, lookback_days=10))
+    assert f"ends at {iso(last)}" in late.data["suggestion"]
+    assert "lookback_days above 39" in late.data["suggestion"]
+    assert late.data["window"]["to"] == iso(late_ts - 24 * 3_600_000)
+
+
+def test_health_reports_searchable_points_per_symbol(collection: Collection) -> None:
+    """rag.health separates stored from searchable points, and says why the rest are not."""
+    pts = collection.points()
+    first, last = _searchable_span(collection)
+    health = RagService(collection.cfg, collection.store).health()
+    sym = health["symbols"]["BTCUSDT"]
+    assert health["store"] == "embedded" and health["points"] == len(pts) == sym["points"]
+    assert health["searchable"] == sym["searchable"] == int(pts["complete"].sum())
+    assert sym["missing_open_interest"] == int(np.isnan(pts["open_interest_latest"]).sum()) > 0
+    assert sym["missing_funding"] == int(np.isnan(pts["funding_rate"]).sum())
+    assert sym["incomplete"] >= sym["missing_open_interest"]
+    assert (sym["first"], sym["last"]) == (iso(first), iso(last))
+
+
+def test_zero_matches_allowed_gives_numbers_not_nulls(collection: Collection) -> None:
+    """min_matches 0 and nothing found: statistics are numbers (the seed types them so)."""
+    svc = RagService(collection.cfg, collection.store)
+    res = svc.query_patterns(
+        params_from(_query_point(collection), 1_704_067_200_000, min_matches=0)
+    )
+    stats = res["statistics"]
+    assert res["matches"] == [] and stats["total_matches"] == 0
+    assert stats["avg_similarity"] == 0.0 and stats["outcome_4h"]["count"] == 0
+
+    def walk(x: Any) -> None:
+        assert x is not None
+        for v in x.values() if isinstance(x, dict) else x if isinstance(x, list) else ():
+            walk(v)
+
+    walk(stats)
 
 
 def test_unknown_symbol(collection: Collection) -> None:
@@ -296,6 +390,7 @@ def test_missing_collection_is_store_error(tmp_path: Path, collection: Collectio
         RagService(cfg, EmbeddedStore(str(tmp_path), "x")), params_from(_query_point(collection), 1)
     )
     assert err.code == -32003 and "rag ingest" in err.data["reason"]
+    assert err.message == "Embedded store error" and err.data["store"] == "embedded"
 
 
 def test_corrupt_store_is_store_error(tmp_path: Path, collection: Collection) -> None:
@@ -360,6 +455,7 @@ def test_unreachable_qdrant_server_is_32003(collection: Collection) -> None:
     store = open_store(StoreSection(kind="qdrant", url="http://127.0.0.1:9", timeout_seconds=1))
     err = _code(RagService(collection.cfg, store), params_from(_query_point(collection), 1))
     assert err.code == -32003 and "refused" in err.data["reason"].lower()
+    assert err.message == "Qdrant error" and err.data["store"] == "qdrant"
 
 
 @pytest.mark.parametrize("seed", range(5))
