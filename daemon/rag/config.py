@@ -62,7 +62,9 @@ class EmbeddingSection(_Section, frozen=True):
     # "numeric": standardized feature vector (default, deterministic).
     # "bge-small-en-v1.5": fastembed text embedding of a canonical rendering.
     model: Literal["numeric", "bge-small-en-v1.5"] = "numeric"
-    # Where fastembed looks for the model files (never downloads here).
+    # A directory holding the text model's files (wins over cache_dir).
+    model_path: str = ""
+    # A Hugging Face cache where fastembed looks for the model (never downloads).
     cache_dir: str = ""
     cache_embeddings: bool = True
     cache_ttl_seconds: float = 300.0

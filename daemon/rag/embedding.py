@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from daemon.errors import EmbeddingError
+from daemon.rag.config import EmbeddingSection
 from daemon.rag.schema import DERIVED, VECTORS
 
 F32 = NDArray[np.float32]
@@ -97,22 +98,30 @@ def _fastembed_module() -> Any:
 
 
 class TextEmbedder:
-    """fastembed bge-small-en-v1.5 over :func:`render`; loads only from local files."""
+    """fastembed bge-small-en-v1.5 over :func:`render`; loads only from local files.
+
+    ``model_path`` (a directory holding the model's files) wins over ``cache_dir``
+    (a Hugging Face cache that fastembed searches); neither is ever downloaded into.
+    """
 
     name = BGE_SMALL
 
-    def __init__(self, cache_dir: str) -> None:
+    def __init__(self, section: EmbeddingSection) -> None:
         module = _fastembed_module()
-        where = cache_dir or "(fastembed's default cache)"
+        where = section.model_path or section.cache_dir or "(fastembed's default cache)"
         try:
             self._model = module.TextEmbedding(
-                model_name=_FASTEMBED_NAME, cache_dir=cache_dir or None, local_files_only=True
+                model_name=_FASTEMBED_NAME,
+                cache_dir=section.cache_dir or None,
+                specific_model_path=section.model_path or None,
+                local_files_only=True,
             )
         except Exception as exc:  # noqa: BLE001 - fastembed/onnx raise many types
             raise EmbeddingError(
                 f"fastembed model {_FASTEMBED_NAME} is not available in {where}: {exc}. "
-                "Copy the model files there on a machine with internet (fastembed "
-                "downloads them on first use) and set rag.embedding.cache_dir, or set "
+                "Copy the model files (model_optimized.onnx, tokenizer.json, "
+                "tokenizer_config.json, special_tokens_map.json, config.json) from a machine "
+                "with internet into a directory and set rag.embedding.model_path, or set "
                 'rag.embedding.model = "numeric"'
             ) from None
 
@@ -128,12 +137,14 @@ class TextEmbedder:
         return _unit(vectors)
 
 
-def make_embedder(model: str, mean: list[float], std: list[float], cache_dir: str) -> Embedder:
-    """The embedder a collection (or a config) names."""
+def make_embedder(
+    model: str, mean: list[float], std: list[float], section: EmbeddingSection
+) -> Embedder:
+    """The embedder a collection names, loaded from where the config says."""
     if model == NUMERIC:
         return NumericEmbedder(mean, std)
     if model == BGE_SMALL:
-        return TextEmbedder(cache_dir)
+        return TextEmbedder(section)
     raise EmbeddingError(f"unknown embedding model {model!r} (expected numeric or {BGE_SMALL})")
 
 

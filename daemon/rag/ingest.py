@@ -112,7 +112,7 @@ def ensure_collection(store: Store, derived: F64, cfg: RagConfig) -> CollectionM
                 f"(past the ~200 h warm-up, with funding and open interest); got {complete}"
             )
         mean, std = norm_stats(derived)
-        probe = make_embedder(model, mean, std, cfg.embedding.cache_dir)
+        probe = make_embedder(model, mean, std, cfg.embedding)
         meta = CollectionMeta(
             schema_version=SCHEMA_VERSION,
             feature_version=FEATURE_VERSION,
@@ -191,9 +191,7 @@ def ingest(
     check_spacing(bars, timeframe)
     pts, derived = build_points(symbol, timeframe, bars, funding, oi, cfg)
     meta = ensure_collection(store, derived, cfg)
-    embedder = make_embedder(
-        meta.embedding_model, meta.norm_mean, meta.norm_std, cfg.embedding.cache_dir
-    )
+    embedder = make_embedder(meta.embedding_model, meta.norm_mean, meta.norm_std, cfg.embedding)
     known = store.revisions(symbol, timeframe)
     ids, revs = pts["id"].tolist(), pts["rev"].tolist()
     todo = np.flatnonzero([known.get(i) != r for i, r in zip(ids, revs, strict=True)])

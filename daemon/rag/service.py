@@ -242,7 +242,7 @@ class RagService:
                     meta.embedding_model,
                     meta.norm_mean,
                     meta.norm_std,
-                    self._cfg.embedding.cache_dir,
+                    self._cfg.embedding,
                 )
                 self._embedder = (meta.created_ms, emb)
             return self._embedder[1]

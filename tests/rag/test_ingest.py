@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from daemon.errors import DataFileError, EmbeddingError, FeedError
-from daemon.rag.config import EmbeddingSection, ExchangeSection, RagConfig, StoreSection
+from daemon.errors import DataFileError, FeedError
+from daemon.rag.config import ExchangeSection, RagConfig, StoreSection
 from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
 from daemon.rag.exchange import fetch_history
 from daemon.rag.features import Bars
@@ -220,82 +217,6 @@ def test_remote_qdrant_adapter_gives_same_answers(collection: Collection) -> Non
     assert remote["statistics"]["outcome_4h"] == pytest.approx(local["statistics"]["outcome_4h"])
     assert not q.has_symbol("ETHUSDT")
     assert q.coverage() == collection.store.coverage()
-
-
-def _text_cfg(tmp_path: Path) -> RagConfig:
-    return RagConfig(
-        store=StoreSection(path=str(tmp_path), collection_name="text"),
-        embedding=EmbeddingSection(model="bge-small-en-v1.5", cache_dir=str(tmp_path / "models")),
-    )
-
-
-def _ingest_text(tmp_path: Path, cfg: RagConfig) -> EmbeddedStore:
-    rows = synth.candles(1200, seed=4, tf=TF_MS)
-    fund = synth.funding(int(rows[0, 0]) - 8 * H, int(rows[-1, 0]) + TF_MS)
-    oi = synth.open_interest(int(rows[0, 0]) - 24 * H, int(rows[-1, 0]) + TF_MS)
-    store = EmbeddedStore(str(tmp_path), "text")
-    ingest(store, "BTCUSDT", "15m", Bars.from_rows(rows), observations(fund), observations(oi), cfg)
-    return store
-
-
-def test_fastembed_absent_is_actionable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without fastembed installed, the text model fails with how to fix it."""
-    monkeypatch.setitem(sys.modules, "fastembed", None)
-    with pytest.raises(EmbeddingError, match=r"pip install 'marketwake\[fastembed\]'.*numeric"):
-        _ingest_text(tmp_path, _text_cfg(tmp_path))
-
-
-def test_fastembed_model_not_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """fastembed present but the model files absent: the error names the directory to fill."""
-
-    class TextEmbedding:
-        def __init__(self, model_name: str, cache_dir: str | None, local_files_only: bool) -> None:
-            assert local_files_only
-            raise ValueError(f"Could not find {model_name} in {cache_dir}")
-
-    monkeypatch.setitem(
-        sys.modules, "fastembed", types.SimpleNamespace(TextEmbedding=TextEmbedding)
-    )
-    with pytest.raises(EmbeddingError, match=r"not available in .*models.*rag.embedding.cache_dir"):
-        _ingest_text(tmp_path, _text_cfg(tmp_path))
-
-
-def test_fastembed_present_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a (stand-in) local model, ingest and query use the text embedding, and say so."""
-    seen: list[str] = []
-
-    class TextEmbedding:
-        def __init__(self, model_name: str, cache_dir: str | None, local_files_only: bool) -> None:
-            assert model_name == "BAAI/bge-small-en-v1.5"
-
-        def embed(self, texts: list[str]) -> Any:
-            seen.extend(texts[:1])
-            for t in texts:
-                v = np.zeros(384)
-                for i, ch in enumerate(t.encode()):
-                    v[(i * 31 + ch) % 384] += 1.0
-                yield v
-
-    monkeypatch.setitem(
-        sys.modules, "fastembed", types.SimpleNamespace(TextEmbedding=TextEmbedding)
-    )
-    cfg = _text_cfg(tmp_path)
-    store = _ingest_text(tmp_path, cfg)
-    meta = store.meta()
-    assert (
-        meta is not None
-        and meta.embedding_model == "bge-small-en-v1.5"
-        and meta.vectors["full"] == 384
-    )
-    assert seen[0].startswith("rsi 7 ")
-    p = store._snap.points
-    params = params_from(p[p["complete"]][100], int(p["t_ms"][-1]), min_similarity=0.5)
-    out = RagService(cfg, store).query_patterns(params)
-    assert out["metadata"]["embedding_model"] == "bge-small-en-v1.5"
-    assert out["matches"][0]["similarity"] == pytest.approx(1.0, abs=1e-5)
-    numeric = RagConfig(store=cfg.store)
-    with pytest.raises(Exception, match="Embedding error"):
-        RagService(numeric, store).query_patterns(params)
 
 
 def _exchange_series(now: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
