@@ -434,8 +434,10 @@ def test_embedding_cache_ttl_and_bound() -> None:
     assert cache.get(b"x") is None and cache.get(b"z") is v
 
 
-def test_query_embedding_is_cached(collection: Collection) -> None:
-    """The second identical query hits the cache."""
+def test_query_embedding_is_cached(collection: Collection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second identical query hits the cache; the numeric path never imports fastembed
+    (an import here would fail)."""
+    monkeypatch.setitem(sys.modules, "fastembed", None)
     svc = RagService(collection.cfg, collection.store)
     params = params_from(
         _query_point(collection), int(collection.points()["t_ms"][-1]), min_similarity=0.5
@@ -445,7 +447,6 @@ def test_query_embedding_is_cached(collection: Collection) -> None:
         not first["metadata"]["embedding_cache_hit"] and second["metadata"]["embedding_cache_hit"]
     )
     assert first["matches"] == second["matches"]
-    assert "fastembed" not in sys.modules
 
 
 def test_unreachable_qdrant_server_is_32003(collection: Collection) -> None:
