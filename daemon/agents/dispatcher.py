@@ -333,8 +333,16 @@ class Dispatcher:
                 suppressed_by=suppressed_by,  # type: ignore[arg-type]
                 runtime_ms=round(r.runtime_ms, 3),
                 error=error,
+                output=_full_output(d),
             )
         )
+
+
+def _full_output(d: Decision | None) -> dict[str, Any] | None:
+    """The decision's lastOutputs entry, when the row's own fields do not rebuild it."""
+    if d is None or (d.data is None and d.cooldown_seconds is None and not isinstance(d, Trade)):
+        return None
+    return to_builtins(d)
 
 
 def _oversized(h: HookSpec, exc: HookRequestTooLarge, outputs: dict[str, Any]) -> HookResult:

@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from daemon.agents.dispatcher import RECENT_EVENTS, STATE_TOPICS, AgentRuntime, Dispatcher
 from daemon.agents.store import AGENT_WIDE
 from daemon.agents.workspace import Agent, discover, load_agent
+from daemon.audit.reader import Recent
 from daemon.audit.records import AuditRecord
 from daemon.bus import Bus, Subscription
 from daemon.clock import EventClock
@@ -59,7 +60,7 @@ class AgentManager:
         max_agent_source_bytes: int = 0,
         reload_seconds: float = 2.0,
         event_time: bool = False,
-        recently_evaluated: dict[str, list[str]] | None = None,
+        recently_evaluated: Recent | None = None,
         tools: Any = None,
     ) -> None:
         self.agents_dir = agents_dir
@@ -75,7 +76,7 @@ class AgentManager:
         # Set when the feeds ran out (not on a signal): pending wakes still run.
         self.drain_wakes = False
         # Per agent, the events its newest audit rows show evaluated (see checkpoints).
-        self.recently_evaluated = recently_evaluated or {}
+        self.recently_evaluated = recently_evaluated or Recent({}, {})
         # The agent tools LLM runs call (a daemon.llm.runner.ToolBox; None: no tools).
         self.tools = tools
         self.runtimes: dict[str, AgentRuntime] = {}
@@ -284,8 +285,10 @@ class AgentManager:
         )
         self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk, agent.config.account)
         self.dispatcher.checkpoints.load(agent.agent_id)
-        for event_id in self.recently_evaluated.pop(agent.agent_id, [])[-RECENT_EVENTS:]:
+        recent = self.recently_evaluated
+        for event_id in recent.evaluated.pop(agent.agent_id, [])[-RECENT_EVENTS:]:
             rt.recent[event_id] = None
+        rt.last_outputs.update(recent.outputs.pop(agent.agent_id, {}))
         self._restore_pauses(rt)
         self.runtimes[agent.agent_id] = rt
         scope = anyio.CancelScope()

@@ -21,7 +21,7 @@ from daemon.agents.dispatcher import Dispatcher
 from daemon.agents.manager import AgentManager
 from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
-from daemon.audit.reader import recent_evaluations
+from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.writer import open_audit
 from daemon.events import FeedEvent
 from daemon.state import StateCache
@@ -77,7 +77,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         if service.from_start:
             checkpoints.reset()
             run_store.clear_pending()
-            seen: dict[str, list[str]] = {}
+            seen = Recent({}, {})
         else:
             seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
         desk.set_state(TradingState(cfg.trading.state))

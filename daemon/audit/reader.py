@@ -250,13 +250,50 @@ def follow(
         yield from batch
 
 
-def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> dict[str, list[str]]:
-    """Per agent, the event ids of its newest hook rows (up to ``max_bytes`` of the
-    newest files), oldest first.
+def output_of(rec: Record) -> dict[str, Any] | None:
+    """What a hook row put in ``state.lastOutputs`` (None: a failed evaluation)."""
+    decision = rec.get("decision")
+    if rec.get("type") != "hook" or not isinstance(decision, str):
+        return None
+    output = rec.get("output")
+    if isinstance(output, dict):
+        return output
+    out: dict[str, Any] = {"decision": decision, "reason": rec.get("reason", "")}
+    if rec.get("dedupeKey") is not None:
+        out["dedupeKey"] = rec["dedupeKey"]
+    return out
+
+
+class LastOutputs:
+    """Folds hook rows, oldest first, into each agent's ``state.lastOutputs``."""
+
+    def __init__(self) -> None:
+        self.by_agent: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def add(self, rec: Record) -> None:
+        """Take one row into account (rows of other types are ignored)."""
+        agent, hook, output = rec.get("agentId"), rec.get("hookId"), output_of(rec)
+        if isinstance(agent, str) and isinstance(hook, str) and output is not None:
+            self.by_agent.setdefault(agent, {})[hook] = output
+
+
+class Recent(msgspec.Struct, frozen=True):
+    """What the newest audit rows say each agent had done when the daemon stopped."""
+
+    # Per agent, event ids it evaluated, oldest first.
+    evaluated: dict[str, list[str]]
+    # Per agent, the lastOutputs its hooks had produced.
+    outputs: dict[str, dict[str, dict[str, Any]]]
+
+
+def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Recent:
+    """The newest hook rows (up to ``max_bytes`` of the newest files), per agent.
 
     After a crash, an agent's persisted marks lag its audit rows by up to a flush;
-    these ids are the events it already evaluated in that gap."""
+    the evaluated ids are the events it already evaluated in that gap. Its hooks'
+    last outputs carry over a restart like the rest of its state."""
     out: dict[str, dict[str, None]] = {}
+    outputs = LastOutputs()
     budget = max_bytes
     chunks: list[bytes] = []
     for f in reversed(list_files(directory)):
@@ -289,4 +326,5 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> dic
                 seen = out.setdefault(agent, {})
                 seen.pop(event_id, None)
                 seen[event_id] = None
-    return {agent: list(ids) for agent, ids in out.items()}
+            outputs.add(rec)
+    return Recent({agent: list(ids) for agent, ids in out.items()}, outputs.by_agent)

@@ -55,6 +55,10 @@ class HookRecord(_Record, frozen=True, kw_only=True, tag="hook"):
     suppressed_by: SuppressedBy = "none"
     runtime_ms: float = 0.0
     error: str | None = None
+    # The decision as ``state.lastOutputs`` holds it, when it carries more than
+    # ``decision``/``reason``/``dedupeKey`` (cooldown, data, an intent): with it the
+    # audit alone rebuilds lastOutputs (restarts, ``hooks test --from-audit``).
+    output: dict[str, Any] | None = None
 
 
 class WakeRecord(_Record, frozen=True, kw_only=True, tag="wake"):

@@ -14,7 +14,7 @@ import msgspec
 from daemon.agents.dispatcher import market_state
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
-from daemon.audit.reader import AuditFilter, iter_records
+from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
 from daemon.cli.common import load_config_or_defaults, resolve_state_dir
 from daemon.errors import ConfigError, HookCompileError
 from daemon.events import FeedEvent, decode, to_dict
@@ -113,17 +113,33 @@ def replay_state(
     raise click.BadParameter(f"{recording}: no event with id {event_id!r}")
 
 
+def _agent_dir(path: Path) -> Path:
+    """The agent directory ``path`` (a hook file, a hooks dir or an agent dir) is in."""
+    agent_dir = path.parent.parent if path.is_file() else path
+    return agent_dir.parent if agent_dir.name == "hooks" else agent_dir
+
+
 def _agent_of(path: Path) -> tuple[int, str]:
     """(``state_candles``, paper account) of the agent ``path`` (a hook file or
     directory) belongs to."""
-    agent_dir = path.parent.parent if path.is_file() else path
-    if agent_dir.name == "hooks":
-        agent_dir = agent_dir.parent
+    agent_dir = _agent_dir(path)
     try:
         cfg = load_agent_config(agent_dir / AGENT_FILE)
     except ConfigError as exc:
         raise click.BadParameter(str(exc)) from None
     return cfg.state_candles, cfg.account or agent_dir.name
+
+
+def audit_outputs(audit_dir: Path, agent: str, event_id: str) -> dict[str, dict[str, Any]]:
+    """``state.lastOutputs`` of ``agent`` when the daemon evaluated ``event_id``: its
+    hook rows before that event's, folded as the dispatcher (and a restart) does."""
+    fold = LastOutputs()
+    hook_rows = AuditFilter(agent=agent, types=frozenset({"hook"}))
+    for rec in iter_records(audit_dir, hook_rows, contains=[f'"agentId":"{agent}"']):
+        if rec.get("eventId") == event_id:
+            break
+        fold.add(rec)
+    return fold.by_agent.get(agent, {})
 
 
 def _live_decisions(audit_dir: Path, event_id: str) -> None:
@@ -183,8 +199,8 @@ def test_command(
     --event-id ID rebuilds the candles, indicators and ticks the hook saw from
     a recording, and --from-audit ID does so from the daemon's own recording
     and prints what the live hooks decided. Positions and working orders come
-    from the recording's account events; lastOutputs is not in a recording
-    (empty then).
+    from the recording's account events; lastOutputs comes from the daemon's
+    audit log with --from-audit (a bare --recording has none: empty).
 
     Each hook is compiled first, then evaluated under the daemon's deadline
     (--timeout-ms, 250 by default): a hook the daemon would time out fails here
@@ -207,6 +223,8 @@ def test_command(
         if event_id is None or event_path is not None or state_path is not None:
             raise click.UsageError("--recording takes --event-id, and no --event or --state")
         live, state = replay_state(recording, event_id, *_agent_of(path))
+        if audit_event is not None:
+            state["lastOutputs"] = audit_outputs(cfg.audit_dir, _agent_dir(path).name, event_id)
         event = to_dict(live)
     else:
         if event_path is None:

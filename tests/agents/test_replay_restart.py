@@ -86,3 +86,52 @@ async def test_a_different_replay_file_starts_over(tmp_path: Path) -> None:
     await run(config(tmp_path, agents, b, speed=0))
     reasons = [r["reason"] for r in hook_rows(tmp_path)]
     assert reasons == [f"seen {i + 1}" for i in range(10)] * 2
+
+
+COUNT = """
+def evaluate(event, state):
+    prev = state["lastOutputs"].get("wake_count")
+    n = (prev["data"]["n"] if prev else 0) + 1
+    return {"decision": "IGNORE", "reason": "count " + str(n), "data": {"n": n}}
+"""
+
+
+async def test_last_outputs_carry_over_a_restart_and_replay_from_the_audit(
+    tmp_path: Path,
+) -> None:
+    """A hook that counts through its own lastOutputs counts on after a SIGTERM as if
+    never stopped (the outputs come back from the audit); --from-start counts from 1;
+    `hooks test --from-audit` gives a hook the lastOutputs it had live."""
+    from click.testing import CliRunner
+
+    from daemon.cli.main import cli
+
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=5, n=30, timeframe="1m")
+    agents = workspace(tmp_path, {"wake_count.py": COUNT})
+    paced = config(tmp_path, agents, csv, speed=1200)
+    paced = msgspec.structs.replace(
+        paced, daemon=msgspec.structs.replace(paced.daemon, record=str(tmp_path / "rec.jsonl"))
+    )
+    await run(paced, stop_after=8)
+    assert 8 <= len(hook_rows(tmp_path)) < 30
+    await run(paced)
+    rows = hook_rows(tmp_path)
+    assert [r["reason"] for r in rows] == [f"count {i + 1}" for i in range(30)]
+    assert rows[4]["output"] == {"decision": "IGNORE", "reason": "count 5", "data": {"n": 5}}
+
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nrecord = "{tmp_path / "rec.jsonl"}"\n'
+    )
+    event_id = str(rows[20]["eventId"])
+    args = ["hooks", "test", str(agents / "alpha"), "--from-audit", event_id,
+            "--config", str(cfg_file)]  # fmt: skip
+    # The CLI runs its own event loop: in a thread of its own, away from the test's.
+    res = await anyio.to_thread.run_sync(lambda: CliRunner().invoke(cli, args))
+    assert res.exit_code == 0, res.output
+    (line,) = [msgspec.json.decode(ln) for ln in res.stdout.splitlines()]
+    assert line["decision"]["reason"] == "count 21", "the state it had live"
+
+    await run(config(tmp_path, agents, csv, speed=0), from_start=True)
+    assert [r["reason"] for r in hook_rows(tmp_path)[30:]] == [f"count {i + 1}" for i in range(30)]

@@ -131,3 +131,24 @@ def test_tail_then_follow_never_repeats_or_goes_back(tmp_path: Path) -> None:
     shown += [r["reason"] for r in f.poll()]
     w.close()
     assert shown == [f"old {i}" for i in range(5, 10)] + ["half"] + [f"new {i}" for i in range(250)]
+
+
+def test_recent_rows_rebuild_each_agents_last_outputs(tmp_path: Path) -> None:
+    """A row without ``output`` rebuilds {decision, reason, dedupeKey}; one with it is
+    taken whole; a failed evaluation leaves the previous output in place."""
+    from daemon.audit.reader import recent_evaluations
+
+    w = AuditWriter(tmp_path)
+    w.write(hook(event_id="e1", decision="WAKE", reason="first", dedupe_key="k1"))
+    w.write(hook(event_id="e2", decision="WAKE", reason="second", dedupe_key="k2"))
+    w.write(hook(event_id="e3", decision=None, error="HookTimeout: 250 ms", reason=""))
+    full = {"decision": "IGNORE", "reason": "x", "data": {"n": 3}, "cooldownSeconds": 5.0}
+    w.write(hook(agent_id="beta", hook_id="h", event_id="e1", decision="IGNORE", output=full))
+    w.write(wake())
+    w.close()
+    recent = recent_evaluations(tmp_path)
+    assert recent.evaluated == {"alpha": ["e1", "e2", "e3"], "beta": ["e1"]}
+    assert recent.outputs == {
+        "alpha": {"wake_two_green": {"decision": "WAKE", "reason": "second", "dedupeKey": "k2"}},
+        "beta": {"h": full},
+    }

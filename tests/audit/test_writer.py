@@ -33,14 +33,16 @@ def lines(directory: Path) -> list[dict[str, object]]:
 
 
 def test_hook_record_has_exactly_the_design_fields(tmp_path: Path) -> None:
-    """A hook line carries design.md's fields plus type, the daemon run id and the
-    event's own time, nulls included; the writer stamps its run id on every record."""
+    """A hook line carries design.md's fields plus type, the daemon run id, the
+    event's own time and the whole decision (``output``), nulls included; the writer
+    stamps its run id on every record."""
     w = AuditWriter(tmp_path, run_id="20261124T000000Z-ab12")
     w.write(hook())
     w.close()
     (rec,) = lines(tmp_path)
-    assert set(rec) == DESIGN_FIELDS | {"type", "daemonRun", "eventTs"}
+    assert set(rec) == DESIGN_FIELDS | {"type", "daemonRun", "eventTs", "output"}
     assert rec["type"] == "hook" and rec["dedupeKey"] is None and rec["suppressedBy"] == "none"
+    assert rec["output"] is None
     assert rec["daemonRun"] == "20261124T000000Z-ab12"
 
 
