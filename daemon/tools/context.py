@@ -111,6 +111,34 @@ class AgentCall:
     min_confidence: float = 60.0
 
 
+class SharedRag:
+    """The pattern store's service, opened on first use and closed with the daemon.
+
+    Every copy of a context (one per LLM run or MCP session) holds the same
+    instance, so the store is opened once, not once per run."""
+
+    def __init__(self) -> None:
+        self._lock = anyio.Lock()
+        self._service: RagService | None = None
+
+    async def get(self, cfg: RagConfig) -> RagService:
+        """The service, opening the store off the event loop the first time."""
+        from daemon.rag.service import RagService
+        from daemon.rag.store import open_store
+
+        async with self._lock:
+            if self._service is None:
+                store = await anyio.to_thread.run_sync(open_store, cfg.store)
+                self._service = RagService(cfg, store)
+            return self._service
+
+    def close(self) -> None:
+        """Release the store (if it was opened)."""
+        if self._service is not None:
+            self._service.close()
+            self._service = None
+
+
 @dataclass
 class ToolContext:
     """The shared resources tools use; ``None`` where this process has none."""
@@ -128,15 +156,12 @@ class ToolContext:
     dflow: DflowSection = field(default_factory=DflowSection)
     # query_similar_patterns: the [rag] settings, and the service opened on first use.
     rag: RagConfig = field(default_factory=RagConfig)
-    rag_service: RagService | None = None
-    rag_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    rag_service: SharedRag = field(default_factory=SharedRag)
     http: aiohttp.ClientSession | None = None
 
     def close(self) -> None:
         """Release what a tool opened lazily (the pattern store)."""
-        if self.rag_service is not None:
-            self.rag_service.close()
-            self.rag_service = None
+        self.rag_service.close()
 
 
 @asynccontextmanager

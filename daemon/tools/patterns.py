@@ -31,7 +31,6 @@ from daemon.rag.features import STATE_COLUMNS, Bars, Observations, state_columns
 from daemon.rag.indicators import ema
 from daemon.rag.params import CurrentState, QueryConfig
 from daemon.rag.service import RagService
-from daemon.rag.store import open_store
 from daemon.tools.base import Problem, Tool, ToolError
 from daemon.tools.context import ToolContext
 
@@ -216,12 +215,8 @@ async def query_similar_patterns(ctx: ToolContext, req: PatternsRequest) -> msgs
 
 
 async def _service(ctx: ToolContext) -> RagService:
-    """The context's RagService, opened on first use (off the event loop)."""
-    async with ctx.rag_lock:
-        if ctx.rag_service is None:
-            store = await anyio.to_thread.run_sync(open_store, ctx.rag.store)
-            ctx.rag_service = RagService(ctx.rag, store)
-        return ctx.rag_service
+    """The daemon's RagService, opened on first use (off the event loop)."""
+    return await ctx.rag_service.get(ctx.rag)
 
 
 TOOL: Tool[PatternsRequest, ToolContext] = Tool(

@@ -101,6 +101,25 @@ async def test_the_live_state_is_the_stored_state_and_matches_come_back(
     assert set(out.statistics) >= {"total_matches"} and out.metadata["embedding_model"]
 
 
+async def test_runs_share_one_open_store(collection: Collection) -> None:
+    """Each LLM run calls with its own copy of the context: the store is opened once
+    for all of them, and closing the daemon's context closes it."""
+    import dataclasses
+
+    from daemon.tools.context import AgentCall
+
+    args = {"symbol": "BTC-USD", "query_config": {"lookback_days": 365, "min_similarity": 0.0}}
+    async with context(collection, collection.rows[:2000]) as ctx:
+        runs = [dataclasses.replace(ctx, agent=AgentCall("a", f"run-{i}")) for i in range(3)]
+        for run in runs:
+            assert isinstance(
+                await registry().call(run, "query_similar_patterns", args), PatternsResult
+            )
+        services = {id(await run.rag_service.get(run.rag)) for run in [ctx, *runs]}
+        assert len(services) == 1
+    assert ctx.rag_service._service is None
+
+
 async def test_missing_values_are_named_never_zero_filled(collection: Collection) -> None:
     """Exchange down: funding and OI are missing, each with the reason. Too few
     candles: the indicators that need more history are named too."""
