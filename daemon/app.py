@@ -70,7 +70,8 @@ async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[N
                     # imported here: the MCP stack (pydantic, starlette) costs ~0.6 s at start
                     from daemon.tools.mcp_server import bound_port, build_server, serve_http
 
-                    async with serve_http(build_server(registry(), ctx), cfg.mcp) as http:
+                    server = build_server(registry(), ctx, cfg.mcp.agent)
+                    async with serve_http(server, cfg.mcp) as http:
                         service.status_providers["mcp"] = lambda: {"port": bound_port(http)}
                         yield
                 else:

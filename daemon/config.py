@@ -124,6 +124,10 @@ class McpSection(Base, frozen=True):
     # Required when host is not loopback: clients send "Authorization: Bearer <token>".
     token: Secret = msgspec.field(default_factory=Secret)
     max_request_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
+    # The agent that submit_trading_signal / get_positions / get_orders act for over
+    # MCP: its paper account, risk limits and [wake.runner] signal settings. Empty:
+    # those tools answer "unavailable" (the market tools work either way).
+    agent: str = ""
 
     def __post_init__(self) -> None:
         if self.host not in ("127.0.0.1", "::1", "localhost") and not self.token:

@@ -79,7 +79,13 @@ def _check_agents(cfg: Config, report: Report) -> None:
         )
         return
     sandbox = cfg.hooks.sandbox
-    for path in discover(agents_dir):
+    found = discover(agents_dir)
+    if cfg.mcp.enabled and cfg.mcp.agent and cfg.mcp.agent not in {p.name for p in found}:
+        report.problems.append(
+            f"mcp.agent: no agent {cfg.mcp.agent!r} in {str(agents_dir)!r} "
+            f"(agents: {', '.join(sorted(p.name for p in found)) or 'none'})"
+        )
+    for path in found:
         try:
             agent = load_agent(path, sandbox.max_source_bytes, sandbox.max_agent_source_bytes)
         except ConfigError as exc:

@@ -141,3 +141,11 @@ def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path) -> None:
     assert "unknown key 'topic' (did you mean 'topics'?)" in res.stderr
     ok = mw("config", "check", "config.toml")
     assert ok.returncode == 0 and "example: enabled, 3 hooks, runner log" in ok.stdout
+
+
+def test_mcp_agent_must_be_an_agent_of_the_workspace(tmp_path: Path) -> None:
+    agent(tmp_path, "alpha", "")
+    assert problems(config(tmp_path, '[mcp]\nenabled = true\nagent = "alpha"\n')) == []
+    assert problems(config(tmp_path, '[mcp]\nenabled = true\nagent = "alhpa"\n')) == [
+        f"mcp.agent: no agent 'alhpa' in {str(tmp_path / 'agents')!r} (agents: alpha)"
+    ]

@@ -36,6 +36,7 @@ from daemon.clock import EventClock
 from daemon.errors import ConfigError
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
+from daemon.tools.context import AgentCall
 from daemon.wake.runners import build_runner
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore
@@ -90,6 +91,21 @@ class AgentManager:
         self._file_errors: dict[tuple[str, str], str] = {}
         self._warned_missing = False
         self._bad_revisions: set[tuple[str, str, str]] = set()
+
+    def agent_call(self, agent_id: str, run_id: str) -> AgentCall | None:
+        """Who a trading tool acts for when called for ``agent_id`` from outside its
+        LLM runs (MCP, ``[mcp] agent``): None unless that agent is running."""
+        rt = self.runtimes.get(agent_id)
+        if rt is None or rt.removed:
+            return None
+        runner = rt.agent.config.wake.runner
+        return AgentCall(
+            agent_id=agent_id,
+            run_id=run_id,
+            signal_notional=runner.signal_notional,
+            min_confidence=runner.min_confidence,
+            one_signal_per_symbol=False,
+        )
 
     def statistics(self) -> HooksStatus:
         """Per agent: hooks and revisions, paused hooks, queue depth; plus dispatcher counters."""

@@ -103,6 +103,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             recently_evaluated=seen,
             tools=service.tools,
         )
+        if service.tools is not None:  # and over MCP, for the agent [mcp] names
+            service.tools.ctx.agent_call = manager.agent_call
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         io.start(_forward, receive, service)
         io.start(alerts.run)

@@ -109,6 +109,9 @@ class AgentCall:
     # How a signal becomes an order ([wake.runner] of the agent).
     signal_notional: float = 100.0
     min_confidence: float = 60.0
+    # An LLM run trades a symbol once (a retried call returns the first order); over
+    # MCP (no runs, no sessions) each distinct signal is traded once per "run" (day).
+    one_signal_per_symbol: bool = True
 
 
 class SharedRag:
@@ -150,6 +153,11 @@ class ToolContext:
     # The daemon's trade desk (risk engines and the paper broker), once the agents run.
     desk: TradeDesk | None = None
     agent: AgentCall | None = None
+    # The daemon's running agents: (agent id, run id) -> that agent's AgentCall, or
+    # None when it is not running. Set once the agents run.
+    agent_call: Callable[[str, str], AgentCall | None] | None = None
+    # Over MCP: the agent the trading tools were configured to act for ([mcp] agent).
+    acting_for: str = ""
     # fetch_sentiment_data's sources ([tools.sentiment]) and the session to ask them on.
     sentiment: SentimentSection = field(default_factory=SentimentSection)
     # discover_event's DFlow API ([tools.dflow]).

@@ -6,12 +6,18 @@ read text see everything), with ``isError`` set for a :class:`ToolError`.
 The SDK runs each call in its own task and cancels it on
 ``notifications/cancelled`` or a dropped client: a waiting tool returns at once
 and its ``with`` blocks release what it held (pool subscriptions).
+
+With ``agent`` set (``[mcp] agent``), the trading tools act for that agent of
+the daemon, each call under a trace id of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
+import secrets
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
@@ -42,8 +48,9 @@ marketwake's market tools. Prefer wait_for_market_event over sleeping: it return
 as soon as your conditions hold (or after at most 55 s with the latest tickers)."""
 
 
-def build_server(registry: Registry[ToolContext], ctx: ToolContext) -> Server[Any]:
-    """An MCP server exposing every tool of ``registry`` against ``ctx``."""
+def build_server(registry: Registry[ToolContext], ctx: ToolContext, agent: str = "") -> Server[Any]:
+    """An MCP server exposing every tool of ``registry`` against ``ctx``, the trading
+    tools acting for ``agent`` (none: they answer ``unavailable``)."""
     listed = [
         types.Tool(
             name=tool.name,
@@ -59,8 +66,19 @@ def build_server(registry: Registry[ToolContext], ctx: ToolContext) -> Server[An
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=listed)
 
+    def for_call() -> ToolContext:
+        if not agent:
+            return ctx
+        # MCP requests carry no session (the protocol is stateless): a signal is
+        # the same signal when its levels are, within a UTC day ("run" mcp-<day>).
+        run = time.strftime("mcp-%Y-%m-%d", time.gmtime())
+        call = ctx.agent_call(agent, run) if ctx.agent_call is not None else None
+        if call is not None:
+            call = dataclasses.replace(call, trace_id=f"mcp-{secrets.token_hex(6)}")
+        return dataclasses.replace(ctx, agent=call, acting_for=agent)
+
     async def call_tool(_rctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        result = await registry.call(ctx, params.name, params.arguments)
+        result = await registry.call(for_call(), params.name, params.arguments)
         data, is_error = render(result)
         return types.CallToolResult(
             content=[types.TextContent(text=msgspec.json.encode(data).decode())],

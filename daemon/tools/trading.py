@@ -6,8 +6,9 @@ context) and only on that agent's own paper account. A signal becomes a
 :class:`TradeIntent` through the same trade desk as a hook's TRADE_INTENT: the
 agent's risk engine, then the broker, every step audited with the run's trace
 id. It is idempotent per (run, symbol): a retried call returns the first
-order, it never places a second one. MCP hosts call without an agent; these
-tools then answer ``unavailable``.
+order, it never places a second one. Over MCP they act for the agent named in
+``[mcp] agent`` (once per distinct signal per session); without one they
+answer ``unavailable``.
 """
 
 from __future__ import annotations
@@ -75,13 +76,32 @@ class Orders(msgspec.Struct, frozen=True):
 
 
 def _caller(ctx: ToolContext) -> tuple[AgentCall, TradeDesk] | ToolError:
-    if ctx.agent is None or ctx.desk is None:
+    if ctx.agent is not None and ctx.desk is not None:
+        return ctx.agent, ctx.desk
+    if ctx.acting_for:
         return ToolError(
             error="unavailable",
-            message="this tool acts for an agent: it is available inside an agent's LLM run",
-            suggestion="call it from an agent run (marketwake agent run, or a WAKE)",
+            message=f"agent {ctx.acting_for!r} ([mcp] agent) is not running in this daemon",
+            suggestion="check that agents/<id>/ exists, is enabled and loads "
+            "(marketwake config check), or change [mcp] agent",
         )
-    return ctx.agent, ctx.desk
+    return ToolError(
+        error="unavailable",
+        message="this tool acts for an agent: inside an agent's LLM run, or over the "
+        "daemon's MCP server when [mcp] agent names one",
+        suggestion="call it from an agent run, or serve MCP from the daemon with "
+        '[mcp] enabled = true and agent = "<id>"',
+    )
+
+
+def _signal_key(call: AgentCall, req: SignalRequest, side: Side) -> str:
+    """What makes a repeated call the same signal (see :class:`AgentCall`)."""
+    if call.one_signal_per_symbol:
+        return f"signal:{call.run_id}:{req.symbol}"
+    return (
+        f"signal:{call.run_id}:{req.symbol}:{side}:"
+        f"{req.entry_price!r}:{req.stop_loss!r}:{req.tp1!r}"
+    )
 
 
 async def submit_trading_signal(ctx: ToolContext, req: SignalRequest) -> msgspec.Struct:
@@ -120,7 +140,7 @@ async def submit_trading_signal(ctx: ToolContext, req: SignalRequest) -> msgspec
     outcome = await desk.handle(
         intent,
         agent_id=call.agent_id,
-        dedupe_key=f"signal:{call.run_id}:{req.symbol}",
+        dedupe_key=_signal_key(call, req, side),
         trace_id=call.trace_id,
         hook_id="submit_trading_signal",
         event_id=call.event_id,
