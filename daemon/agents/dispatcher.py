@@ -145,7 +145,9 @@ class Dispatcher:
 
     async def handle(self, rt: AgentRuntime, event: FeedEvent) -> list[HookResult]:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
-        if not self._fresh(rt, event) or self.checkpoints.done_before(rt.agent_id, event):
+        # The marks first: a re-delivered event they cover must not take a place in
+        # the bounded ``recent`` window, which holds the evaluations the marks lag.
+        if self.checkpoints.done_before(rt.agent_id, event) or not self._fresh(rt, event):
             # Re-delivered (a restart): the state cache takes what it lacks (it ignores
             # what it holds); the hooks never see an event twice.
             rt.state.apply(event)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
+import pytest
 
 from daemon.agents.pipeline import open_agents
 from daemon.app import build_feeds
@@ -135,3 +136,36 @@ async def test_last_outputs_carry_over_a_restart_and_replay_from_the_audit(
 
     await run(config(tmp_path, agents, csv, speed=0), from_start=True)
     assert [r["reason"] for r in hook_rows(tmp_path)[30:]] == [f"count {i + 1}" for i in range(30)]
+
+
+async def test_old_redeliveries_do_not_push_unmarked_evaluations_out_of_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a kill, the applied marks lag the audit rows; the events of that gap are
+    known from the audit tail (a bounded window). A resumed replay re-publishes every
+    event from the file's start: the old ones, already covered by the marks, must not
+    take the window's places, or the gap is evaluated twice (seen under kill -9)."""
+    from daemon.agents import dispatcher, manager
+    from daemon.agents.store import HookStore
+    from daemon.events import parse_iso_ms
+
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=6, n=30, timeframe="1m")
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    cfg = config(tmp_path, agents, csv, speed=0)
+    await run(cfg)
+    rows = hook_rows(tmp_path)
+    assert len(rows) == 30
+    # As after a kill -9: the marks saved up to event 20, the audit holds all 30.
+    store = HookStore(tmp_path / "state" / "hooks.sqlite3")
+    ((partition, _),) = store.applied("alpha").items()
+    mark = rows[19]
+    store.save_applied(
+        [("alpha", partition, parse_iso_ms(str(mark["eventTs"])), str(mark["eventId"]))]
+    )
+    store.close()
+    for module in (dispatcher, manager):
+        monkeypatch.setattr(module, "RECENT_EVENTS", 12)  # the window: events 19-30
+    await run(cfg)
+    counts = Counter(r["eventId"] for r in hook_rows(tmp_path))
+    assert len(counts) == 30 and set(counts.values()) == {1}, "nothing evaluated twice"
