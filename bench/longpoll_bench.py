@@ -3,8 +3,9 @@
     .venv/bin/python bench/longpoll_bench.py [--n 1 100 1000] [--rounds 5]
 
 (a) in-process: N registry calls parked on one pool; one tick triggers one
-of them ("1 of N": the others' conditions are checked in the reader without
-waking them), or all N ("all N": N responses built and returned); (b) over MCP stdio: N concurrent
+of them ("1 of N": the wait board finds it by threshold, the others are not
+even looked at; beside it the baseline of the previous design, an observer
+per wait checking every tick), or all N ("all N": N responses built and returned); (b) over MCP stdio: N concurrent
 ``tools/call`` from the SDK client to ``marketwake mcp``, beside (c) a null MCP
 stdio server in the same run (same SDK client, same fake Coinbase WebSocket):
 its tool only waits for the next ticker frame on one shared socket, so (b)/(c)
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -37,7 +39,9 @@ sys.path.insert(0, str(ROOT))
 from daemon import logs
 from daemon.tools import registry
 from daemon.tools.context import ToolContext
-from feeds.coinbase_ws.pool import CoinbaseWsPool
+from daemon.tools.market_watch import MarketWatch, WaitRequest
+from daemon.tools.waitboard import WaitBoard
+from feeds.coinbase_ws.pool import CoinbaseWsPool, Tick
 from feeds.config import CoinbaseWsSection
 from tests.coinbase_fake import FakeCoinbase, fake_server
 
@@ -148,7 +152,7 @@ async def one_of_n(fake: FakeCoinbase, pool: CoinbaseWsPool, ctx: ToolContext, n
         for i in range(1, n):
             tg.start_soon(reg.call, ctx, "wait_for_market_event", staggered(i))
         with anyio.fail_after(30):
-            while pool.statistics().subscribers < n:  # noqa: ASYNC110 - counter of the pool
+            while WaitBoard.of(pool).parked < n:  # noqa: ASYNC110 - counter of the board
                 await anyio.sleep(0.01)
         await anyio.sleep(0.3)
         sent = time.perf_counter()
@@ -161,6 +165,37 @@ async def one_of_n(fake: FakeCoinbase, pool: CoinbaseWsPool, ctx: ToolContext, n
     return got[0] * 1000
 
 
+async def per_wait_observers(fake: FakeCoinbase, pool: CoinbaseWsPool, n: int) -> float:
+    """Baseline: the design before the wait board. Each wait is its own pool
+    subscriber whose observer checks every tick (N condition checks per tick); the
+    triggered wait's task wakes once the reader is done with the tick."""
+    sent = 0.0
+    hit = anyio.Event()
+    reqs = [msgspec.convert(staggered(i), WaitRequest) for i in range(n)]
+    watches = [MarketWatch(list(r.subscriptions)) for r in reqs]
+
+    def observer(watch: MarketWatch) -> Callable[[Tick], None]:
+        def on_tick(tick: Tick) -> None:
+            if watch.observe(tick) is not None:
+                hit.set()
+
+        return on_tick
+
+    subs = [pool.subscribe({PRODUCT}, observer=observer(w)) for w in watches]
+    try:
+        await anyio.sleep(0.3)
+        sent = time.perf_counter()
+        await fake.update(len(fake.connections) - 1, (PRODUCT, "1000.5"))
+        with anyio.fail_after(10):
+            await hit.wait()
+        took = time.perf_counter() - sent
+    finally:
+        for sub in subs:
+            sub.close()
+    await anyio.sleep(0.3)
+    return took * 1000
+
+
 async def in_process(url: str, fake: FakeCoinbase, ns: list[int], rounds: int) -> None:
     pool = CoinbaseWsPool(CoinbaseWsSection(url=url), subscribe_interval=0.01, lazy=True)
     ctx = ToolContext(pool=pool)  # no catalog: nothing but the wait itself
@@ -169,14 +204,17 @@ async def in_process(url: str, fake: FakeCoinbase, ns: list[int], rounds: int) -
         tg.start_soon(pool.run)
         for n in ns:
             one = [await one_of_n(fake, pool, ctx, n) for _ in range(max(rounds, 20))]
-            report("1 of N", n, one)
+            p99 = report("1 of N", n, one)
+            base = [await per_wait_observers(fake, pool, n) for _ in range(max(rounds, 20))]
+            b99 = report("  baseline", n, base)
+            print(f"  (baseline: a check per parked wait per tick; p99 ratio {p99 / b99:.2f}x)")
             lat: list[float] = []
             for _ in range(rounds):
                 lat += await one_round(
                     fake,
                     n,
                     lambda: reg.call(ctx, "wait_for_market_event", ARGS),
-                    lambda n=n: pool.statistics().subscribers >= n,
+                    lambda n=n: WaitBoard.of(pool).parked >= n,
                 )
             report("all N", n, lat)
         tg.cancel_scope.cancel()

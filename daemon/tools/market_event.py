@@ -1,298 +1,29 @@
 """``wait_for_market_event``: wait server-side until ticker conditions hold (seed 000).
 
-The request and both responses are the seed's schema, field for field. The
-condition logic is sans-I/O (:class:`MarketWatch` takes ticks, returns a
-trigger or None) so every operator is tested without a socket; the tool
-function only wires it to the daemon's shared Coinbase pool:
+The conditions and answers are :mod:`daemon.tools.market_watch` (sans-I/O);
+this module wires them to the daemon's shared Coinbase pool through the
+:class:`~daemon.tools.waitboard.WaitBoard`:
 
 * products are ref-counted in the pool: the wait adds those nobody holds and
   releases them when it returns, is cancelled, or its client goes away;
 * a product someone else already holds starts from the pool's last tick (its
   level conditions are checked at once; it is the previous value for crosses);
-* ``crossAbove``/``crossBelow`` need a previous value on the other side of the
-  threshold (``previous <= threshold < actual`` and mirrored); the first tick
-  of a product after a reconnect is never a cross (the pool marks it);
-* ``any`` answers with the first condition met, ``all`` with every condition
-  when all hold on the same tick;
-* conditions are checked in the pool's reader as each tick arrives (an
-  observer, not a queue): no tick is ever dropped or coalesced, and a tick
-  wakes only the waits it triggers, so a thousand parked waits cost a
-  thousand comparisons per tick, not a thousand task switches.
+* conditions are checked in the pool's reader as each tick arrives (not
+  queued): no tick is ever dropped or coalesced, a tick wakes only the waits it
+  triggers, and it reaches only the waits whose thresholds it can meet.
 """
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Annotated, Literal
 
 import anyio
 import msgspec
 
-from daemon.events import iso_ms
 from daemon.tools.base import Problem, Tool, ToolError
 from daemon.tools.context import ToolContext
-from feeds.coinbase_ws.pool import Tick
-
-MAX_TIMEOUT = 55.0
-_PRODUCT = re.compile(r"^[A-Z0-9]{1,20}-[A-Z0-9]{1,20}$")
-
-
-class Field(StrEnum):
-    """The ticker fields a condition can watch."""
-
-    PRICE = "price"
-    VOLUME_24H = "volume24h"
-    PERCENT_CHANGE_24H = "percentChange24h"
-    HIGH_24H = "high24h"
-    LOW_24H = "low24h"
-
-
-class Operator(StrEnum):
-    """Comparisons; the cross operators compare the previous and current tick."""
-
-    GT = "gt"
-    GTE = "gte"
-    LT = "lt"
-    LTE = "lte"
-    CROSS_ABOVE = "crossAbove"
-    CROSS_BELOW = "crossBelow"
-
-
-class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class Condition(_Request, frozen=True):
-    """One comparison of a ticker field with a threshold."""
-
-    field: Annotated[Field, msgspec.Meta(description="The ticker field to monitor")]
-    operator: Annotated[Operator, msgspec.Meta(description="Comparison operator")]
-    value: Annotated[float, msgspec.Meta(description="Threshold value to compare against")]
-
-
-class Subscription(_Request, frozen=True, rename="camel"):
-    """A product and the conditions that end the wait."""
-
-    product_id: Annotated[
-        str,
-        msgspec.Meta(
-            min_length=3, max_length=41, description='Trading pair to monitor (e.g., "BTC-EUR")'
-        ),
-    ]
-    conditions: Annotated[
-        list[Condition],
-        msgspec.Meta(min_length=1, max_length=5, description="Conditions that trigger the event"),
-    ]
-    logic: Annotated[
-        Literal["any", "all"],
-        msgspec.Meta(description='How to combine conditions: "any" (OR) or "all" (AND)'),
-    ] = "any"
-
-
-class WaitRequest(_Request, frozen=True):
-    """The seed's request: 1-10 subscriptions, a timeout of 1-55 s."""
-
-    subscriptions: Annotated[
-        list[Subscription],
-        msgspec.Meta(min_length=1, max_length=10, description="Products and conditions to monitor"),
-    ]
-    timeout: Annotated[
-        float,
-        msgspec.Meta(
-            ge=1, le=MAX_TIMEOUT, description="Maximum wait time in seconds (default: 55)"
-        ),
-    ] = MAX_TIMEOUT
-
-
-class TickerOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """The seed's ticker: a missing field (Coinbase sent ``""``) is null, never 0."""
-
-    price: float | None
-    volume24h: float | None
-    percent_change24h: float | None = msgspec.field(name="percentChange24h")
-    high24h: float | None
-    low24h: float | None
-    timestamp: str
-
-
-class TriggeredCondition(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    field: str
-    operator: str
-    threshold: float
-    actual_value: float
-
-
-class Triggered(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    status: Literal["triggered"] = "triggered"
-    product_id: str
-    triggered_conditions: list[TriggeredCondition]
-    ticker: TickerOut
-    timestamp: str
-
-
-class TimedOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    status: Literal["timeout"] = "timeout"
-    last_tickers: dict[str, TickerOut]
-    duration: float
-    timestamp: str
-
-
-# --- sans-I/O condition logic ---------------------------------------------------
-
-
-_ATTR: dict[Field, str] = {
-    Field.PRICE: "price",
-    Field.VOLUME_24H: "volume24h",
-    Field.PERCENT_CHANGE_24H: "percent_change24h",
-    Field.HIGH_24H: "high24h",
-    Field.LOW_24H: "low24h",
-}
-
-
-def field_value(tick: Tick, field: Field) -> float | None:
-    """The value of ``field`` in a tick (None when Coinbase left it empty)."""
-    value: float | None = getattr(tick.ticker, _ATTR[field])
-    return value
-
-
-def holds(op: Operator, actual: float, threshold: float, previous: float | None) -> bool:
-    """Whether ``actual`` (after ``previous``) meets ``op threshold``."""
-    if op is Operator.GT:
-        return actual > threshold
-    if op is Operator.GTE:
-        return actual >= threshold
-    if op is Operator.LT:
-        return actual < threshold
-    if op is Operator.LTE:
-        return actual <= threshold
-    if previous is None:
-        return False
-    if op is Operator.CROSS_ABOVE:
-        return previous <= threshold < actual
-    return previous >= threshold > actual
-
-
-def ticker_out(tick: Tick) -> TickerOut:
-    """The seed's ticker shape; the timestamp is Coinbase's, else the receive time."""
-    t = tick.ticker
-    return TickerOut(
-        price=t.price,
-        volume24h=t.volume24h,
-        percent_change24h=t.percent_change24h,
-        high24h=t.high24h,
-        low24h=t.low24h,
-        timestamp=iso_ms(tick.ts_ms if tick.ts_ms is not None else tick.received_ms),
-    )
-
-
-@dataclass
-class MarketWatch:
-    """The state of one wait: previous values for crosses, last ticker per product."""
-
-    subscriptions: list[Subscription]
-
-    def __post_init__(self) -> None:
-        self.previous: dict[str, dict[Field, float]] = {}
-        self.last: dict[str, Tick] = {}
-        # Per product: its subscriptions, and the fields they read (the only ones
-        # kept as previous values): observe() runs for every tick of every wait.
-        self._subs: dict[str, list[Subscription]] = {}
-        self._fields: dict[str, set[Field]] = {}
-        for sub in self.subscriptions:
-            self._subs.setdefault(sub.product_id, []).append(sub)
-            self._fields.setdefault(sub.product_id, set()).update(c.field for c in sub.conditions)
-
-    @property
-    def products(self) -> frozenset[str]:
-        """Every product the wait watches."""
-        return frozenset(s.product_id for s in self.subscriptions)
-
-    def observe(self, tick: Tick, *, seed: bool = False) -> Triggered | None:
-        """Feed one tick; the trigger it completes, if any.
-
-        ``seed`` marks a tick from before the wait (the pool's last one): it is a
-        level check and the previous value for crosses, but never a cross itself."""
-        product = tick.ticker.product_id
-        self.last[product] = tick
-        cross_ok = not (seed or tick.stale_after_reconnect)
-        prev = self.previous.get(product, {}) if cross_ok else {}
-        hit: Triggered | None = None
-        for sub in self._subs.get(product, ()):
-            met = _met(sub, tick, prev)
-            if met:
-                hit = Triggered(
-                    product_id=product,
-                    triggered_conditions=met,
-                    ticker=ticker_out(tick),
-                    timestamp=iso_ms(int(time.time() * 1000)),
-                )
-                break
-        fresh = self.previous.setdefault(product, {})
-        for field in self._fields.get(product, ()):
-            value = field_value(tick, field)
-            if value is not None:
-                fresh[field] = value
-        return hit
-
-    def timed_out(self, duration: float) -> TimedOut:
-        """The timeout answer: the last ticker of every product that sent one."""
-        return TimedOut(
-            last_tickers={p: ticker_out(t) for p, t in sorted(self.last.items())},
-            duration=round(duration, 3),
-            timestamp=iso_ms(int(time.time() * 1000)),
-        )
-
-
-def _met(sub: Subscription, tick: Tick, prev: dict[Field, float]) -> list[TriggeredCondition]:
-    """The conditions of ``sub`` this tick meets: the first for ``any``, all or none
-    for ``all``."""
-    met: list[TriggeredCondition] = []
-    for cond in sub.conditions:
-        actual = field_value(tick, cond.field)
-        if actual is not None and holds(cond.operator, actual, cond.value, prev.get(cond.field)):
-            met.append(
-                TriggeredCondition(
-                    field=cond.field.value,
-                    operator=cond.operator.value,
-                    threshold=cond.value,
-                    actual_value=actual,
-                )
-            )
-            if sub.logic == "any":
-                return met
-    return met if sub.logic == "any" or len(met) == len(sub.conditions) else []
-
-
-def check_products(subs: Iterable[Subscription]) -> ToolError | None:
-    """Product ids must look like ``BTC-USD`` (upper case, base-quote)."""
-    problems = [
-        Problem(
-            path=f"subscriptions[{i}].productId",
-            message=f"{s.product_id!r} is not a Coinbase product id like 'BTC-USD'"
-            + (
-                f" (did you mean {s.product_id.upper()!r}?)"
-                if _PRODUCT.match(s.product_id.upper())
-                else ""
-            ),
-        )
-        for i, s in enumerate(subs)
-        if not _PRODUCT.match(s.product_id)
-    ]
-    if not problems:
-        return None
-    return ToolError(
-        error="invalid_arguments",
-        message="wait_for_market_event: bad product id",
-        problems=problems,
-        suggestion="use upper-case Coinbase product ids such as 'BTC-USD' or 'ETH-EUR'",
-    )
-
-
-# --- the tool ----------------------------------------------------------------------
+from daemon.tools.market_watch import MarketWatch, WaitRequest, check_products
+from daemon.tools.waitboard import WaitBoard, Waiter
 
 
 async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.Struct:
@@ -323,25 +54,23 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
                 ],
                 suggestion="check the id on Coinbase (e.g. 'BTC-USD', 'ETH-EUR')",
             )
+    board = WaitBoard.of(ctx.pool)
+    if board.full:
+        return ToolError(
+            error="unavailable",
+            message=f"too many waits parked ({board.parked}): try again shortly",
+            suggestion="wait on fewer products or conditions at once",
+        )
     started = time.monotonic()
-    hits: list[Triggered] = []
-    done = anyio.Event()
-
-    def on_tick(tick: Tick) -> None:
-        # Runs in the pool's reader for every tick: conditions are checked without
-        # waking this task, which wakes only once a tick completes a trigger.
-        if not hits and (hit := watch.observe(tick)) is not None:
-            hits.append(hit)
-            done.set()
-
-    with ctx.pool.subscribe(watch.products, observer=on_tick):
-        for product in sorted(watch.products):
-            last = ctx.pool.last_tick(product)
-            if last is not None and not hits and (hit := watch.observe(last, seed=True)):
-                return hit
-        with anyio.move_on_after(req.timeout):
-            await done.wait()
-    return hits[0] if hits else watch.timed_out(time.monotonic() - started)
+    waiter = Waiter(watch)
+    with board.park(waiter):
+        if waiter.hit is None:
+            with anyio.move_on_after(req.timeout):
+                await waiter.done.wait()
+        if waiter.hit is not None:
+            return waiter.hit
+        last = board.last_ticks(watch.products)
+    return watch.timed_out(time.monotonic() - started, last)
 
 
 DESCRIPTION = """\

@@ -15,7 +15,7 @@ from aiohttp import web
 from daemon.tools import registry
 from daemon.tools.base import ToolError
 from daemon.tools.context import ProductCatalog, ToolContext
-from daemon.tools.market_event import (
+from daemon.tools.market_watch import (
     Condition,
     Field,
     MarketWatch,
