@@ -17,7 +17,12 @@ Slow consumers: when a subscriber's queue is full,
   and the latest price of every product is never lost.
 * everything else (candle closes, signals, account events) is never dropped:
   the publisher waits until that subscriber has room. Backpressure reaches
-  the feed, which is what we want for data that must be processed.
+  the feed, which is what we want for data that must be processed, unless
+  the subscription has an overflow :class:`~daemon.backlog.Backlog` (a live
+  agent's): then what does not fit goes to disk, in order, and is read back
+  once the queue is empty, so a slow agent never holds the others back. Once
+  spilling, every non-tick event goes to the backlog until it is empty again
+  (per-partition order is kept); a full backlog falls back to waiting.
 
 Counters: published, delivered, coalesced, blocked publishes, queue depth and
 lag (age of the oldest waiting event) per subscriber, via :meth:`statistics`.
@@ -32,6 +37,7 @@ from typing import final
 
 import anyio
 
+from daemon.backlog import Backlog
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, topic_matches, validate_pattern
 from daemon.status import BusStatus, SubscriptionStatus
 
@@ -42,7 +48,14 @@ COALESCING_TOPICS = frozenset({MARKET_PRICE_TICK})
 class Subscription:
     """One subscriber's bounded queue. Iterate it to receive events."""
 
-    def __init__(self, bus: Bus, name: str, patterns: tuple[str, ...], capacity: int) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        patterns: tuple[str, ...],
+        capacity: int,
+        overflow: Backlog | None = None,
+    ) -> None:
         self.name = name
         self.patterns = patterns
         self.capacity = capacity
@@ -57,6 +70,9 @@ class Subscription:
         self.coalesced = 0
         self.blocked_publishes = 0
         self.max_depth = 0
+        self.overflow = overflow
+        self.spilled = 0
+        self._spilled_at: deque[int] = deque()  # enqueue times of the backlog's events
 
     def matches(self, topic: str) -> bool:
         """Whether this subscription wants events of ``topic``."""
@@ -79,6 +95,16 @@ class Subscription:
             self._pending_tick[key] = slot
             queue.append(slot)
         else:
+            backlog = self.overflow
+            if backlog is not None and (len(backlog) or len(queue) >= self.capacity):
+                if backlog.full:
+                    return False
+                backlog.append(event)
+                self.spilled += 1
+                self._spilled_at.append(now_ns)
+                if self._readable is not None:
+                    self._readable.set()
+                return True
             if len(queue) >= self.capacity:
                 return False
             if self._pending_tick:
@@ -103,8 +129,8 @@ class Subscription:
     # -- consumer side -----------------------------------------------------
 
     def receive_nowait(self) -> FeedEvent | None:
-        """The next event, or ``None`` when the queue is empty."""
-        if not self._queue:
+        """The next event, or ``None`` when the queue (and the backlog) is empty."""
+        if not self._queue and not self._refill():
             return None
         slot = self._queue.popleft()
         event = slot[0]
@@ -118,6 +144,33 @@ class Subscription:
             self._writable = None
         return event
 
+    def _refill(self) -> bool:
+        """Move the backlog's oldest events into the empty queue; False if none."""
+        backlog = self.overflow
+        if backlog is None or not len(backlog):
+            return False
+        events = backlog.take(max(1, self.capacity // 2))
+        for event in events:
+            self._queue.append([event, self._spilled_at.popleft() if self._spilled_at else 0])
+        if not len(backlog):
+            self._spilled_at.clear()
+        return bool(self._queue)
+
+    def release(self) -> None:
+        """Close the backlog file, whatever it still holds (the daemon stops)."""
+        if self.overflow is not None:
+            self.overflow.close()
+
+    @property
+    def bus(self) -> Bus:
+        """The bus this subscription reads."""
+        return self._bus
+
+    @property
+    def backlog(self) -> int:
+        """Events waiting on disk."""
+        return len(self.overflow) if self.overflow is not None else 0
+
     async def receive(self) -> FeedEvent:
         """Wait for the next event; raises ``anyio.EndOfStream`` once closed and drained."""
         while True:
@@ -125,6 +178,8 @@ class Subscription:
             if event is not None:
                 return event
             if self._closed:
+                if self.overflow is not None:  # drained to the end: nothing left on disk
+                    self.overflow.close()
                 raise anyio.EndOfStream
             self._readable = anyio.Event()
             await self._readable.wait()
@@ -141,7 +196,9 @@ class Subscription:
                 return
 
     def close(self) -> None:
-        """Stop receiving new events; what is queued can still be drained."""
+        """Stop receiving new events; what is queued (and on disk) can still be
+        drained. What is left on disk when the process stops waits for the next
+        start (see :meth:`release`)."""
         if self._closed:
             return
         self._closed = True
@@ -157,7 +214,9 @@ class Subscription:
         if self._queue:
             enq = self._queue[0][1]
             assert isinstance(enq, int)
-            lag_ms = (now_ns - enq) / 1e6
+            lag_ms = (now_ns - enq) / 1e6 if enq else 0.0
+        elif self._spilled_at:
+            lag_ms = (now_ns - self._spilled_at[0]) / 1e6
         return SubscriptionStatus(
             self.name,
             self.patterns,
@@ -167,6 +226,8 @@ class Subscription:
             self.coalesced,
             self.blocked_publishes,
             round(lag_ms, 3),
+            backlog=self.backlog,
+            spilled=self.spilled,
         )
 
 
@@ -183,11 +244,20 @@ class Bus:
         self._closed = False
         # The last event published per partition: where a new subscriber starts.
         self.last_published: dict[str, FeedEvent] = {}
+        # The first one of this process: events before it (an agent's backlog carried
+        # over a restart) were published, and applied by the broker, in an earlier run.
+        self.first_published: dict[str, FeedEvent] = {}
 
     def subscribe(
-        self, patterns: str | Iterable[str], *, name: str = "", capacity: int | None = None
+        self,
+        patterns: str | Iterable[str],
+        *,
+        name: str = "",
+        capacity: int | None = None,
+        overflow: Backlog | None = None,
     ) -> Subscription:
-        """A new subscription; close it (or the bus) to stop receiving."""
+        """A new subscription; close it (or the bus) to stop receiving. With
+        ``overflow``, what its queue cannot hold goes there instead of waiting."""
         pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
         if not pats:
             raise ValueError("a subscription needs at least one topic pattern")
@@ -196,7 +266,7 @@ class Bus:
         cap = self.queue_size if capacity is None else capacity
         if cap < 1:
             raise ValueError("capacity must be at least 1")
-        sub = Subscription(self, name or f"sub{len(self._subs) + 1}", pats, cap)
+        sub = Subscription(self, name or f"sub{len(self._subs) + 1}", pats, cap, overflow)
         if self._closed:
             sub.close()
             return sub
@@ -235,6 +305,8 @@ class Bus:
             return
         self.published += 1
         self.last_published[event.partition] = event
+        if event.partition not in self.first_published:
+            self.first_published[event.partition] = event
         now_ns = time.perf_counter_ns()
         for sub in self._route(event.topic):
             if not sub._offer(event, now_ns):

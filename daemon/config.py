@@ -71,6 +71,10 @@ class DaemonSection(Base, frozen=True):
 
 class BusSection(Base, frozen=True):
     queue_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096
+    # Live: what a slow agent's full queue cannot hold waits on disk
+    # (<state_dir>/backlog/<agent>.jsonl) instead of holding back the feeds, up to
+    # this many MB per agent; past it the feeds wait for that agent.
+    agent_backlog_mb: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256
 
 
 class FeedsSection(Base, frozen=True):
@@ -95,6 +99,11 @@ class HooksSection(Base, frozen=True):
     # Dedupe keys kept per agent (the oldest go first; keys are also dropped after
     # 30 days of event time). Bounds hooks.sqlite3 whatever keys hooks invent.
     dedupe_max_keys: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    # Live: each agent's hooks may use this share of one core, averaged over the
+    # window (0 = no budget); an agent over it waits, its events queue (then spill
+    # to disk) and the other agents go on. Not applied on event time (replays).
+    cpu_budget_share: Annotated[float, msgspec.Meta(ge=0, le=64)] = 0.5
+    cpu_budget_window_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:

@@ -28,6 +28,9 @@ class SubscriptionStatus(msgspec.Struct, frozen=True):
     coalesced: int
     blocked_publishes: int
     lag_ms: float
+    # Events on disk (a live agent's overflow), and how many went there in all.
+    backlog: int = 0
+    spilled: int = 0
 
 
 class BusStatus(msgspec.Struct, frozen=True):
@@ -81,6 +84,9 @@ class AgentStatus(msgspec.Struct, frozen=True):
     tokens_out_today: int = 0
     # Per hook that ran: evaluations, failures, backoffs, pause.
     hook_health: dict[str, HookHealth] = {}
+    # Why the agent is behind ("" = it is not), and its events waiting on disk.
+    lagging: str = ""
+    backlog: int = 0
 
 
 class HooksStatus(msgspec.Struct, frozen=True):

@@ -34,9 +34,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 import structlog
 
+from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.health import HealthTracker
 from daemon.agents.store import AGENT_WIDE, HookStore
@@ -78,6 +80,9 @@ class AgentRuntime:
     recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # Hooks whose pause is already persisted (a pause is written once, when it starts).
     paused_hooks: set[str] = field(default_factory=set)
+    # Why the agent is behind ("" = it is not): over its CPU budget, or events on disk.
+    lagging: str = ""
+    over_budget: str = ""
 
     @property
     def agent_id(self) -> str:
@@ -110,6 +115,8 @@ class Dispatcher:
     # Events whose handling raised (not hook failures: those are in ``health``).
     failures: int = 0
     health: HealthTracker = field(default_factory=HealthTracker)
+    # Live only: each agent's share of hook time (None: no budget, e.g. event time).
+    cpu: CpuBudget | None = None
 
     # -- the per-agent loop ----------------------------------------------------
 
@@ -123,6 +130,7 @@ class Dispatcher:
         async for event in rt.sub:
             try:
                 await self.handle(rt, event)
+                self._note_lag(rt)
             except Exception:
                 # ``event`` is structlog's own first argument: never pass it as a key.
                 self.failures += 1
@@ -130,6 +138,34 @@ class Dispatcher:
             finally:
                 self.route.done(rt.agent_id, event)
                 self.checkpoints.finished(rt.agent_id, event)
+
+    def _note_lag(self, rt: AgentRuntime) -> None:
+        """Keep ``rt.lagging`` current; log once when the agent falls behind, once
+        when it has caught up."""
+        backlog = rt.sub.backlog
+        why = rt.over_budget or (f"{backlog} events waiting on disk" if backlog else "")
+        if why and not rt.lagging:
+            log.warning("agent lagging", agent=rt.agent_id, why=why)
+        elif rt.lagging and not why:
+            log.info("agent caught up", agent=rt.agent_id)
+        rt.lagging = why
+
+    async def _within_budget(self, rt: AgentRuntime) -> None:
+        """Live: wait until the agent's hook time is back within its CPU budget."""
+        if self.cpu is None:
+            return
+        delay = self.cpu.delay(rt.agent_id)
+        if delay <= 0:
+            rt.over_budget = ""
+            return
+        spent = self.cpu.spent(rt.agent_id) / 1000
+        budget = self.cpu.budget_ms / 1000
+        rt.over_budget = (
+            f"over its CPU budget ({spent:.1f} s of hook time in {self.cpu.window:g} s, "
+            f"budget {budget:.1f} s): waits {delay:.1f} s"
+        )
+        self._note_lag(rt)
+        await anyio.sleep(delay)
 
     def _fresh(self, rt: AgentRuntime, event: FeedEvent) -> bool:
         if event.event_id in rt.recent:
@@ -160,11 +196,14 @@ class Dispatcher:
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
             return []
         hooks = list(rt.agent.hooks.values())
+        await self._within_budget(rt)
         state = self.build_state(rt, event)
         try:
             results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state, now)
         except HookRequestTooLarge as exc:
             results = [_oversized(h, exc, rt.last_outputs) for h in hooks]
+        if self.cpu is not None:
+            self.cpu.record(rt.agent_id, sum(r.runtime_ms for r in results))
         self.evaluations += len(results)
         trace = event.trace_id or trace_id_for(event.event_id)
         # Every hook row of the event is queued before any action awaits, so the rows

@@ -31,6 +31,7 @@ from daemon.agents.store import AGENT_WIDE
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.audit.reader import Recent
 from daemon.audit.records import AuditRecord
+from daemon.backlog import Backlog
 from daemon.bus import Bus, Subscription
 from daemon.clock import EventClock
 from daemon.errors import ConfigError
@@ -63,6 +64,8 @@ class AgentManager:
         event_time: bool = False,
         recently_evaluated: Recent | None = None,
         tools: Any = None,
+        backlog_dir: Path | None = None,
+        backlog_max_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.agents_dir = agents_dir
         self.bus = bus
@@ -80,6 +83,10 @@ class AgentManager:
         self.recently_evaluated = recently_evaluated or Recent({}, {})
         # The agent tools LLM runs call (a daemon.llm.runner.ToolBox; None: no tools).
         self.tools = tools
+        # Live: where an agent's events go when its queue is full (never on event
+        # time, where the broker's lockstep paces every agent together).
+        self.backlog_dir = None if event_time else backlog_dir
+        self.backlog_max_bytes = backlog_max_bytes
         self.runtimes: dict[str, AgentRuntime] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -130,6 +137,8 @@ class AgentManager:
                     tokens_in_today=usage[agent_id][2],
                     tokens_out_today=usage[agent_id][3],
                     hook_health=d.health.of(agent_id),
+                    lagging=rt.lagging,
+                    backlog=rt.sub.backlog,
                 )
                 for agent_id, rt in self.runtimes.items()
             },
@@ -165,6 +174,11 @@ class AgentManager:
         """Take no new events; each agent finishes what it already holds, then ends."""
         for rt in self.runtimes.values():
             rt.sub.close()
+
+    def release_backlogs(self) -> None:
+        """After the drain: what agents left on disk waits there for the next start."""
+        for rt in self.runtimes.values():
+            rt.sub.release()
 
     def stop_reloading(self) -> None:
         """No more rescans; running agents keep draining."""
@@ -317,7 +331,13 @@ class AgentManager:
         return [*agent.config.topics, *STATE_TOPICS]
 
     def _subscribe(self, agent: Agent) -> Subscription:
-        sub = self.bus.subscribe(self._topics(agent), name=f"agent:{agent.agent_id}")
+        overflow = None
+        if self.backlog_dir is not None:
+            path = self.backlog_dir / f"{agent.agent_id}.jsonl"
+            overflow = Backlog(path, self.backlog_max_bytes)
+        sub = self.bus.subscribe(
+            self._topics(agent), name=f"agent:{agent.agent_id}", overflow=overflow
+        )
         # Same instant: the agent has "seen" exactly what was published before it.
         self.dispatcher.route.join(agent.agent_id, self.bus.last_published)
         return sub
@@ -366,10 +386,14 @@ class AgentManager:
         rt = self.runtimes.pop(agent_id)
         rt.removed = True
         rt.sub.close()
+        if rt.sub.overflow is not None:  # its undelivered events go with it
+            rt.sub.overflow.close(delete=True)
         self.dispatcher.route.leave(agent_id)
         self._scopes.pop(agent_id).cancel()
         await self.dispatcher.pool.discard(agent_id)
         self.dispatcher.health.forget(agent_id)
+        if self.dispatcher.cpu is not None:
+            self.dispatcher.cpu.forget(agent_id)
         log.info("agent stopped", agent=agent_id)
 
     # -- pauses ----------------------------------------------------------------------

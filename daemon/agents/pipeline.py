@@ -8,6 +8,7 @@ the audit log is flushed last.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
+from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.dispatcher import Dispatcher
 from daemon.agents.manager import AgentManager
@@ -76,6 +78,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         checkpoints = Checkpoints(hook_store, audit)
         if service.from_start:
             checkpoints.reset()
+            shutil.rmtree(state_dir / "backlog", ignore_errors=True)
             run_store.clear_pending()
             seen = Recent({}, {})
         else:
@@ -89,6 +92,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             alerts=alerts,
             route=route,
             checkpoints=checkpoints,
+            cpu=None
+            if cfg.event_time or not cfg.hooks.cpu_budget_share
+            else CpuBudget(cfg.hooks.cpu_budget_share, cfg.hooks.cpu_budget_window_seconds),
         )
         manager = AgentManager(
             agents_dir=Path(cfg.hooks.agents_dir),
@@ -102,6 +108,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             event_time=cfg.event_time,
             recently_evaluated=seen,
             tools=service.tools,
+            backlog_dir=state_dir / "backlog",
+            backlog_max_bytes=cfg.bus.agent_backlog_mb * 1024 * 1024,
         )
         if service.tools is not None:  # and over MCP, for the agent [mcp] names
             service.tools.ctx.agent_call = manager.agent_call
@@ -137,6 +145,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 send.close()
                 alerts.close()
                 await io.idle.wait()
+            manager.release_backlogs()
+            send.close()  # a cut drain did not get there (both idempotent)
+            alerts.close()
             with anyio.CancelScope(shield=True):
                 await checkpoints.close()  # what was finished is known, even after a cut
             if drain.cancelled_caught:

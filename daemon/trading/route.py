@@ -107,6 +107,9 @@ class MarketRoute:
         if event.topic not in BROKER_TOPICS:
             return
         want, tick = _mark(event), event.topic == MARKET_PRICE_TICK
+        first = self.sub.bus.first_published.get(event.partition)
+        if first is None or want < _mark(first):
+            return  # published in an earlier run (a backlog carried over): applied then
         while not self._finished and not _covers(
             self._broker.get(event.partition, _NEVER), want, tick
         ):

@@ -38,6 +38,7 @@ class HeldFeed:
 
     def __init__(self, events: list[FeedEvent]) -> None:
         self.events = events
+        self.published = anyio.Event()
         self.release = anyio.Event()
 
     async def run(
@@ -47,6 +48,7 @@ class HeldFeed:
         for e in self.events:
             health.beat()
             await publish(e)
+        self.published.set()
         await self.release.wait()
 
 

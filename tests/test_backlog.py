@@ -1,0 +1,122 @@
+"""A live agent's overflow on disk, and its CPU budget: nobody waits for a slow agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from daemon.agents.budget import CpuBudget
+from daemon.backlog import Backlog
+from daemon.bus import Bus
+from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, encode
+from tests.test_bus import ev
+
+pytestmark = pytest.mark.anyio
+
+
+def test_backlog_is_a_fifo_that_empties_its_file_and_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "b" / "alpha.jsonl"
+    log = Backlog(path, max_bytes=10_000)
+    for i in range(5):
+        log.append(ev(MARKET_CANDLE_CLOSED, "a", i))
+    assert len(log) == 5 and [e.sequence for e in log.take(2)] == [0, 1]
+    log.close()
+    again = Backlog(path, max_bytes=10_000)  # a restart: what was not read yet is there
+    assert len(again) == 5  # read positions are not kept: at least once (marks dedupe)
+    assert [e.sequence for e in again.take(10)] == [0, 1, 2, 3, 4]
+    assert len(again) == 0 and path.stat().st_size == 0  # emptied: the file is truncated
+    again.append(ev(MARKET_CANDLE_CLOSED, "a", 9))
+    assert [e.sequence for e in again.take(10)] == [9]
+    again.close(delete=True)
+    assert not path.exists()
+
+
+def test_a_torn_or_bad_line_is_skipped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "alpha.jsonl"
+    good = encode(ev(MARKET_CANDLE_CLOSED, "a", 1))
+    path.write_bytes(good + b"\n" + b'{"not": "an event"}\n' + good[:20])  # crash mid-write
+    log = Backlog(path, max_bytes=10_000)
+    assert [e.sequence for e in log.take(10)] == [1]
+    assert log.unreadable == 2 and len(log) == 0
+    log.close()
+
+
+def test_a_full_backlog_says_so(tmp_path: Path) -> None:
+    log = Backlog(tmp_path / "x.jsonl", max_bytes=200)
+    while not log.full:
+        log.append(ev(MARKET_CANDLE_CLOSED, "a", len(log)))
+    assert len(log) >= 1
+    log.close()
+
+
+async def test_a_full_queue_spills_instead_of_blocking_and_order_is_kept(tmp_path: Path) -> None:
+    """Capacity 2 and nobody reading: 50 candle closes are published at once (a slow
+    agent would have blocked the publisher at the third); the reader then gets all
+    of them in order, ticks still coalesce in memory, and the file ends empty."""
+    bus = Bus(queue_size=2)
+    path = tmp_path / "alpha.jsonl"
+    slow = bus.subscribe(">", overflow=Backlog(path, max_bytes=1 << 20))
+    with anyio.fail_after(2):
+        for i in range(50):
+            await bus.publish(ev(MARKET_CANDLE_CLOSED, "c", i))
+            await bus.publish(ev(MARKET_PRICE_TICK, "t", i))
+    stats = slow.statistics()
+    # the queue holds candle 0 and a tick; candles 1-49 went to disk
+    assert stats.blocked_publishes == 0 and stats.backlog == 49 and stats.spilled == 49
+    assert stats.coalesced > 0
+    got = []
+    while (e := slow.receive_nowait()) is not None:
+        got.append(e)
+    candles = [e.sequence for e in got if e.topic == MARKET_CANDLE_CLOSED]
+    assert candles == list(range(50))
+    ticks = [e.sequence for e in got if e.topic == MARKET_PRICE_TICK]
+    assert ticks == sorted(ticks) and ticks[-1] == 49  # the newest price is never lost
+    assert slow.backlog == 0 and path.stat().st_size == 0
+    bus.close()
+    slow.release()
+
+
+async def test_a_stop_drains_through_the_backlog_and_a_cut_leaves_it_for_the_next_start(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "alpha.jsonl"
+    bus = Bus(queue_size=1)
+    sub = bus.subscribe(">", overflow=Backlog(path, max_bytes=1 << 20))
+    for i in range(3):
+        await bus.publish(ev(MARKET_CANDLE_CLOSED, "c", i))
+    sub.close()  # a stop: the agent drains what it holds, disk included
+    assert [e.sequence async for e in sub] == [0, 1, 2] and path.stat().st_size == 0
+
+    sub = bus_sub = Bus(queue_size=1)
+    sub = bus_sub.subscribe(">", overflow=Backlog(path, max_bytes=1 << 20))
+    for i in range(3, 7):
+        await bus_sub.publish(ev(MARKET_CANDLE_CLOSED, "c", i))
+    sub.close()
+    assert sub.receive_nowait() is not None  # the drain is cut after one event
+    sub.release()
+    bus = Bus(queue_size=1)  # the next start
+    sub = bus.subscribe(">", overflow=Backlog(path, max_bytes=1 << 20))
+    await bus.publish(ev(MARKET_CANDLE_CLOSED, "c", 7))  # queued behind what waited on disk
+    got = []
+    while (e := sub.receive_nowait()) is not None:
+        got.append(e.sequence)
+    assert got == [4, 5, 6, 7] and path.stat().st_size == 0
+    bus.close()
+    sub.release()
+
+
+def test_cpu_budget_makes_an_agent_wait_until_the_window_lets_it_in() -> None:
+    now = [0.0]
+    cpu = CpuBudget(share=0.5, window_seconds=10, clock=lambda: now[0])  # 5 s per 10 s
+    assert cpu.delay("a") == 0
+    for t in range(6):  # 6 evaluations of 1 s each, one per second
+        now[0] = float(t)
+        cpu.record("a", 1000)
+    assert cpu.spent("a") == 6000 and cpu.delay("a") == pytest.approx(5.0)  # at t=10
+    assert cpu.delay("b") == 0  # another agent is not affected
+    now[0] = 10.0
+    assert cpu.spent("a") == 5000 and cpu.delay("a") == 0
+    cpu.forget("a")
+    assert cpu.spent("a") == 0
