@@ -153,9 +153,13 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
                 f", today {a.runs_today} runs, {a.tokens_in_today}+{a.tokens_out_today} tokens, "
                 f"cost {a.cost_today:.4f}"
             )
+            disk = f" (+{a.backlog} on disk)" if a.backlog else ""
             lines.append(
-                f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{held}{spend}"
+                f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{disk}"
+                f"{held}{spend}"
             )
+            if a.lagging:
+                lines.append(f"    LAGGING: {a.lagging}")
             for hook, h in a.hook_health.items():
                 if not (h.timeouts or h.errors or h.backoffs or h.state != "ok"):
                     continue

@@ -84,7 +84,7 @@ async def test_a_slow_agent_spills_to_disk_and_catches_up_after_a_restart(
         status = svc.status_providers["hooks"]()
         lag_seen.append(status.agents["slow"].lagging)
         bus.update({s.name: s for s in svc.bus.statistics().subscriptions})
-        assert fast_done < 3, "the fast agent was held back"
+        assert fast_done < 8, "the fast agent was held back (the slow one needs ~13 s)"
         svc.request_stop()
 
     with anyio.fail_after(60):
@@ -97,6 +97,10 @@ async def test_a_slow_agent_spills_to_disk_and_catches_up_after_a_restart(
     assert bus["agent:slow"].blocked_publishes == 0 and bus["agent:slow"].spilled > 0
     backlog = tmp_path / "state" / "backlog" / "slow.jsonl"
     assert backlog.stat().st_size > 0
+    from daemon.cli.run import _render_status
+
+    shown = _render_status(read_status(tmp_path / "state"), None)
+    assert "on disk)" in shown and "LAGGING:" in shown, shown
 
     # The restart: no new events; the backlog is delivered, nothing twice.
     again = Service(cfg, lambda _: [HeldFeed([])], components=[open_agents])
