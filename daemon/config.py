@@ -104,6 +104,9 @@ class HooksSection(Base, frozen=True):
     # to disk) and the other agents go on. Not applied on event time (replays).
     cpu_budget_share: Annotated[float, msgspec.Meta(ge=0, le=64)] = 0.5
     cpu_budget_window_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
+    # false: WAKEs are scheduled, budgeted and audited as usual, but each run only
+    # logs (no LLM, no command): what `marketwake backtest` counts by default.
+    run_agents: bool = True
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:

@@ -38,12 +38,19 @@ from daemon.errors import ConfigError
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
 from daemon.tools.context import AgentCall
-from daemon.wake.runners import build_runner
+from daemon.wake.policy import RunnerConfig
+from daemon.wake.runners import LogRunner, Runner, build_runner
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore
 from hooks_runtime.hookfile import HookSpec
 
 log = structlog.get_logger("agents")
+
+
+def _log_runner(_config: RunnerConfig) -> Runner:
+    return LogRunner()
+
+
 TRANSIENT_RETRIES = 3  # more compile attempts after a timeout or a crashed worker
 
 
@@ -66,6 +73,7 @@ class AgentManager:
         tools: Any = None,
         backlog_dir: Path | None = None,
         backlog_max_bytes: int = 256 * 1024 * 1024,
+        run_agents: bool = True,
     ) -> None:
         self.agents_dir = agents_dir
         self.bus = bus
@@ -87,6 +95,8 @@ class AgentManager:
         # time, where the broker's lockstep paces every agent together).
         self.backlog_dir = None if event_time else backlog_dir
         self.backlog_max_bytes = backlog_max_bytes
+        # False: runs only log (a backtest counts wakes without calling any model).
+        self.run_agents = run_agents
         self.runtimes: dict[str, AgentRuntime] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -305,7 +315,9 @@ class AgentManager:
             sink=self._sink,
             state=self._wake_state,
             clock=EventClock() if self.event_time else None,
-            runner_factory=partial(build_runner, agent_dir=agent.path, tools=self.tools),
+            runner_factory=partial(build_runner, agent_dir=agent.path, tools=self.tools)
+            if self.run_agents
+            else _log_runner,
         )
         rt = AgentRuntime(
             agent=agent,

@@ -110,6 +110,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             tools=service.tools,
             backlog_dir=state_dir / "backlog",
             backlog_max_bytes=cfg.bus.agent_backlog_mb * 1024 * 1024,
+            run_agents=cfg.hooks.run_agents,
         )
         if service.tools is not None:  # and over MCP, for the agent [mcp] names
             service.tools.ctx.agent_call = manager.agent_call

@@ -1,0 +1,159 @@
+"""What a backtest found, folded from its audit rows and its paper fills (sans-I/O).
+
+The report answers the question hooks exist for: how often would this agent
+have woken the LLM, what would that have cost, and how does it compare with
+an agent woken by a timer every N minutes over the same stretch of market
+time. Costs are estimates: runs x tokens per run x price per million tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+
+class CostModel(msgspec.Struct, frozen=True, kw_only=True):
+    """How a run is priced: tokens in and out per run, prices per million tokens."""
+
+    tokens_in_per_run: int = 6000
+    tokens_out_per_run: int = 800
+    price_input_per_mtok: float = 3.0
+    price_output_per_mtok: float = 15.0
+
+    def cost(self, runs: int) -> float:
+        """The estimated cost of ``runs`` runs."""
+        per_run = (
+            self.tokens_in_per_run * self.price_input_per_mtok
+            + self.tokens_out_per_run * self.price_output_per_mtok
+        ) / 1e6
+        return round(runs * per_run, 6)
+
+
+class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One hook revision's evaluations and decisions."""
+
+    hook: str
+    revision: str
+    evaluations: int
+    decisions: dict[str, int]
+    errors: int
+    suppressed: dict[str, int]
+
+
+class Trades(msgspec.Struct, frozen=True, kw_only=True):
+    """The agent's paper account over the backtest (realized PnL of closing fills)."""
+
+    fills: int = 0
+    closing_fills: int = 0
+    wins: int = 0
+    realized_pnl: float = 0.0
+    max_drawdown: float = 0.0
+    win_rate: float = 0.0
+
+
+class Baseline(msgspec.Struct, frozen=True, kw_only=True):
+    """A timer agent woken every ``minutes`` over the same market time."""
+
+    minutes: float
+    runs: int
+    cost: float
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True):
+    """The backtest's findings (``report.json``)."""
+
+    agent: str
+    data: str
+    events: int
+    first_event: str
+    last_event: str
+    hooks: list[HookSummary]
+    wakes: int
+    runs: int
+    wakes_suppressed: dict[str, int]
+    cost_model: CostModel
+    cost: float
+    baseline: Baseline
+    cost_ratio: float | None
+    trades: Trades
+    seconds: float = 0.0
+    events_per_second: float = 0.0
+
+
+def summarize_hooks(
+    rows: Iterable[dict[str, Any]],
+) -> tuple[list[HookSummary], int, int, dict[str, int]]:
+    """Per hook revision from the hook rows; WAKE decisions and why some did not
+    run (each WAKE's row carries its final ``suppressedBy``, the scheduler's
+    budget included), and the runs from the run rows."""
+    evals: Counter[tuple[str, str]] = Counter()
+    decisions: dict[tuple[str, str], Counter[str]] = {}
+    errors: Counter[tuple[str, str]] = Counter()
+    suppressed: dict[tuple[str, str], Counter[str]] = {}
+    wakes = runs = 0
+    wakes_suppressed: Counter[str] = Counter()
+    for rec in rows:
+        kind = rec.get("type")
+        if kind == "hook":
+            key = (str(rec.get("hookId")), str(rec.get("revision")))
+            evals[key] += 1
+            decision = rec.get("decision")
+            if decision is None:
+                errors[key] += 1
+                continue
+            decisions.setdefault(key, Counter())[str(decision)] += 1
+            by = rec.get("suppressedBy") or "none"
+            if by != "none":
+                suppressed.setdefault(key, Counter())[str(by)] += 1
+            if decision == "WAKE":
+                wakes += 1
+                if by != "none":
+                    wakes_suppressed[str(by)] += 1
+        elif kind == "run" and rec.get("status") != "started":
+            runs += 1
+    hooks = [
+        HookSummary(
+            hook=hook,
+            revision=revision,
+            evaluations=n,
+            decisions=dict(sorted(decisions.get((hook, revision), Counter()).items())),
+            errors=errors[(hook, revision)],
+            suppressed=dict(sorted(suppressed.get((hook, revision), Counter()).items())),
+        )
+        for (hook, revision), n in sorted(evals.items())
+    ]
+    return hooks, wakes, runs, dict(sorted(wakes_suppressed.items()))
+
+
+def trades_of(realized: Iterable[float]) -> Trades:
+    """Fill statistics from each fill's realized PnL (0 for opening fills), in order."""
+    fills = closing = wins = 0
+    equity = peak = drawdown = 0.0
+    for pnl in realized:
+        fills += 1
+        if pnl == 0:
+            continue
+        closing += 1
+        wins += pnl > 0
+        equity += pnl
+        peak = max(peak, equity)
+        drawdown = max(drawdown, peak - equity)
+    return Trades(
+        fills=fills,
+        closing_fills=closing,
+        wins=wins,
+        realized_pnl=round(equity, 8),
+        max_drawdown=round(drawdown, 8),
+        win_rate=round(wins / closing, 4) if closing else 0.0,
+    )
+
+
+def timer_baseline(first_ms: int, last_ms: int, minutes: float, model: CostModel) -> Baseline:
+    """A timer agent's runs over [first, last]: one every ``minutes``, the first at
+    ``first`` (so an hour at 3 minutes is 21 runs, 0 to 60 inclusive)."""
+    period = max(0, last_ms - first_ms)
+    runs = int(period // (minutes * 60_000)) + 1 if last_ms >= first_ms else 0
+    return Baseline(minutes=minutes, runs=runs, cost=model.cost(runs))

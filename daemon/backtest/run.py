@@ -1,0 +1,155 @@
+"""``marketwake backtest``: one agent through the real pipeline over a data file.
+
+The agent directory is copied under ``--out`` (the report then describes the
+exact files that ran), and the daemon runs there on its own state dir: the
+replay feed, the bus, the agent's sandboxed hooks, the wake scheduler and the
+paper broker, all on event time (the same data gives the same report at any
+speed). Nothing of the live daemon's state is read or written. Wakes are
+counted, not run, unless ``run_llm`` is set. The report is folded from the
+run's audit rows and paper fills afterwards.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import msgspec
+
+from daemon.agents.workspace import AGENT_FILE, load_agent_config
+from daemon.app import run_daemon
+from daemon.audit.reader import iter_records
+from daemon.backtest.report import CostModel, Report, summarize_hooks, timer_baseline, trades_of
+from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
+from daemon.errors import ConfigError
+from daemon.events import iso_ms, parse_iso_ms
+from daemon.trading.paper_store import PaperStore
+from feeds.config import ReplaySection
+
+
+class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What to run, on what, and how to price it."""
+
+    agent_dir: Path
+    data: Path
+    out: Path
+    symbol: str = "BTC-USD"
+    timeframe: str = "5m"
+    baseline_minutes: float = 3.0
+    cost: CostModel = msgspec.field(default_factory=CostModel)
+    run_llm: bool = False
+
+
+def prepare(opts: BacktestOptions) -> Config:
+    """A fresh ``out`` with a copy of the agent, and the daemon config that runs it."""
+    agent_dir = opts.agent_dir.resolve()
+    if not (agent_dir / "hooks").is_dir():
+        raise ConfigError(f"{opts.agent_dir}: not an agent directory (no hooks/ inside)")
+    if not opts.data.is_file():
+        raise ConfigError(f"{opts.data}: no such data file")
+    out = opts.out.resolve()
+    if out == agent_dir or agent_dir in out.parents:
+        raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
+    for stale in ("agents", "state"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    shutil.copytree(agent_dir, out / "agents" / agent_dir.name, symlinks=False)
+    return Config(
+        daemon=DaemonSection(
+            state_dir=str(out / "state"), clock="event", log_format="console", log_level="error"
+        ),
+        hooks=HooksSection(agents_dir=str(out / "agents"), run_agents=opts.run_llm),
+        feeds=FeedsSection(
+            replay=ReplaySection(
+                enabled=True,
+                path=str(opts.data.resolve()),
+                symbol=opts.symbol,
+                timeframe=opts.timeframe,
+                speed=0.0,
+            )
+        ),
+    )
+
+
+def run_backtest(opts: BacktestOptions) -> Report:
+    """Run the agent over the data and write ``report.json`` into ``opts.out``."""
+    config = prepare(opts)
+    started = time.perf_counter()
+    status = run_daemon(config)
+    seconds = time.perf_counter() - started
+    out = opts.out.resolve()
+    agent = opts.agent_dir.resolve().name
+    rows = [r for r in iter_records(out / "state" / "audit") if r.get("agentId") == agent]
+    hooks, wakes, runs, suppressed = summarize_hooks(rows)
+    times = sorted(
+        {
+            parse_iso_ms(str(r["eventTs"]))
+            for r in rows
+            if r.get("type") == "hook" and r.get("eventTs")
+        }
+    )
+    first, last = (times[0], times[-1]) if times else (0, 0)
+    baseline = timer_baseline(first, last, opts.baseline_minutes, opts.cost)
+    cost = opts.cost.cost(runs)
+    account = load_agent_config(out / "agents" / agent / AGENT_FILE).account or agent
+    store = PaperStore(out / "state" / "paper.sqlite3")
+    try:
+        trades = trades_of(store.realized_series(account))
+    finally:
+        store.close()
+    events = sum(f.stats.get("published", 0) for f in status.feeds)
+    report = Report(
+        agent=agent,
+        data=opts.data.name,
+        events=events,
+        first_event=iso_ms(first) if times else "",
+        last_event=iso_ms(last) if times else "",
+        hooks=hooks,
+        wakes=wakes,
+        runs=runs,
+        wakes_suppressed=suppressed,
+        cost_model=opts.cost,
+        cost=cost,
+        baseline=baseline,
+        cost_ratio=round(cost / baseline.cost, 6) if baseline.cost else None,
+        trades=trades,
+        seconds=round(seconds, 3),
+        events_per_second=round(events / seconds, 1) if seconds else 0.0,
+    )
+    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    return report
+
+
+def render(report: Report) -> str:
+    """The terminal summary."""
+    b, t = report.baseline, report.trades
+    lines = [
+        (
+            f"backtest of {report.agent} on {report.data}: {report.events} events, "
+            f"{report.first_event} .. {report.last_event} "
+            f"({report.seconds:.1f} s, {report.events_per_second:,.0f} events/s)"
+        )
+    ]
+    for h in report.hooks:
+        decided = ", ".join(f"{k} {v}" for k, v in h.decisions.items()) or "none"
+        held = ", ".join(f"{k} {v}" for k, v in h.suppressed.items())
+        lines.append(
+            f"  {h.hook} @{h.revision[:8]}: {h.evaluations} evaluations: {decided}"
+            + (f"; {h.errors} errors" if h.errors else "")
+            + (f"; suppressed: {held}" if held else "")
+        )
+    why = ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items())
+    lines.append(
+        f"  {report.wakes} WAKE decisions -> {report.runs} agent runs"
+        + (f" (not run: {why})" if why else "")
+    )
+    ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"
+    lines.append(
+        f"  estimated LLM cost {report.cost:.2f} vs {b.cost:.2f} for a timer agent every "
+        f"{b.minutes:g} min ({b.runs} runs): {ratio} of it"
+    )
+    lines.append(
+        f"  trades: {t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}, "
+        f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""marketwake backtest: the real pipeline on event time, and its wake-cost report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from daemon.audit.reader import iter_records
+from daemon.backtest.report import CostModel, timer_baseline, trades_of
+from daemon.backtest.run import BacktestOptions, run_backtest
+from daemon.cli.main import cli
+from feeds.synthetic import generate_candles
+
+WAKE_GREEN = """
+def evaluate(event, state):
+    c = event["payload"]
+    if c["close"] > c["open"]:
+        return {"decision": "WAKE", "reason": "green", "dedupeKey": "g:" + event["eventId"]}
+    return {"decision": "IGNORE", "reason": "red"}
+"""
+BUY_TENTH = """
+def evaluate(event, state):
+    c = event["payload"]
+    if int(c["closeTimeMs"] / 300000) % 10:
+        return {"decision": "IGNORE", "reason": "not now"}
+    side = "buy" if not state["positions"] else "sell"
+    intent = {"action": "PLACE_MARKET_ORDER", "symbol": event["symbol"], "side": side,
+              "volume": 0.001}
+    if side == "buy":
+        intent["stopLoss"] = c["close"] * 0.5
+    return {"decision": "TRADE_INTENT", "reason": side, "dedupeKey": "t:" + event["eventId"],
+            "intent": intent}
+"""
+TOML = "[wake]\nmax_runs_per_hour = 2\ncooldown_after_run_seconds = 0\ndebounce_seconds = 0\n"
+
+
+def agent(root: Path) -> Path:
+    hooks = root / "alpha" / "hooks"
+    hooks.mkdir(parents=True)
+    (root / "alpha" / "agent.toml").write_text(TOML)
+    (hooks / "wake_green.py").write_text(WAKE_GREEN)
+    (hooks / "autotrade_tenth.py").write_text(BUY_TENTH)
+    return root / "alpha"
+
+
+def test_same_data_same_report_and_the_counts_are_the_audits(tmp_path: Path) -> None:
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=3, n=600, timeframe="5m")
+    opts = BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=data, out=tmp_path / "out")
+    first = run_backtest(opts)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    rows = list(iter_records(tmp_path / "out" / "state" / "audit"))
+    again = run_backtest(opts)  # --out is replaced: a fresh state, the same answers
+    timings = {"seconds", "events_per_second"}
+    assert {k: v for k, v in json.loads((tmp_path / "out" / "report.json").read_text()).items()
+            if k not in timings} == {k: v for k, v in report.items() if k not in timings}  # fmt: skip
+    assert again.hooks == first.hooks and again.trades == first.trades
+
+    hooks = {h.hook: h for h in first.hooks}
+    assert first.events == 600 and all(h.evaluations == 600 for h in hooks.values())
+    wakes = sum(1 for r in rows if r["type"] == "hook" and r["decision"] == "WAKE")
+    assert hooks["wake_green"].decisions["WAKE"] == first.wakes == wakes > 100
+    assert first.runs == sum(1 for r in rows if r["type"] == "run" and r["status"] != "started")
+    # 600 bars of 5 min = 50 hours at <= 2 runs an hour (the budget, on event time)
+    assert 0 < first.runs <= 2 * 51 and first.wakes_suppressed.get("budget", 0) > 0
+    assert first.wakes - sum(first.wakes_suppressed.values()) >= first.runs
+    assert first.baseline.runs == 599 * 5 // 3 + 1  # every 3 min from the first bar to the last
+    assert first.cost == CostModel().cost(first.runs)
+    assert first.cost_ratio == pytest.approx(first.cost / first.baseline.cost, abs=1e-6)
+    trades = hooks["autotrade_tenth"].decisions["TRADE_INTENT"]
+    assert first.trades.fills == trades and first.trades.closing_fills == trades // 2
+    # the copy that ran is kept beside the report
+    assert (tmp_path / "out" / "agents" / "alpha" / "hooks" / "wake_green.py").exists()
+
+
+def test_timer_baseline_and_cost_arithmetic() -> None:
+    model = CostModel(tokens_in_per_run=1000, tokens_out_per_run=100,
+                      price_input_per_mtok=3.0, price_output_per_mtok=15.0)  # fmt: skip
+    assert model.cost(10) == pytest.approx(10 * (0.003 + 0.0015))
+    hour = timer_baseline(0, 3_600_000, 3, model)
+    assert (hour.runs, hour.cost) == (21, model.cost(21))  # at 0, 3, ..., 60 minutes
+    assert timer_baseline(0, 179_999, 3, model).runs == 1
+    assert timer_baseline(5, 0, 3, model).runs == 0
+
+
+def test_trades_from_realized_pnl_per_fill() -> None:
+    t = trades_of([0, 5, 0, -3, 0, -4, 10])
+    assert (t.fills, t.closing_fills, t.wins) == (7, 4, 2)
+    assert (t.realized_pnl, t.max_drawdown, t.win_rate) == (8, 7, 0.5)
+    assert trades_of([]).win_rate == 0.0
+
+
+def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) -> None:
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=4, n=120, timeframe="5m")
+    args = ["backtest", "--agent", str(agent(tmp_path / "agents")), "--data", str(data),
+            "--out", str(tmp_path / "out"), "--baseline-minutes", "5"]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "120 events" in res.output and "timer agent every 5 min (120 runs)" in res.output
+    assert "WAKE decisions ->" in res.output and "report.json" in res.output
+    bad = CliRunner().invoke(cli, ["backtest", "--agent", str(tmp_path), "--data", str(data)])
+    assert bad.exit_code == 2 and "not an agent directory" in bad.output
