@@ -74,6 +74,9 @@ class ReplaySection(_Section, frozen=True):
     # 0 = as fast as possible; 1 = real time; 60 = a minute per second.
     speed: float = 0.0
     source: str = "replay"
+    # Only events with from_ms <= time < to_ms (epoch ms; 0 = no bound).
+    from_ms: int = 0
+    to_ms: int = 0
 
 
 class MoversSection(_Section, frozen=True):

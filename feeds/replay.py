@@ -122,8 +122,11 @@ class ReplayFeed:
             log.info("replay.finished", path=str(self.path), events=0)
             return
         pace: _Pacer | None = None
+        lo, hi = self.config.from_ms, self.config.to_ms or None
         for event in itertools.chain((first,), events):
             ts = parse_iso_ms(event.ts)
+            if ts < lo or (hi is not None and ts >= hi):
+                continue
             if ts <= self._resume.get(event.partition, -1):
                 self.fast_forwarded += 1
             elif pace is None:

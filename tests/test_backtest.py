@@ -104,3 +104,44 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     assert "WAKE decisions ->" in res.output and "report.json" in res.output
     bad = CliRunner().invoke(cli, ["backtest", "--agent", str(tmp_path), "--data", str(data)])
     assert bad.exit_code == 2 and "not an agent directory" in bad.output
+
+
+WAKE_RED = WAKE_GREEN.replace('c["close"] > c["open"]', 'c["close"] < c["open"]')
+
+
+def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
+    """The daemon keeps each revision's source as it first sees it; after an edit,
+    --compare-revision runs the kept one (B) beside the file (A) over the same data,
+    and --from/--to cut the data."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=300, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    first = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "old"))
+    (old,) = [h for h in first.hooks if h.hook == "wake_green"]
+    kept = tmp_path / "old" / "state" / "revisions" / f"{old.revision}.py"
+    assert kept.read_text() == WAKE_GREEN
+    (alpha / "hooks" / "wake_green.py").write_text(WAKE_RED)  # the author edits the hook
+
+    args = ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "cmp"),
+            "--state-dir", str(tmp_path / "old" / "state"),
+            "--compare-revision", f"wake_green={old.revision[:8]}"]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    both = json.loads((tmp_path / "cmp" / "report.json").read_text())
+    a = {h["hook"]: h for h in both["a"]["hooks"]}["wake_green"]
+    b = {h["hook"]: h for h in both["b"]["hooks"]}["wake_green"]
+    assert b["revision"] == old.revision and b["decisions"] == old.decisions
+    assert a["revision"] != old.revision and a["decisions"]["WAKE"] != old.decisions["WAKE"]
+    assert both["diff"]["wakes"] == both["b"]["wakes"] - both["a"]["wakes"]
+    assert "B - A" in res.output and f"wake_green@{old.revision[:8]}" in res.output
+
+    unknown = CliRunner().invoke(cli, [*args[:7], "--revision", "wake_green=abcdef99"])
+    assert unknown.exit_code == 2 and "is not kept in" in unknown.output
+
+    cut = ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "cut"),
+           "--from", "2024-01-01T01:00", "--to", "2024-01-01T03:00"]  # fmt: skip
+    res = CliRunner().invoke(cli, cut)
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert report["events"] == 24  # two hours of 5-minute bars (closing 01:00 .. 02:55)
+    assert report["first_event"] == "2024-01-01T01:00:00.000Z"

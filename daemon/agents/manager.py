@@ -27,6 +27,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from daemon.agents.dispatcher import RECENT_EVENTS, STATE_TOPICS, AgentRuntime, Dispatcher
+from daemon.agents.revisions import RevisionStore
 from daemon.agents.store import AGENT_WIDE
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.audit.reader import Recent
@@ -34,7 +35,7 @@ from daemon.audit.records import AuditRecord
 from daemon.backlog import Backlog
 from daemon.bus import Bus, Subscription
 from daemon.clock import EventClock
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, StoreError
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
 from daemon.tools.context import AgentCall
@@ -74,6 +75,7 @@ class AgentManager:
         backlog_dir: Path | None = None,
         backlog_max_bytes: int = 256 * 1024 * 1024,
         run_agents: bool = True,
+        revisions: RevisionStore | None = None,
     ) -> None:
         self.agents_dir = agents_dir
         self.bus = bus
@@ -97,6 +99,8 @@ class AgentManager:
         self.backlog_max_bytes = backlog_max_bytes
         # False: runs only log (a backtest counts wakes without calling any model).
         self.run_agents = run_agents
+        # Where each new revision's source is kept (backtest --revision).
+        self.revisions = revisions
         self.runtimes: dict[str, AgentRuntime] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._tg: TaskGroup | None = None
@@ -108,6 +112,13 @@ class AgentManager:
         self._file_errors: dict[tuple[str, str], str] = {}
         self._warned_missing = False
         self._bad_revisions: set[tuple[str, str, str]] = set()
+
+    def _keep_source(self, spec: HookSpec) -> None:
+        assert self.revisions is not None
+        try:
+            self.revisions.put(spec.revision, spec.source)
+        except StoreError as exc:  # the audit still names it; only a re-run is lost
+            log.error("hook revision source not kept", hook=spec.hook_id, error=str(exc))
 
     def agent_call(self, agent_id: str, run_id: str) -> AgentCall | None:
         """Who a trading tool acts for when called for ``agent_id`` from outside its
@@ -281,6 +292,8 @@ class AgentManager:
             path = str(agent.hook_paths[spec.hook_id])
             error = None if res.ok else f"{res.error_kind}: {res.error}"
             if store.record_revision(agent.agent_id, spec.hook_id, spec.revision, path, error):
+                if self.revisions is not None:
+                    self._keep_source(spec)
                 (log.error if error else log.info)(
                     "hook revision failed to compile" if error else "hook revision",
                     agent=agent.agent_id,

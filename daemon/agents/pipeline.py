@@ -21,6 +21,7 @@ from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.dispatcher import Dispatcher
 from daemon.agents.manager import AgentManager
+from daemon.agents.revisions import RevisionStore
 from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.reader import Recent, recent_evaluations
@@ -111,6 +112,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             backlog_dir=state_dir / "backlog",
             backlog_max_bytes=cfg.bus.agent_backlog_mb * 1024 * 1024,
             run_agents=cfg.hooks.run_agents,
+            revisions=RevisionStore(state_dir / "revisions"),
         )
         if service.tools is not None:  # and over MCP, for the agent [mcp] names
             service.tools.ctx.agent_call = manager.agent_call

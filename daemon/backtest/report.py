@@ -157,3 +157,31 @@ def timer_baseline(first_ms: int, last_ms: int, minutes: float, model: CostModel
     period = max(0, last_ms - first_ms)
     runs = int(period // (minutes * 60_000)) + 1 if last_ms >= first_ms else 0
     return Baseline(minutes=minutes, runs=runs, cost=model.cost(runs))
+
+
+class Comparison(msgspec.Struct, frozen=True, kw_only=True):
+    """Two backtests over the same data (``report.json`` of ``--compare``): both
+    reports, and B minus A for the figures that decide between them."""
+
+    a: Report
+    b: Report
+    diff: dict[str, float]
+
+
+def figures(a: Report, b: Report) -> dict[str, tuple[float, float]]:
+    """The figures a comparison puts side by side: name -> (A, B)."""
+    return {
+        "wakes": (a.wakes, b.wakes),
+        "runs": (a.runs, b.runs),
+        "cost": (a.cost, b.cost),
+        "fills": (a.trades.fills, b.trades.fills),
+        "realized_pnl": (a.trades.realized_pnl, b.trades.realized_pnl),
+        "max_drawdown": (a.trades.max_drawdown, b.trades.max_drawdown),
+        "win_rate": (a.trades.win_rate, b.trades.win_rate),
+    }
+
+
+def compare(a: Report, b: Report) -> Comparison:
+    """Both reports and their differences (B - A)."""
+    diff = {k: round(vb - va, 8) for k, (va, vb) in figures(a, b).items()}
+    return Comparison(a=a, b=b, diff=diff)

@@ -11,16 +11,27 @@ run's audit rows and paper fills afterwards.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
 
 import msgspec
 
+from daemon.agents.revisions import RevisionStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
-from daemon.backtest.report import CostModel, Report, summarize_hooks, timer_baseline, trades_of
+from daemon.backtest.report import (
+    Comparison,
+    CostModel,
+    Report,
+    compare,
+    figures,
+    summarize_hooks,
+    timer_baseline,
+    trades_of,
+)
 from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
 from daemon.errors import ConfigError
 from daemon.events import iso_ms, parse_iso_ms
@@ -39,6 +50,18 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     baseline_minutes: float = 3.0
     cost: CostModel = msgspec.field(default_factory=CostModel)
     run_llm: bool = False
+    # Only events with from_ms <= time < to_ms (0: no bound).
+    from_ms: int = 0
+    to_ms: int = 0
+    # hook id -> a kept revision (hash or unique prefix) to run instead of the file.
+    revisions: dict[str, str] = msgspec.field(default_factory=dict)
+    # The daemon state dir whose revisions/ keeps the sources.
+    state_dir: Path = Path("state")
+
+
+def hook_paths_ok(hook: str) -> bool:
+    """A hook id names a hook file: ``wake_*``, ``autotrade_*`` or ``copytrade_*``."""
+    return re.fullmatch(r"(wake|autotrade|copytrade)_[A-Za-z0-9_]+", hook) is not None
 
 
 def prepare(opts: BacktestOptions) -> Config:
@@ -53,7 +76,14 @@ def prepare(opts: BacktestOptions) -> Config:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
     for stale in ("agents", "state"):
         shutil.rmtree(out / stale, ignore_errors=True)
-    shutil.copytree(agent_dir, out / "agents" / agent_dir.name, symlinks=False)
+    copy = out / "agents" / agent_dir.name
+    shutil.copytree(agent_dir, copy, symlinks=False)
+    kept = RevisionStore(opts.state_dir / "revisions")
+    for hook, wanted in opts.revisions.items():
+        if not hook_paths_ok(hook):
+            raise ConfigError(f"--revision {hook}={wanted}: {hook!r} is not a hook name")
+        _, source = kept.get(wanted)
+        (copy / "hooks" / f"{hook}.py").write_text(source, encoding="utf-8")
     return Config(
         daemon=DaemonSection(
             state_dir=str(out / "state"), clock="event", log_format="console", log_level="error"
@@ -66,6 +96,8 @@ def prepare(opts: BacktestOptions) -> Config:
                 symbol=opts.symbol,
                 timeframe=opts.timeframe,
                 speed=0.0,
+                from_ms=opts.from_ms,
+                to_ms=opts.to_ms,
             )
         ),
     )
@@ -118,6 +150,24 @@ def run_backtest(opts: BacktestOptions) -> Report:
     )
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
     return report
+
+
+def run_comparison(a: BacktestOptions, b: BacktestOptions, out: Path) -> Comparison:
+    """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
+    differences, to ``out``/report.json."""
+    result = compare(run_backtest(a), run_backtest(b))
+    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+    return result
+
+
+def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
+    """Both summaries, then the differences as a table."""
+    lines = [f"A: {labels[0]}", render(result.a), "", f"B: {labels[1]}", render(result.b), ""]
+    lines.append(f"  {'':<14}{'A':>14}{'B':>14}{'B - A':>14}")
+    rows = figures(result.a, result.b)
+    for name, (va, vb) in rows.items():
+        lines.append(f"  {name:<14}{va:>14,.4g}{vb:>14,.4g}{result.diff[name]:>+14,.4g}")
+    return "\n".join(lines)
 
 
 def render(report: Report) -> str:

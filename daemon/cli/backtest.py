@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
+import msgspec
 
 from daemon.errors import ConfigError
 from daemon.logs import configure as configure_logging
@@ -47,6 +49,36 @@ from daemon.logs import configure as configure_logging
 @click.option(
     "--price-out", default=15.0, show_default=True, help="Price per million output tokens."
 )
+@click.option("--from", "start", metavar="DATE", help="Only events at or after (UTC date or time).")
+@click.option("--to", "end", metavar="DATE", help="Only events before (UTC date or time).")
+@click.option(
+    "--revision",
+    "revisions",
+    multiple=True,
+    metavar="HOOK=HASH",
+    help="Run a kept revision of a hook (the audit's revision, or a 6+ character prefix) "
+    "instead of its file; repeatable.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("state"),
+    show_default=True,
+    help="The daemon's state dir, whose revisions/ keeps every hook revision it saw.",
+)
+@click.option(
+    "--compare",
+    "compare_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="B: another agent directory, run over the same data and shown beside A.",
+)
+@click.option(
+    "--compare-revision",
+    "compare_revisions",
+    multiple=True,
+    metavar="HOOK=HASH",
+    help="B: the same agent with these revisions (repeatable), beside A.",
+)
 @click.option(
     "--run-llm",
     is_flag=True,
@@ -63,6 +95,12 @@ def backtest_command(
     tokens_out: int,
     price_in: float,
     price_out: float,
+    start: str | None,
+    end: str | None,
+    revisions: tuple[str, ...],
+    state_dir: Path,
+    compare_dir: Path | None,
+    compare_revisions: tuple[str, ...],
     run_llm: bool,
 ) -> None:
     """Replay DATA through one agent's real pipeline on event time and report what
@@ -70,10 +108,18 @@ def backtest_command(
     (against a timer agent over the same market time), and its paper trades.
 
     Prints a summary and writes OUT/report.json. The live daemon's state is never
-    touched; the same data gives the same report.
+    touched; the same data gives the same report. With --compare DIR or
+    --compare-revision, a second run B goes beside it (OUT/a, OUT/b) and
+    OUT/report.json holds both and their differences.
     """
     from daemon.backtest.report import CostModel
-    from daemon.backtest.run import BacktestOptions, render, run_backtest
+    from daemon.backtest.run import (
+        BacktestOptions,
+        render,
+        render_comparison,
+        run_backtest,
+        run_comparison,
+    )
 
     configure_logging("console", "error")  # the report says what happened
     cost = CostModel(
@@ -91,10 +137,54 @@ def backtest_command(
         baseline_minutes=baseline_minutes,
         cost=cost,
         run_llm=run_llm,
+        from_ms=_when(start, "--from"),
+        to_ms=_when(end, "--to"),
+        revisions=_pairs(revisions, "--revision"),
+        state_dir=state_dir,
     )
     try:
-        report = run_backtest(opts)
+        if compare_dir is None and not compare_revisions:
+            click.echo(render(run_backtest(opts)))
+        else:
+            a = msgspec.structs.replace(opts, out=out / "a")
+            b = msgspec.structs.replace(
+                opts,
+                out=out / "b",
+                agent_dir=compare_dir or agent_dir,
+                revisions={**opts.revisions, **_pairs(compare_revisions, "--compare-revision")},
+            )
+            labels = (_label(a.agent_dir, a.revisions), _label(b.agent_dir, b.revisions))
+            click.echo(render_comparison(run_comparison(a, b, out), labels))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(render(report))
     click.echo(f"report: {out / 'report.json'}")
+
+
+def _when(text: str | None, option: str) -> int:
+    """Epoch ms of a UTC date (``2025-03-01``) or time (``2025-03-01T12:00``); 0 if unset."""
+    if not text:
+        return 0
+    try:
+        moment = datetime.fromisoformat(text)  # 3.11 reads a trailing Z too
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: expected a date like 2025-03-01 or 2025-03-01T12:00", param_hint=option
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        hook, sep, rev = item.partition("=")
+        if not sep or not hook or not rev:
+            raise click.BadParameter(f"{item!r}: expected HOOK=HASH", param_hint=option)
+        out[hook] = rev
+    return out
+
+
+def _label(agent_dir: Path, revisions: dict[str, str]) -> str:
+    pinned = ", ".join(f"{h}@{r}" for h, r in sorted(revisions.items()))
+    return f"{agent_dir}" + (f" with {pinned}" if pinned else "")

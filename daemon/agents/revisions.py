@@ -1,0 +1,54 @@
+"""Every hook revision's source, kept content-addressed in the state dir.
+
+The audit names the revision each decision came from (a hash of the file);
+keeping the source under that hash the first time a revision is seen lets
+``marketwake backtest --revision HOOK=HASH`` run an old revision again, long
+after the file was edited. ``<state_dir>/revisions/<hash>.py``, written once
+(atomically) and never changed: the name is the content's hash.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from daemon.errors import ConfigError, StoreError
+
+_HASH = re.compile(r"^[0-9a-f]{6,64}$")
+
+
+class RevisionStore:
+    """Hook sources by revision hash."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def put(self, revision: str, source: str) -> Path:
+        """Keep ``source`` as ``revision`` (a no-op when it is already kept)."""
+        path = self.directory / f"{revision}.py"
+        if path.exists():
+            return path
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".rev-")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(source)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot keep the hook revision: {exc}") from None
+        return path
+
+    def get(self, revision: str) -> tuple[str, str]:
+        """(full hash, source) of a kept revision, named by its hash or a unique prefix
+        of at least 6 characters."""
+        if not _HASH.match(revision):
+            raise ConfigError(f"revision {revision!r}: expected a hex hash (6+ characters)")
+        found = sorted(self.directory.glob(f"{revision}*.py")) if self.directory.is_dir() else []
+        if not found:
+            raise ConfigError(f"revision {revision!r} is not kept in {self.directory}")
+        if len(found) > 1:
+            names = ", ".join(p.stem for p in found[:5])
+            raise ConfigError(f"revision {revision!r} is ambiguous: {names}")
+        return found[0].stem, found[0].read_text(encoding="utf-8")
