@@ -145,3 +145,48 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "cut" / "report.json").read_text())
     assert report["events"] == 24  # two hours of 5-minute bars (closing 01:00 .. 02:55)
     assert report["first_event"] == "2024-01-01T01:00:00.000Z"
+
+
+def test_the_html_report_draws_what_the_audit_holds(tmp_path: Path) -> None:
+    """report.html is one self-contained page (no scripts, no external links): the price
+    line, a marker per wake that ran and per fill, the equity curve, runs per day."""
+    from collections import Counter
+    from html.parser import HTMLParser
+
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=3, n=600, timeframe="5m")
+    out = tmp_path / "out"
+    report = run_backtest(BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=data, out=out))
+
+    class Page(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: Counter[tuple[str, str]] = Counter()
+            self.external: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            a = dict(attrs)
+            self.tags[(tag, a.get("class") or "")] += 1
+            if tag == "script" or any(k in ("src", "href") for k in a):
+                self.external.append(tag)
+
+    page = Page()
+    page.feed((out / "report.html").read_text())
+    rows = list(iter_records(out / "state" / "audit"))
+    ran = [r for r in rows if r["type"] == "hook" and r["decision"] == "WAKE"
+           and r["suppressedBy"] == "none"]  # fmt: skip
+    assert page.external == []
+    assert page.tags[("polyline", "price")] == 1 and page.tags[("polyline", "equity")] == 1
+    assert page.tags[("circle", "wake")] == len(ran)
+    assert page.tags[("rect", "buy")] + page.tags[("rect", "sell")] == report.trades.fills
+    days = {str(r["eventTs"])[:10] for r in ran}
+    assert page.tags[("rect", "bar")] == len(days)
+
+
+def test_thinning_keeps_the_extremes() -> None:
+    from daemon.backtest.html import thin
+
+    points = [(i, float((i * 7919) % 1000)) for i in range(10_000)]
+    thinned = thin(points, limit=200)
+    assert len(thinned) <= 200 and thinned == sorted(thinned)
+    assert min(p for _, p in thinned) == 0.0 and max(p for _, p in thinned) == 999.0

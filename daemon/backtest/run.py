@@ -15,6 +15,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -22,6 +23,7 @@ from daemon.agents.revisions import RevisionStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
+from daemon.backtest.html import Series, render_html
 from daemon.backtest.report import (
     Comparison,
     CostModel,
@@ -34,9 +36,10 @@ from daemon.backtest.report import (
 )
 from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
 from daemon.errors import ConfigError
-from daemon.events import iso_ms, parse_iso_ms
+from daemon.events import MARKET_CANDLE_CLOSED, iso_ms, parse_iso_ms
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplaySection
+from feeds.replay import ReplayFeed
 
 
 class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,7 +114,9 @@ def run_backtest(opts: BacktestOptions) -> Report:
     seconds = time.perf_counter() - started
     out = opts.out.resolve()
     agent = opts.agent_dir.resolve().name
-    rows = [r for r in iter_records(out / "state" / "audit") if r.get("agentId") == agent]
+    rows: list[dict[str, Any]] = [
+        r for r in iter_records(out / "state" / "audit") if r.get("agentId") == agent
+    ]
     hooks, wakes, runs, suppressed = summarize_hooks(rows)
     times = sorted(
         {
@@ -126,9 +131,10 @@ def run_backtest(opts: BacktestOptions) -> Report:
     account = load_agent_config(out / "agents" / agent / AGENT_FILE).account or agent
     store = PaperStore(out / "state" / "paper.sqlite3")
     try:
-        trades = trades_of(store.realized_series(account))
+        fills = store.fills(account)
     finally:
         store.close()
+    trades = trades_of(f[3] for f in fills)
     events = sum(f.stats.get("published", 0) for f in status.feeds)
     report = Report(
         agent=agent,
@@ -149,7 +155,41 @@ def run_backtest(opts: BacktestOptions) -> Report:
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
     )
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    series = Series(
+        prices=_closes(config, opts.symbol),
+        wakes=_times(rows, "WAKE"),
+        alerts=_times(rows, "ALERT"),
+        fills=fills,
+    )
+    (out / "report.html").write_text(render_html(report, series), encoding="utf-8")
     return report
+
+
+def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
+    """The replayed candle closes of ``symbol`` (what the price plot draws)."""
+    section = config.feeds.replay
+    out = []
+    for event in ReplayFeed(section).events():
+        if event.topic != MARKET_CANDLE_CLOSED or event.symbol != symbol:
+            continue
+        t = parse_iso_ms(event.ts)
+        if t >= section.from_ms and (not section.to_ms or t < section.to_ms):
+            close = event.payload.get("close") if isinstance(event.payload, dict) else None
+            if isinstance(close, int | float):
+                out.append((t, float(close)))
+    return out
+
+
+def _times(rows: list[dict[str, Any]], decision: str) -> list[int]:
+    """Event times of the decisions that acted (not suppressed)."""
+    return sorted(
+        parse_iso_ms(str(r["eventTs"]))
+        for r in rows
+        if r.get("type") == "hook"
+        and r.get("decision") == decision
+        and r.get("suppressedBy") in (None, "none")
+        and r.get("eventTs")
+    )
 
 
 def run_comparison(a: BacktestOptions, b: BacktestOptions, out: Path) -> Comparison:

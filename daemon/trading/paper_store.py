@@ -215,10 +215,14 @@ class PaperStore:
         ).fetchone()
         return float(row[0] or 0.0)
 
-    def realized_series(self, account: str) -> list[float]:
-        """Each fill's realized PnL (0 for opening fills), oldest first (backtest reports)."""
-        rows = self._exec("SELECT realized FROM fills WHERE account = ? ORDER BY id", (account,))
-        return [float(r[0]) for r in rows]
+    def fills(self, account: str) -> list[tuple[int, float, float, float]]:
+        """(ts_ms, price, signed quantity, realized PnL) of each fill, oldest first
+        (backtest reports)."""
+        rows = self._exec(
+            "SELECT ts_ms, price, signed_qty, realized FROM fills WHERE account = ? ORDER BY id",
+            (account,),
+        )
+        return [(int(t), float(p), float(q), float(r)) for t, p, q, r in rows]
 
     def positions(self) -> dict[str, dict[str, Position]]:
         """Open positions by account, then symbol."""
