@@ -86,11 +86,17 @@ def test_timer_baseline_and_cost_arithmetic() -> None:
     assert timer_baseline(5, 0, 3, model).runs == 0
 
 
-def test_trades_from_realized_pnl_per_fill() -> None:
-    t = trades_of([0, 5, 0, -3, 0, -4, 10])
-    assert (t.fills, t.closing_fills, t.wins) == (7, 4, 2)
+def test_trades_from_the_fills() -> None:
+    # (ts, price, signed qty, realized): open, close +5, open, close -3, ..., then one
+    # left open at the end
+    pnl = [0, 5, 0, -3, 0, -4, 0, 10, 0]
+    fills = [(i * 10, 100.0, 1.0 if i % 2 == 0 else -1.0, float(p)) for i, p in enumerate(pnl)]
+    t = trades_of(fills, 0, 100)
+    assert (t.fills, t.closing_fills, t.wins) == (9, 4, 2)
     assert (t.realized_pnl, t.max_drawdown, t.win_rate) == (8, 7, 0.5)
-    assert trades_of([]).win_rate == 0.0
+    assert t.exposure == (4 * 10 + 20) / 100  # four 10 ms trades, then open from 80 to 100
+    assert t.fees == 0.0  # the paper broker charges none
+    assert trades_of([]).win_rate == 0.0 and trades_of([]).exposure == 0.0
 
 
 def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) -> None:
@@ -190,3 +196,37 @@ def test_thinning_keeps_the_extremes() -> None:
     thinned = thin(points, limit=200)
     assert len(thinned) <= 200 and thinned == sorted(thinned)
     assert min(p for _, p in thinned) == 0.0 and max(p for _, p in thinned) == 999.0
+
+
+def test_cost_measured_from_the_agents_real_runs(tmp_path: Path) -> None:
+    """--cost-from prices each run at the mean cost of the agent's finished LLM runs in
+    a daemon's audit (other agents, unfinished runs and runs without a model ignored)."""
+    from daemon.audit.records import LlmReport, RunRecord
+    from daemon.audit.writer import AuditWriter
+
+    def run(agent_id: str, status: str, cost: float | None) -> RunRecord:
+        llm = None if cost is None else LlmReport(provider="openai", model="m", cost=cost)
+        return RunRecord(ts="2026-01-01T00:00:00.000Z", agent_id=agent_id, run_id=f"r{cost}",
+                         runner="llm" if llm else "log", status=status, llm=llm)  # type: ignore[arg-type]  # fmt: skip
+
+    live = tmp_path / "live"
+    w = AuditWriter(live / "audit")
+    for rec in [run("alpha", "finished", 0.02), run("alpha", "finished", 0.04),
+                run("alpha", "failed", 9.0), run("beta", "finished", 5.0),
+                run("alpha", "finished", None)]:  # fmt: skip
+        w.write(rec)
+    w.close()
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=4, n=120, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    args = ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
+    res = CliRunner().invoke(cli, [*args, "--cost-from", str(live)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["cost_model"]["measured_per_run"] == pytest.approx(0.03)
+    assert report["cost"] == pytest.approx(0.03 * report["runs"])
+    assert f"mean of 2 LLM runs in {live}" in res.output
+    empty = tmp_path / "empty"
+    (empty / "audit").mkdir(parents=True)
+    res = CliRunner().invoke(cli, [*args, "--cost-from", str(empty)])
+    assert res.exit_code == 2 and "no finished LLM run of 'alpha'" in res.output

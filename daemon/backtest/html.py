@@ -175,11 +175,12 @@ def render_html(report: Report, series: Series) -> str:
         ),
         ("wakes", f"{report.wakes} WAKE decisions -> {report.runs} runs"),
         ("not run", ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items()) or "-"),
-        ("estimated LLM cost", f"{report.cost:.2f}"),
+        ("estimated LLM cost", f"{report.cost:.2f} ({report.cost_model.source})"),
         (f"timer agent every {b.minutes:g} min", f"{b.runs} runs, {b.cost:.2f}"),
         ("cost ratio", f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"),
         ("trades", f"{t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}"),
         ("realized PnL / max drawdown", f"{t.realized_pnl:.2f} / {t.max_drawdown:.2f}"),
+        ("exposure / fees", f"{t.exposure:.0%} / {t.fees:.2f}"),
     ]
     hooks = "".join(
         f"<tr><td>{escape(h.hook)}</td><td>{escape(h.revision)}</td><td>{h.evaluations}</td>"

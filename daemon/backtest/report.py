@@ -9,27 +9,55 @@ time. Costs are estimates: runs x tokens per run x price per million tokens.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 
 class CostModel(msgspec.Struct, frozen=True, kw_only=True):
-    """How a run is priced: tokens in and out per run, prices per million tokens."""
+    """How a run is priced: tokens in and out per run at prices per million tokens,
+    or the mean cost of the agent's real runs (``measured_per_run``, from ``source``)."""
 
     tokens_in_per_run: int = 6000
     tokens_out_per_run: int = 800
     price_input_per_mtok: float = 3.0
     price_output_per_mtok: float = 15.0
+    measured_per_run: float | None = None
+    measured_runs: int = 0
+    source: str = "estimate"
 
     def cost(self, runs: int) -> float:
-        """The estimated cost of ``runs`` runs."""
-        per_run = (
-            self.tokens_in_per_run * self.price_input_per_mtok
-            + self.tokens_out_per_run * self.price_output_per_mtok
-        ) / 1e6
+        """The cost of ``runs`` runs."""
+        per_run = self.measured_per_run
+        if per_run is None:
+            per_run = (
+                self.tokens_in_per_run * self.price_input_per_mtok
+                + self.tokens_out_per_run * self.price_output_per_mtok
+            ) / 1e6
         return round(runs * per_run, 6)
+
+
+def measured(model: CostModel, rows: Iterable[dict[str, Any]], agent: str, where: str) -> CostModel:
+    """``model`` priced by the mean cost of ``agent``'s finished LLM runs in ``rows``
+    (audit records); unchanged when there are none."""
+    costs = [
+        float(r["llm"]["cost"])
+        for r in rows
+        if r.get("type") == "run"
+        and r.get("agentId") == agent
+        and r.get("status") == "finished"
+        and isinstance(r.get("llm"), dict)
+        and isinstance(r["llm"].get("cost"), int | float)
+    ]
+    if not costs:
+        return model
+    return msgspec.structs.replace(
+        model,
+        measured_per_run=round(sum(costs) / len(costs), 8),
+        measured_runs=len(costs),
+        source=f"mean of {len(costs)} LLM runs in {where}",
+    )
 
 
 class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +80,8 @@ class Trades(msgspec.Struct, frozen=True, kw_only=True):
     realized_pnl: float = 0.0
     max_drawdown: float = 0.0
     win_rate: float = 0.0
+    exposure: float = 0.0
+    fees: float = 0.0
 
 
 class Baseline(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,12 +158,26 @@ def summarize_hooks(
     return hooks, wakes, runs, dict(sorted(wakes_suppressed.items()))
 
 
-def trades_of(realized: Iterable[float]) -> Trades:
-    """Fill statistics from each fill's realized PnL (0 for opening fills), in order."""
-    fills = closing = wins = 0
+Fill = tuple[int, float, float, float]  # ts_ms, price, signed quantity, realized PnL
+
+
+def trades_of(fills: Sequence[Fill], first_ms: int = 0, last_ms: int = 0) -> Trades:
+    """Fill statistics, in fill order; ``exposure`` is the share of [first, last]
+    with a position open (the paper broker charges no fees)."""
+    closing = wins = 0
     equity = peak = drawdown = 0.0
-    for pnl in realized:
-        fills += 1
+    position = 0.0
+    opened_at: int | None = None
+    exposed = 0
+    for ts, _, qty, pnl in fills:
+        was_open = abs(position) > 1e-12
+        position += qty
+        now_open = abs(position) > 1e-12
+        if now_open and not was_open:
+            opened_at = ts
+        elif was_open and not now_open and opened_at is not None:
+            exposed += ts - opened_at
+            opened_at = None
         if pnl == 0:
             continue
         closing += 1
@@ -141,13 +185,17 @@ def trades_of(realized: Iterable[float]) -> Trades:
         equity += pnl
         peak = max(peak, equity)
         drawdown = max(drawdown, peak - equity)
+    if opened_at is not None:
+        exposed += max(0, last_ms - opened_at)
+    period = last_ms - first_ms
     return Trades(
-        fills=fills,
+        fills=len(fills),
         closing_fills=closing,
         wins=wins,
         realized_pnl=round(equity, 8),
         max_drawdown=round(drawdown, 8),
         win_rate=round(wins / closing, 4) if closing else 0.0,
+        exposure=round(min(1.0, exposed / period), 4) if period > 0 else 0.0,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from daemon.backtest.report import (
 from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
 from daemon.errors import ConfigError
 from daemon.events import MARKET_CANDLE_CLOSED, iso_ms, parse_iso_ms
+from daemon.service import Consumer
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
@@ -106,11 +108,12 @@ def prepare(opts: BacktestOptions) -> Config:
     )
 
 
-def run_backtest(opts: BacktestOptions) -> Report:
-    """Run the agent over the data and write ``report.json`` into ``opts.out``."""
+def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]] = ()) -> Report:
+    """Run the agent over the data and write ``report.json`` and ``report.html`` into
+    ``opts.out``; ``consumers`` also read the bus (a progress bar)."""
     config = prepare(opts)
     started = time.perf_counter()
-    status = run_daemon(config)
+    status = run_daemon(config, consumers=consumers)
     seconds = time.perf_counter() - started
     out = opts.out.resolve()
     agent = opts.agent_dir.resolve().name
@@ -134,7 +137,7 @@ def run_backtest(opts: BacktestOptions) -> Report:
         fills = store.fills(account)
     finally:
         store.close()
-    trades = trades_of(f[3] for f in fills)
+    trades = trades_of(fills, first, last)
     events = sum(f.stats.get("published", 0) for f in status.feeds)
     report = Report(
         agent=agent,
@@ -165,6 +168,19 @@ def run_backtest(opts: BacktestOptions) -> Report:
     return report
 
 
+def count_events(opts: BacktestOptions) -> int:
+    """How many market events the replay will publish (for a progress bar)."""
+    lo, hi = opts.from_ms, opts.to_ms
+    section = ReplaySection(path=str(opts.data), symbol=opts.symbol, timeframe=opts.timeframe)
+    return sum(
+        1
+        for e in ReplayFeed(section).events()
+        if e.topic.startswith("market.")
+        and parse_iso_ms(e.ts) >= lo
+        and (not hi or parse_iso_ms(e.ts) < hi)
+    )
+
+
 def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
     """The replayed candle closes of ``symbol`` (what the price plot draws)."""
     section = config.feeds.replay
@@ -192,10 +208,15 @@ def _times(rows: list[dict[str, Any]], decision: str) -> list[int]:
     )
 
 
-def run_comparison(a: BacktestOptions, b: BacktestOptions, out: Path) -> Comparison:
+def run_comparison(
+    a: BacktestOptions,
+    b: BacktestOptions,
+    out: Path,
+    consumers: Callable[[], Sequence[tuple[str, Consumer]]] = tuple,
+) -> Comparison:
     """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
     differences, to ``out``/report.json."""
-    result = compare(run_backtest(a), run_backtest(b))
+    result = compare(run_backtest(a, consumers()), run_backtest(b, consumers()))
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
     return result
 
@@ -236,10 +257,11 @@ def render(report: Report) -> str:
     ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"
     lines.append(
         f"  estimated LLM cost {report.cost:.2f} vs {b.cost:.2f} for a timer agent every "
-        f"{b.minutes:g} min ({b.runs} runs): {ratio} of it"
+        f"{b.minutes:g} min ({b.runs} runs): {ratio} of it ({report.cost_model.source})"
     )
     lines.append(
         f"  trades: {t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}, "
-        f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f}"
+        f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f}, "
+        f"exposure {t.exposure:.0%}, fees {t.fees:.2f}"
     )
     return "\n".join(lines)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import msgspec
 
+from daemon.bus import Subscription
 from daemon.errors import ConfigError
 from daemon.logs import configure as configure_logging
+
+if TYPE_CHECKING:
+    from daemon.bus import Subscription
+    from daemon.service import Consumer
+from daemon.service import Consumer
 
 
 @click.command("backtest")
@@ -48,6 +55,13 @@ from daemon.logs import configure as configure_logging
 @click.option("--price-in", default=3.0, show_default=True, help="Price per million input tokens.")
 @click.option(
     "--price-out", default=15.0, show_default=True, help="Price per million output tokens."
+)
+@click.option(
+    "--cost-from",
+    "cost_from",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A daemon state dir: price each run at the mean cost of this agent's real LLM "
+    "runs in its audit log (instead of the token estimate).",
 )
 @click.option("--from", "start", metavar="DATE", help="Only events at or after (UTC date or time).")
 @click.option("--to", "end", metavar="DATE", help="Only events before (UTC date or time).")
@@ -95,6 +109,7 @@ def backtest_command(
     tokens_out: int,
     price_in: float,
     price_out: float,
+    cost_from: Path | None,
     start: str | None,
     end: str | None,
     revisions: tuple[str, ...],
@@ -115,6 +130,7 @@ def backtest_command(
     from daemon.backtest.report import CostModel
     from daemon.backtest.run import (
         BacktestOptions,
+        count_events,
         render,
         render_comparison,
         run_backtest,
@@ -128,6 +144,17 @@ def backtest_command(
         price_input_per_mtok=price_in,
         price_output_per_mtok=price_out,
     )
+    if cost_from is not None:
+        from daemon.audit.reader import AuditFilter, iter_records
+        from daemon.backtest.report import measured
+
+        runs = iter_records(cost_from / "audit", AuditFilter(types=frozenset({"run"})))
+        cost = measured(cost, runs, agent_dir.resolve().name, str(cost_from))
+        if cost.measured_per_run is None:
+            raise click.BadParameter(
+                f"no finished LLM run of {agent_dir.resolve().name!r} in {cost_from / 'audit'}",
+                param_hint="--cost-from",
+            )
     opts = BacktestOptions(
         agent_dir=agent_dir,
         data=data,
@@ -143,8 +170,9 @@ def backtest_command(
         state_dir=state_dir,
     )
     try:
+        total = count_events(opts)
         if compare_dir is None and not compare_revisions:
-            click.echo(render(run_backtest(opts)))
+            click.echo(render(run_backtest(opts, [("progress", progress_bar(total))])))
         else:
             a = msgspec.structs.replace(opts, out=out / "a")
             b = msgspec.structs.replace(
@@ -154,10 +182,44 @@ def backtest_command(
                 revisions={**opts.revisions, **_pairs(compare_revisions, "--compare-revision")},
             )
             labels = (_label(a.agent_dir, a.revisions), _label(b.agent_dir, b.revisions))
-            click.echo(render_comparison(run_comparison(a, b, out), labels))
+            result = run_comparison(a, b, out, lambda: [("progress", progress_bar(total))])
+            click.echo(render_comparison(result, labels))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"report: {out / 'report.json'}")
+
+
+def progress_bar(total: int) -> Consumer:
+    """A bus consumer drawing candles replayed / total with an ETA on stderr (a
+    terminal only: nothing when stderr is a file or a pipe)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    console = Console(stderr=True)
+
+    async def consume(sub: Subscription) -> None:
+        columns = (
+            TextColumn("replaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+            task = bar.add_task("replay", total=total)
+            async for event in sub:
+                if event.topic.startswith("market."):
+                    bar.advance(task)
+
+    return consume
 
 
 def _when(text: str | None, option: str) -> int:
