@@ -20,7 +20,7 @@ def open_sqlite(
     what: str,
     *,
     schema: str = "",
-    synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+    synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL",
     threads: bool = True,
 ) -> sqlite3.Connection:
     """Open (creating it if needed) the ``what`` store at ``path`` and apply ``schema``.

@@ -61,7 +61,11 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         open_worker_pool(cfg.hooks.sandbox) as pool,
         anyio.create_task_group() as tg,
     ):
-        broker = PaperBroker(state_dir, audited_publish(send.send, audit))
+        broker = PaperBroker(
+            state_dir,
+            audited_publish(send.send, audit),
+            synchronous="FULL" if cfg.daemon.durable else "OFF",
+        )
         # Subscribed before any agent, so the broker sees every market event they see.
         route = MarketRoute(
             service.bus.subscribe(BROKER_TOPICS, name="broker"),

@@ -91,7 +91,11 @@ def prepare(opts: BacktestOptions) -> Config:
         (copy / "hooks" / f"{hook}.py").write_text(source, encoding="utf-8")
     return Config(
         daemon=DaemonSection(
-            state_dir=str(out / "state"), clock="event", log_format="console", log_level="error"
+            state_dir=str(out / "state"),
+            clock="event",
+            log_format="console",
+            log_level="error",
+            durable=False,  # a scratch dir: no fsync per paper order
         ),
         hooks=HooksSection(agents_dir=str(out / "agents"), run_agents=opts.run_llm),
         feeds=FeedsSection(

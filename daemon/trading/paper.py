@@ -69,7 +69,7 @@ class PaperBroker:
         publish: Publish,
         *,
         clock: Callable[[], int] | None = None,
-        synchronous: Literal["NORMAL", "FULL"] = "FULL",
+        synchronous: Literal["OFF", "NORMAL", "FULL"] = "FULL",
     ) -> None:
         self._store = PaperStore(Path(state_dir) / "paper.sqlite3", synchronous)
         self._publish = publish

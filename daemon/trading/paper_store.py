@@ -84,7 +84,7 @@ _enc = msgspec.json.Encoder()
 class PaperStore:
     """The paper broker's database at ``path`` (created if missing)."""
 
-    def __init__(self, path: Path, synchronous: Literal["NORMAL", "FULL"] = "FULL") -> None:
+    def __init__(self, path: Path, synchronous: Literal["OFF", "NORMAL", "FULL"] = "FULL") -> None:
         self._db = open_sqlite(path, "paper broker store", synchronous=synchronous, threads=False)
         try:
             self._migrate()
