@@ -13,8 +13,7 @@ from daemon.agents.pipeline import open_agents
 from daemon.config import Config
 from daemon.service import Service
 from daemon.status import SubscriptionStatus, read_status
-from tests.agents.test_pipeline import WAKE_EVERY, audit, candle
-from tests.tools.test_mcp_agent import HeldFeed
+from tests.agents.test_pipeline import WAKE_EVERY, PacedFeed, audit, candle
 
 SLOW = """
 def evaluate(event, state):
@@ -70,13 +69,13 @@ async def test_a_slow_agent_spills_to_disk_and_catches_up_after_a_restart(
     event exactly once."""
     agents(tmp_path)
     cfg = config(tmp_path)
-    feed = HeldFeed([candle(i) for i in range(N)])
+    feed = PacedFeed([candle(i) for i in range(N)], hold=True)
     svc = Service(cfg, lambda _: [feed], components=[open_agents])
     lag_seen: list[str] = []
     bus: dict[str, SubscriptionStatus] = {}
 
     async def watch() -> None:
-        await feed.published.wait()
+        await feed.when(N).wait()
         started = time.monotonic()
         while rows_by_agent(tmp_path)["fast"] < N:  # noqa: ASYNC110 - polls the audit
             await anyio.sleep(0.05)
@@ -103,7 +102,7 @@ async def test_a_slow_agent_spills_to_disk_and_catches_up_after_a_restart(
     assert "on disk)" in shown and "LAGGING:" in shown, shown
 
     # The restart: no new events; the backlog is delivered, nothing twice.
-    again = Service(cfg, lambda _: [HeldFeed([])], components=[open_agents])
+    again = Service(cfg, lambda _: [PacedFeed([], hold=True)], components=[open_agents])
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
 

@@ -60,15 +60,19 @@ def candle(i: int) -> FeedEvent:
 
 
 class PacedFeed:
-    """Publishes candles, optionally pausing between them so a test can act mid-stream."""
+    """Publishes candles, optionally pausing between them so a test can act mid-stream,
+    and optionally staying up afterwards (``hold``) until ``release`` is set."""
 
     name = "paced"
 
-    def __init__(self, events: list[FeedEvent], gap: float = 0.0) -> None:
+    def __init__(self, events: list[FeedEvent], gap: float = 0.0, *, hold: bool = False) -> None:
         self.events = events
         self.gap = gap
         self.published = 0
         self.reached: dict[int, anyio.Event] = {}
+        # hold: once published, stay up (the daemon keeps running) until released.
+        self.hold = hold
+        self.release = anyio.Event()
 
     def when(self, n: int) -> anyio.Event:
         """An event set once ``n`` events have been published."""
@@ -86,6 +90,8 @@ class PacedFeed:
                 self.reached[self.published].set()
             if self.gap:
                 await anyio.sleep(self.gap)
+        if self.hold:
+            await self.release.wait()
 
 
 def workspace(root: Path, hooks: dict[str, str], toml: str = "") -> Path:

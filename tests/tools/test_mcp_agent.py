@@ -9,19 +9,16 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from anyio.abc import TaskStatus
 from mcp import Client
 
 from daemon.agents.pipeline import open_agents
 from daemon.app import open_market, shared_pool
 from daemon.config import Config, McpSection
-from daemon.events import FeedEvent
 from daemon.service import Service
 from daemon.tools import registry
 from daemon.tools.context import ToolContext
 from daemon.tools.mcp_server import bound_port, build_server, serve_http
-from feeds.base import FeedHealth, Publish
-from tests.agents.test_pipeline import audit, candle, workspace
+from tests.agents.test_pipeline import PacedFeed, audit, candle, workspace
 
 pytestmark = pytest.mark.anyio
 SIGNAL = {
@@ -29,27 +26,6 @@ SIGNAL = {
     "tp1": 110.0, "technical_score": 30, "sentiment_score": 20, "liquidity_score": 15,
     "correlation_score": 7, "analysis": "oversold bounce",
 }  # fmt: skip
-
-
-class HeldFeed:
-    """Publishes its candles (the broker's marks), then stays up until released."""
-
-    name = "held"
-
-    def __init__(self, events: list[FeedEvent]) -> None:
-        self.events = events
-        self.published = anyio.Event()
-        self.release = anyio.Event()
-
-    async def run(
-        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
-    ) -> None:
-        task_status.started()
-        for e in self.events:
-            health.beat()
-            await publish(e)
-        self.published.set()
-        await self.release.wait()
 
 
 def config(root: Path, agents: Path, agent: str) -> Config:
@@ -76,7 +52,7 @@ async def test_signals_over_mcp_trade_in_the_named_agents_account(tmp_path: Path
     cfg = config(tmp_path, agents, "alpha")
     pool = shared_pool(cfg)
     assert pool is not None
-    feed = HeldFeed([candle(i) for i in range(3)])
+    feed = PacedFeed([candle(i) for i in range(3)], hold=True)
     svc = Service(cfg, lambda _: [feed], components=[partial(open_market, pool), open_agents])
     async with anyio.create_task_group() as tg:
         tg.start_soon(svc.run)
