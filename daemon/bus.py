@@ -36,12 +36,15 @@ from collections.abc import AsyncIterator, Iterable
 from typing import final
 
 import anyio
+import structlog
 
 from daemon.backlog import Backlog
+from daemon.errors import StoreError
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, topic_matches, validate_pattern
 from daemon.status import BusStatus, SubscriptionStatus
 
 COALESCING_TOPICS = frozenset({MARKET_PRICE_TICK})
+log = structlog.get_logger("bus")
 
 
 @final
@@ -72,6 +75,7 @@ class Subscription:
         self.max_depth = 0
         self.overflow = overflow
         self.spilled = 0
+        self._spill_failed = False
         self._spilled_at: deque[int] = deque()  # enqueue times of the backlog's events
 
     def matches(self, topic: str) -> bool:
@@ -99,7 +103,16 @@ class Subscription:
             if backlog is not None and (len(backlog) or len(queue) >= self.capacity):
                 if backlog.full:
                     return False
-                backlog.append(event)
+                try:
+                    backlog.append(event)
+                except StoreError as exc:  # disk full or gone: the publisher waits instead
+                    if not self._spill_failed:
+                        log.error(
+                            "backlog write failed; publishers wait", sub=self.name, error=str(exc)
+                        )
+                    self._spill_failed = True
+                    return False
+                self._spill_failed = False
                 self.spilled += 1
                 self._spilled_at.append(now_ns)
                 if self._readable is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import anyio
@@ -120,3 +121,31 @@ def test_cpu_budget_makes_an_agent_wait_until_the_window_lets_it_in() -> None:
     assert cpu.spent("a") == 5000 and cpu.delay("a") == 0
     cpu.forget("a")
     assert cpu.spent("a") == 0
+
+
+async def test_a_backlog_that_cannot_be_written_makes_the_publisher_wait(tmp_path: Path) -> None:
+    """Disk full: no publish fails, no event is lost; the publisher waits for the
+    reader, as without a backlog."""
+
+    class FullDisk(io.BytesIO):
+        def write(self, _data: object) -> int:
+            raise OSError(28, "No space left on device")
+
+    bus = Bus(queue_size=1)
+    backlog = Backlog(tmp_path / "x.jsonl", max_bytes=1 << 20)
+    backlog.close()
+    backlog._fh = FullDisk()  # type: ignore[assignment]
+    sub = bus.subscribe(">", overflow=backlog)
+    got: list[int] = []
+
+    async def read() -> None:
+        async for e in sub:
+            got.append(e.sequence or 0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        with anyio.fail_after(5):
+            for i in range(5):
+                await bus.publish(ev(MARKET_CANDLE_CLOSED, "c", i))
+        bus.close()
+    assert got == [0, 1, 2, 3, 4] and sub.statistics().blocked_publishes > 0
