@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint types check bench clean
+.PHONY: run test lint types check bench backtest clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,15 @@ bench: $(STAMP)
 	$(BIN)/python bench/rag_bench.py
 	$(BIN)/python bench/audit_bench.py
 	$(BIN)/python bench/trading_bench.py
+
+# The example agent over a year of real BTCUSDT 5m candles when ../shared is beside
+# the checkout, else over 30 days of generated (synthetic) 5m candles.
+REAL_5M := ../shared/data/normalized/binance_spot_BTCUSDT_5m.csv.gz
+backtest: $(STAMP)
+	@if [ -f $(REAL_5M) ]; then data=$(REAL_5M); else \
+	  data=backtest-out/synthetic-5m.csv; mkdir -p backtest-out; \
+	  $(BIN)/python -m feeds.synthetic $$data --timeframe 5m --n 8640; fi; \
+	$(BIN)/marketwake backtest --agent agents/example --data $$data --timeframe 5m --out backtest-out
 
 clean:
 	rm -rf $(VENV) build *.egg-info

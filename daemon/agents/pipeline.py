@@ -165,6 +165,10 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                     queued=left,
                 )
             tg.cancel_scope.cancel()
+            # The final status is written after this: it reports the agents as they
+            # were at the stop, without asking the stores closed below.
+            final = manager.statistics()
+            service.status_providers["hooks"] = lambda: final
             broker.close()
             hook_store.close()
             run_store.close()
