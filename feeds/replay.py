@@ -107,6 +107,14 @@ class ReplayFeed:
         else:
             yield from self._csv()
 
+    def selected(self) -> Iterator[tuple[int, FeedEvent]]:
+        """(event ms, event) of the events within ``from_ms`` .. ``to_ms``, in order."""
+        lo, hi = self.config.from_ms, self.config.to_ms or None
+        for event in self.events():
+            ts = parse_iso_ms(event.ts)
+            if ts >= lo and (hi is None or ts < hi):
+                yield ts, event
+
     async def run(
         self,
         publish: Publish,
@@ -114,19 +122,15 @@ class ReplayFeed:
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Publish the whole file (paced by ``speed``) and return."""
-        events = self.events()
+        """Publish the selected part of the file (paced by ``speed``) and return."""
+        events = self.selected()
         first = next(events, None)
         task_status.started()
         if first is None:
             log.info("replay.finished", path=str(self.path), events=0)
             return
         pace: _Pacer | None = None
-        lo, hi = self.config.from_ms, self.config.to_ms or None
-        for event in itertools.chain((first,), events):
-            ts = parse_iso_ms(event.ts)
-            if ts < lo or (hi is not None and ts >= hi):
-                continue
+        for ts, event in itertools.chain((first,), events):
             if ts <= self._resume.get(event.partition, -1):
                 self.fast_forwarded += 1
             elif pace is None:

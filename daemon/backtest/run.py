@@ -11,7 +11,6 @@ run's audit rows and paper fills afterwards.
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ from daemon.service import Consumer
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
+from hooks_runtime.hookfile import HOOK_NAME
 
 
 class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,9 +64,17 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     state_dir: Path = Path("state")
 
 
-def hook_paths_ok(hook: str) -> bool:
-    """A hook id names a hook file: ``wake_*``, ``autotrade_*`` or ``copytrade_*``."""
-    return re.fullmatch(r"(wake|autotrade|copytrade)_[A-Za-z0-9_]+", hook) is not None
+def replay_section(opts: BacktestOptions) -> ReplaySection:
+    """The replay the backtest runs: the data file, flat out, within from/to."""
+    return ReplaySection(
+        enabled=True,
+        path=str(opts.data.resolve()),
+        symbol=opts.symbol,
+        timeframe=opts.timeframe,
+        speed=0.0,
+        from_ms=opts.from_ms,
+        to_ms=opts.to_ms,
+    )
 
 
 def prepare(opts: BacktestOptions) -> Config:
@@ -85,7 +93,7 @@ def prepare(opts: BacktestOptions) -> Config:
     shutil.copytree(agent_dir, copy, symlinks=False)
     kept = RevisionStore(opts.state_dir / "revisions")
     for hook, wanted in opts.revisions.items():
-        if not hook_paths_ok(hook):
+        if not HOOK_NAME.match(f"{hook}.py"):
             raise ConfigError(f"--revision {hook}={wanted}: {hook!r} is not a hook name")
         _, source = kept.get(wanted)
         (copy / "hooks" / f"{hook}.py").write_text(source, encoding="utf-8")
@@ -98,17 +106,7 @@ def prepare(opts: BacktestOptions) -> Config:
             durable=False,  # a scratch dir: no fsync per paper order
         ),
         hooks=HooksSection(agents_dir=str(out / "agents"), run_agents=opts.run_llm),
-        feeds=FeedsSection(
-            replay=ReplaySection(
-                enabled=True,
-                path=str(opts.data.resolve()),
-                symbol=opts.symbol,
-                timeframe=opts.timeframe,
-                speed=0.0,
-                from_ms=opts.from_ms,
-                to_ms=opts.to_ms,
-            )
-        ),
+        feeds=FeedsSection(replay=replay_section(opts)),
     )
 
 
@@ -174,26 +172,15 @@ def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]
 
 def count_events(opts: BacktestOptions) -> int:
     """How many market events the replay will publish (for a progress bar)."""
-    lo, hi = opts.from_ms, opts.to_ms
-    section = ReplaySection(path=str(opts.data), symbol=opts.symbol, timeframe=opts.timeframe)
-    return sum(
-        1
-        for e in ReplayFeed(section).events()
-        if e.topic.startswith("market.")
-        and parse_iso_ms(e.ts) >= lo
-        and (not hi or parse_iso_ms(e.ts) < hi)
-    )
+    selected = ReplayFeed(replay_section(opts)).selected()
+    return sum(1 for _, e in selected if e.topic.startswith("market."))
 
 
 def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
     """The replayed candle closes of ``symbol`` (what the price plot draws)."""
-    section = config.feeds.replay
     out = []
-    for event in ReplayFeed(section).events():
-        if event.topic != MARKET_CANDLE_CLOSED or event.symbol != symbol:
-            continue
-        t = parse_iso_ms(event.ts)
-        if t >= section.from_ms and (not section.to_ms or t < section.to_ms):
+    for t, event in ReplayFeed(config.feeds.replay).selected():
+        if event.topic == MARKET_CANDLE_CLOSED and event.symbol == symbol:
             close = event.payload.get("close") if isinstance(event.payload, dict) else None
             if isinstance(close, int | float):
                 out.append((t, float(close)))
