@@ -16,6 +16,8 @@ whenever everything in it has been read.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import msgspec
@@ -35,7 +37,15 @@ class Backlog:
         self.max_bytes = max_bytes
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = path.open("a+b")
+            # A regular file only, never through a link: a FIFO would block the loop,
+            # a link could point anywhere.
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags | os.O_NONBLOCK, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise StoreError(f"{path}: the backlog is not a regular file")
+            os.set_blocking(fd, True)
+            self._fh = os.fdopen(fd, "a+b")
         except OSError as exc:
             raise StoreError(f"{path}: cannot open the backlog: {exc}") from None
         self._fh.seek(0)

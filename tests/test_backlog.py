@@ -149,3 +149,22 @@ async def test_a_backlog_that_cannot_be_written_makes_the_publisher_wait(tmp_pat
                 await bus.publish(ev(MARKET_CANDLE_CLOSED, "c", i))
         bus.close()
     assert got == [0, 1, 2, 3, 4] and sub.statistics().blocked_publishes > 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_special_backlog_path_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """Never blocks on a FIFO, never follows a link: a clear StoreError."""
+    import os
+
+    from daemon.errors import StoreError
+
+    path = tmp_path / "alpha.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        path.symlink_to(tmp_path / "elsewhere.jsonl")
+    else:
+        path.mkdir()
+    with pytest.raises(StoreError, match="backlog"):
+        Backlog(path, max_bytes=1 << 20)
+    assert not (tmp_path / "elsewhere.jsonl").exists()

@@ -359,7 +359,10 @@ class AgentManager:
         overflow = None
         if self.backlog_dir is not None:
             path = self.backlog_dir / f"{agent.agent_id}.jsonl"
-            overflow = Backlog(path, self.backlog_max_bytes)
+            try:
+                overflow = Backlog(path, self.backlog_max_bytes)
+            except StoreError as exc:  # this agent runs without one: feeds wait for it
+                log.error("agent backlog unavailable", agent=agent.agent_id, error=str(exc))
         sub = self.bus.subscribe(
             self._topics(agent), name=f"agent:{agent.agent_id}", overflow=overflow
         )

@@ -118,3 +118,23 @@ async def test_a_slow_agent_spills_to_disk_and_catches_up_after_a_restart(
     assert backlog.stat().st_size == 0
     status = read_status(tmp_path / "state").hooks
     assert status is not None and status.agents["slow"].backlog == 0
+
+
+async def test_an_agent_whose_backlog_cannot_open_still_runs(tmp_path: Path) -> None:
+    """A FIFO where the slow agent's backlog goes: that agent runs without one (its
+    feeds wait for it, as before backlogs), the daemon and the other agent go on."""
+    import os
+
+    agents(tmp_path)
+    (tmp_path / "state" / "backlog").mkdir(parents=True)
+    os.mkfifo(tmp_path / "state" / "backlog" / "slow.jsonl")
+    base = config(tmp_path)
+    cfg = msgspec.structs.replace(
+        base,
+        daemon=msgspec.structs.replace(base.daemon, stop_timeout_seconds=30),
+        hooks=msgspec.structs.replace(base.hooks, cpu_budget_share=0),
+    )
+    feed = PacedFeed([candle(i) for i in range(8)])
+    with anyio.fail_after(60):
+        await Service(cfg, lambda _: [feed], components=[open_agents]).run()
+    assert rows_by_agent(tmp_path) == Counter({"fast": 8, "slow": 8})
