@@ -230,3 +230,28 @@ def test_cost_measured_from_the_agents_real_runs(tmp_path: Path) -> None:
     (empty / "audit").mkdir(parents=True)
     res = CliRunner().invoke(cli, [*args, "--cost-from", str(empty)])
     assert res.exit_code == 2 and "no finished LLM run of 'alpha'" in res.output
+
+
+def test_special_files_in_the_agent_dir_never_hang_the_copy(tmp_path: Path) -> None:
+    """A FIFO beside the hooks is left out of the copy; a hook that is a link stays a
+    link, which the workspace refuses as live (a clear error naming it, exit 2); a data
+    path that is not a regular file is named as such."""
+    import os
+
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=4, n=60, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    os.mkfifo(alpha / "notes.fifo")
+    args = ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "o" / "agents" / "alpha" / "notes.fifo").exists()
+
+    (alpha / "hooks" / "wake_linked.py").symlink_to("/dev/zero")
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and "wake_linked" in res.output, res.output
+
+    fifo = tmp_path / "data.fifo"
+    os.mkfifo(fifo)
+    res = CliRunner().invoke(cli, [*args[:4], str(fifo), *args[5:]])
+    assert res.exit_code == 2 and "not a regular file" in res.output, res.output

@@ -11,7 +11,9 @@ run's audit rows and paper fills afterwards.
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,20 +79,40 @@ def replay_section(opts: BacktestOptions) -> ReplaySection:
     )
 
 
-def prepare(opts: BacktestOptions) -> Config:
-    """A fresh ``out`` with a copy of the agent, and the daemon config that runs it."""
+def _special_files(directory: str, names: list[str]) -> set[str]:
+    """Entries that are neither directories, regular files nor links."""
+    special = set()
+    for name in names:
+        mode = os.lstat(os.path.join(directory, name)).st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            special.add(name)
+    return special
+
+
+def check(opts: BacktestOptions) -> None:
+    """ConfigError unless the agent, the data file and ``out`` can be used (before
+    anything reads the data: a FIFO there would block)."""
     agent_dir = opts.agent_dir.resolve()
     if not (agent_dir / "hooks").is_dir():
         raise ConfigError(f"{opts.agent_dir}: not an agent directory (no hooks/ inside)")
     if not opts.data.is_file():
-        raise ConfigError(f"{opts.data}: no such data file")
+        what = "is not a regular file" if opts.data.exists() else "does not exist"
+        raise ConfigError(f"{opts.data}: the data file {what}")
     out = opts.out.resolve()
     if out == agent_dir or agent_dir in out.parents:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
+
+
+def prepare(opts: BacktestOptions) -> Config:
+    """A fresh ``out`` with a copy of the agent, and the daemon config that runs it."""
+    check(opts)
+    agent_dir, out = opts.agent_dir.resolve(), opts.out.resolve()
     for stale in ("agents", "state"):
         shutil.rmtree(out / stale, ignore_errors=True)
     copy = out / "agents" / agent_dir.name
-    shutil.copytree(agent_dir, copy, symlinks=False)
+    # Links stay links (the workspace loader refuses them, as live); FIFOs, sockets
+    # and devices are not copied (reading one could block or never end).
+    shutil.copytree(agent_dir, copy, symlinks=True, ignore=_special_files)
     kept = RevisionStore(opts.state_dir / "revisions")
     for hook, wanted in opts.revisions.items():
         if not HOOK_NAME.match(f"{hook}.py"):
@@ -172,6 +194,7 @@ def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]
 
 def count_events(opts: BacktestOptions) -> int:
     """How many market events the replay will publish (for a progress bar)."""
+    check(opts)
     selected = ReplayFeed(replay_section(opts)).selected()
     return sum(1 for _, e in selected if e.topic.startswith("market."))
 
