@@ -110,6 +110,10 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     assert "WAKE decisions ->" in res.output and "report.json" in res.output
     bad = CliRunner().invoke(cli, ["backtest", "--agent", str(tmp_path), "--data", str(data)])
     assert bad.exit_code == 2 and "not an agent directory" in bad.output
+    for option, value in [("--from", "yesterday"), ("--revision", "wake_green"),
+                          ("--revision", "../x=abcdef12")]:  # fmt: skip
+        bad = CliRunner().invoke(cli, [*args, option, value])
+        assert bad.exit_code == 2 and option in bad.output, bad.output
 
 
 WAKE_RED = WAKE_GREEN.replace('c["close"] > c["open"]', 'c["close"] < c["open"]')

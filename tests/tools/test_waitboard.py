@@ -7,6 +7,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, cast
 
+import anyio
 import pytest
 
 from daemon.tools.market_watch import Field, MarketWatch, Operator, Triggered
@@ -133,3 +134,19 @@ async def test_the_board_answers_as_every_wait_checked_on_every_tick(seed: int) 
         assert board.parked == len(parked) and sum(w.hit is not None for w, _, _ in parked) > 5
         assert left > 10
     assert board.parked == 0 and pool.observers == {}  # every product released
+
+
+async def test_a_full_board_answers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_PARKED parked waits, a call is `unavailable` at once, nothing subscribed."""
+    from daemon.tools import registry, waitboard
+    from daemon.tools.base import ToolError
+    from daemon.tools.context import ToolContext
+    from feeds.config import CoinbaseWsSection
+    from tests.tools.test_market_event import SIMPLE
+
+    pool = CoinbaseWsPool(CoinbaseWsSection(url="ws://127.0.0.1:9"), lazy=True)
+    monkeypatch.setattr(waitboard, "MAX_PARKED", 0)
+    with anyio.fail_after(2):
+        out = await registry().call(ToolContext(pool=pool), "wait_for_market_event", SIMPLE)
+    assert isinstance(out, ToolError) and out.error == "unavailable" and "too many" in out.message
+    assert pool.statistics().subscribers == 0
