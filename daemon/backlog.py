@@ -11,13 +11,16 @@ applied once).
 
 One JSON line per event, appended with a write per event (spilling is the
 rare path); the read position is kept in memory, and the file is truncated
-whenever everything in it has been read.
+whenever everything in it has been read. Events read back but not yet
+finished when the daemon stops are written back in front at :meth:`close`
+(``put_back``), so a cut stop loses nothing that reached the agent's queue.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -103,8 +106,33 @@ class Backlog:
             self._read_at = self._size = 0
         return out
 
-    def close(self, *, delete: bool = False) -> None:
-        """Close the file (idempotent); ``delete`` removes it too (the agent is gone)."""
+    def close(self, *, delete: bool = False, put_back: Sequence[FeedEvent] = ()) -> None:
+        """Close the file (idempotent); ``delete`` removes it too (the agent is gone).
+
+        ``put_back``: events taken (or queued in memory) but not finished, oldest
+        first; they go in front of what is still unread, for the next start."""
+        if put_back and not delete and not self._fh.closed:
+            self._rewrite(put_back)
         self._fh.close()
         if delete:
             self.path.unlink(missing_ok=True)
+
+    def _rewrite(self, first: Sequence[FeedEvent]) -> None:
+        """The file becomes ``first`` then the unread rest (a temp file renamed over)."""
+        fh = self._fh
+        try:
+            fh.seek(self._read_at)
+            rest = fh.read() if self._count else b""
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(tmp, flags, 0o600), "wb") as out:
+                out.writelines(encode(e) + b"\n" for e in first)
+                out.write(rest)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.error("backlog: unfinished events not kept", path=str(self.path), error=str(exc))
+            return
+        self._count += len(first)
+        log.info("backlog: unfinished events kept for the next start", events=len(first))

@@ -77,6 +77,7 @@ class Subscription:
         self.spilled = 0
         self._spill_failed = False
         self._spilled_at: deque[int] = deque()  # enqueue times of the backlog's events
+        self._inflight: FeedEvent | None = None  # delivered, not known finished
 
     def matches(self, topic: str) -> bool:
         """Whether this subscription wants events of ``topic``."""
@@ -143,6 +144,7 @@ class Subscription:
 
     def receive_nowait(self) -> FeedEvent | None:
         """The next event, or ``None`` when the queue (and the backlog) is empty."""
+        self._inflight = None  # asking for the next event means the last one is finished
         if not self._queue and not self._refill():
             return None
         slot = self._queue.popleft()
@@ -152,6 +154,7 @@ class Subscription:
             del self._pending_tick[event.partition]
         self.delivered += 1
         self._bus.delivered += 1
+        self._inflight = event if event.topic not in COALESCING_TOPICS else None
         if self._writable is not None and len(self._queue) < self.capacity:
             self._writable.set()
             self._writable = None
@@ -170,9 +173,17 @@ class Subscription:
         return bool(self._queue)
 
     def release(self) -> None:
-        """Close the backlog file, whatever it still holds (the daemon stops)."""
+        """Close the backlog file (the daemon stops). What the consumer had not
+        finished (the event it was on, then its queue, ticks aside: they are only
+        worth their moment) goes back on disk in front, for the next start."""
         if self.overflow is not None:
-            self.overflow.close()
+            queued = [slot[0] for slot in self._queue]
+            held = [self._inflight, *queued]
+            self.overflow.close(
+                put_back=[
+                    e for e in held if isinstance(e, FeedEvent) and e.topic not in COALESCING_TOPICS
+                ]
+            )
 
     @property
     def bus(self) -> Bus:
