@@ -1,6 +1,6 @@
 """wait_for_market_event: tick-to-response latency with N concurrent waits.
 
-    .venv/bin/python bench/longpoll_bench.py [--n 1 100 1000] [--rounds 5]
+    .venv/bin/python bench/longpoll_bench.py [--n 1 100 1000] [--rounds 5] [--samples 100]
 
 (a) in-process: N registry calls parked on one pool; one tick triggers one
 of them ("1 of N": the wait board finds it by threshold, the others are not
@@ -9,7 +9,10 @@ per wait checking every tick), or all N ("all N": N responses built and returned
 ``tools/call`` from the SDK client to ``marketwake mcp``, beside (c) a null MCP
 stdio server in the same run (same SDK client, same fake Coinbase WebSocket):
 its tool only waits for the next ticker frame on one shared socket, so (b)/(c)
-is what our tool adds over the bare SDK round trip.
+is what our tool adds over the bare SDK round trip. Both servers run at once
+and their rounds alternate, so machine noise falls on both alike; at N = 1 a
+p99 needs many rounds (``--samples``). A first round per server and N warms
+it up (imports and caches of a first call) and is not counted.
 
 "all N" rounds: N calls wait on ``price gt 1000`` (the snapshot is 100), then
 one ticker update at 2000 is sent; latency = that send to each call's return.
@@ -46,7 +49,6 @@ from feeds.config import CoinbaseWsSection
 from tests.coinbase_fake import FakeCoinbase, fake_server
 
 PRODUCT = "BTC-USD"
-MIN_SAMPLES = 40  # per N and server: at N = 1, 3 rounds would make p99 the max of 3
 ARGS = {
     "subscriptions": [
         {"productId": PRODUCT, "conditions": [{"field": "price", "operator": "gt", "value": 1000}]}
@@ -100,7 +102,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def one_round(
-    fake: FakeCoinbase, n: int, call: Callable[[], Awaitable[Any]], ready: Callable[[], bool]
+    fake: FakeCoinbase,
+    n: int,
+    call: Callable[[], Awaitable[Any]],
+    ready: Callable[[], bool],
+    target: Callable[[], int] | None = None,
 ) -> list[float]:
     done: list[float] = []
     sent = 0.0
@@ -118,7 +124,8 @@ async def one_round(
         await anyio.sleep(0.5 + n / 500)  # every call is parked on its wait
         fake.prices[PRODUCT] = "100"
         sent = time.perf_counter()
-        await fake.update(len(fake.connections) - 1, (PRODUCT, "2000"))
+        index = target() if target is not None else len(fake.connections) - 1
+        await fake.update(index, (PRODUCT, "2000"))
     await anyio.sleep(0.3)  # releases settle before the next round
     return [d * 1000 for d in done]
 
@@ -222,22 +229,50 @@ async def in_process(url: str, fake: FakeCoinbase, ns: list[int], rounds: int) -
 
 
 async def over_stdio(
-    params: StdioServerParameters, name: str, args: dict[str, Any], label: str,
-    fake: FakeCoinbase, ns: list[int], rounds: int,
-) -> dict[int, float]:  # fmt: skip
-    out: dict[int, float] = {}
-    async with Client(params) as client:
-        for n in ns:
-            lat: list[float] = []
-            for _ in range(max(rounds, -(-MIN_SAMPLES // n))):  # a p99 needs samples
-                lat += await one_round(
-                    fake, n, lambda: client.call_tool(name, args), lambda: bool(fake.connections)
-                )
-            out[n] = report(label, n, lat)
-    return out
+    ours: StdioServerParameters, null: StdioServerParameters,
+    fake: FakeCoinbase, ns: list[int], rounds: int, samples: int,
+) -> tuple[dict[int, float], dict[int, float]]:  # fmt: skip
+    """Both servers at once, their rounds alternating (whatever else the machine
+    does falls on both alike); each round's tick goes to that server's own
+    connection. p99 per N and server."""
+    before = len(fake.connections)
+    mine: dict[int, float] = {}
+    base: dict[int, float] = {}
+    async with Client(null) as null_client:
+        with anyio.fail_after(30):
+            while len(fake.connections) <= before:  # noqa: ASYNC110 - the null server connects
+                await anyio.sleep(0.01)
+        null_index = before
+        async with Client(ours) as our_client:
+            for n in ns:
+                lat: dict[str, list[float]] = {"ours": [], "null": []}
+                # round 0 warms each server up (first-call imports and caches), unkept
+                for r in range(1 + max(rounds, -(-samples // n))):  # a p99 needs samples
+                    if r == 1:
+                        lat = {"ours": [], "null": []}
+                    for who in ("ours", "null") if r % 2 == 0 else ("null", "ours"):
+                        if who == "ours":
+                            lat[who] += await one_round(
+                                fake,
+                                n,
+                                lambda: our_client.call_tool("wait_for_market_event", ARGS),
+                                lambda: len(fake.connections) > null_index + 1,
+                                lambda: len(fake.connections) - 1,
+                            )
+                        else:
+                            lat[who] += await one_round(
+                                fake,
+                                n,
+                                lambda: null_client.call_tool("wait", {}),
+                                lambda: True,
+                                lambda: null_index,
+                            )
+                mine[n] = report("mcp stdio", n, lat["ours"])
+                base[n] = report("null stdio", n, lat["null"])
+    return mine, base
 
 
-async def main(ns: list[int], rounds: int) -> None:
+async def main(ns: list[int], rounds: int, samples: int) -> None:
     async with fake_server() as (fake, url):
         await in_process(url, fake, ns, rounds)
         cfg = ROOT / "bench" / ".longpoll.toml"
@@ -251,13 +286,10 @@ async def main(ns: list[int], rounds: int) -> None:
                 args=["-m", "daemon.cli", "mcp", "--config", str(cfg)],
                 cwd=ROOT,
             )
-            mine = await over_stdio(
-                ours, "wait_for_market_event", ARGS, "mcp stdio", fake, ns, rounds
-            )
             null = StdioServerParameters(
                 command=sys.executable, args=["-c", NULL_SERVER, url], cwd=ROOT
             )
-            base = await over_stdio(null, "wait", {}, "null stdio", fake, ns, rounds)
+            mine, base = await over_stdio(ours, null, fake, ns, rounds, samples)
         finally:
             cfg.unlink(missing_ok=True)
     for n in ns:
@@ -270,6 +302,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[1, 100, 1000])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--samples", type=int, default=100, help="stdio responses per N and server, at least"
+    )
     a = ap.parse_args()
     logs.configure("console", "warning")
-    anyio.run(main, a.n, a.rounds)
+    anyio.run(main, a.n, a.rounds, a.samples)

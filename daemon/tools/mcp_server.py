@@ -14,14 +14,16 @@ the daemon, each call under a trace id of its own.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hmac
+import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import mcp_types as types
@@ -95,10 +97,51 @@ def build_server(registry: Registry[ToolContext], ctx: ToolContext, agent: str =
     )
 
 
+class _PipeOut:
+    """The wire side of stdout, written from the event loop.
+
+    The SDK's default writes each message and flushes it through a worker
+    thread (two thread hand-offs per answer); a non-blocking write of the line
+    is one system call, and waits on the loop only when the host reads slowly."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    async def write(self, text: str) -> int:
+        data = memoryview(text.encode())
+        while data:
+            try:
+                data = data[os.write(self.fd, data) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self.fd)
+        return len(text)
+
+    async def flush(self) -> None:
+        """Nothing is buffered."""
+
+
+@contextmanager
+def _claim_stdout() -> Iterator[int]:
+    """The wire (a private duplicate of fd 1, non-blocking) while fd 1 points at
+    stderr, so stray prints of libraries never corrupt the protocol; restored after."""
+    wire = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.dup2(2, 1)
+    blocking = os.get_blocking(wire)
+    os.set_blocking(wire, False)
+    try:
+        yield wire
+    finally:
+        os.set_blocking(wire, blocking)  # the description may be a terminal's
+        os.dup2(wire, 1)
+        os.close(wire)
+
+
 async def serve_stdio(server: Server[Any]) -> None:
     """Serve one host over this process's stdin/stdout until it closes them."""
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    with _claim_stdout() as wire:
+        out = cast("anyio.AsyncFile[str]", _PipeOut(wire))
+        async with stdio_server(stdout=out) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
 
 
 def require_bearer(app: ASGIApp, token: str) -> ASGIApp:
