@@ -16,7 +16,7 @@ import msgspec
 
 from daemon.events import FeedEvent
 from daemon.trading.intents import TradeIntent
-from daemon.trading.portfolio import Order, PortfolioView, Position
+from daemon.trading.portfolio import Order, OrderRole, PortfolioView, Position
 
 
 class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +32,8 @@ class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):
     trace_id: str | None = None
     # The account to trade in; empty means the agent's own (account id = agent id).
     account_id: str = ""
+    # "close" for the market order a CLOSE_POSITION became (it opens nothing).
+    role: OrderRole = "entry"
 
     @property
     def account(self) -> str:

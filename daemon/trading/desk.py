@@ -140,6 +140,7 @@ class TradeDesk:
             account_id=account,
             intent=verdict.order,
             trace_id=trace_id,
+            role="close" if intent.action == "CLOSE_POSITION" else "entry",
         )
         order = await broker.submit(request)
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=order)

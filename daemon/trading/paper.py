@@ -300,7 +300,7 @@ class PaperBroker:
             symbol=intent.symbol,
             side=intent.side,
             order_type="limit" if intent.is_limit else "market",
-            role="entry",
+            role=request.role,
             volume=intent.volume,
             status="PENDING_SUBMIT",
             created_ms=now,
