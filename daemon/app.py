@@ -6,7 +6,7 @@ Nothing here has logic of its own; it builds components and hands them to
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -15,6 +15,7 @@ import anyio
 
 from daemon import preflight
 from daemon.agents.pipeline import open_agents
+from daemon.audit.records import SignalRecord
 from daemon.config import Config
 from daemon.llm.runner import RegistryToolBox
 from daemon.service import Component, Consumer, Service
@@ -25,13 +26,19 @@ from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
 from feeds.coinbase_ws.pool import CoinbaseWsPool
+from feeds.copytrade import CopytradeWebhookFeed
 from feeds.movers import MoversFeed
 from feeds.replay import ReplayFeed
 
 
-def build_feeds(config: Config, pool: CoinbaseWsPool | None = None) -> list[Feed]:
+def build_feeds(
+    config: Config,
+    pool: CoinbaseWsPool | None = None,
+    audit: Callable[[SignalRecord], None] | None = None,
+) -> list[Feed]:
     """One feed object per enabled ``[feeds.*]`` section (the ticker feed rides the
-    daemon's shared Coinbase ``pool`` when there is one)."""
+    daemon's shared Coinbase ``pool`` when there is one; the copy-trade webhook
+    writes its answers to ``audit``)."""
     feeds: list[Feed] = []
     section = config.feeds
     if section.coinbase_ws.enabled:
@@ -42,6 +49,12 @@ def build_feeds(config: Config, pool: CoinbaseWsPool | None = None) -> list[Feed
         feeds.append(ReplayFeed(section.replay))
     if section.movers.enabled:
         feeds.append(MoversFeed(section.movers))
+    if section.copytrade_webhook.enabled:
+        feeds.append(
+            CopytradeWebhookFeed(
+                section.copytrade_webhook, Path(config.daemon.state_dir), audit=audit
+            )
+        )
     return feeds
 
 
@@ -96,9 +109,14 @@ def run_daemon(
     pool = shared_pool(config)
     if pool is not None:
         components.insert(0, partial(open_market, pool))
+
+    def audit(record: SignalRecord) -> None:
+        if service.audit is not None:  # the agents' pipeline runs (it owns the audit log)
+            service.audit(record)
+
     service = Service(
         config,
-        partial(build_feeds, pool=pool),
+        partial(build_feeds, pool=pool, audit=audit),
         config_path=config_path,
         record_path=record_path,
         consumers=consumers,

@@ -24,6 +24,7 @@ from daemon.secret import Secret
 from feeds.config import (
     CandlesSection,
     CoinbaseWsSection,
+    CopytradeWebhookSection,
     MoversSection,
     ReplaySection,
     check_http_url,
@@ -85,6 +86,9 @@ class FeedsSection(Base, frozen=True):
     candles: CandlesSection = msgspec.field(default_factory=CandlesSection)
     replay: ReplaySection = msgspec.field(default_factory=ReplaySection)
     movers: MoversSection = msgspec.field(default_factory=MoversSection)
+    copytrade_webhook: CopytradeWebhookSection = msgspec.field(
+        default_factory=CopytradeWebhookSection
+    )
 
 
 class StateSection(Base, frozen=True):
@@ -219,7 +223,8 @@ class Config(Base, frozen=True):
         if self.daemon.clock != "auto":
             return self.daemon.clock == "event"
         feeds = self.feeds
-        return not (feeds.coinbase_ws.enabled or feeds.candles.enabled or feeds.movers.enabled)
+        live = (feeds.coinbase_ws, feeds.candles, feeds.movers, feeds.copytrade_webhook)
+        return not any(f.enabled for f in live)
 
 
 _SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)

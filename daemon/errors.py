@@ -62,6 +62,15 @@ class FeedDisconnected(FeedError):
     """The feed's connection closed or went silent."""
 
 
+class SignalRejected(FeedError):
+    """A copy-trade signal refused at the door: ``status`` is the HTTP answer (4xx)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
 class StoreError(MarketwakeError):
     """A persistent store could not be read or written."""
 

@@ -48,6 +48,8 @@ COPYTRADE_SIGNAL_OPENED: Final = "copytrade.signal.opened"
 COPYTRADE_SIGNAL_MODIFIED: Final = "copytrade.signal.modified"
 COPYTRADE_SIGNAL_CLOSED: Final = "copytrade.signal.closed"
 MARKETPLACE_STRATEGY_UPDATED: Final = "marketplace.strategy.updated"
+# The prefix of the three signal topics.
+COPYTRADE_SIGNALS: Final = "copytrade.signal."
 
 ALL_TOPICS: Final = frozenset(
     {
@@ -191,6 +193,47 @@ class MoverPayload(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     volume24h: float
     direction: Literal["up", "down"]
     threshold_pct: float = msgspec.field(name="thresholdPct")
+
+
+SignalKind = Literal["opened", "modified", "closed"]
+
+
+class SignalPayload(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """The payload of ``copytrade.signal.*``: one leader action (docs/copytrade.md).
+
+    ``positionId`` ties a leader position's opened / modified / closed together;
+    ``signalId`` is unique per leader (the event id is ``copytrade:<leader>:<signalId>``).
+    Size is either ``quantity`` (base units) or ``equityFraction`` (of the leader's
+    equity); on ``closed`` no size means the whole position. ``time`` is the leader's
+    time of the action (RFC 3339), which is the event's ``ts``."""
+
+    leader: str
+    signal_id: str
+    kind: SignalKind
+    position_id: str
+    symbol: str
+    side: Literal["long", "short"]
+    time: str
+    quantity: float | None = None
+    equity_fraction: float | None = None
+    price: float | None = None
+    stop_loss: float | None = None
+    take_profit: float | None = None
+
+
+def signal_event_id(leader: str, signal_id: str) -> str:
+    """The event id of a leader's signal: a redelivery gets the same one."""
+    return f"copytrade:{leader}:{signal_id}"
+
+
+def signal_of(payload: Any) -> SignalPayload | None:
+    """The leader signal in an event payload; None if it does not parse."""
+    if type(payload) is not dict:
+        return None
+    try:
+        return msgspec.convert(payload, SignalPayload)
+    except msgspec.ValidationError:
+        return None
 
 
 def candle_of(payload: Any) -> Candle | None:

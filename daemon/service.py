@@ -96,6 +96,9 @@ class Service:
         # The agent tools for LLM runs (a daemon.llm.runner.ToolBox), set by the
         # component that owns the shared market connection (daemon/app.py).
         self.tools: Any = None
+        # The audit log's write (an AuditWriter.write), while the agents' pipeline
+        # runs: feeds that audit what they refuse (copy-trade signals) go through it.
+        self.audit: Callable[[Any], None] | None = None
         self.config = config
         self.config_path = config_path
         self.build_feeds = build_feeds
@@ -122,7 +125,10 @@ class Service:
         self._stop = anyio.Event()
         self._reload_lock = anyio.Lock()
         self._subs: list[tuple[Consumer, Subscription]] = [
-            (self._update_state, self.bus.subscribe("market.>", name="state"))
+            (
+                self._update_state,
+                self.bus.subscribe(("market.>", "copytrade.signal.*"), name="state"),
+            )
         ]
         path = record_path or (Path(config.daemon.record) if config.daemon.record else None)
         if path is not None:

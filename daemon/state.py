@@ -25,8 +25,10 @@ from typing import Any
 import msgspec
 
 from daemon.config import StateSection
+from daemon.copytrade.book import BookSnapshot, LeaderBook
 from daemon.errors import StoreError
 from daemon.events import (
+    COPYTRADE_SIGNALS,
     MARKET_CANDLE_CLOSED,
     MARKET_CANDLE_UPDATED,
     MARKET_PRICE_TICK,
@@ -34,6 +36,7 @@ from daemon.events import (
     Candle,
     FeedEvent,
     candle_of,
+    signal_of,
 )
 from daemon.indicators import CandleIndicators
 
@@ -50,6 +53,7 @@ class _SnapshotSeries(msgspec.Struct, frozen=True):
 class _Snapshot(msgspec.Struct, frozen=True):
     version: int
     series: list[_SnapshotSeries]
+    copytrade: BookSnapshot = msgspec.field(default_factory=BookSnapshot)
 
 
 class Series:
@@ -94,6 +98,7 @@ class StateCache:
         self._series: dict[str, dict[str, Series]] = {}
         self._ticks: dict[str, dict[str, Any]] = {}
         self._n_series = 0
+        self.copytrade = LeaderBook()  # the leaders' positions, from copytrade.signal.*
         self._counters = dict.fromkeys(
             (
                 "closed",
@@ -123,7 +128,16 @@ class StateCache:
             return self._on_tick(event)
         if event.topic == MARKET_CANDLE_UPDATED:
             return self._on_forming(event)
+        if event.topic.startswith(COPYTRADE_SIGNALS):
+            return self._on_signal(event)
         return False
+
+    def _on_signal(self, event: FeedEvent) -> bool:
+        signal = signal_of(event.payload)
+        if signal is None:
+            self._counters["malformed"] += 1
+            return False
+        return self.copytrade.apply(signal) not in ("duplicate", "dropped")
 
     def _series_for(self, symbol: str | None, timeframe: str | None) -> Series | None:
         if not symbol or not timeframe:
@@ -190,6 +204,7 @@ class StateCache:
                 for sym, by_tf in self._series.items()
                 for tf, series in by_tf.items()
             ],
+            copytrade=self.copytrade.dump(),
         )
         return msgspec.json.encode(snap)
 
@@ -207,6 +222,7 @@ class StateCache:
             raise StoreError(
                 f"state snapshot has version {snap.version}, expected {SNAPSHOT_VERSION}"
             )
+        self.copytrade.load(snap.copytrade)
         return sum(self.seed(s.symbol, s.timeframe, s.candles) for s in snap.series)
 
     def _on_forming(self, event: FeedEvent) -> bool:

@@ -7,12 +7,14 @@ are rejected: a typo fails at startup with its key path.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Final, Literal
 from urllib.parse import urlsplit
 
 import msgspec
 
 from daemon.events import TIMEFRAMES
+from daemon.secret import Secret
 
 
 def check_http_url(url: str, key: str) -> None:
@@ -25,6 +27,10 @@ def check_http_url(url: str, key: str) -> None:
         ok = False
     if not ok:
         raise ValueError(f"{key} must be an http:// or https:// URL with a host (got {url!r})")
+
+
+# A copy-trade leader's name: it is a URL path segment and part of event ids.
+LEADER_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -94,3 +100,39 @@ class MoversSection(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         check_http_url(self.base_url, "base_url")
+
+
+class CopytradeLeaderSection(_Section, frozen=True):
+    """One leader allowed to post signals: its HMAC secret (use ``${VAR}``)."""
+
+    secret: Secret = msgspec.field(default_factory=Secret)
+
+    def __post_init__(self) -> None:
+        if len(self.secret.reveal()) < 16:
+            raise ValueError("secret must be at least 16 characters (use ${VAR})")
+
+
+class CopytradeWebhookSection(_Section, frozen=True):
+    """Signed leader signals over HTTP: ``POST /copytrade/<leader>`` (docs/copytrade.md)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 7881
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=256, le=1024 * 1024)] = 64 * 1024
+    # A request whose timestamp is further than this from our clock is refused.
+    skew_seconds: Annotated[float, msgspec.Meta(ge=5, le=3600)] = 300.0
+    # Published signals are remembered this long (a redelivery within it is a no-op).
+    keep_days: Annotated[int, msgspec.Meta(ge=1, le=3650)] = 30
+    # At start, signals received this recently are delivered again (agents skip
+    # what they evaluated): a stop cannot lose one an agent had not finished.
+    redeliver_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 600.0
+    leaders: dict[str, CopytradeLeaderSection] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.leaders:
+            if not LEADER_NAME.match(name):
+                raise ValueError(
+                    f"leader name {name!r}: use 1-64 of A-Z a-z 0-9 _ - (it is the URL path)"
+                )
+        if self.enabled and not self.leaders:
+            raise ValueError("no [feeds.copytrade_webhook.leaders.<name>] configured")

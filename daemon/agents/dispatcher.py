@@ -47,10 +47,19 @@ from daemon.alerts import Alert, AlertNotifier
 from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
+from daemon.copytrade.mirror import mirrored
 from daemon.errors import HookRequestTooLarge
-from daemon.events import FeedEvent, parse_iso_ms, to_dict, topic_matches, trace_id_for
+from daemon.events import (
+    COPYTRADE_SIGNALS,
+    FeedEvent,
+    parse_iso_ms,
+    signal_of,
+    to_dict,
+    topic_matches,
+    trace_id_for,
+)
 from daemon.state import StateCache
-from daemon.trading.desk import AuditSink, TradeDesk
+from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
 from daemon.trading.route import MarketRoute
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
@@ -117,6 +126,8 @@ class Dispatcher:
     health: HealthTracker = field(default_factory=HealthTracker)
     # Live only: each agent's share of hook time (None: no budget, e.g. event time).
     cpu: CpuBudget | None = None
+    # (agent, signal event id) of copied orders already alerted as refused
+    _refused: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
 
     # -- the per-agent loop ----------------------------------------------------
 
@@ -234,7 +245,43 @@ class Dispatcher:
         state["positions"] = msgspec.to_builtins(broker.positions(account))
         state["orders"] = msgspec.to_builtins(broker.open_orders(account))
         state["lastOutputs"] = dict(rt.last_outputs)
+        if rt.listens_to(COPYTRADE_SIGNALS + "opened"):
+            state["copytrade"] = self._copytrade_view(rt, account, event)
         return state
+
+    def _copytrade_view(self, rt: AgentRuntime, account: str, event: FeedEvent) -> dict[str, Any]:
+        """The leaders' book (docs/copytrade.md), each position with what this agent
+        mirrored of it; ``position``: the one this signal is about (open, or just
+        closed by it). An order is keyed by its signal, so the mapping is computed
+        from the broker's orders, not stored twice."""
+        book = rt.state.copytrade
+        get_order = self.desk.broker.get_order
+        view = book.export()
+        for position in view["leaders"]:
+            position["mirrored"] = mirrored(rt.agent_id, account, position, get_order)
+        signal = signal_of(event.payload)
+        found = book.position(signal.leader, signal.position_id) if signal else None
+        if found is not None:
+            one = msgspec.to_builtins(found[0])
+            one["open"] = found[1]
+            one["mirrored"] = mirrored(rt.agent_id, account, one, get_order)
+            view["position"] = one
+        return view
+
+    async def _copy(
+        self, trade: Callable[[], Awaitable[TradeOutcome]], about: dict[str, Any]
+    ) -> None:
+        """Place a copied order; an ALERT when the follower's risk engine refuses it."""
+        outcome = await trade()
+        verdict = outcome.verdict
+        refused = (about["agent_id"], about["event_id"])
+        if verdict is not None and not verdict.approved and refused not in self._refused:
+            self._refused[refused] = None  # one alert per signal, however many hooks ask
+            if len(self._refused) > RECENT_EVENTS:
+                self._refused.popitem(last=False)
+            codes = ", ".join(reason.code for reason in verdict.reasons)
+            about["reason"] = f"copy refused ({codes}): {about['reason']}"
+            await self.alerts.send(Alert(**about))
 
     # -- settling one result -----------------------------------------------------
 
@@ -274,7 +321,12 @@ class Dispatcher:
             case Trade(intent=intent):
                 self._audit_hook(rt, event, trace, r)
                 key = d.dedupe_key or f"{r.hook_id}:{event.event_id}"
-                return partial(
+                copied = event.topic.startswith(COPYTRADE_SIGNALS)
+                if copied:
+                    # One follower order per leader signal, whichever hook asks and
+                    # however often the signal comes (a redelivery, a restart).
+                    key = event.event_id
+                trade = partial(
                     self.desk.handle,
                     intent,
                     agent_id=rt.agent_id,
@@ -283,6 +335,11 @@ class Dispatcher:
                     hook_id=r.hook_id,
                     event_id=event.event_id,
                 )
+                if not copied:
+                    return trade
+                # A refused copy is an alert: the follower no longer mirrors its leader.
+                about = self._about(rt, event, trace, r.hook_id, d)
+                return partial(self._copy, trade, about)
         return None
 
     def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: Decision) -> str:

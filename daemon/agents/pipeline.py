@@ -78,6 +78,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
         run_store = RunStore.in_dir(state_dir)
         desk = TradeDesk(broker, audit)
+        service.audit = audit.write
         if service.tools is not None:  # the trading tools of LLM runs act through it
             service.tools.ctx.desk = desk
         checkpoints = Checkpoints(hook_store, audit)
@@ -164,6 +165,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                     seconds=limit,
                     queued=left,
                 )
+            service.audit = None
             tg.cancel_scope.cancel()
             # The final status is written after this: it reports the agents as they
             # were at the stop, without asking the stores closed below.

@@ -145,7 +145,23 @@ class OrderRecord(_Record, frozen=True, kw_only=True, tag="order"):
     reason: str = ""
 
 
-AuditRecord = HookRecord | WakeRecord | RunRecord | RiskRecord | OrderRecord
+class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):
+    """A copy-trade signal at the door: ``accepted`` (published), ``duplicate`` (a
+    redelivery, answered but not published again) or ``rejected`` (``reason``).
+
+    ``agentId`` is ``-``: a signal belongs to a leader, not to an agent."""
+
+    source: str
+    leader: str
+    signal_id: str | None = None
+    event_id: str | None = None
+    status: Literal["accepted", "duplicate", "rejected"]
+    http_status: int
+    reason: str = ""
+    remote: str = ""
+
+
+AuditRecord = HookRecord | WakeRecord | RunRecord | RiskRecord | OrderRecord | SignalRecord
 
 _encoder = msgspec.json.Encoder()
 

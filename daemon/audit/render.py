@@ -154,7 +154,25 @@ def _order(rec: Record, line: Text) -> None:
     )
 
 
-_RENDERERS = {"hook": _hook, "wake": _wake, "run": _run, "risk": _risk, "order": _order}
+def _signal(rec: Record, line: Text) -> None:
+    status = _s(rec, "status")
+    style = {"accepted": "bold cyan", "duplicate": "dim", "rejected": "red"}.get(status, "cyan")
+    line.append(f"signal {status}", style=style)
+    line.append(f" {_s(rec, 'leader')}/{_s(rec, 'signalId', '?')} ({_s(rec, 'httpStatus')})")
+    if rec.get("reason"):
+        line.append(f": {_s(rec, 'reason')}")
+    if rec.get("remote"):
+        line.append(f" from {_s(rec, 'remote')}", style="dim")
+
+
+_RENDERERS = {
+    "hook": _hook,
+    "wake": _wake,
+    "run": _run,
+    "risk": _risk,
+    "order": _order,
+    "signal": _signal,
+}
 
 
 def render(rec: Record) -> Text:

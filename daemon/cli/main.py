@@ -10,6 +10,7 @@ from daemon import __version__
 from daemon.cli.agent import agent_group
 from daemon.cli.audit import audit_group, why_command
 from daemon.cli.backtest import backtest_command
+from daemon.cli.copytrade import copytrade_group
 from daemon.cli.demo import demo_command
 from daemon.cli.hooks import hooks_group
 from daemon.cli.mcp import mcp_command
@@ -39,6 +40,7 @@ cli.add_command(rag_group)
 cli.add_command(mcp_command)
 cli.add_command(agent_group)
 cli.add_command(backtest_command)
+cli.add_command(copytrade_group)
 
 
 def _deliberate(exc: BaseException) -> MarketwakeError | None:

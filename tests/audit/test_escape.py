@@ -39,3 +39,26 @@ def test_tail_and_why_print_escapes_visibly(tmp_path: Path) -> None:
         # the forged text stays on the line of the record that carried it
         forged = [ln for ln in res.stdout.splitlines() if "Two consecutive green" in ln]
         assert forged and all("\\n2026-02-17" in ln for ln in forged)
+
+
+def test_a_refused_signal_row_renders_on_one_line_with_its_reason_escaped() -> None:
+    """A webhook refusal quotes what the sender sent (a leader name, a field name)."""
+    import msgspec
+
+    from daemon.audit.records import SignalRecord
+    from daemon.audit.render import render
+
+    row = SignalRecord(
+        ts="2026-11-25T12:00:00.000Z",
+        agent_id="-",
+        source="copytrade_webhook",
+        leader="alice",
+        signal_id=None,
+        status="rejected",
+        http_status=422,
+        reason="invalid signal: unknown field " + EVIL,
+        remote="127.0.0.1",
+    )
+    text = render(msgspec.to_builtins(row)).plain
+    assert text.startswith("2026-11-25 12:00:00.000 - signal rejected alice/? (422): invalid")
+    assert "\x1b" not in text and "\n" not in text and text.endswith("from 127.0.0.1")

@@ -1,0 +1,162 @@
+"""``marketwake copytrade status``: leaders, lag, what each follower mirrored, last actions.
+
+Read-only, from the state dir the daemon writes (run it as the service user):
+the webhook's inbox (signals per leader and the newest one's lag), the state
+snapshot's leaders' book (open leader positions), the paper broker's orders
+(what each follower agent made of each position, and where it drifts) and the
+audit log (the last signal answers).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from daemon.agents.workspace import load_agent_config
+from daemon.audit.reader import AuditFilter, tail
+from daemon.cli.common import load_config_or_defaults
+from daemon.config import Config
+from daemon.copytrade.mirror import mirrored
+from daemon.errors import MarketwakeError
+from daemon.events import COPYTRADE_SIGNAL_OPENED, iso_ms, parse_iso_ms, topic_matches
+from daemon.state import StateCache, read_snapshot
+from daemon.statedir import SNAPSHOT_FILE
+from daemon.trading.paper_store import PaperStore
+from feeds.copytrade.inbox import Inbox
+
+
+@click.group("copytrade")
+def copytrade_group() -> None:
+    """Copy trading: leaders' signals and what followers made of them."""
+
+
+def followers(cfg: Config) -> dict[str, str]:
+    """Agent id -> account, for the agents whose topics take leader signals."""
+    out: dict[str, str] = {}
+    root = Path(cfg.hooks.agents_dir)
+    for toml in sorted(root.glob("*/agent.toml")) if root.is_dir() else []:
+        try:
+            agent = load_agent_config(toml)
+        except MarketwakeError:
+            continue  # `config check` reports it
+        if agent.enabled and any(topic_matches(p, COPYTRADE_SIGNAL_OPENED) for p in agent.topics):
+            out[toml.parent.name] = agent.account or toml.parent.name
+    return out
+
+
+def gather(cfg: Config, last: int) -> dict[str, Any]:
+    """Everything the status shows, as plain data (``--json`` prints it)."""
+    state_dir = Path(cfg.daemon.state_dir)
+    leaders: list[dict[str, Any]] = []
+    inbox_path = state_dir / "copytrade.sqlite3"
+    configured = sorted(cfg.feeds.copytrade_webhook.leaders)
+    seen: dict[str, dict[str, Any]] = {}
+    if inbox_path.exists():
+        inbox = Inbox(inbox_path)
+        try:
+            for a in inbox.activity():
+                sent = parse_iso_ms(a.last.ts)
+                seen[a.leader] = {
+                    "leader": a.leader,
+                    "signals": a.signals,
+                    "unpublished": a.unpublished,
+                    "lastEventId": a.last.event_id,
+                    "lastTopic": a.last.topic,
+                    "lastTime": a.last.ts,
+                    "lastReceived": iso_ms(a.last_received_ms),
+                    "lagSeconds": round((a.last_received_ms - sent) / 1000, 3),
+                }
+        finally:
+            inbox.close()
+    for name in sorted(set(configured) | set(seen)):
+        leaders.append(seen.get(name, {"leader": name, "signals": 0}))
+
+    cache = StateCache()
+    snapshot = read_snapshot(state_dir / SNAPSHOT_FILE)
+    if snapshot is not None:
+        cache.load(snapshot)
+    positions = cache.copytrade.export()["leaders"]
+
+    agents = followers(cfg)
+    paper_path = state_dir / "paper.sqlite3"
+    store = PaperStore(paper_path) if paper_path.exists() and agents else None
+    drift: list[dict[str, Any]] = []
+    try:
+        for position in positions:
+            position["followers"] = {}
+            for agent_id, account in agents.items():
+                got: dict[str, Any] = {"orders": {}, "quantity": 0.0}
+                if store is not None:
+                    got = mirrored(agent_id, account, position, store.get_order)
+                position["followers"][agent_id] = got
+                if got["quantity"] <= 0:
+                    drift.append(
+                        {
+                            "agent": agent_id,
+                            "leader": position["leader"],
+                            "positionId": position["positionId"],
+                            "why": "leader position open, nothing mirrored",
+                        }
+                    )
+    finally:
+        if store is not None:
+            store.close()
+
+    rows = tail(cfg.audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
+    return {"leaders": leaders, "positions": positions, "drift": drift, "lastSignals": rows}
+
+
+@copytrade_group.command("status")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
+@click.option("--last", default=10, show_default=True, help="How many last signal answers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def copytrade_status(config_path: Path | None, last: int, as_json: bool) -> None:
+    """Leaders (signals, the newest one's lag), open leader positions with what each
+    follower agent mirrored of them, drift, and the last signal answers."""
+    cfg = load_config_or_defaults(config_path)
+    data = gather(cfg, last)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo("LEADERS")
+    if not data["leaders"]:
+        click.echo("  none configured ([feeds.copytrade_webhook.leaders.<name>])")
+    for leader in data["leaders"]:
+        if not leader["signals"]:
+            click.echo(f"  {leader['leader']}: no signals yet")
+            continue
+        click.echo(
+            f"  {leader['leader']}: {leader['signals']} signals, last {leader['lastEventId']} "
+            f"({leader['lastTopic'].rsplit('.', 1)[-1]}) at {leader['lastTime']}, "
+            f"received {leader['lagSeconds']:+.1f} s later"
+            + (f", {leader['unpublished']} not yet published" if leader["unpublished"] else "")
+        )
+    click.echo("OPEN LEADER POSITIONS")
+    if not data["positions"]:
+        click.echo("  none")
+    for p in data["positions"]:
+        size = p["quantity"] if p["quantity"] is not None else f"{p['equityFraction']} of equity"
+        mirrored_by = ", ".join(
+            f"{agent} {got['quantity']:g}" for agent, got in p["followers"].items()
+        )
+        click.echo(
+            f"  {p['leader']}/{p['positionId']}: {p['side']} {size} {p['symbol']}"
+            f" (signals {', '.join(p['signalIds'])})"
+            + (f"; mirrored: {mirrored_by}" if mirrored_by else "")
+        )
+    if data["drift"]:
+        click.echo("DRIFT")
+        for d in data["drift"]:
+            click.echo(f"  {d['agent']} on {d['leader']}/{d['positionId']}: {d['why']}")
+    click.echo("LAST SIGNALS")
+    if not data["lastSignals"]:
+        click.echo("  none")
+    for r in data["lastSignals"]:
+        reason = f": {r['reason']}" if r.get("reason") else ""
+        click.echo(
+            f"  {r['ts']} {r['leader']}/{r.get('signalId') or '?'} "
+            f"{r['status']} ({r['httpStatus']}){reason}"
+        )

@@ -1,0 +1,7 @@
+"""Copy-trade signal sources: leaders' actions as ``copytrade.signal.*`` events."""
+
+from __future__ import annotations
+
+from feeds.copytrade.webhook import CopytradeWebhookFeed
+
+__all__ = ["CopytradeWebhookFeed"]
