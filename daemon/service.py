@@ -52,7 +52,9 @@ Consumer = Callable[[Subscription], Coroutine[Any, Any, Any]]
 # and drained (the hook pipeline is one).
 Component = Callable[["Service"], AbstractAsyncContextManager[Any]]
 # Config sections a SIGHUP does not apply (the hook pipeline reloads agents itself).
-RESTART_ONLY = ("daemon", "bus", "state", "hooks", "audit", "trading", "rag", "mcp", "tools")
+RESTART_ONLY = (
+    "daemon", "bus", "state", "hooks", "audit", "trading", "copytrade", "rag", "mcp", "tools",
+)  # fmt: skip
 # How often feeds are checked for a stall (at most; a quarter of stall_seconds if less).
 STALL_CHECK_SECONDS = 1.0
 
@@ -121,7 +123,9 @@ class Service:
         # resumable feeds fast-forward through it.
         self.resume_points: Callable[[], Mapping[str, int]] = dict
         self._feeds_scope: anyio.CancelScope | None = None
+        self._feeds_done = anyio.Event()  # set once the running feed group has ended
         self._all_finished = anyio.Event()
+        self._expected: set[str] = set()  # the names of the feeds started
         self._stop = anyio.Event()
         self._reload_lock = anyio.Lock()
         self._subs: list[tuple[Consumer, Subscription]] = [
@@ -219,17 +223,25 @@ class Service:
             self.finished.add(feed.name)
         if not status.is_started:
             status.started()
-        if self.health and (self.finished | self.failed) >= set(self.health):
+        if self.health and (self.finished | self.failed) >= self._expected:
             self._all_finished.set()
 
     async def _run_feed_group(
-        self, feeds: Sequence[Feed], scope: anyio.CancelScope, *, task_status: TaskStatus[None]
+        self,
+        feeds: Sequence[Feed],
+        scope: anyio.CancelScope,
+        done: anyio.Event,
+        *,
+        task_status: TaskStatus[None],
     ) -> None:
-        with scope:
-            async with anyio.create_task_group() as tg:
-                for feed in feeds:
-                    await tg.start(self._run_feed, feed)
-                task_status.started()
+        try:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    for feed in feeds:
+                        await tg.start(self._run_feed, feed)
+                    task_status.started()
+        finally:
+            done.set()
 
     async def _start_feeds(self, config: Config) -> None:
         """Build and start every feed of ``config``; raises if one fails to start."""
@@ -241,13 +253,16 @@ class Service:
                 feed.resume_after(marks)
         self.health, self.feeds = {}, {}
         self.finished, self.failed = set(), set()
-        scope = anyio.CancelScope()
-        self._feeds_scope = scope
-        await self._feeds_tg.start(self._run_feed_group, feeds, scope)
+        # All of them, before any starts: a replay that ends before the next feed has
+        # registered must not look like "every feed finished".
+        self._expected = {feed.name for feed in feeds}
+        scope, done = anyio.CancelScope(), anyio.Event()
+        self._feeds_scope, self._feeds_done = scope, done
+        await self._feeds_tg.start(self._run_feed_group, feeds, scope, done)
 
     def feeds_finished(self) -> bool:
         """Whether every feed ran out by itself (a finite replay), not stopped by a signal."""
-        return bool(self.health) and self.finished >= set(self.health)
+        return bool(self.health) and self.finished >= self._expected
 
     def stalled_feeds(self) -> list[str]:
         """Feeds that failed, or are neither finished nor heard from recently."""
@@ -339,6 +354,8 @@ class Service:
         old = self.config
         if self._feeds_scope is not None:
             self._feeds_scope.cancel()
+            # The old feeds have let go of what they held (a listening port) first.
+            await self._feeds_done.wait()
         try:
             self.config = new
             await self._start_feeds(new)

@@ -121,6 +121,25 @@ async def test_finite_feeds_run_to_end_record_and_notify(
     assert on_disk.feeds[0].finished is True and on_disk.bus == status.bus
 
 
+async def test_a_finite_feed_ending_first_does_not_stop_a_daemon_with_a_live_feed(
+    tmp_path: Path,
+) -> None:
+    """A replay that ends before the next feed has even started (an empty one): the
+    daemon serves on for the live feed, and stops when asked."""
+
+    def feeds(_: Config) -> Sequence[Feed]:
+        return [ListFeed("empty", []), SilentFeed()]
+
+    svc = Service(make_config(tmp_path), feeds)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            await anyio.sleep(0.5)
+            assert not svc._stop.is_set(), "it stopped with a live feed running"
+            assert svc.finished == {"empty"} and not svc.feeds_finished()
+            svc.request_stop()
+
+
 async def test_watchdog_withheld_while_a_feed_is_stalled(
     tmp_path: Path, notify_socket: tuple[socket.socket, dict[str, str]]
 ) -> None:
