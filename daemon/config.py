@@ -91,6 +91,12 @@ class FeedsSection(Base, frozen=True):
     )
 
 
+class CopytradeSection(Base, frozen=True):
+    # Agents of this daemon others may follow: their paper accounts' trades become
+    # copytrade.signal.* from leader "<agent id>" (docs/copytrade.md).
+    leader_agents: list[str] = msgspec.field(default_factory=list)
+
+
 class StateSection(Base, frozen=True):
     max_candles: int = 500
 
@@ -208,6 +214,7 @@ class Config(Base, frozen=True):
     hooks: HooksSection = msgspec.field(default_factory=HooksSection)
     audit: AuditSection = msgspec.field(default_factory=AuditSection)
     trading: TradingSection = msgspec.field(default_factory=TradingSection)
+    copytrade: CopytradeSection = msgspec.field(default_factory=CopytradeSection)
     rag: RagConfig = msgspec.field(default_factory=RagConfig)
     mcp: McpSection = msgspec.field(default_factory=McpSection)
     tools: ToolsSection = msgspec.field(default_factory=ToolsSection)

@@ -85,6 +85,11 @@ def _check_agents(cfg: Config, report: Report) -> None:
             f"mcp.agent: no agent {cfg.mcp.agent!r} in {str(agents_dir)!r} "
             f"(agents: {', '.join(sorted(p.name for p in found)) or 'none'})"
         )
+    for leader in cfg.copytrade.leader_agents:
+        if leader not in {p.name for p in found}:
+            report.problems.append(
+                f"copytrade.leader_agents: no agent {leader!r} in {str(agents_dir)!r}"
+            )
     for path in found:
         try:
             agent = load_agent(path, sandbox.max_source_bytes, sandbox.max_agent_source_bytes)

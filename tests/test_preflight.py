@@ -149,3 +149,11 @@ def test_mcp_agent_must_be_an_agent_of_the_workspace(tmp_path: Path) -> None:
     assert problems(config(tmp_path, '[mcp]\nenabled = true\nagent = "alhpa"\n')) == [
         f"mcp.agent: no agent 'alhpa' in {str(tmp_path / 'agents')!r} (agents: alpha)"
     ]
+
+
+def test_copytrade_leader_agents_must_be_agents_of_the_workspace(tmp_path: Path) -> None:
+    agent(tmp_path, "alpha", "")
+    assert problems(config(tmp_path, '[copytrade]\nleader_agents = ["alpha"]\n')) == []
+    assert problems(config(tmp_path, '[copytrade]\nleader_agents = ["alpah"]\n')) == [
+        f"copytrade.leader_agents: no agent 'alpah' in {str(tmp_path / 'agents')!r}"
+    ]

@@ -26,6 +26,8 @@ from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.writer import open_audit
+from daemon.bus import Subscription
+from daemon.copytrade.relay import LeaderRelay
 from daemon.events import FeedEvent
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk, audited_publish
@@ -135,6 +137,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
         layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
+        relayed = _leader_relay(cfg.copytrade.leader_agents, desk, broker, service)
+        if relayed is not None:
+            io.start(_relay, *relayed, send)
         try:
             yield manager
         finally:
@@ -150,6 +155,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 manager.close_subscriptions()
                 await manager.wait_drained()
                 route.sub.close()  # the broker applies what it holds, then its task ends
+                if relayed is not None:
+                    relayed[0].close()
                 send.close()
                 alerts.close()
                 await io.idle.wait()
@@ -196,6 +203,33 @@ class _Tasks:
                     self.idle.set()
 
         self.tg.start_soon(run)
+
+
+def _leader_relay(
+    leaders: list[str], desk: TradeDesk, broker: PaperBroker, service: Service
+) -> tuple[Subscription, LeaderRelay] | None:
+    """``[copytrade] leader_agents``: their accounts' events become signals."""
+    if not leaders:
+        return None
+    relay = LeaderRelay({desk.account_of(agent): agent for agent in leaders})
+    for account in relay.leaders:
+        for symbol, position in broker.positions(account).items():
+            relay.seed(account, symbol, position.quantity, position.opened_ms)
+    log.info("copy-trade leaders", agents=leaders)
+    return service.bus.subscribe("account.>", name="copytrade-leader"), relay
+
+
+async def _relay(
+    sub: Subscription, relay: LeaderRelay, send: anyio.abc.ObjectSendStream[FeedEvent]
+) -> None:
+    """Publish the signals the leaders' account events make (until the drain closes
+    ``sub``; what comes after the outbox closed is dropped with the daemon)."""
+    async for event in sub:
+        for out in relay.on_event(event):
+            try:
+                await send.send(out)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
 
 
 def _copy_state(state: StateCache) -> StateCache:

@@ -92,7 +92,9 @@ class CopytradeWebhookFeed:
         self._send = send
         app = web.Application(client_max_size=cfg.max_body_bytes)
         app.router.add_post("/copytrade/{leader}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A stop (or a reload rebinding the port) waits at most this long for requests
+        # in flight; every signal is on disk before its answer, so none is lost.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
         try:
             async with anyio.create_task_group() as tg:

@@ -155,3 +155,44 @@ def test_bad_settings_say_what_to_change(changes: dict[str, object], says: str) 
     with pytest.raises(msgspec.ValidationError, match=None) as err:
         section(**changes)
     assert says in str(err.value)
+
+
+async def test_a_reload_rebinds_the_port_and_applies_new_leaders(tmp_path: Path) -> None:
+    """SIGHUP restarts the feeds: the old server lets go of the port before the new one
+    binds it, and a leader added to the config is accepted at once."""
+    from daemon import config as config_mod
+    from daemon.app import build_feeds
+    from daemon.service import Service
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "c.toml"
+
+    def write(leaders: str) -> None:
+        path.write_text(
+            f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[hooks]\nenabled = false\n'
+            f"[feeds.copytrade_webhook]\nenabled = true\nport = {port}\n{leaders}"
+        )
+
+    write(f'[feeds.copytrade_webhook.leaders.alice]\nsecret = "{SECRET}"\n')
+    svc = Service(config_mod.load(path), build_feeds, config_path=path)
+    url = f"http://127.0.0.1:{port}/copytrade/"
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            while "copytrade_webhook" not in svc.health:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+            await anyio.sleep(0.1)
+            assert (await post(url + "alice", signal("s1")))[0] == 200
+            assert (await post(url + "bob", signal("b1", leader="bob")))[0] == 404
+            write(
+                f'[feeds.copytrade_webhook.leaders.alice]\nsecret = "{SECRET}"\n'
+                f'[feeds.copytrade_webhook.leaders.bob]\nsecret = "{SECRET}"\n'
+            )
+            await svc.reload()
+            assert svc.config.feeds.copytrade_webhook.leaders.keys() == {"alice", "bob"}
+            await anyio.sleep(0.1)
+            status, answer = await post(url + "bob", signal("b1", leader="bob"))
+            assert (status, answer["status"]) == (200, "accepted")
+            svc.request_stop()

@@ -1,0 +1,64 @@
+"""A leader account's events as signals (sans-I/O): a stop moved, a flip, other accounts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemon.copytrade.relay import LeaderRelay
+from daemon.events import (
+    ACCOUNT_ORDER_FILLED,
+    ACCOUNT_ORDER_MODIFIED,
+    ACCOUNT_POSITION_CLOSED,
+    ACCOUNT_POSITION_OPENED,
+    FeedEvent,
+)
+
+
+def ev(topic: str, key: str, payload: dict[str, Any], account: str = "lead") -> FeedEvent:
+    return FeedEvent(
+        event_id=f"paper:{key}",
+        ts="2026-11-25T12:00:00.000Z",
+        source="paper",
+        topic=topic,
+        payload=payload,
+        symbol="BTC-USD",
+        account_id=account,
+    )
+
+
+def kinds(out: list[FeedEvent]) -> list[tuple[str, Any, Any]]:
+    return [
+        (e.topic.rsplit(".", 1)[-1], e.payload.get("side"), e.payload.get("quantity")) for e in out
+    ]
+
+
+def test_a_moved_stop_is_a_modified_and_a_flip_closes_then_opens() -> None:
+    relay = LeaderRelay({"lead": "alice"})
+    relay.seed("lead", "BTC-USD", 0.5, 1000)  # held at start
+    moved = ev(ACCOUNT_ORDER_MODIFIED, "c1:sl:modified:x", {"role": "stop_loss", "stopPrice": 95.0})
+    [m] = relay.on_event(moved)
+    assert m.topic == "copytrade.signal.modified" and m.payload["stopLoss"] == 95.0
+    assert (
+        m.payload["positionId"] == "BTC-USD:1000"
+        and m.event_id == "copytrade:alice:c1:sl:modified:x"
+    )
+    # a sell of 1.0 flips the long 0.5: the fill itself says nothing, the position events do
+    fill = {"role": "entry", "side": "sell", "volume": 1.0, "fillPrice": 100.0, "stopLoss": 110.0}
+    assert relay.on_event(ev(ACCOUNT_ORDER_FILLED, "c2:filled", fill)) == []
+    closed = {"quantity": 0.5, "openedMs": 1000, "closePrice": 100.0, "realizedPnl": -2.5}
+    out = relay.on_event(ev(ACCOUNT_POSITION_CLOSED, "closed:c2", closed))
+    assert kinds(out) == [("closed", "long", None), ("updated", None, None)]
+    assert out[1].payload == {
+        "leader": "alice", "closedPositions": 1, "wins": 0, "winRate": 0.0,
+        "realizedPnl": -2.5, "maxDrawdown": 2.5, "peakPnl": 0.0,
+    }  # fmt: skip
+    opened = {"quantity": -0.5, "avgPrice": 100.0, "openedMs": 2000}
+    [o] = relay.on_event(ev(ACCOUNT_POSITION_OPENED, "opened:c2", opened))
+    assert kinds([o]) == [("opened", "short", 0.5)]
+    assert o.payload["stopLoss"] == 110.0 and o.payload["positionId"] == "BTC-USD:2000"
+
+
+def test_other_accounts_are_not_relayed() -> None:
+    relay = LeaderRelay({"lead": "alice"})
+    opened = {"quantity": 1.0, "avgPrice": 100.0, "openedMs": 1}
+    assert relay.on_event(ev(ACCOUNT_POSITION_OPENED, "o", opened, account="someone")) == []
