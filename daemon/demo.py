@@ -26,10 +26,12 @@ from daemon.app import run_daemon
 from daemon.audit.reader import Follower, decision_of, iter_records
 from daemon.audit.render import render
 from daemon.bus import Subscription
-from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
+from daemon.config import Config, CopytradeSection, DaemonSection, FeedsSection, HooksSection
+from daemon.errors import ConfigError
 from daemon.events import MARKET_CANDLE_CLOSED
 from daemon.state import StateCache
 from daemon.status import BusStatus
+from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplaySection
 from feeds.synthetic import generate_candles
 
@@ -45,6 +47,47 @@ class DemoOptions:
     seed: int = 7
     quiet: bool = False
     agents_dir: Path = Path("agents")
+    # A leader agent trades the data; agents/follower mirrors it at half size.
+    copytrade: bool = False
+
+
+# The copy-trade demo's leader: long above EMA20, flat again below it.
+LEADER_HOOK = """
+def evaluate(event, state):
+    symbol, close = event["symbol"], event["payload"]["close"]
+    ema = state["indicators"].get(symbol, {}).get("1m", {}).get("ema20")
+    if ema is None:
+        return {"decision": "IGNORE", "reason": "warming up"}
+    held = symbol in state.get("positions", {})
+    if not held and close > ema * 1.002:
+        return {"decision": "TRADE_INTENT", "reason": "close above EMA20",
+                "intent": {"action": "PLACE_MARKET_ORDER", "symbol": symbol, "side": "buy",
+                           "volume": 0.01, "stopLoss": round(close * 0.98, 2),
+                           "takeProfit": round(close * 1.03, 2)}}
+    if held and close < ema * 0.998:
+        return {"decision": "TRADE_INTENT", "reason": "close below EMA20",
+                "intent": {"action": "CLOSE_POSITION", "symbol": symbol}}
+    return {"decision": "IGNORE", "reason": "no change"}
+"""
+
+
+def copytrade_agents(opts: DemoOptions) -> Path:
+    """A scratch agents dir under the demo dir: the leader, and the shipped follower
+    enabled (``--agents`` must hold ``follower``)."""
+    shipped = opts.agents_dir / "follower"
+    if not shipped.is_dir():
+        raise ConfigError(f"demo --copytrade: no {shipped} to copy (run it from the checkout)")
+    root = opts.directory / "copytrade-agents"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "leader" / "hooks").mkdir(parents=True)
+    (root / "leader" / "agent.toml").write_text(
+        'topics = ["market.candle.closed"]\nstate_candles = 0\n'
+    )
+    (root / "leader" / "hooks" / "autotrade_ema_trend.py").write_text(LEADER_HOOK)
+    shutil.copytree(shipped, root / "follower")
+    toml = root / "follower" / "agent.toml"
+    toml.write_text(toml.read_text().replace("enabled = false", "enabled = true"))
+    return root
 
 
 def self_command() -> str:
@@ -144,8 +187,10 @@ def demo_config(opts: DemoOptions, csv_path: Path) -> Config:
     """An embedded config: replay of the synthetic CSV, the example agents (when the
     agents directory exists: run elsewhere, the demo shows the feed alone), state
     under the demo dir."""
+    agents = opts.directory / "copytrade-agents" if opts.copytrade else opts.agents_dir
     return Config(
-        hooks=HooksSection(agents_dir=str(opts.agents_dir), enabled=opts.agents_dir.is_dir()),
+        hooks=HooksSection(agents_dir=str(agents), enabled=agents.is_dir()),
+        copytrade=CopytradeSection(leader_agents=["leader"] if opts.copytrade else []),
         daemon=msgspec.convert(
             {"state_dir": str(opts.directory / "state"), "status_interval_seconds": 5.0},
             DaemonSection,
@@ -177,7 +222,12 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
         f"[bold]marketwake demo[/] - replaying {opts.candles} SYNTHETIC {DEMO_TIMEFRAME} "
         f"candles (seed {opts.seed}) at {opts.speed:g}x; no network used"
     )
-    if not opts.agents_dir.is_dir():
+    if opts.copytrade:
+        copytrade_agents(opts)
+        console.print(
+            "copy trading: agent 'leader' trades, agent 'follower' mirrors it at half size"
+        )
+    elif not opts.agents_dir.is_dir():
         console.print(f"[yellow]no agents directory at {opts.agents_dir}: running without hooks[/]")
     audit_dir = opts.directory / "state" / "audit"
     printer = Printer(console, opts.quiet, audit_dir)
@@ -189,7 +239,30 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     printer.print_audit()  # the last flush
     _summary(console, printer, status.bus, elapsed, record_path)
     _audit_summary(console, opts.directory / "state" / "audit")
+    if opts.copytrade:
+        _accounts_summary(console, opts.directory / "state")
     return 0
+
+
+def _accounts_summary(console: Console, state_dir: Path) -> None:
+    """The leader's and the follower's paper accounts side by side."""
+    store = PaperStore(state_dir / "paper.sqlite3")
+    try:
+        positions = store.positions()
+        console.rule("copy trading: the two accounts")
+        console.print(f"  {'':<22} {'leader':>12} {'follower':>12}")
+        rows: dict[str, list[str]] = {"fills": [], "bought": [], "realized PnL": [], "open": []}
+        for account in ("leader", "follower"):
+            fills = store.fills(account)
+            rows["fills"].append(str(len(fills)))
+            rows["bought"].append(f"{sum(q for _, _, q, _ in fills if q > 0):g}")
+            rows["realized PnL"].append(f"{sum(r for *_, r in fills):,.2f}")
+            held = positions.get(account, {}).get(DEMO_SYMBOL)
+            rows["open"].append(f"{held.quantity:g}" if held else "flat")
+        for label, (lead, follow) in rows.items():
+            console.print(f"  {label:<22} {lead:>12} {follow:>12}")
+    finally:
+        store.close()
 
 
 def _audit_summary(console: Console, audit_dir: Path) -> None:

@@ -33,7 +33,7 @@ def mw(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
 def test_help_lists_commands() -> None:
     """--help names every top-level command."""
     out = mw("--help").stdout
-    for cmd in ("run", "status", "config", "demo", "hooks", "audit", "rag", "agent"):
+    for cmd in ("run", "status", "config", "demo", "hooks", "audit", "rag", "agent", "copytrade"):
         assert cmd in out
 
 
@@ -151,6 +151,30 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     assert sum(e.topic == "market.candle.closed" for e in recorded) == 120
     # the paper broker's account events are on the bus (and in the recording) too
     assert all(e.topic.startswith(("market.", "account.")) for e in recorded)
+
+
+def test_demo_copytrade_shows_a_follower_at_half_the_leaders_size(tmp_path: Path) -> None:
+    """`demo --copytrade`: a leader agent trades the synthetic data, the shipped follower
+    mirrors it; the two accounts side by side, the follower at half size and PnL."""
+    # paced (50 ms a candle): on an as-fast-as-possible replay the leader's signals
+    # trail the candles (docs/copytrade.md, "Not built yet")
+    res = mw(
+        "demo", "--dir", str(tmp_path), "--candles", "240", "--speed", "1200", "--quiet",
+        "--copytrade",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = {
+        line.split()[0]: line.split()[-2:]
+        for line in res.stdout.splitlines()
+        if line.strip().startswith(("fills ", "bought ", "realized "))
+    }
+    leader_fills, follower_fills = (int(n) for n in rows["fills"])
+    assert leader_fills >= 2 and follower_fills == leader_fills
+    bought = [float(x) for x in rows["bought"]]
+    assert bought[1] == bought[0] / 2
+    pnl = [float(x.replace(",", "")) for x in rows["realized"]]
+    assert abs(pnl[1] - pnl[0] / 2) < 0.02 * abs(pnl[0]) + 0.01
+    assert "copytrade.signal.opened" in res.stdout and "risk rejected" not in res.stdout
 
 
 def test_demo_streams_decisions_and_its_commands_work_when_pasted(tmp_path: Path) -> None:

@@ -36,8 +36,19 @@ from daemon.logs import configure as configure_logging
     show_default=True,
     help="Agent workspaces whose hooks evaluate the replay.",
 )
+@click.option(
+    "--copytrade",
+    is_flag=True,
+    help="A leader agent trades the data and agents/follower mirrors it at half size.",
+)
 def demo_command(
-    directory: Path, candles: int, speed: float, seed: int, quiet: bool, agents_dir: Path
+    directory: Path,
+    candles: int,
+    speed: float,
+    seed: int,
+    quiet: bool,
+    agents_dir: Path,
+    copytrade: bool,
 ) -> None:
     """Run the daemon offline on a replay of generated, clearly synthetic candles.
 
@@ -49,4 +60,5 @@ def demo_command(
     if candles < 1:
         raise click.BadParameter("must be at least 1", param_hint="--candles")
     configure_logging("console", "warning")
-    sys.exit(run_demo(DemoOptions(directory, candles, speed, seed, quiet, agents_dir)))
+    opts = DemoOptions(directory, candles, speed, seed, quiet, agents_dir, copytrade)
+    sys.exit(run_demo(opts))

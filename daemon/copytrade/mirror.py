@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from daemon.events import signal_event_id
-from daemon.trading.broker import client_order_id
+from daemon.trading.broker import child_order_id, client_order_id
 from daemon.trading.portfolio import Order
 
 
@@ -23,7 +23,8 @@ def mirrored(
     get_order: Callable[[str], Order | None],
 ) -> dict[str, Any]:
     """For one exported leader position: ``orders`` by signal id (the ones placed in
-    ``account``) and ``quantity``, the filled volume net of closes."""
+    ``account``; a filled protective child as ``<signalId>:stop_loss`` /
+    ``:take_profit``) and ``quantity``, the filled volume net of closes."""
     orders: dict[str, Any] = {}
     net = 0.0
     for sid in position["signalIds"]:
@@ -40,4 +41,16 @@ def mirrored(
         if order.status == "FILLED":
             opening = (order.side == "buy") == (position["side"] == "long")
             net += order.volume if opening else -order.volume
-    return {"orders": orders, "quantity": round(net, 12)}
+        # the follower's own stop-loss or take-profit may have closed what it mirrored
+        for role in ("stop_loss", "take_profit"):
+            child = get_order(child_order_id(order.client_order_id, role))
+            if child is not None and child.status == "FILLED":
+                orders[f"{sid}:{role}"] = {
+                    "clientOrderId": child.client_order_id,
+                    "status": child.status,
+                    "side": child.side,
+                    "volume": child.volume,
+                    "fillPrice": child.fill_price,
+                }
+                net -= child.volume
+    return {"orders": orders, "quantity": round(max(net, 0.0), 12)}

@@ -51,6 +51,11 @@ def client_order_id(agent_id: str, dedupe_key: str) -> str:
     return f"mw-{digest.hexdigest()}"
 
 
+def child_order_id(entry_id: str, role: str) -> str:
+    """The id of the stop-loss or take-profit order an entry spawns when it fills."""
+    return f"{entry_id}:{'sl' if role == 'stop_loss' else 'tp'}"
+
+
 class Broker(Protocol):
     """What the dispatcher needs from a broker (paper now, live later)."""
 

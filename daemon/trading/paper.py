@@ -35,7 +35,7 @@ from daemon import events as ev
 from daemon.errors import BrokerError
 from daemon.events import Candle, FeedEvent, Publish
 from daemon.trading.amend import amended, misfit
-from daemon.trading.broker import Broker, OrderRequest
+from daemon.trading.broker import Broker, OrderRequest, child_order_id
 from daemon.trading.intents import TradeIntent
 from daemon.trading.matching import (
     Applied,
@@ -436,7 +436,7 @@ class PaperBroker:
             if level is None:
                 continue
             child = Order(
-                client_order_id=f"{entry.client_order_id}:{'sl' if role == 'stop_loss' else 'tp'}",
+                client_order_id=child_order_id(entry.client_order_id, role),
                 agent_id=entry.agent_id,
                 account_id=entry.account_id,
                 symbol=entry.symbol,
