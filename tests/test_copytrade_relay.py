@@ -62,3 +62,14 @@ def test_other_accounts_are_not_relayed() -> None:
     relay = LeaderRelay({"lead": "alice"})
     opened = {"quantity": 1.0, "avgPrice": 100.0, "openedMs": 1}
     assert relay.on_event(ev(ACCOUNT_POSITION_OPENED, "o", opened, account="someone")) == []
+
+
+def test_an_account_event_of_another_shape_raises_a_value_error_the_pipeline_logs() -> None:
+    """The pipeline's relay task skips (and logs) what it cannot read: the relay raises
+    one of the errors it catches, never something else."""
+    import pytest
+
+    relay = LeaderRelay({"lead": "alice"})
+    for payload in ({}, {"quantity": "x", "openedMs": 1}, {"quantity": None, "openedMs": 1}):
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            relay.on_event(ev(ACCOUNT_POSITION_OPENED, "o", payload))

@@ -225,7 +225,12 @@ async def _relay(
     """Publish the signals the leaders' account events make (until the drain closes
     ``sub``; what comes after the outbox closed is dropped with the daemon)."""
     async for event in sub:
-        for out in relay.on_event(event):
+        try:
+            signals = relay.on_event(event)
+        except (KeyError, TypeError, ValueError):  # an account event of another shape
+            log.exception("copy-trade relay skipped an event", event_id=event.event_id)
+            continue
+        for out in signals:
             try:
                 await send.send(out)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
