@@ -221,6 +221,30 @@ class SignalPayload(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     take_profit: float | None = None
 
 
+SIGNAL_TOPICS: Final[dict[SignalKind, str]] = {
+    "opened": COPYTRADE_SIGNAL_OPENED,
+    "modified": COPYTRADE_SIGNAL_MODIFIED,
+    "closed": COPYTRADE_SIGNAL_CLOSED,
+}
+
+
+def signal_event(signal: SignalPayload, source: str, received_ms: int) -> FeedEvent:
+    """The bus event of a leader's signal, whoever relays it (the webhook, a leader
+    agent's account): one partition per leader keeps its order."""
+    event_id = signal_event_id(signal.leader, signal.signal_id)
+    return FeedEvent(
+        event_id=event_id,
+        ts=signal.time,
+        source=source,
+        topic=SIGNAL_TOPICS[signal.kind],
+        payload=msgspec.to_builtins(signal),
+        symbol=signal.symbol,
+        partition_key=f"copytrade:{signal.leader}",
+        trace_id=trace_id_for(event_id),
+        received_ts=iso_ms(received_ms),
+    )
+
+
 def signal_event_id(leader: str, signal_id: str) -> str:
     """The event id of a leader's signal: a redelivery gets the same one."""
     return f"copytrade:{leader}:{signal_id}"

@@ -32,25 +32,16 @@ from daemon.events import (
     ACCOUNT_ORDER_MODIFIED,
     ACCOUNT_POSITION_CLOSED,
     ACCOUNT_POSITION_OPENED,
-    COPYTRADE_SIGNAL_CLOSED,
-    COPYTRADE_SIGNAL_MODIFIED,
-    COPYTRADE_SIGNAL_OPENED,
     MARKETPLACE_STRATEGY_UPDATED,
     FeedEvent,
     SignalKind,
     SignalPayload,
     iso_ms,
     now_ms,
-    signal_event_id,
-    trace_id_for,
+    signal_event,
 )
 
 SOURCE: Final = "copytrade_leader"
-TOPICS: Final[dict[SignalKind, str]] = {
-    "opened": COPYTRADE_SIGNAL_OPENED,
-    "modified": COPYTRADE_SIGNAL_MODIFIED,
-    "closed": COPYTRADE_SIGNAL_CLOSED,
-}
 EPS: Final = 1e-12
 
 
@@ -174,18 +165,7 @@ class LeaderRelay:
             stop_loss=float(stop_loss) if stop_loss is not None else None,
             take_profit=float(take_profit) if take_profit is not None else None,
         )
-        event_id = signal_event_id(leader, signal_id)
-        return FeedEvent(
-            event_id=event_id,
-            ts=event.ts,
-            source=SOURCE,
-            topic=TOPICS[kind],
-            payload=msgspec.to_builtins(signal),
-            symbol=event.symbol,
-            partition_key=f"copytrade:{leader}",
-            trace_id=trace_id_for(event_id),
-            received_ts=iso_ms(now_ms()),
-        )
+        return signal_event(signal, SOURCE, now_ms())
 
     def _record(self, leader: str, realized: float, event: FeedEvent) -> FeedEvent:
         s = self.stats[leader]

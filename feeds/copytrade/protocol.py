@@ -24,16 +24,10 @@ import msgspec
 
 from daemon.errors import SignalRejected
 from daemon.events import (
-    COPYTRADE_SIGNAL_CLOSED,
-    COPYTRADE_SIGNAL_MODIFIED,
-    COPYTRADE_SIGNAL_OPENED,
-    FeedEvent,
     SignalKind,
     SignalPayload,
     iso_ms,
     parse_iso_ms,
-    signal_event_id,
-    trace_id_for,
 )
 
 SOURCE: Final = "copytrade_webhook"
@@ -45,11 +39,6 @@ _SIGNATURE: Final = re.compile(r"^sha256=([0-9a-f]{64})$")
 _ID = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 _SYMBOL = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,31}$")]
 _POSITIVE = Annotated[float, msgspec.Meta(gt=0)]
-TOPICS: Final[dict[SignalKind, str]] = {
-    "opened": COPYTRADE_SIGNAL_OPENED,
-    "modified": COPYTRADE_SIGNAL_MODIFIED,
-    "closed": COPYTRADE_SIGNAL_CLOSED,
-}
 
 
 class _WireSignal(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -153,20 +142,4 @@ def parse(body: bytes, leader: str) -> SignalPayload:
         price=wire.price,
         stop_loss=wire.stop_loss,
         take_profit=wire.take_profit,
-    )
-
-
-def signal_event(signal: SignalPayload, received_ms: int, source: str = SOURCE) -> FeedEvent:
-    """The bus event of an accepted signal; one partition per leader keeps its order."""
-    event_id = signal_event_id(signal.leader, signal.signal_id)
-    return FeedEvent(
-        event_id=event_id,
-        ts=signal.time,
-        source=source,
-        topic=TOPICS[signal.kind],
-        payload=msgspec.to_builtins(signal),
-        symbol=signal.symbol,
-        partition_key=f"copytrade:{signal.leader}",
-        trace_id=trace_id_for(event_id),
-        received_ts=iso_ms(received_ms),
     )

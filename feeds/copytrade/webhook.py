@@ -27,7 +27,7 @@ from anyio.abc import TaskStatus
 
 from daemon.audit.records import SignalRecord, now_ts
 from daemon.errors import ConfigError, SignalRejected
-from daemon.events import FeedEvent, Publish, now_ms, signal_event_id
+from daemon.events import FeedEvent, Publish, now_ms, signal_event, signal_event_id
 from feeds.base import FeedHealth
 from feeds.config import CopytradeWebhookSection
 from feeds.copytrade.inbox import Inbox
@@ -37,7 +37,6 @@ from feeds.copytrade.protocol import (
     SOURCE,
     TIMESTAMP_HEADER,
     parse,
-    signal_event,
     verify,
 )
 
@@ -196,7 +195,7 @@ class CopytradeWebhookFeed:
             signal = parse(body, leader)
             signal_id = signal.signal_id
             received = now_ms()
-            event = signal_event(signal, received)
+            event = signal_event(signal, SOURCE, received)
             assert self._inbox is not None and self._send is not None
             verdict = await self._run_inbox(
                 self._inbox.accept,

@@ -7,8 +7,13 @@ import json
 import pytest
 
 from daemon.errors import SignalRejected
-from daemon.events import COPYTRADE_SIGNAL_CLOSED, COPYTRADE_SIGNAL_OPENED, signal_of
-from feeds.copytrade.protocol import parse, sign, signal_event, verify
+from daemon.events import (
+    COPYTRADE_SIGNAL_CLOSED,
+    COPYTRADE_SIGNAL_OPENED,
+    signal_event,
+    signal_of,
+)
+from feeds.copytrade.protocol import SOURCE, parse, sign, verify
 from tests.feeds.copytrade_client import SECRET, signal
 
 NOW = 1_764_072_000.0
@@ -71,11 +76,11 @@ def body(**changes: object) -> bytes:
 
 def test_a_valid_signal_becomes_one_event_per_leader_partition() -> None:
     got = parse(body(stopLoss=60000, takeProfit=70000.5), "alice")
-    event = signal_event(got, received_ms=1_764_072_000_123)
+    event = signal_event(got, SOURCE, received_ms=1_764_072_000_123)
     assert event.event_id == "copytrade:alice:s1" and event.topic == COPYTRADE_SIGNAL_OPENED
     assert event.partition == "copytrade:alice" and event.ts == "2026-11-25T12:00:00.000Z"
     assert signal_of(event.payload) == got and event.payload["stopLoss"] == 60000
-    closed = signal_event(parse(json.dumps(signal("s2", "closed")).encode(), "alice"), 0)
+    closed = signal_event(parse(json.dumps(signal("s2", "closed")).encode(), "alice"), SOURCE, 0)
     assert closed.topic == COPYTRADE_SIGNAL_CLOSED and closed.payload["quantity"] is None
 
 
