@@ -124,8 +124,14 @@ class Backlog:
             fh.seek(self._read_at)
             rest = fh.read() if self._count else b""
             tmp = self.path.with_name(self.path.name + ".tmp")
+            # as the backlog itself: a regular file, never a FIFO or through a link
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            with os.fdopen(os.open(tmp, flags, 0o600), "wb") as out:
+            fd = os.open(tmp, flags | os.O_NONBLOCK, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(f"{tmp} is not a regular file")
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "wb") as out:
                 out.writelines(encode(e) + b"\n" for e in first)
                 out.write(rest)
                 out.flush()

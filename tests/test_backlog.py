@@ -173,3 +173,29 @@ def test_a_special_backlog_path_is_refused_at_once(tmp_path: Path, kind: str) ->
     with pytest.raises(StoreError, match="backlog"):
         Backlog(path, max_bytes=1 << 20)
     assert not (tmp_path / "elsewhere.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+async def test_a_special_file_where_the_write_back_goes_is_refused_not_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """The write-back at a cut stop goes through ``<backlog>.tmp``: a FIFO there (no
+    reader) or a link is refused at once, logged; the stop goes on."""
+    import os
+
+    path = tmp_path / "alpha.jsonl"
+    tmp = tmp_path / "alpha.jsonl.tmp"
+    if kind == "fifo":
+        os.mkfifo(tmp)
+    else:
+        (tmp_path / "elsewhere").write_text("keep")
+        tmp.symlink_to(tmp_path / "elsewhere")
+    bus = Bus(queue_size=4)
+    sub = bus.subscribe(">", overflow=Backlog(path, max_bytes=1 << 20))
+    for i in range(3):
+        await bus.publish(ev(MARKET_CANDLE_CLOSED, "c", i))
+    assert sub.receive_nowait() is not None
+    sub.release()  # without O_NONBLOCK, opening a FIFO for writing blocks (pytest-timeout)
+    if kind == "symlink":
+        assert (tmp_path / "elsewhere").read_text() == "keep"
+    bus.close()

@@ -1,4 +1,5 @@
-"""Sans-I/O part of the copy-trade webhook: signatures, the signal body, the event.
+"""Sans-I/O part of the copy-trade webhook: signatures and the signal body (its bus
+event is built by :func:`daemon.events.signal_event`).
 
 A leader POSTs one JSON signal to ``/copytrade/<leader>`` with three headers::
 
