@@ -44,6 +44,7 @@ log = structlog.get_logger("feeds.copytrade")
 AuditSink = Callable[[SignalRecord], None]
 T = TypeVar("T")
 BEAT_SECONDS = 5.0  # a listening server is a live feed, however quiet its leaders
+REFUSALS_RECORDED_PER_MINUTE = 60  # audit rows and log lines; every refusal still answers
 PRUNE_SECONDS = 600.0  # old nonces and signal ids go at start and every 10 minutes
 
 
@@ -65,13 +66,15 @@ class CopytradeWebhookFeed:
         self.audit = audit
         self.clock = clock
         self.port = 0  # bound port (config port 0 picks a free one)
-        self.counts = {"accepted": 0, "duplicate": 0, "rejected": 0}
+        self.counts = {"accepted": 0, "duplicate": 0, "rejected": 0, "unrecorded": 0}
+        self._minute, self._refusals = time.monotonic(), 0  # refusals recorded this minute
         self._inbox: Inbox | None = None
         self._send: anyio.abc.ObjectSendStream[FeedEvent] | None = None
         self._limiter = anyio.CapacityLimiter(1)
 
     def statistics(self) -> dict[str, int]:
-        """For status: requests accepted, duplicate, rejected."""
+        """For status: requests accepted, duplicate, rejected, and refusals past the
+        per-minute audit limit."""
         return dict(self.counts)
 
     async def run(
@@ -154,9 +157,10 @@ class CopytradeWebhookFeed:
 
     def _note(self, record: SignalRecord) -> web.Response:
         self.counts[record.status] += 1
-        if self.audit is not None:
+        recorded = record.status != "rejected" or self._record_refusal()
+        if recorded and self.audit is not None:
             self.audit(record)
-        if record.status == "rejected":
+        if recorded and record.status == "rejected":
             log.warning(
                 "copytrade signal rejected",
                 leader=record.leader,
@@ -166,6 +170,26 @@ class CopytradeWebhookFeed:
             )
         body = {"status": record.status, "eventId": record.event_id, "reason": record.reason}
         return web.json_response({k: v for k, v in body.items() if v}, status=record.http_status)
+
+    def _record_refusal(self) -> bool:
+        """Whether this refusal gets its audit row and log line: at most
+        ``REFUSALS_RECORDED_PER_MINUTE`` a minute, so a flood of bad requests cannot
+        rotate the audit log away; the rest are counted (``unrecorded``) and said
+        once per minute."""
+        now = time.monotonic()
+        if now - self._minute >= 60:
+            if self._refusals > REFUSALS_RECORDED_PER_MINUTE:
+                log.warning(
+                    "copytrade refusals not recorded",
+                    unrecorded=self._refusals - REFUSALS_RECORDED_PER_MINUTE,
+                    seconds=round(now - self._minute),
+                )
+            self._minute, self._refusals = now, 0
+        self._refusals += 1
+        if self._refusals > REFUSALS_RECORDED_PER_MINUTE:
+            self.counts["unrecorded"] += 1
+            return False
+        return True
 
     async def _handle(self, request: web.Request) -> web.Response:
         leader = request.match_info["leader"]

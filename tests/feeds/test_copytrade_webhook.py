@@ -74,7 +74,7 @@ async def test_a_signed_signal_is_published_once_and_audited(tmp_path: Path) -> 
         ("accepted", "s1"),
         ("duplicate", "s1"),
     ]
-    assert h.feed.statistics() == {"accepted": 1, "duplicate": 1, "rejected": 0}
+    assert h.feed.statistics() == {"accepted": 1, "duplicate": 1, "rejected": 0, "unrecorded": 0}
 
 
 async def test_every_bad_request_is_a_4xx_with_a_reason_an_audit_row_and_no_event(
@@ -196,3 +196,20 @@ async def test_a_reload_rebinds_the_port_and_applies_new_leaders(tmp_path: Path)
             status, answer = await post(url + "bob", signal("b1", leader="bob"))
             assert (status, answer["status"]) == (200, "accepted")
             svc.request_stop()
+
+
+async def test_a_flood_of_bad_requests_is_answered_but_recorded_only_so_often(
+    tmp_path: Path,
+) -> None:
+    """Every bad request gets its 4xx; only the first 60 a minute get an audit row (the
+    audit log is bounded: a flood must not rotate the real rows away)."""
+    from feeds.copytrade.webhook import REFUSALS_RECORDED_PER_MINUTE
+
+    async with running(tmp_path) as h:
+        for _ in range(REFUSALS_RECORDED_PER_MINUTE + 15):
+            assert (await post(h.url, b"{}", {"content-type": "application/json"}))[0] == 401
+        assert (await post(h.url, signal("s1")))[0] == 200  # a good one still goes through
+    assert [r.status for r in h.audit].count("rejected") == REFUSALS_RECORDED_PER_MINUTE
+    assert h.audit[-1].status == "accepted"
+    stats = h.feed.statistics()
+    assert stats["rejected"] == REFUSALS_RECORDED_PER_MINUTE + 15 and stats["unrecorded"] == 15
