@@ -150,11 +150,17 @@ class Dispatcher:
                 self.route.done(rt.agent_id, event)
                 self.checkpoints.finished(rt.agent_id, event)
 
+    @staticmethod
+    def lag_reason(rt: AgentRuntime) -> str:
+        """Why the agent is behind right now ("" when it is not): over its CPU budget,
+        or events waiting in its backlog on disk."""
+        backlog = rt.sub.backlog
+        return rt.over_budget or (f"{backlog} events waiting on disk" if backlog else "")
+
     def _note_lag(self, rt: AgentRuntime) -> None:
         """Keep ``rt.lagging`` current; log once when the agent falls behind, once
         when it has caught up."""
-        backlog = rt.sub.backlog
-        why = rt.over_budget or (f"{backlog} events waiting on disk" if backlog else "")
+        why = self.lag_reason(rt)
         if why and not rt.lagging:
             log.warning("agent lagging", agent=rt.agent_id, why=why)
         elif rt.lagging and not why:

@@ -158,7 +158,8 @@ class AgentManager:
                     tokens_in_today=usage[agent_id][2],
                     tokens_out_today=usage[agent_id][3],
                     hook_health=d.health.of(agent_id),
-                    lagging=rt.lagging,
+                    # as of now, not as of its last event (it may be deep in one)
+                    lagging=d.lag_reason(rt),
                     backlog=rt.sub.backlog,
                 )
                 for agent_id, rt in self.runtimes.items()
