@@ -95,6 +95,9 @@ class CopytradeSection(Base, frozen=True):
     # Agents of this daemon others may follow: their paper accounts' trades become
     # copytrade.signal.* from leader "<agent id>" (docs/copytrade.md).
     leader_agents: list[str] = msgspec.field(default_factory=list)
+    # Followers are compared with their leaders at start and this often (0 = at
+    # start only); what a drift does is each follower's [copytrade] reconcile.
+    reconcile_seconds: Annotated[float, msgspec.Meta(ge=0)] = 60.0
 
 
 class StateSection(Base, frozen=True):

@@ -219,6 +219,8 @@ class SignalPayload(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     price: float | None = None
     stop_loss: float | None = None
     take_profit: float | None = None
+    # The leader's account equity when it acted (for sizing by equity ratio).
+    leader_equity: float | None = None
 
 
 SIGNAL_TOPICS: Final[dict[SignalKind, str]] = {

@@ -127,6 +127,9 @@ class Service:
         self._all_finished = anyio.Event()
         self._expected: set[str] = set()  # the names of the feeds started
         self._stop = anyio.Event()
+        # Set once every feed has started (READY): signals re-delivered at start
+        # are on the bus by then.
+        self.ready = anyio.Event()
         self._reload_lock = anyio.Lock()
         self._subs: list[tuple[Consumer, Subscription]] = [
             (
@@ -475,6 +478,7 @@ class Service:
             names = ", ".join(self.health) or "none"
             log.info("daemon ready", feeds=names)
             self.notifier.ready(f"feeds: {names}")
+            self.ready.set()
             if self.notifier.watchdog_interval:
                 ftg.start_soon(self._watchdog, self.notifier.watchdog_interval)
             ftg.start_soon(self._status_loop)

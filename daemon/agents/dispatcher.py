@@ -47,7 +47,7 @@ from daemon.alerts import Alert, AlertNotifier
 from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
-from daemon.copytrade.mirror import mirrored
+from daemon.copytrade.view import follower_view
 from daemon.errors import HookRequestTooLarge
 from daemon.events import (
     COPYTRADE_SIGNALS,
@@ -92,6 +92,9 @@ class AgentRuntime:
     # Why the agent is behind ("" = it is not): over its CPU budget, or events on disk.
     lagging: str = ""
     over_budget: str = ""
+    # Held while an event is handled: reconciliation acts between events, never
+    # on a signal whose hooks are still deciding.
+    busy: anyio.Lock = field(default_factory=anyio.Lock)
 
     @property
     def agent_id(self) -> str:
@@ -140,7 +143,8 @@ class Dispatcher:
         """
         async for event in rt.sub:
             try:
-                await self.handle(rt, event)
+                async with rt.busy:
+                    await self.handle(rt, event)
                 self._note_lag(rt)
             except Exception:
                 # ``event`` is structlog's own first argument: never pass it as a key.
@@ -256,23 +260,18 @@ class Dispatcher:
         return state
 
     def _copytrade_view(self, rt: AgentRuntime, account: str, event: FeedEvent) -> dict[str, Any]:
-        """The leaders' book (docs/copytrade.md), each position with what this agent
-        mirrored of it; ``position``: the one this signal is about (open, or just
-        closed by it). An order is keyed by its signal, so the mapping is computed
-        from the broker's orders, not stored twice."""
-        book = rt.state.copytrade
-        get_order = self.desk.broker.get_order
-        view = book.export()
-        for position in view["leaders"]:
-            position["mirrored"] = mirrored(rt.agent_id, account, position, get_order)
+        """The leaders' book as this follower sees it (docs/copytrade.md): each
+        position with its target and what was mirrored of it; ``position``: the one
+        this signal is about (open, or just closed by it)."""
         signal = signal_of(event.payload)
-        found = book.position(signal.leader, signal.position_id) if signal else None
-        if found is not None:
-            one = msgspec.to_builtins(found[0])
-            one["open"] = found[1]
-            one["mirrored"] = mirrored(rt.agent_id, account, one, get_order)
-            view["position"] = one
-        return view
+        return follower_view(
+            rt.agent_id,
+            account,
+            rt.agent.config.copytrade,
+            rt.state.copytrade,
+            self.desk.broker,
+            (signal.leader, signal.position_id) if signal else None,
+        )
 
     async def _copy(
         self, trade: Callable[[], Awaitable[TradeOutcome]], about: dict[str, Any]

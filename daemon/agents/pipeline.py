@@ -21,12 +21,15 @@ from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.dispatcher import Dispatcher
 from daemon.agents.manager import AgentManager
+from daemon.agents.reconcile import Reconciler
 from daemon.agents.revisions import RevisionStore
 from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.writer import open_audit
 from daemon.bus import Subscription
+from daemon.config import CopytradeSection
+from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LeaderRelay
 from daemon.events import FeedEvent
 from daemon.state import StateCache
@@ -137,9 +140,13 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
         layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
-        relayed = _leader_relay(cfg.copytrade.leader_agents, desk, broker, service)
+        relayed = _leader_relay(cfg.copytrade.leader_agents, desk, manager, service)
         if relayed is not None:
             io.start(_relay, *relayed, send)
+        reconciler = Reconciler(desk, alerts)
+        service.status_providers["copytrade"] = reconciler.statistics
+        reconciling = anyio.CancelScope()
+        tg.start_soon(_reconcile, reconciling, reconciler, manager, service.ready, cfg.copytrade)
         try:
             yield manager
         finally:
@@ -150,6 +157,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             # did not finish is re-delivered after the restart (see checkpoints).
             limit = cfg.daemon.stop_timeout_seconds
             with anyio.move_on_after(limit, shield=True) as drain:
+                reconciling.cancel()  # no corrective order while the agents drain
                 manager.stop_reloading()
                 manager.drain_wakes = service.feeds_finished()
                 manager.close_subscriptions()
@@ -206,12 +214,23 @@ class _Tasks:
 
 
 def _leader_relay(
-    leaders: list[str], desk: TradeDesk, broker: PaperBroker, service: Service
+    leaders: list[str], desk: TradeDesk, manager: AgentManager, service: Service
 ) -> tuple[Subscription, LeaderRelay] | None:
-    """``[copytrade] leader_agents``: their accounts' events become signals."""
+    """``[copytrade] leader_agents``: their accounts' events become signals, with
+    the leader's equity (its ``[copytrade] capital`` plus its account's PnL)."""
     if not leaders:
         return None
-    relay = LeaderRelay({desk.account_of(agent): agent for agent in leaders})
+    broker = desk.broker
+    capital: dict[str, float] = {}
+    for agent in leaders:
+        rt = manager.runtimes.get(agent)
+        capital[desk.account_of(agent)] = (
+            rt.agent.config.copytrade.capital if rt is not None else FollowSettings().capital
+        )
+    relay = LeaderRelay(
+        {desk.account_of(agent): agent for agent in leaders},
+        equity=lambda account: capital[account] + broker.pnl(account),
+    )
     for account in relay.leaders:
         for symbol, position in broker.positions(account).items():
             relay.seed(account, symbol, position.quantity, position.opened_ms)
@@ -235,6 +254,20 @@ async def _relay(
                 await send.send(out)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
+
+
+async def _reconcile(
+    scope: anyio.CancelScope,
+    reconciler: Reconciler,
+    manager: AgentManager,
+    ready: anyio.Event,
+    cfg: CopytradeSection,
+) -> None:
+    """Copy-trade reconciliation from READY (signals re-delivered at start are on the
+    bus) until the drain starts (``scope`` cancelled)."""
+    with scope:
+        await ready.wait()
+        await reconciler.run(lambda: manager.runtimes, cfg.reconcile_seconds)
 
 
 def _copy_state(state: StateCache) -> StateCache:

@@ -17,6 +17,7 @@ from typing import Annotated
 import msgspec
 
 from daemon.config import decode_hook, describe_error, expand_env
+from daemon.copytrade.follow import FollowSettings
 from daemon.errors import ConfigError, HookCompileError, WorkspaceFileError
 from daemon.events import validate_pattern
 from daemon.trading.intents import RiskLimits
@@ -46,6 +47,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     pause_agent_after_paused_hooks: int = 0
     wake: WakePolicy = msgspec.field(default_factory=WakePolicy)
     risk: RiskLimits = msgspec.field(default_factory=RiskLimits)
+    # How this agent copies leaders, if it follows any (docs/copytrade.md).
+    copytrade: FollowSettings = msgspec.field(default_factory=FollowSettings)
 
     def __post_init__(self) -> None:
         if not self.topics:

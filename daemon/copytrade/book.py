@@ -38,6 +38,11 @@ class LeaderPosition(msgspec.Struct, kw_only=True, rename="camel"):
     price: float | None = None
     stop_loss: float | None = None
     take_profit: float | None = None
+    # the leader's equity as its last signal gave it (sizing by equity ratio)
+    leader_equity: float | None = None
+    # the size at the opening (``fixed`` sizing keeps its proportion through changes)
+    opened_quantity: float | None = None
+    opened_equity_fraction: float | None = None
     opened_at: str
     updated_at: str
     # opened first, then every modified and partial close, in order
@@ -97,6 +102,9 @@ class LeaderBook:
                 price=s.price,
                 stop_loss=s.stop_loss,
                 take_profit=s.take_profit,
+                leader_equity=s.leader_equity,
+                opened_quantity=s.quantity,
+                opened_equity_fraction=s.equity_fraction,
                 opened_at=s.time,
                 updated_at=s.time,
                 signal_ids=[s.signal_id],
@@ -132,7 +140,7 @@ class LeaderBook:
             p.quantity += s.quantity  # pyramiding: an add to the same position
         elif s.quantity is not None or s.equity_fraction is not None:
             p.quantity, p.equity_fraction = s.quantity, s.equity_fraction
-        for name in ("price", "stop_loss", "take_profit"):
+        for name in ("price", "stop_loss", "take_profit", "leader_equity"):
             value = getattr(s, name)
             if value is not None:
                 setattr(p, name, value)
@@ -143,11 +151,13 @@ class LeaderBook:
             self.dropped += 1
 
     def export(self) -> dict[str, Any]:
-        """The hooks' view: open positions and held signals, oldest first."""
-        return {
-            "leaders": [msgspec.to_builtins(p) for p in self.positions.values()],
-            "held": [msgspec.to_builtins(s) for ss in self.held.values() for s in ss],
-        }
+        """Open positions and held signals, oldest first."""
+        leaders = [msgspec.to_builtins(p) for p in self.positions.values()]
+        return {"leaders": leaders, "held": self.export_held()}
+
+    def export_held(self) -> list[dict[str, Any]]:
+        """The held signals, oldest first, for the hooks' view."""
+        return [msgspec.to_builtins(s) for ss in self.held.values() for s in ss]
 
     def dump(self) -> BookSnapshot:
         """For the state snapshot."""

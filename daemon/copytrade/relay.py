@@ -22,7 +22,7 @@ the daemon started).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -65,8 +65,13 @@ class _Open(msgspec.Struct, kw_only=True):
 class LeaderRelay:
     """Turns account events of the leader accounts into signal events."""
 
-    def __init__(self, leaders: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        leaders: Mapping[str, str],
+        equity: Callable[[str], float | None] = lambda account: None,
+    ) -> None:
         self.leaders = dict(leaders)  # account -> leader name (the agent id)
+        self.equity = equity  # account -> its equity now, as signals' leaderEquity
         self.open: dict[tuple[str, str], _Open] = {}
         self.stats = {name: StrategyStats(leader=name) for name in leaders.values()}
         self._entry: dict[tuple[str, str], dict[str, Any]] = {}  # last fill, for its levels
@@ -164,6 +169,7 @@ class LeaderRelay:
             price=float(price) if price is not None else None,
             stop_loss=float(stop_loss) if stop_loss is not None else None,
             take_profit=float(take_profit) if take_profit is not None else None,
+            leader_equity=self.equity(event.account_id or ""),
         )
         return signal_event(signal, SOURCE, now_ms())
 

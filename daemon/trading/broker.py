@@ -93,6 +93,10 @@ class Broker(Protocol):
         """The account's positions, working orders, today's PnL and the marks, for risk."""
         ...
 
+    def pnl(self, account: str) -> float:
+        """The account's PnL so far: realized by every fill, plus unrealized at the marks."""
+        ...
+
     def positions(self, account: str) -> dict[str, Position]:
         """The account's open positions by symbol (cheap: for every hook evaluation)."""
         ...

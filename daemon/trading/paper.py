@@ -125,6 +125,10 @@ class PaperBroker:
         """Realized PnL of the account's fills since ``since_ms``."""
         return self._store.realized_since(account, since_ms)
 
+    def pnl(self, account: str) -> float:
+        """Realized PnL of every fill of the account plus its unrealized PnL."""
+        return self.realized_pnl(account) + self.unrealized_pnl(account)
+
     def view(self, account: str) -> PortfolioView:
         """The risk engine's input for ``account`` as of :meth:`now_ms`."""
         now = self.now_ms()

@@ -57,6 +57,7 @@ class _WireSignal(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_f
     price: _POSITIVE | None = None
     stop_loss: _POSITIVE | None = None
     take_profit: _POSITIVE | None = None
+    leader_equity: _POSITIVE | None = None
 
 
 _decoder = msgspec.json.Decoder(_WireSignal)
@@ -143,4 +144,5 @@ def parse(body: bytes, leader: str) -> SignalPayload:
         price=wire.price,
         stop_loss=wire.stop_loss,
         take_profit=wire.take_profit,
+        leader_equity=wire.leader_equity,
     )

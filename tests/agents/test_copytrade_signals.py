@@ -19,6 +19,7 @@ from daemon.cli.main import cli
 from daemon.config import Config, decode_hook
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms, now_ms
 from daemon.service import Service
+from daemon.status import Status
 from feeds.copytrade import CopytradeWebhookFeed
 from tests.agents.test_pipeline import PacedFeed, audit
 from tests.feeds.copytrade_client import SECRET, post, signal
@@ -59,10 +60,11 @@ def tick(price: float) -> FeedEvent:
     )
 
 
-def config(root: Path, alert_webhook: str = "") -> Config:
+def config(root: Path, alert_webhook: str = "", reconcile_seconds: float = 60.0) -> Config:
     return msgspec.convert(
         {
             "daemon": {"state_dir": str(root / "state")},
+            "copytrade": {"reconcile_seconds": reconcile_seconds},
             "hooks": {"agents_dir": str(root / "agents"), "alert_webhook": alert_webhook},
             "feeds": {
                 "copytrade_webhook": {
@@ -82,11 +84,14 @@ def hook_rows(root: Path) -> list[dict[str, Any]]:
 
 
 async def run_daemon(
-    root: Path, leader: Callable[[str], Awaitable[None]], alert_webhook: str = ""
-) -> None:
+    root: Path,
+    leader: Callable[[str], Awaitable[None]],
+    alert_webhook: str = "",
+    reconcile_seconds: float = 60.0,
+) -> Status:
     """One daemon run with the webhook and a BTC-USD price; ``leader(url)`` posts,
-    then the run stops."""
-    cfg = config(root, alert_webhook)
+    then the run stops; its final status."""
+    cfg = config(root, alert_webhook, reconcile_seconds)
     assert not cfg.event_time  # a live feed: agents on the wall clock
 
     def audit_sink(record: SignalRecord) -> None:
@@ -106,7 +111,8 @@ async def run_daemon(
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(script)
-            await svc.run()
+            status = await svc.run()
+    return status
 
 
 async def evaluated(root: Path, n: int) -> None:
@@ -144,9 +150,11 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
         await run_daemon(tmp_path, restart, alert_url)
     finally:
         await runner.cleanup()
-    # the refused copy is one alert, though both hooks asked
+    # the refused copy is one alert, though both hooks asked; after the restart the
+    # reconciliation at start finds the position still unmirrored: one drift alert
     assert [(a["eventId"], a["reason"].split(":")[0]) for a in alerts] == [
-        ("copytrade:alice:s2", "copy refused (ORDER_NOTIONAL, POSITION_LIMIT, TOTAL_EXPOSURE)")
+        ("copytrade:alice:s2", "copy refused (ORDER_NOTIONAL, POSITION_LIMIT, TOTAL_EXPOSURE)"),
+        ("copytrade.reconcile:alice:p2", "copy drift"),
     ]
 
     rows = audit(tmp_path)
@@ -218,11 +226,11 @@ async def test_the_shipped_follower_mirrors_entry_edit_partial_and_full_close(
     await run_daemon(tmp_path, leader)
     reasons = [r["reason"] for r in hook_rows(tmp_path)]
     assert reasons == [
-        "mirror alice s1 long",
+        "mirror alice s1 to 0.005",
         "follow stopLoss to 95000.0",
         "close mirrored 0.002 of p1",
         "close mirrored 0.003 of p1",
-        "nothing mirrored of p2",
+        "not in the leaders' book yet: p2",
         "already closed by the leader: p2",
     ]
     rows = audit(tmp_path)

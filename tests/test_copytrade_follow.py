@@ -1,0 +1,103 @@
+"""The sizing and drift rules a follower's hook and reconciliation share (sans-I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from daemon.copytrade.book import LeaderPosition
+from daemon.copytrade.follow import FollowSettings, Target, drift, target
+
+
+def position(**kw: Any) -> LeaderPosition:
+    base: dict[str, Any] = {
+        "leader": "alice",
+        "positionId": "p1",
+        "symbol": "BTC-USD",
+        "side": "long",
+        "quantity": 0.02,
+        "openedQuantity": 0.02,
+        "openedAt": "2026-01-01T00:00:00.000Z",
+        "updatedAt": "2026-01-01T00:00:00.000Z",
+    }
+    return msgspec.convert(base | kw, LeaderPosition)
+
+
+def sized(
+    p: LeaderPosition, equity: float = 10_000.0, price: float | None = 100.0, **s: Any
+) -> Target:
+    return target(msgspec.convert(s, FollowSettings), p, True, equity=equity, price=price)
+
+
+def test_ratio_sizing_follows_adds_and_partial_closes() -> None:
+    assert sized(position()).quantity == 0.01  # default ratio 0.5
+    assert sized(position(), ratio=2).quantity == 0.04
+    assert sized(position(quantity=0.03)).quantity == 0.015  # an add
+    assert sized(position(quantity=0.005)).quantity == 0.0025  # a partial close
+
+
+def test_a_cap_applies_to_the_opening_then_the_leaders_proportion() -> None:
+    # capped at 0.004 when opened; the leader closing 3/4 leaves 1/4 of that
+    assert sized(position(), max_quantity=0.004).quantity == 0.004
+    assert sized(position(quantity=0.005), max_quantity=0.004).quantity == 0.001
+    # an add past the cap stays at the cap
+    assert sized(position(quantity=0.2), max_quantity=0.004).quantity == 0.004
+
+
+def test_fixed_sizing_keeps_the_leaders_proportion() -> None:
+    assert sized(position(), sizing="fixed", fixed_quantity=0.5).quantity == 0.5
+    assert sized(position(quantity=0.01), sizing="fixed", fixed_quantity=0.5).quantity == 0.25
+
+
+def test_equity_sizing_uses_the_equity_ratio() -> None:
+    p = position(leaderEquity=40_000.0)
+    assert sized(p, equity=10_000.0, sizing="equity").quantity == 0.005
+    assert sized(p, equity=20_000.0, sizing="equity").quantity == 0.01
+    missing = sized(position(), sizing="equity")
+    assert missing.quantity == 0 and "leaderEquity" in missing.why
+
+
+def test_a_fraction_of_equity_becomes_a_quantity_at_the_price() -> None:
+    p = position(quantity=None, openedQuantity=None, equityFraction=0.1, openedEquityFraction=0.1)
+    # 10 % of 10,000 at 100 = 10 units; ratio 0.5 of that, or all of it by equity
+    assert sized(p).quantity == 5.0
+    assert sized(p, sizing="equity").quantity == 10.0
+    assert sized(p, price=None).quantity == 0  # no price yet: the signal's, if any
+    at_signal = position(quantity=None, openedQuantity=None, equityFraction=0.1, price=50.0)
+    assert sized(at_signal, price=None).quantity == 10.0  # the signal's price: 0.5 x 1000 / 50
+    assert "no price" in sized(p, price=None).why
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({"leaders": ["bob"]}, "not a followed leader: alice"),
+        ({"symbols": ["ETH-USD"]}, "symbol not followed: BTC-USD"),
+        ({"directions": ["short"]}, "direction not followed: long"),
+    ],
+)
+def test_what_is_not_followed_has_no_target(settings: dict[str, Any], why: str) -> None:
+    assert sized(position(), **settings) == Target(quantity=0.0, why=why)
+
+
+def test_a_closed_position_has_target_zero() -> None:
+    assert target(FollowSettings(), position(), False, equity=1.0, price=1.0).quantity == 0
+
+
+def test_drift_is_beyond_the_tolerance_of_the_target() -> None:
+    s, p = FollowSettings(tolerance=0.1), position()
+    assert drift(s, p, 0.01, 0.0095) is None  # 5 % off
+    d = drift(s, p, 0.01, 0.008)  # 20 % off
+    assert d is not None and d.delta == 0.002
+    assert drift(s, p, 0.0, 0.0) is None
+    closed = drift(s, p, 0.0, 0.001)  # anything held of a closed position
+    assert closed is not None and closed.delta == -0.001
+    assert drift(s, p, 0.0, 1e-9) is None  # dust
+
+
+def test_settings_are_checked() -> None:
+    for bad in ({"ratio": 0}, {"sizing": "kelly"}, {"reconcile": "yes"}, {"tolerance": 2}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, FollowSettings)
