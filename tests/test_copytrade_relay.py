@@ -73,3 +73,15 @@ def test_an_account_event_of_another_shape_raises_a_value_error_the_pipeline_log
     for payload in ({}, {"quantity": "x", "openedMs": 1}, {"quantity": None, "openedMs": 1}):
         with pytest.raises((KeyError, TypeError, ValueError)):
             relay.on_event(ev(ACCOUNT_POSITION_OPENED, "o", payload))
+
+
+def test_signals_carry_the_leaders_equity_for_equity_ratio_sizing() -> None:
+    equity = {"lead": 12_000.0}
+    relay = LeaderRelay({"lead": "alice"}, equity=lambda account: equity[account])
+    opened = {"quantity": 1.0, "avgPrice": 100.0, "openedMs": 1}
+    [o] = relay.on_event(ev(ACCOUNT_POSITION_OPENED, "o", opened))
+    assert o.payload["leaderEquity"] == 12_000.0
+    equity["lead"] = 11_500.0  # after a loss
+    closed = {"quantity": 1.0, "openedMs": 1, "closePrice": 95.0, "realizedPnl": -500.0}
+    c, _ = relay.on_event(ev(ACCOUNT_POSITION_CLOSED, "c", closed))
+    assert c.payload["leaderEquity"] == 11_500.0

@@ -29,9 +29,9 @@ import structlog
 
 from daemon.agents.dispatcher import AgentRuntime
 from daemon.alerts import Alert, AlertNotifier
-from daemon.copytrade.follow import DUST, Drift, drift
+from daemon.copytrade.follow import DUST, Drift
 from daemon.copytrade.mirror import MAX_CORRECTIONS, correction_key
-from daemon.copytrade.view import position_row
+from daemon.copytrade.view import checks
 from daemon.events import COPYTRADE_SIGNALS, iso_ms, trace_id_for
 from daemon.trading.desk import TradeDesk
 from daemon.trading.intents import TradeIntent
@@ -83,27 +83,21 @@ class Reconciler:
         """One round for one follower: its drifts, acted on."""
         settings = rt.agent.config.copytrade
         account = self.desk.account_of(rt.agent_id)
-        broker = self.desk.broker
-        book = rt.state.copytrade
-        equity = settings.capital + broker.pnl(account)
         before = self.drifts.get(rt.agent_id, {})
         now: dict[tuple[str, str], Drift] = {}
-        candidates = [(p, True) for p in book.positions.values()]
-        candidates += [(p, False) for p in book.closed.values()]
-        for p, open_ in candidates:
-            row = position_row(rt.agent_id, account, settings, broker, p, open_, equity)
-            held, key = row["mirrored"], (p.leader, p.position_id)
-            if held["pending"] and key in before:
+        broker = self.desk.broker
+        for p, row, d, pending in checks(
+            rt.agent_id, account, settings, rt.state.copytrade, broker
+        ):
+            key = (p.leader, p.position_id)
+            if pending and key in before:
                 now[key] = before[key]  # an order of it is still working: next round
-            if row["followed"] or row["targetWhy"] or held["pending"]:
-                continue  # not ours to manage, no target to compare with, or in flight
-            d = drift(settings, p, row["target"], held["quantity"])
             if d is None:
                 continue
             now[key] = d
-            if settings.reconcile == "correct" and held["corrections"] < MAX_CORRECTIONS:
-                rank = held["corrections"] + 1
-                if await self._correct(rt, d, row, rank) or key in before:
+            corrections = row["mirrored"]["corrections"]
+            if settings.reconcile == "correct" and corrections < MAX_CORRECTIONS:
+                if await self._correct(rt, d, row, corrections + 1) or key in before:
                     continue
                 why = "corrective order refused by the risk engine"
             elif key in before:

@@ -14,17 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 
-from daemon.agents.workspace import load_agent_config
+from daemon.agents.workspace import AgentConfig, load_agent_config
 from daemon.audit.reader import AuditFilter, tail
 from daemon.cli.common import load_config_or_defaults
 from daemon.config import Config
 from daemon.copytrade.mirror import mirrored
+from daemon.copytrade.view import checks
 from daemon.errors import MarketwakeError
 from daemon.events import COPYTRADE_SIGNAL_OPENED, iso_ms, parse_iso_ms, topic_matches
 from daemon.state import StateCache, read_snapshot
 from daemon.statedir import SNAPSHOT_FILE
 from daemon.trading.paper_store import PaperStore
+from daemon.trading.portfolio import Order
 from feeds.copytrade.inbox import Inbox
 
 
@@ -33,9 +36,9 @@ def copytrade_group() -> None:
     """Copy trading: leaders' signals and what followers made of them."""
 
 
-def followers(cfg: Config) -> dict[str, str]:
-    """Agent id -> account, for the agents whose topics take leader signals."""
-    out: dict[str, str] = {}
+def followers(cfg: Config) -> dict[str, AgentConfig]:
+    """Agent id -> its config, for the agents whose topics take leader signals."""
+    out: dict[str, AgentConfig] = {}
     root = Path(cfg.hooks.agents_dir)
     for toml in sorted(root.glob("*/agent.toml")) if root.is_dir() else []:
         try:
@@ -43,8 +46,31 @@ def followers(cfg: Config) -> dict[str, str]:
         except MarketwakeError:
             continue  # `config check` reports it
         if agent.enabled and any(topic_matches(p, COPYTRADE_SIGNAL_OPENED) for p in agent.topics):
-            out[toml.parent.name] = agent.account or toml.parent.name
+            out[toml.parent.name] = agent
     return out
+
+
+class StoredAccounts:
+    """The paper accounts as the broker's store holds them (read while the daemon
+    runs: marks are as of its last fill or stop)."""
+
+    def __init__(self, store: PaperStore) -> None:
+        self.store = store
+        self.marks = store.marks()
+        self.books = store.positions()
+
+    def get_order(self, client_order_id: str) -> Order | None:
+        return self.store.get_order(client_order_id)
+
+    def last_price(self, symbol: str) -> float | None:
+        return self.marks.get(symbol)
+
+    def pnl(self, account: str) -> float:
+        unrealized = sum(
+            (self.marks.get(s, p.avg_price) - p.avg_price) * p.quantity
+            for s, p in self.books.get(account, {}).items()
+        )
+        return self.store.realized_since(account, 0) + unrealized
 
 
 def gather(cfg: Config, last: int) -> dict[str, Any]:
@@ -87,26 +113,33 @@ def gather(cfg: Config, last: int) -> dict[str, Any]:
     try:
         for position in positions:
             position["followers"] = {}
-            for agent_id, account in agents.items():
+            for agent_id, agent in agents.items():
                 got: dict[str, Any] = {"orders": {}, "quantity": 0.0}
                 if store is not None:
-                    got = mirrored(agent_id, account, position, store.get_order)
+                    got = mirrored(agent_id, agent.account or agent_id, position, store.get_order)
                 position["followers"][agent_id] = got
-                if got["quantity"] <= 0:
-                    drift.append(
-                        {
-                            "agent": agent_id,
-                            "leader": position["leader"],
-                            "positionId": position["positionId"],
-                            "why": "leader position open, nothing mirrored",
-                        }
-                    )
+        if store is not None:
+            drift = _drift(agents, cache, StoredAccounts(store))
     finally:
         if store is not None:
             store.close()
 
     rows = tail(cfg.audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
     return {"leaders": leaders, "positions": positions, "drift": drift, "lastSignals": rows}
+
+
+def _drift(
+    agents: dict[str, AgentConfig], cache: StateCache, stored: StoredAccounts
+) -> list[dict[str, Any]]:
+    """Each follower's drifts, found as its reconciliation would find them."""
+    found: list[dict[str, Any]] = []
+    for agent_id, agent in agents.items():
+        account = agent.account or agent_id
+        for check in checks(agent_id, account, agent.copytrade, cache.copytrade, stored):
+            if check.drift is not None:
+                d = msgspec.to_builtins(check.drift)
+                found.append({"agent": agent_id, **d, "open": check.row["open"]})
+    return found
 
 
 @copytrade_group.command("status")
@@ -150,7 +183,11 @@ def copytrade_status(config_path: Path | None, last: int, as_json: bool) -> None
     if data["drift"]:
         click.echo("DRIFT")
         for d in data["drift"]:
-            click.echo(f"  {d['agent']} on {d['leader']}/{d['positionId']}: {d['why']}")
+            state = "" if d["open"] else " (closed by the leader)"
+            click.echo(
+                f"  {d['agent']} on {d['leader']}/{d['positionId']}{state}: "
+                f"holds {d['held']:g} {d['symbol']}, target {d['target']:g}"
+            )
     click.echo("LAST SIGNALS")
     if not data["lastSignals"]:
         click.echo("  none")

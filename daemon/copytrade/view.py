@@ -3,21 +3,38 @@ was mirrored of it (``state["copytrade"]``, reconciliation, ``copytrade status``
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
 from daemon.copytrade.book import LeaderBook, LeaderPosition
-from daemon.copytrade.follow import FollowSettings, not_followed, target
+from daemon.copytrade.follow import Drift, FollowSettings, drift, not_followed, target
 from daemon.copytrade.mirror import mirrored
-from daemon.trading.broker import Broker
+from daemon.trading.portfolio import Order
+
+
+class Accounts(Protocol):
+    """What the view reads of the paper accounts: the broker live, its store offline."""
+
+    def get_order(self, client_order_id: str) -> Order | None:
+        """The order with this id, if any."""
+        ...
+
+    def last_price(self, symbol: str) -> float | None:
+        """The last known price of ``symbol``."""
+        ...
+
+    def pnl(self, account: str) -> float:
+        """The account's realized plus unrealized PnL."""
+        ...
 
 
 def position_row(
     agent_id: str,
     account: str,
     settings: FollowSettings,
-    broker: Broker,
+    broker: Accounts,
     position: LeaderPosition,
     open_: bool,
     equity: float,
@@ -42,7 +59,7 @@ def follower_view(
     account: str,
     settings: FollowSettings,
     book: LeaderBook,
-    broker: Broker,
+    broker: Accounts,
     about: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """``leaders`` (open positions, oldest first), ``held`` signals, ``settings``,
@@ -60,3 +77,29 @@ def follower_view(
     if found is not None:
         view["position"] = position_row(agent_id, account, settings, broker, *found, equity)
     return view
+
+
+class Check(NamedTuple):
+    """One followed leader position compared with what the follower holds of it."""
+
+    position: LeaderPosition
+    row: dict[str, Any]  # as :func:`position_row` gives it
+    drift: Drift | None  # None: within tolerance, or an order of it still working
+    pending: bool
+
+
+def checks(
+    agent_id: str, account: str, settings: FollowSettings, book: LeaderBook, broker: Accounts
+) -> Iterator[Check]:
+    """The open and recently closed positions the follower copies and can size; those
+    it does not follow or cannot size (no price, no leader equity) are not its drift."""
+    equity = settings.capital + broker.pnl(account)
+    candidates = [(p, True) for p in book.positions.values()]
+    candidates += [(p, False) for p in book.closed.values()]
+    for p, open_ in candidates:
+        row = position_row(agent_id, account, settings, broker, p, open_, equity)
+        if row["followed"] or row["targetWhy"]:
+            continue
+        held = row["mirrored"]
+        found = None if held["pending"] else drift(settings, p, row["target"], held["quantity"])
+        yield Check(p, row, found, held["pending"])

@@ -190,7 +190,7 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     assert "alice: 2 signals, last copytrade:alice:s2 (opened)" in out, out
     assert "bob: no signals yet" in out
     assert "alice/p1: long 0.02 BTC-USD (signals s1); mirrored: follower 0.01" in out
-    assert "follower on alice/p2: leader position open, nothing mirrored" in out
+    assert "follower on alice/p2: holds 0 BTC-USD, target 0.5" in out  # ratio 0.5 of 1.0
     assert "alice/s1 duplicate (200)" in out and "alice/? rejected (422)" in out
     data = json.loads(
         CliRunner().invoke(cli, ["copytrade", "status", "--config", str(cfg_file), "--json"]).output

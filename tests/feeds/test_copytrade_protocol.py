@@ -75,7 +75,8 @@ def body(**changes: object) -> bytes:
 
 
 def test_a_valid_signal_becomes_one_event_per_leader_partition() -> None:
-    got = parse(body(stopLoss=60000, takeProfit=70000.5), "alice")
+    got = parse(body(stopLoss=60000, takeProfit=70000.5, leaderEquity=25000), "alice")
+    assert got.leader_equity == 25000.0
     event = signal_event(got, SOURCE, received_ms=1_764_072_000_123)
     assert event.event_id == "copytrade:alice:s1" and event.topic == COPYTRADE_SIGNAL_OPENED
     assert event.partition == "copytrade:alice" and event.ts == "2026-11-25T12:00:00.000Z"
@@ -104,6 +105,7 @@ def test_a_valid_signal_becomes_one_event_per_leader_partition() -> None:
         (body(symbol="../etc"), 422, "symbol"),
         (body(equityFraction=0.1), 422, "not both"),
         (body(equityFraction=1.5), 422, "<= 1"),
+        (body(leaderEquity=0), 422, "> 0"),
         (body(kind="opened", quantity=None), 422, "needs quantity or equityFraction"),
         (json.dumps(signal("m", "modified")).encode(), 422, "a modified signal changes"),
         (body(kind="flipped"), 422, "kind"),
