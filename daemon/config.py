@@ -141,6 +141,9 @@ class AuditSection(Base, frozen=True):
 class TradingSection(Base, frozen=True):
     # ACTIVE; REDUCING (only orders that shrink a position); HALTED (no orders).
     state: Literal["ACTIVE", "REDUCING", "HALTED"] = "ACTIVE"
+    # The share of a closed candle's volume one paper order may fill in that candle
+    # (0 = orders fill whole); the rest keeps working and fills in parts.
+    paper_max_participation: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
 
 
 class McpSection(Base, frozen=True):

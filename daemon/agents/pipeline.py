@@ -70,6 +70,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             state_dir,
             audited_publish(send.send, audit),
             synchronous="FULL" if cfg.daemon.durable else "OFF",
+            max_participation=cfg.trading.paper_max_participation,
         )
         # Subscribed before any agent, so the broker sees every market event they see.
         route = MarketRoute(

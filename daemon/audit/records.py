@@ -140,9 +140,10 @@ class OrderRecord(_Record, frozen=True, kw_only=True, tag="order"):
     order_type: str
     role: str = "entry"
     volume: float
-    status: str
+    status: str  # PARTIALLY_FILLED: a part filled, the rest still working
     price: float | None = None
     reason: str = ""
+    filled: float | None = None  # filled so far, on PARTIALLY_FILLED
 
 
 class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):

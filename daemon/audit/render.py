@@ -148,8 +148,11 @@ def _order(rec: Record, line: Text) -> None:
     line.append(f"order {status}", style=style)
     price = rec.get("price")
     at = f" @ {price}" if price is not None else ""
+    size = _s(rec, "volume")
+    if rec.get("filled") is not None:
+        size = f"{_s(rec, 'filled')} of {size}"
     line.append(
-        f" {_s(rec, 'side')} {_s(rec, 'volume')} {_s(rec, 'symbol')}{at} "
+        f" {_s(rec, 'side')} {size} {_s(rec, 'symbol')}{at} "
         f"({_s(rec, 'orderType')}, {_s(rec, 'role')}) {_s(rec, 'clientOrderId')}"
     )
 

@@ -31,6 +31,7 @@ def _row(order: Order) -> dict[str, Any]:
         "status": order.status,
         "side": order.side,
         "volume": order.volume,
+        "filledVolume": order.filled,
         "fillPrice": order.fill_price,
     }
 
@@ -72,12 +73,11 @@ def mirrored(
         if order.account_id != account:
             continue
         orders[name] = _row(order)
-        opening = (order.side == "buy") == (position["side"] == "long")
-        signed = order.volume if opening else -order.volume
-        if order.status == "FILLED":
-            net += signed
-        elif order.status not in _FINAL:
-            pending, working = True, working + signed
+        # what filled counts, also of an order filled in parts or canceled after a part
+        sign = 1.0 if (order.side == "buy") == (position["side"] == "long") else -1.0
+        net += sign * order.filled
+        if order.status not in _FINAL:
+            pending, working = True, working + sign * abs(order.signed_remaining)
         # the follower's own stop-loss or take-profit may have closed what it mirrored
         for role in ("stop_loss", "take_profit"):
             child = get_order(child_order_id(order.client_order_id, role))

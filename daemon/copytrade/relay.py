@@ -127,7 +127,8 @@ class LeaderRelay:
         held = self.open.get(key)
         if held is None or p.get("role") not in ("entry", "close"):
             return []
-        signed = float(p["volume"]) * (1.0 if p["side"] == "buy" else -1.0)
+        size = p.get("lastFillVolume") or p["volume"]  # one part of an order filled in parts
+        signed = float(size) * (1.0 if p["side"] == "buy" else -1.0)
         after = held.quantity + signed
         if abs(after) < EPS or (after > 0) != (held.quantity > 0):
             return []  # a close or a flip: account.position.closed / opened follow

@@ -38,6 +38,11 @@ def misfit(order: Order, change: TradeIntent) -> str | None:
     asked = {k for k in _WIRE if getattr(change, k) is not None}
     if order.role == "entry" and order.order_type != "limit":
         return f"order {order.client_order_id} is a {order.order_type} order; only limits rest"
+    if change.volume is not None and change.volume <= order.filled_volume:
+        return (
+            f"order {order.client_order_id} has {order.filled_volume:g} filled already; "
+            "a new volume must be above that"
+        )
     allowed = _ALLOWED.get(order.role, frozenset())
     extra = sorted(_WIRE[k] for k in asked - allowed)
     if extra:

@@ -49,7 +49,7 @@ class Ledger:
             applied = apply_fill(
                 pos.quantity if pos else 0.0,
                 pos.avg_price if pos else 0.0,
-                order.signed_volume,
+                order.signed_last_fill,
                 order.fill_price,
             )
             if applied.quantity == 0:

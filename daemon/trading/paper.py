@@ -24,6 +24,7 @@ the event, never the order or the fill (the state is what the store says).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,8 +71,12 @@ class PaperBroker:
         *,
         clock: Callable[[], int] | None = None,
         synchronous: Literal["OFF", "NORMAL", "FULL"] = "FULL",
+        max_participation: float = 0.0,
     ) -> None:
         self._store = PaperStore(Path(state_dir) / "paper.sqlite3", synchronous)
+        # The share of a closed candle's volume one order may fill in that candle
+        # (0: fills whole); the rest keeps working, filled in parts.
+        self.max_participation = max_participation
         self._publish = publish
         self._clock = clock
         self._market_ms = 0
@@ -184,6 +189,20 @@ class PaperBroker:
         with self._store.transaction():
             self._save(changed)
             out.append(self._order_event(ev.ACCOUNT_ORDER_MODIFIED, changed, f"modified:{digest}"))
+            if changed.role == "entry":  # filled in part: its bracket is live, move it too
+                for role, level in (
+                    ("stop_loss", change.stop_loss),
+                    ("take_profit", change.take_profit),
+                ):
+                    child = self._working.get(child_order_id(order.client_order_id, role))
+                    if level is not None and child is not None:
+                        moved = amended(child, change, changed.updated_ms)
+                        self._save(moved)
+                        out.append(
+                            self._order_event(
+                                ev.ACCOUNT_ORDER_MODIFIED, moved, f"modified:{digest}"
+                            )
+                        )
         last = self._marks.get(order.symbol)
         fill = marketable_price(changed, last) if last is not None else None
         if fill is not None and changed.role == "entry":
@@ -260,7 +279,8 @@ class PaperBroker:
         for order in self._symbol_orders(symbol, entries=True):
             fill = candle_fill(order, candle)
             if fill is not None and order.status == "OPEN":
-                self._fill_in_txn(order, fill, candle.close_time_ms, out)
+                part = self._part(order, candle)
+                self._fill_in_txn(order, fill, candle.close_time_ms, out, part)
                 filled_now.add(order.client_order_id)
         for order in self._symbol_orders(symbol, entries=False):
             if order.client_order_id not in self._working:
@@ -341,22 +361,56 @@ class PaperBroker:
         else:
             self._working.pop(order.client_order_id, None)
 
-    def _fill_in_txn(self, order: Order, price: float, ts_ms: int, out: list[FeedEvent]) -> None:
-        with self._store.transaction():
-            self._fill(order, price, ts_ms, out)
+    def _part(self, order: Order, candle: Candle) -> float | None:
+        """How much of ``order`` ``candle`` can fill under ``max_participation`` (None:
+        the rest of it)."""
+        if not self.max_participation or candle.volume <= 0:
+            return None
+        left = order.volume - order.filled
+        cap = self.max_participation * candle.volume
+        return cap if cap < left - 1e-12 else None
 
-    def _fill(self, order: Order, price: float, ts_ms: int, out: list[FeedEvent]) -> None:
-        """Execute ``order`` at ``price``: position, PnL, brackets, OCO; all in one txn."""
+    def _fill_in_txn(
+        self,
+        order: Order,
+        price: float,
+        ts_ms: int,
+        out: list[FeedEvent],
+        part: float | None = None,
+    ) -> None:
+        with self._store.transaction():
+            self._fill(order, price, ts_ms, out, part)
+
+    def _fill(
+        self,
+        order: Order,
+        price: float,
+        ts_ms: int,
+        out: list[FeedEvent],
+        part: float | None = None,
+    ) -> None:
+        """Execute ``order`` (or ``part`` of what it has left) at ``price``: position,
+        PnL, brackets, OCO; all in one txn. A part leaves the order OPEN."""
         pos = self._books.get(order.account_id, {}).get(order.symbol)
-        signed = self._fill_volume(order, pos)
+        signed = self._fill_volume(order, pos, part)
         if signed is None:
             self._cancel(order, "position already closed", ts_ms, out)
             return
         applied = apply_fill(
             pos.quantity if pos else 0.0, pos.avg_price if pos else 0.0, signed, price
         )
+        size = abs(signed)
+        total = order.filled_volume + size
+        done = part is None
+        average = (order.fill_price or price) * order.filled_volume + price * size
         filled = msgspec.structs.replace(
-            order, status="FILLED", fill_price=price, filled_ms=ts_ms, updated_ms=ts_ms
+            order,
+            status="FILLED" if done else "OPEN",
+            fill_price=average / total if total else price,
+            filled_volume=order.volume if done and order.role not in _CHILD_ROLES else total,
+            last_fill_volume=size,
+            filled_ms=ts_ms,
+            updated_ms=ts_ms,
         )
         self._save(filled)
         self._store.put_marks({order.symbol: self._marks.get(order.symbol, price)})
@@ -364,14 +418,18 @@ class PaperBroker:
             order.account_id, order.client_order_id, order.symbol, signed, price, ts_ms,
             applied.realized,
         )  # fmt: skip
-        out.append(self._order_event(ev.ACCOUNT_ORDER_FILLED, filled, "filled"))
+        what = "filled" if done else f"part:{total:.12g}"
+        out.append(self._order_event(ev.ACCOUNT_ORDER_FILLED, filled, what))
         self._update_position(filled, pos, applied, out)
         self._after_fill(filled, applied.quantity, out)
 
     @staticmethod
-    def _fill_volume(order: Order, pos: Position | None) -> float | None:
-        """Signed fill size; a bracket child is capped at the position and never flips it."""
-        signed = order.signed_volume
+    def _fill_volume(order: Order, pos: Position | None, part: float | None) -> float | None:
+        """Signed fill size: ``part`` or what the order has left; a bracket child is
+        capped at the position and never flips it."""
+        signed = (
+            order.signed_remaining if part is None else math.copysign(part, order.signed_volume)
+        )
         if order.role not in _CHILD_ROLES:
             return signed
         qty = pos.quantity if pos else 0.0
@@ -383,7 +441,7 @@ class PaperBroker:
         """Grow brackets on an entry; one-cancels-other; drop brackets of a flat position."""
         ts_ms = filled.updated_ms
         if filled.role == "entry":
-            self._spawn_children(filled, out)
+            self._bracket(filled, out)
         elif filled.parent_id is not None:
             for sib in [o for o in self._working.values() if o.parent_id == filled.parent_id]:
                 self._cancel(sib, f"one-cancels-other: {filled.role} filled", ts_ms, out)
@@ -431,7 +489,9 @@ class PaperBroker:
         else:
             book[filled.symbol] = new
 
-    def _spawn_children(self, entry: Order, out: list[FeedEvent]) -> None:
+    def _bracket(self, entry: Order, out: list[FeedEvent]) -> None:
+        """The stop-loss and take-profit of a filled entry, for what it has filled: placed
+        at its first fill, grown with each later part."""
         specs: list[tuple[OrderRole, float | None]] = [
             ("stop_loss", entry.stop_loss),
             ("take_profit", entry.take_profit),
@@ -439,6 +499,21 @@ class PaperBroker:
         for role, level in specs:
             if level is None:
                 continue
+            known = self._working.get(child_order_id(entry.client_order_id, role))
+            if known is not None:
+                if known.volume != entry.filled:
+                    grown = msgspec.structs.replace(
+                        known, volume=entry.filled, updated_ms=entry.updated_ms
+                    )
+                    self._save(grown)
+                    out.append(
+                        self._order_event(
+                            ev.ACCOUNT_ORDER_MODIFIED, grown, f"grown:{entry.filled:.12g}"
+                        )
+                    )
+                continue
+            if self._store.get_order(child_order_id(entry.client_order_id, role)) is not None:
+                continue  # it filled or was canceled already: never placed twice
             child = Order(
                 client_order_id=child_order_id(entry.client_order_id, role),
                 agent_id=entry.agent_id,
@@ -447,7 +522,7 @@ class PaperBroker:
                 side="sell" if entry.side == "buy" else "buy",
                 order_type="stop" if role == "stop_loss" else "limit",
                 role=role,
-                volume=entry.volume,
+                volume=entry.filled,
                 status="OPEN",
                 # The bracket exists from the moment its entry was placed.
                 created_ms=entry.created_ms,

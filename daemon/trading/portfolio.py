@@ -47,11 +47,33 @@ class Order(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     filled_ms: int | None = None
     trace_id: str | None = None
     reason: str = ""
+    # Filled so far: an order filled in parts (a candle's volume caps a fill, see
+    # ``[trading] paper_max_participation``) stays OPEN until its last part;
+    # ``fill_price`` is then the average, ``last_fill_volume`` the last part's size.
+    filled_volume: float = 0.0
+    last_fill_volume: float | None = None
 
     @property
     def signed_volume(self) -> float:
         """+volume for a buy, -volume for a sell."""
         return self.volume if self.side == "buy" else -self.volume
+
+    @property
+    def filled(self) -> float:
+        """Volume filled so far (orders stored before partial fills: all or none)."""
+        return self.volume if self.status == "FILLED" else self.filled_volume
+
+    @property
+    def signed_remaining(self) -> float:
+        """The signed volume still to fill."""
+        left = max(self.volume - self.filled, 0.0)
+        return left if self.side == "buy" else -left
+
+    @property
+    def signed_last_fill(self) -> float:
+        """The signed size of the last fill (the whole order for one-part fills)."""
+        size = self.last_fill_volume if self.last_fill_volume is not None else self.volume
+        return size if self.side == "buy" else -size
 
 
 class Position(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

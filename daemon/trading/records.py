@@ -46,8 +46,9 @@ def risk_record(
     )
 
 
-def order_record(order: Order, broker: str) -> OrderRecord:
-    """The audit record of ``order``'s current state at ``broker``."""
+def order_record(order: Order, broker: str, *, part: bool = False) -> OrderRecord:
+    """The audit record of ``order``'s current state at ``broker``; ``part``: a fill
+    of part of it (the rest still working)."""
     return OrderRecord(
         ts=now_ts(),
         agent_id=order.agent_id,
@@ -59,9 +60,10 @@ def order_record(order: Order, broker: str) -> OrderRecord:
         order_type=order.order_type,
         role=order.role,
         volume=order.volume,
-        status=order.status,
+        status="PARTIALLY_FILLED" if part else order.status,
         price=order.fill_price or order.limit_price or order.stop_price,
         reason=order.reason,
+        filled=order.filled_volume if part else None,
     )
 
 
@@ -81,4 +83,5 @@ def order_record_from_event(event: FeedEvent) -> OrderRecord | None:
         order = msgspec.convert(event.payload, Order)
     except msgspec.ValidationError:
         return None
-    return order_record(order, event.source)
+    part = event.topic == ACCOUNT_ORDER_FILLED and order.status != "FILLED"
+    return order_record(order, event.source, part=part)

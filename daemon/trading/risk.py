@@ -170,9 +170,9 @@ def _check_notional(c: _Ctx) -> Reason | None:
 
 
 def _pending(c: _Ctx, symbol: str | None = None) -> float:
-    """Signed volume of working entry orders (they may all fill)."""
+    """Signed volume working entry orders have still to fill (they may all fill)."""
     return sum(
-        o.signed_volume
+        o.signed_remaining
         for o in c.view.open_orders
         if o.role == "entry" and (symbol is None or o.symbol == symbol)
     )
@@ -195,7 +195,9 @@ def _check_exposure(c: _Ctx) -> Reason | None:
     if c.reducing or c.price is None:
         return None
     pending = sum(
-        abs(o.volume) * (o.limit_price or c.price) for o in c.view.open_orders if o.role == "entry"
+        abs(o.signed_remaining) * (o.limit_price or c.price)
+        for o in c.view.open_orders
+        if o.role == "entry"
     )
     total = c.view.exposure() + pending + (c.intent.volume or 0.0) * c.price
     if total > c.limits.max_total_exposure:

@@ -20,6 +20,7 @@ from daemon.config import Config, decode_hook
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms, now_ms
 from daemon.service import Service
 from daemon.status import Status
+from feeds.base import Feed
 from feeds.copytrade import CopytradeWebhookFeed
 from tests.agents.test_pipeline import PacedFeed, audit
 from tests.feeds.copytrade_client import SECRET, post, signal
@@ -60,11 +61,14 @@ def tick(price: float) -> FeedEvent:
     )
 
 
-def config(root: Path, alert_webhook: str = "", reconcile_seconds: float = 60.0) -> Config:
+def config(
+    root: Path, alert_webhook: str = "", reconcile_seconds: float = 60.0, participation: float = 0
+) -> Config:
     return msgspec.convert(
         {
             "daemon": {"state_dir": str(root / "state")},
             "copytrade": {"reconcile_seconds": reconcile_seconds},
+            "trading": {"paper_max_participation": participation},
             "hooks": {"agents_dir": str(root / "agents"), "alert_webhook": alert_webhook},
             "feeds": {
                 "copytrade_webhook": {
@@ -88,10 +92,13 @@ async def run_daemon(
     leader: Callable[[str], Awaitable[None]],
     alert_webhook: str = "",
     reconcile_seconds: float = 60.0,
+    *,
+    market: Feed | None = None,
+    participation: float = 0.0,
 ) -> Status:
-    """One daemon run with the webhook and a BTC-USD price; ``leader(url)`` posts,
-    then the run stops; its final status."""
-    cfg = config(root, alert_webhook, reconcile_seconds)
+    """One daemon run with the webhook and ``market`` (a BTC-USD price by default);
+    ``leader(url)`` posts, then the run stops; its final status."""
+    cfg = config(root, alert_webhook, reconcile_seconds, participation)
     assert not cfg.event_time  # a live feed: agents on the wall clock
 
     def audit_sink(record: SignalRecord) -> None:
@@ -99,7 +106,8 @@ async def run_daemon(
             svc.audit(record)
 
     feed = CopytradeWebhookFeed(cfg.feeds.copytrade_webhook, root / "state", audit=audit_sink)
-    price = PacedFeed([tick(96500.0)], hold=True)  # the follower's risk engine needs a price
+    # the follower's risk engine needs a price
+    price = market if market is not None else PacedFeed([tick(96500.0)], hold=True)
     svc = Service(cfg, lambda _: [feed, price], components=[open_agents])
 
     async def script() -> None:

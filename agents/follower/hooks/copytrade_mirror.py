@@ -62,12 +62,11 @@ def evaluate(event, state):
         return to_target(s, position)
 
     # modified: new protective levels go to the working stop / take-profit orders
-    # our entries spawned (state["orders"]); one order action per signal, so a new
+    # our entries spawned when they filled, even in part (state["orders"]; the broker
+    # grows them with later parts); one order action per signal, so a new
     # stop-loss first (it bounds the risk); a size change goes to the target
     entries = [
-        o["clientOrderId"]
-        for o in position["mirrored"]["orders"].values()
-        if o["status"] == "FILLED"
+        o["clientOrderId"] for o in position["mirrored"]["orders"].values() if o["filledVolume"] > 0
     ]
     for role, key in (("stop_loss", "stopLoss"), ("take_profit", "takeProfit")):
         if s.get(key) is None:
