@@ -85,3 +85,21 @@ def test_signals_carry_the_leaders_equity_for_equity_ratio_sizing() -> None:
     closed = {"quantity": 1.0, "openedMs": 1, "closePrice": 95.0, "realizedPnl": -500.0}
     c, _ = relay.on_event(ev(ACCOUNT_POSITION_CLOSED, "c", closed))
     assert c.payload["leaderEquity"] == 11_500.0
+
+
+def test_the_records_continue_from_what_was_kept() -> None:
+    first = LeaderRelay({"lead": "alice"})
+    opened = {"quantity": 1.0, "avgPrice": 100.0, "openedMs": 1}
+    closed = {"quantity": 1.0, "openedMs": 1, "closePrice": 110.0, "realizedPnl": 10.0}
+    first.on_event(ev(ACCOUNT_POSITION_OPENED, "o1", opened))
+    first.on_event(ev(ACCOUNT_POSITION_CLOSED, "c1", closed))
+    again = LeaderRelay({"lead": "alice", "other": "bob"})
+    again.load_stats(first.dump_stats())
+    again.on_event(ev(ACCOUNT_POSITION_OPENED, "o2", opened | {"openedMs": 2}))
+    lost = closed | {"openedMs": 2, "realizedPnl": -4.0}
+    [_, record] = again.on_event(ev(ACCOUNT_POSITION_CLOSED, "c2", lost))
+    assert record.payload == {
+        "leader": "alice", "closedPositions": 2, "wins": 1, "winRate": 0.5,
+        "realizedPnl": 6.0, "maxDrawdown": 4.0, "peakPnl": 10.0,
+    }  # fmt: skip
+    assert again.stats["bob"].closed_positions == 0

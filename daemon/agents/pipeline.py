@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 import structlog
 
 from daemon.agents.budget import CpuBudget
@@ -31,8 +32,9 @@ from daemon.bus import Subscription
 from daemon.config import CopytradeSection
 from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LeaderRelay
-from daemon.events import FeedEvent
-from daemon.state import StateCache
+from daemon.errors import StoreError
+from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent
+from daemon.state import StateCache, read_snapshot, write_snapshot
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
 from daemon.trading.paper import PaperBroker
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from daemon.service import Service
 
 log = structlog.get_logger("pipeline")
+
+LEADER_STATS_FILE = "copytrade-leaders.json"  # the leader agents' running records
 OUTBOX_SIZE = 10_000
 
 
@@ -143,7 +147,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
         relayed = _leader_relay(cfg.copytrade.leader_agents, desk, manager, service)
         if relayed is not None:
-            io.start(_relay, *relayed, send)
+            io.start(_relay, *relayed, send, state_dir / LEADER_STATS_FILE)
         reconciler = Reconciler(desk, alerts)
         service.status_providers["copytrade"] = reconciler.statistics
         reconciling = anyio.CancelScope()
@@ -235,21 +239,37 @@ def _leader_relay(
     for account in relay.leaders:
         for symbol, position in broker.positions(account).items():
             relay.seed(account, symbol, position.quantity, position.opened_ms)
+    kept = service.state_dir / LEADER_STATS_FILE
+    try:
+        data = read_snapshot(kept)
+        if data is not None:
+            relay.load_stats(data)
+    except (StoreError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("leader records unreadable; counting from zero", path=str(kept), error=str(exc))
     log.info("copy-trade leaders", agents=leaders)
     return service.bus.subscribe("account.>", name="copytrade-leader"), relay
 
 
 async def _relay(
-    sub: Subscription, relay: LeaderRelay, send: anyio.abc.ObjectSendStream[FeedEvent]
+    sub: Subscription,
+    relay: LeaderRelay,
+    send: anyio.abc.ObjectSendStream[FeedEvent],
+    stats_path: Path,
 ) -> None:
     """Publish the signals the leaders' account events make (until the drain closes
-    ``sub``; what comes after the outbox closed is dropped with the daemon)."""
+    ``sub``; what comes after the outbox closed is dropped with the daemon); keep the
+    leaders' records after each close."""
     async for event in sub:
         try:
             signals = relay.on_event(event)
         except (KeyError, TypeError, ValueError):  # an account event of another shape
             log.exception("copy-trade relay skipped an event", event_id=event.event_id)
             continue
+        if any(out.topic == MARKETPLACE_STRATEGY_UPDATED for out in signals):
+            try:
+                await anyio.to_thread.run_sync(write_snapshot, stats_path, relay.dump_stats())
+            except StoreError as exc:
+                log.warning("leader records not kept", error=str(exc))
         for out in signals:
             try:
                 await send.send(out)

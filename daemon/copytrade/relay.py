@@ -17,7 +17,8 @@ may follow. Their account events become ``copytrade.signal.*`` from leader
 Signal ids come from the account events' ids, so they are stable. After each
 close the leader's running record goes out as ``marketplace.strategy.updated``
 (closed positions, win rate, realized PnL, max drawdown of realized PnL; since
-the daemon started).
+the daemon first ran: the pipeline keeps them in the state dir, see
+:meth:`LeaderRelay.dump_stats`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ class LeaderRelay:
         self.open: dict[tuple[str, str], _Open] = {}
         self.stats = {name: StrategyStats(leader=name) for name in leaders.values()}
         self._entry: dict[tuple[str, str], dict[str, Any]] = {}  # last fill, for its levels
+
+    def dump_stats(self) -> bytes:
+        """The leaders' running records, to keep across restarts."""
+        return msgspec.json.encode(list(self.stats.values()))
+
+    def load_stats(self, data: bytes) -> None:
+        """Continue the records :meth:`dump_stats` kept (leaders no longer named are
+        dropped); raises ``msgspec.DecodeError`` / ``ValidationError`` on bad bytes."""
+        for s in msgspec.json.decode(data, type=list[StrategyStats]):
+            if s.leader in self.stats:
+                self.stats[s.leader] = s
 
     def seed(self, account: str, symbol: str, quantity: float, opened_ms: int) -> None:
         """A position the account already holds at start."""

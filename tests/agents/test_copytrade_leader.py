@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from daemon.agents.pipeline import open_agents
+from daemon.agents.pipeline import LEADER_STATS_FILE, open_agents
 from daemon.config import Config
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, candle_event_id, decode, iso_ms
 from daemon.service import Service
@@ -104,6 +104,12 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
     [stats] = [e.payload for e in events if e.topic == "marketplace.strategy.updated"]
     assert stats["closedPositions"] == 1 and stats["winRate"] == 1.0
     assert stats["realizedPnl"] > 0 and stats["maxDrawdown"] == 0
+    # kept for the next run: the record continues across restarts
+    kept = msgspec.json.decode((tmp_path / "state" / LEADER_STATS_FILE).read_bytes())
+    assert kept == [stats]
+    # the leader's equity rides on its signals (capital + PnL) for equity-ratio sizing
+    assert signals[0].payload["leaderEquity"] == 10_000.0
+    assert signals[-1].payload["leaderEquity"] > 10_000.0  # after the gains of the add
 
     reasons = [r["reason"] for r in follower_rows()]
     assert reasons[0].startswith("mirror leader ") and reasons[1].startswith("mirror leader ")
