@@ -63,9 +63,12 @@ class LeaderActivity(msgspec.Struct, frozen=True, kw_only=True):
 class Inbox:
     """Accepted signals and recent nonces of the webhook feed (see the module doc)."""
 
+    SCHEMA = _SCHEMA
+    WHAT = "copy-trade inbox"
+
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db = open_sqlite(path, "copy-trade inbox", schema=_SCHEMA, synchronous="FULL")
+        self._db = open_sqlite(path, self.WHAT, schema=self.SCHEMA, synchronous="FULL")
         self._lock = threading.Lock()
 
     def accept(

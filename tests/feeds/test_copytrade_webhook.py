@@ -203,7 +203,7 @@ async def test_a_flood_of_bad_requests_is_answered_but_recorded_only_so_often(
 ) -> None:
     """Every bad request gets its 4xx; only the first 60 a minute get an audit row (the
     audit log is bounded: a flood must not rotate the real rows away)."""
-    from feeds.copytrade.webhook import REFUSALS_RECORDED_PER_MINUTE
+    from feeds.copytrade.door import REFUSALS_RECORDED_PER_MINUTE
 
     async with running(tmp_path) as h:
         for _ in range(REFUSALS_RECORDED_PER_MINUTE + 15):

@@ -1,0 +1,211 @@
+"""What the copy-trade HTTP receivers share: the server's life, the inbox calls,
+publishing stored signals in order, and one audit row per answer.
+
+A receiver (the signed webhook, TradingView) subclasses :class:`SignalDoor`
+with its routes and its request handling. At start, what a stop left between
+an answer and its publish (and the signals of the last ``redeliver_seconds``)
+goes out first; then the door opens. Every answer is a ``SignalRecord``;
+refusals past ``REFUSALS_RECORDED_PER_MINUTE`` are answered and counted but
+not recorded, so a flood cannot rotate the audit log away.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+import structlog
+from aiohttp import web
+from anyio.abc import TaskStatus
+
+from daemon.audit.records import SignalRecord
+from daemon.errors import ConfigError, SignalRejected
+from daemon.events import FeedEvent, Publish
+from feeds.base import FeedHealth
+from feeds.copytrade.inbox import Inbox
+
+log = structlog.get_logger("feeds.copytrade")
+AuditSink = Callable[[SignalRecord], None]
+T = TypeVar("T")
+BEAT_SECONDS = 5.0  # a listening server is a live feed, however quiet its leaders
+REFUSALS_RECORDED_PER_MINUTE = 60  # audit rows and log lines; every refusal still answers
+PRUNE_SECONDS = 600.0  # old nonces, alerts and signal ids go at start and every 10 minutes
+
+
+class SignalDoor:
+    """An HTTP receiver of leader signals (see the module doc)."""
+
+    name = "copytrade"
+    what = "copytrade webhook"  # for logs and config errors
+    section = "feeds.copytrade_webhook"
+    inbox_file = "copytrade.sqlite3"
+    inbox_type: type[Inbox] = Inbox
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        host: str,
+        port: int,
+        max_body_bytes: int,
+        redeliver_seconds: float,
+        audit: AuditSink | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.inbox_path = state_dir / self.inbox_file
+        self.host, self.wanted_port = host, port
+        self.max_body_bytes = max_body_bytes
+        self.redeliver_seconds = redeliver_seconds
+        self.audit = audit
+        self.clock = clock
+        self.port = 0  # bound port (config port 0 picks a free one)
+        self.counts = {"accepted": 0, "duplicate": 0, "rejected": 0, "unrecorded": 0}
+        self._minute, self._refusals = time.monotonic(), 0  # refusals recorded this minute
+        self._inbox: Any = None
+        self._send: anyio.abc.ObjectSendStream[FeedEvent] | None = None
+        self._limiter = anyio.CapacityLimiter(1)
+
+    # -- what a receiver defines ---------------------------------------------------
+
+    def routes(self, app: web.Application) -> None:
+        """Add the receiver's routes."""
+        raise NotImplementedError
+
+    async def before_open(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start what the receiver runs beside the server (before the door opens)."""
+
+    async def prune(self) -> None:
+        """Forget what is too old to matter (at start and every ``PRUNE_SECONDS``)."""
+
+    def url(self) -> str:
+        """Where the receiver listens, for the log."""
+        return f"http://{self.host}:{self.port}/"
+
+    # -- shared ------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, int]:
+        """For status: requests accepted, duplicate, rejected, and refusals past the
+        per-minute audit limit."""
+        return dict(self.counts)
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        """Serve until cancelled; publish what was stored but not published first."""
+        inbox = self._inbox = await anyio.to_thread.run_sync(self.inbox_type, self.inbox_path)
+        try:
+            sock = socket.create_server((self.host, self.wanted_port), reuse_port=False)
+        except OSError as exc:
+            inbox.close()
+            raise ConfigError(
+                f"{self.section}: cannot listen on {self.host}:{self.wanted_port}: {exc.strerror}"
+            ) from None
+        send, receive = anyio.create_memory_object_stream[FeedEvent](1024)
+        self._send = send
+        app = web.Application(client_max_size=self.max_body_bytes)
+        self.routes(app)
+        # A stop (or a reload rebinding the port) waits at most this long for requests
+        # in flight; every signal is on disk before its answer, so none is lost.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._publisher, receive, publish)
+                await self.before_open(tg)
+                # What a stop left between an answer and its publish goes first, then
+                # the door opens: a leader's signals keep their order.
+                since = int((self.clock() - self.redeliver_seconds) * 1000)
+                backlog = await self.run_inbox(inbox.to_publish, since)
+                for event in backlog:
+                    await send.send(event)
+                if backlog:
+                    log.info(f"{self.what} signals delivered again at start", signals=len(backlog))
+                await web.SockSite(runner, sock).start()
+                self.port = sock.getsockname()[1]
+                log.info(f"{self.what} listening", url=self.url())
+                task_status.started()
+                pruned = -PRUNE_SECONDS
+                while True:
+                    health.beat()
+                    if time.monotonic() - pruned >= PRUNE_SECONDS:
+                        await self.prune()
+                        pruned = time.monotonic()
+                    await anyio.sleep(BEAT_SECONDS)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await runner.cleanup()
+                sock.close()
+                send.close()
+                receive.close()
+                await self.run_inbox(inbox.close)
+
+    async def run_inbox(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn`` in a worker thread, one inbox call at a time (each may fsync)."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def publish_later(self, event: FeedEvent) -> None:
+        """Queue a stored signal for publishing (in order, after those before it)."""
+        assert self._send is not None
+        await self._send.send(event)
+
+    async def _publisher(
+        self, receive: anyio.abc.ObjectReceiveStream[FeedEvent], publish: Publish
+    ) -> None:
+        """Publish stored signals in arrival order, marking each once on the bus."""
+        async for event in receive:
+            await publish(event)
+            payload = event.payload
+            await self.run_inbox(
+                self._inbox.published, str(payload["leader"]), str(payload["signalId"])
+            )
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """The body, or :exc:`SignalRejected` 413 past ``max_body_bytes``."""
+        too_big = SignalRejected(413, f"body over {self.max_body_bytes} bytes")
+        if (request.content_length or 0) > self.max_body_bytes:
+            raise too_big
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_big from None
+
+    def answer(self, record: SignalRecord) -> web.Response:
+        """Count, audit and log one answer; the HTTP response that says it."""
+        self.counts[record.status] += 1
+        recorded = record.status != "rejected" or self._record_refusal()
+        if recorded and self.audit is not None:
+            self.audit(record)
+        if recorded and record.status == "rejected":
+            log.warning(
+                f"{self.what} signal rejected",
+                leader=record.leader,
+                status=record.http_status,
+                reason=record.reason,
+                remote=record.remote,
+            )
+        body = {"status": record.status, "eventId": record.event_id, "reason": record.reason}
+        return web.json_response({k: v for k, v in body.items() if v}, status=record.http_status)
+
+    def _record_refusal(self) -> bool:
+        """Whether this refusal gets its audit row and log line: at most
+        ``REFUSALS_RECORDED_PER_MINUTE`` a minute; the rest are counted
+        (``unrecorded``) and said once per minute."""
+        now = time.monotonic()
+        if now - self._minute >= 60:
+            if self._refusals > REFUSALS_RECORDED_PER_MINUTE:
+                log.warning(
+                    f"{self.what} refusals not recorded",
+                    unrecorded=self._refusals - REFUSALS_RECORDED_PER_MINUTE,
+                    seconds=round(now - self._minute),
+                )
+            self._minute, self._refusals = now, 0
+        self._refusals += 1
+        if self._refusals > REFUSALS_RECORDED_PER_MINUTE:
+            self.counts["unrecorded"] += 1
+            return False
+        return True
