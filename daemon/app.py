@@ -26,7 +26,7 @@ from feeds.base import Feed
 from feeds.candles.poller import CandlesFeed
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
 from feeds.coinbase_ws.pool import CoinbaseWsPool
-from feeds.copytrade import CopytradeWebhookFeed
+from feeds.copytrade import CopytradeWebhookFeed, TradingViewFeed
 from feeds.movers import MoversFeed
 from feeds.replay import ReplayFeed
 
@@ -49,6 +49,10 @@ def build_feeds(
         feeds.append(ReplayFeed(section.replay))
     if section.movers.enabled:
         feeds.append(MoversFeed(section.movers))
+    if section.tradingview.enabled:
+        feeds.append(
+            TradingViewFeed(section.tradingview, Path(config.daemon.state_dir), audit=audit)
+        )
     if section.copytrade_webhook.enabled:
         feeds.append(
             CopytradeWebhookFeed(

@@ -27,6 +27,7 @@ from feeds.config import (
     CopytradeWebhookSection,
     MoversSection,
     ReplaySection,
+    TradingViewSection,
     check_http_url,
 )
 from hooks_runtime.config import SandboxConfig
@@ -89,6 +90,7 @@ class FeedsSection(Base, frozen=True):
     copytrade_webhook: CopytradeWebhookSection = msgspec.field(
         default_factory=CopytradeWebhookSection
     )
+    tradingview: TradingViewSection = msgspec.field(default_factory=TradingViewSection)
 
 
 class CopytradeSection(Base, frozen=True):
@@ -236,11 +238,19 @@ class Config(Base, frozen=True):
         if self.daemon.clock != "auto":
             return self.daemon.clock == "event"
         feeds = self.feeds
-        live = (feeds.coinbase_ws, feeds.candles, feeds.movers, feeds.copytrade_webhook)
+        live = (
+            feeds.coinbase_ws,
+            feeds.candles,
+            feeds.movers,
+            feeds.copytrade_webhook,
+            feeds.tradingview,
+        )
         return not any(f.enabled for f in live)
 
 
-_SECRET_KEY = re.compile(r"(secret|token|password|api_key|apikey|authorization)", re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"(secret|token|password|passphrase|api_key|apikey|authorization)", re.IGNORECASE
+)
 
 
 def expand_env(value: Any, path: str, *, keep_missing: bool = False) -> Any:

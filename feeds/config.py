@@ -7,6 +7,7 @@ are rejected: a typo fails at startup with its key path.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Final, Literal
 from urllib.parse import urlsplit
@@ -100,6 +101,66 @@ class MoversSection(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         check_http_url(self.base_url, "base_url")
+
+
+# Where TradingView sends webhooks from (its support page "How to configure webhook
+# alerts"); the default allowlist of [feeds.tradingview].
+TRADINGVIEW_IPS: Final = ("52.89.214.238", "34.212.75.30", "54.218.53.128", "52.32.178.7")
+
+
+class TradingViewHookSection(_Section, frozen=True):
+    """One TradingView alert source: its secret URL id, optional passphrase, symbols."""
+
+    # The URL is /tv/<id>: a long random secret (use ${VAR}); it names the leader.
+    id: Secret = msgspec.field(default_factory=Secret)
+    # If set, the alert body's "passphrase" member must equal it.
+    passphrase: Secret = msgspec.field(default_factory=Secret)
+    # TradingView ticker ("BINANCE:BTCUSDT" or "BTCUSDT") -> the agents' symbol.
+    symbols: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        hook_id = self.id.reveal()
+        if len(hook_id) < 24 or not re.fullmatch(r"[A-Za-z0-9_-]+", hook_id):
+            raise ValueError(
+                "id must be at least 24 of A-Z a-z 0-9 _ - (a random secret, e.g. "
+                "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'; use ${VAR})"
+            )
+
+
+class TradingViewSection(_Section, frozen=True):
+    """TradingView strategy alerts: ``POST /tv/<hook id>`` (docs/copytrade.md)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 7882
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=256, le=1024 * 1024)] = 16 * 1024
+    # Only these source addresses (or networks) are answered; [] = any. A request
+    # from a trusted proxy is judged by the address it forwards (X-Forwarded-For).
+    allowed_ips: list[str] = msgspec.field(default_factory=lambda: list(TRADINGVIEW_IPS))
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)
+    keep_days: Annotated[int, msgspec.Meta(ge=1, le=3650)] = 30
+    redeliver_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 600.0
+    # leader name -> its alert source
+    hooks: dict[str, TradingViewHookSection] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.hooks:
+            if not LEADER_NAME.match(name):
+                raise ValueError(f"leader name {name!r}: use 1-64 of A-Z a-z 0-9 _ -")
+        for key, values in (
+            ("allowed_ips", self.allowed_ips),
+            ("trusted_proxies", self.trusted_proxies),
+        ):
+            for value in values:
+                try:
+                    ipaddress.ip_network(value, strict=False)
+                except ValueError:
+                    raise ValueError(f"{key}: {value!r} is not an IP address or network") from None
+        ids = [hook.id.reveal() for hook in self.hooks.values()]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two [feeds.tradingview.hooks.*] share an id")
+        if self.enabled and not self.hooks:
+            raise ValueError("no [feeds.tradingview.hooks.<leader>] configured")
 
 
 class CopytradeLeaderSection(_Section, frozen=True):

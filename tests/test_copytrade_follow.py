@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from daemon.copytrade.book import LeaderPosition
-from daemon.copytrade.follow import FollowSettings, Target, drift, target
+from daemon.copytrade.follow import FollowSettings, Target, drift, stop_loss, target
 
 
 def position(**kw: Any) -> LeaderPosition:
@@ -101,3 +101,12 @@ def test_settings_are_checked() -> None:
     for bad in ({"ratio": 0}, {"sizing": "kelly"}, {"reconcile": "yes"}, {"tolerance": 2}):
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert(bad, FollowSettings)
+
+
+def test_a_stop_of_our_own_when_the_leader_sends_none() -> None:
+    s = FollowSettings(stop_loss_pct=2.0)
+    assert stop_loss(s, "long", None, 100.0) == 98.0
+    assert stop_loss(s, "short", None, 100.0) == 102.0
+    assert stop_loss(s, "long", 95.0, 100.0) == 95.0  # the leader's wins
+    assert stop_loss(FollowSettings(), "long", None, 100.0) is None
+    assert stop_loss(s, "long", None, None) is None

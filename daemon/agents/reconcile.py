@@ -29,7 +29,7 @@ import structlog
 
 from daemon.agents.dispatcher import AgentRuntime
 from daemon.alerts import Alert, AlertNotifier
-from daemon.copytrade.follow import DUST, Drift
+from daemon.copytrade.follow import DUST, Drift, stop_loss
 from daemon.copytrade.mirror import MAX_CORRECTIONS, correction_key
 from daemon.copytrade.view import checks
 from daemon.events import COPYTRADE_SIGNALS, iso_ms, trace_id_for
@@ -121,7 +121,12 @@ class Reconciler:
                 symbol=d.symbol,
                 side="buy" if d.side == "long" else "sell",
                 volume=volume,
-                stop_loss=row.get("stopLoss"),
+                stop_loss=stop_loss(
+                    rt.agent.config.copytrade,
+                    d.side,
+                    row.get("stopLoss"),
+                    self.desk.broker.last_price(d.symbol),
+                ),
                 take_profit=row.get("takeProfit"),
             )
             if d.delta > 0

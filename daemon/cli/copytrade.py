@@ -28,7 +28,7 @@ from daemon.state import StateCache, read_snapshot
 from daemon.statedir import SNAPSHOT_FILE
 from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import Order
-from feeds.copytrade.inbox import Inbox
+from feeds.copytrade import CopytradeWebhookFeed, TradingViewFeed
 
 
 @click.group("copytrade")
@@ -77,11 +77,13 @@ def gather(cfg: Config, last: int) -> dict[str, Any]:
     """Everything the status shows, as plain data (``--json`` prints it)."""
     state_dir = Path(cfg.daemon.state_dir)
     leaders: list[dict[str, Any]] = []
-    inbox_path = state_dir / "copytrade.sqlite3"
-    configured = sorted(cfg.feeds.copytrade_webhook.leaders)
+    configured = sorted({*cfg.feeds.copytrade_webhook.leaders, *cfg.feeds.tradingview.hooks})
     seen: dict[str, dict[str, Any]] = {}
-    if inbox_path.exists():
-        inbox = Inbox(inbox_path)
+    for door in (CopytradeWebhookFeed, TradingViewFeed):
+        inbox_path = state_dir / door.inbox_file
+        if not inbox_path.exists():
+            continue
+        inbox = door.inbox_type(inbox_path)
         try:
             for a in inbox.activity():
                 sent = parse_iso_ms(a.last.ts)
@@ -156,7 +158,10 @@ def copytrade_status(config_path: Path | None, last: int, as_json: bool) -> None
         return
     click.echo("LEADERS")
     if not data["leaders"]:
-        click.echo("  none configured ([feeds.copytrade_webhook.leaders.<name>])")
+        click.echo(
+            "  none configured ([feeds.copytrade_webhook.leaders.<name>], "
+            "[feeds.tradingview.hooks.<name>])"
+        )
     for leader in data["leaders"]:
         if not leader["signals"]:
             click.echo(f"  {leader['leader']}: no signals yet")

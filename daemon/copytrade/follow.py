@@ -46,6 +46,20 @@ class FollowSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # What a drift found by reconciliation does: nothing, an ALERT, or corrective orders.
     reconcile: Literal["off", "alert", "correct"] = "alert"
     tolerance: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
+    # A stop this many percent from the price for entries whose leader sends none
+    # (TradingView alerts carry none); 0 = none (the risk engine may require one).
+    stop_loss_pct: Annotated[float, msgspec.Meta(ge=0, lt=100)] = 0.0
+
+
+def stop_loss(
+    s: FollowSettings, side: Side, leader_stop: float | None, price: float | None
+) -> float | None:
+    """The stop-loss of a copied entry: the leader's, else ``stop_loss_pct`` from
+    ``price``."""
+    if leader_stop is not None or not s.stop_loss_pct or not price:
+        return leader_stop
+    away = s.stop_loss_pct / 100
+    return round(price * (1 - away if side == "long" else 1 + away), 8)
 
 
 def not_followed(s: FollowSettings, leader: str, symbol: str, side: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from feeds.copytrade.tradingview_feed import TradingViewFeed
 from feeds.copytrade.webhook import CopytradeWebhookFeed
 
-__all__ = ["CopytradeWebhookFeed"]
+__all__ = ["CopytradeWebhookFeed", "TradingViewFeed"]

@@ -21,7 +21,7 @@ def trade(intent, reason):
     return {"decision": "TRADE_INTENT", "intent": intent, "reason": reason}
 
 
-def to_target(s, position):
+def to_target(s, position, settings):
     """Buy or sell what brings us to the position's target."""
     mirrored = position["mirrored"]
     delta = round(position["target"] - mirrored["quantity"] - mirrored["working"], 8)
@@ -37,6 +37,11 @@ def to_target(s, position):
         for key in ("stopLoss", "takeProfit"):
             if position.get(key) is not None:
                 intent[key] = position[key]
+        pct = settings["stop_loss_pct"]
+        if "stopLoss" not in intent and pct and position.get("price"):
+            # the leader sends no stop (a TradingView alert): ours, pct from its price
+            away = 1 - pct / 100 if position["side"] == "long" else 1 + pct / 100
+            intent["stopLoss"] = round(position["price"] * away, 8)
         return trade(
             intent, "mirror " + s["leader"] + " " + s["signalId"] + " to " + str(position["target"])
         )
@@ -58,8 +63,9 @@ def evaluate(event, state):
         return ignore(position["followed"])
     if s["kind"] == "opened" and not position["open"]:
         return ignore("already closed by the leader: " + s["positionId"])
+    settings = state["copytrade"]["settings"]
     if s["kind"] != "modified":
-        return to_target(s, position)
+        return to_target(s, position, settings)
 
     # modified: new protective levels go to the working stop / take-profit orders
     # our entries spawned when they filled, even in part (state["orders"]; the broker
@@ -81,5 +87,5 @@ def evaluate(event, state):
                 }
                 return trade(intent, "follow " + key + " to " + str(s[key]))
     if s.get("quantity") is not None or s.get("equityFraction") is not None:
-        return to_target(s, position)
+        return to_target(s, position, settings)
     return ignore("modified: nothing of ours to change")
