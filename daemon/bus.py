@@ -78,6 +78,7 @@ class Subscription:
         self._spill_failed = False
         self._spilled_at: deque[int] = deque()  # enqueue times of the backlog's events
         self._inflight: FeedEvent | None = None  # delivered, not known finished
+        self._busy = False  # an event (of any topic) delivered and not known finished
 
     def matches(self, topic: str) -> bool:
         """Whether this subscription wants events of ``topic``."""
@@ -145,6 +146,7 @@ class Subscription:
     def receive_nowait(self) -> FeedEvent | None:
         """The next event, or ``None`` when the queue (and the backlog) is empty."""
         self._inflight = None  # asking for the next event means the last one is finished
+        self._busy = False
         if not self._queue and not self._refill():
             return None
         slot = self._queue.popleft()
@@ -155,6 +157,7 @@ class Subscription:
         self.delivered += 1
         self._bus.delivered += 1
         self._inflight = event if event.topic not in COALESCING_TOPICS else None
+        self._busy = True
         if self._writable is not None and len(self._queue) < self.capacity:
             self._writable.set()
             self._writable = None
@@ -189,6 +192,12 @@ class Subscription:
     def bus(self) -> Bus:
         """The bus this subscription reads."""
         return self._bus
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing on disk, and the consumer has asked for more after
+        its last event (it finished it)."""
+        return not self._queue and not self.backlog and not self._busy
 
     @property
     def backlog(self) -> int:
@@ -335,6 +344,10 @@ class Bus:
         for sub in self._route(event.topic):
             if not sub._offer(event, now_ns):
                 await sub._put(event, now_ns)
+
+    def idle(self) -> bool:
+        """Whether every subscriber has finished everything published so far."""
+        return all(sub.idle for sub in self._subs)
 
     def close(self) -> None:
         """End every subscription after it drains; later publishes are ignored."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -36,13 +36,15 @@ from daemon.clock import Clock, MonotonicClock
 from daemon.config import Config
 from daemon.control import CONTROL_SOCKET, serve_control
 from daemon.errors import ConfigError, StoreError
-from daemon.events import FeedEvent
+from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
 from daemon.statedir import REPLAY_FILE, SNAPSHOT_FILE, StateDirLock
 from daemon.status import FeedStatus, Status, write_status
 from feeds.base import Feed, FeedHealth, Resumable
+
+SETTLED_TOPICS = frozenset({MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK})  # what Service.settle gates
 
 log = structlog.get_logger("service")
 
@@ -130,6 +132,9 @@ class Service:
         # Set once every feed has started (READY): signals re-delivered at start
         # are on the bus by then.
         self.ready = anyio.Event()
+        # Awaited before a feed publishes a market event, when set: replays with
+        # leader agents wait until what the last one caused has been handled.
+        self.settle: Callable[[], Awaitable[None]] | None = None
         self._reload_lock = anyio.Lock()
         self._subs: list[tuple[Consumer, Subscription]] = [
             (
@@ -198,6 +203,8 @@ class Service:
     # -- feeds ---------------------------------------------------------------
 
     async def _publish(self, event: FeedEvent) -> None:
+        if self.settle is not None and event.topic in SETTLED_TOPICS:
+            await self.settle()  # (not shielded: a stop may cut the wait)
         # Shielded: stopping a feed never leaves an event delivered to some
         # subscribers (the recorder) and not to others (an agent). Subscribers
         # keep draining while feeds stop, so a blocked publish always completes.

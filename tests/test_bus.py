@@ -164,3 +164,21 @@ async def test_resubscribe_changes_topics_without_losing_queued_or_blocked_event
     await bus.publish(ev("account.order.filled", "q", 3))
     assert got == [0, 1]
     assert (await sub.receive()).payload["seq"] == 3
+
+
+async def test_idle_means_every_subscriber_finished_what_was_published() -> None:
+    bus = Bus()
+    a = bus.subscribe("market.>", name="a")
+    b = bus.subscribe("market.candle.*", name="b")
+    assert bus.idle()
+    await bus.publish(ev(MARKET_PRICE_TICK, "p", 1))
+    assert not bus.idle() and b.idle  # queued for a only
+    assert a.receive_nowait() is not None
+    assert not a.idle  # delivered, not known finished (ticks too)
+    assert a.receive_nowait() is None  # asking for more: finished
+    assert bus.idle()
+    await bus.publish(ev(MARKET_CANDLE_CLOSED, "p", 2))
+    assert a.receive_nowait() is not None and b.receive_nowait() is not None
+    assert not bus.idle()
+    a.receive_nowait(), b.receive_nowait()
+    assert bus.idle()

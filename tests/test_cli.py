@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import structlog
 
 from daemon.events import decode
@@ -153,13 +154,16 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     assert all(e.topic.startswith(("market.", "account.")) for e in recorded)
 
 
-def test_demo_copytrade_shows_a_follower_at_half_the_leaders_size(tmp_path: Path) -> None:
+@pytest.mark.parametrize("speed", ["1200", "0"])
+def test_demo_copytrade_shows_a_follower_at_half_the_leaders_size(
+    tmp_path: Path, speed: str
+) -> None:
     """`demo --copytrade`: a leader agent trades the synthetic data, the shipped follower
-    mirrors it; the two accounts side by side, the follower at half size and PnL."""
-    # paced (50 ms a candle): on an as-fast-as-possible replay the leader's signals
-    # trail the candles (docs/copytrade.md, "Not built yet")
+    mirrors it; the two accounts side by side, the follower at half size and PnL. Also
+    as fast as possible (speed 0): each candle's fills, signals and copies are handled
+    before the next candle, so the copies are as on a paced replay."""
     res = mw(
-        "demo", "--dir", str(tmp_path), "--candles", "240", "--speed", "1200", "--quiet",
+        "demo", "--dir", str(tmp_path), "--candles", "240", "--speed", speed, "--quiet",
         "--copytrade",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr

@@ -11,12 +11,15 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import structlog
+from anyio.streams.memory import MemoryObjectSendStream
 
 from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
@@ -28,7 +31,7 @@ from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.writer import open_audit
-from daemon.bus import Subscription
+from daemon.bus import Bus, Subscription
 from daemon.config import CopytradeSection
 from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LeaderRelay
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("pipeline")
 
 LEADER_STATS_FILE = "copytrade-leaders.json"  # the leader agents' running records
+SETTLE_LIMIT_SECONDS = 30.0
 OUTBOX_SIZE = 10_000
 
 
@@ -148,10 +152,17 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         relayed = _leader_relay(cfg.copytrade.leader_agents, desk, manager, service)
         if relayed is not None:
             io.start(_relay, *relayed, send, state_dir / LEADER_STATS_FILE)
+            if cfg.event_time:
+                # A replay with leaders: what a candle causes (the leader's fills, their
+                # signals, the followers' copies) is handled before the next candle.
+                service.settle = partial(_settled, service.bus, send)
         reconciler = Reconciler(desk, alerts)
         service.status_providers["copytrade"] = reconciler.statistics
         reconciling = anyio.CancelScope()
-        tg.start_soon(_reconcile, reconciling, reconciler, manager, service.ready, cfg.copytrade)
+        if not cfg.event_time:  # wall-clock rounds would make a replay differ run to run
+            tg.start_soon(
+                _reconcile, reconciling, reconciler, manager, service.ready, cfg.copytrade
+            )
         try:
             yield manager
         finally:
@@ -275,6 +286,25 @@ async def _relay(
                 await send.send(out)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
+
+
+async def _settled(bus: Bus, outbox: MemoryObjectSendStream[FeedEvent]) -> None:
+    """Until every subscriber has finished what was published and the broker's
+    outbox is empty (polled: a replay with leader agents pays a loop turn or two per
+    event for causal order); gives up after ``SETTLE_LIMIT_SECONDS`` with a warning."""
+    waited = 0.0
+    for turn in range(1_000_000):
+        stats = outbox.statistics()
+        if bus.idle() and not stats.current_buffer_used and stats.tasks_waiting_receive:
+            return
+        if turn < 20:
+            await anyio.lowlevel.checkpoint()
+            continue
+        await anyio.sleep(0.001)
+        waited += 0.001
+        if waited >= SETTLE_LIMIT_SECONDS:
+            log.warning("replay did not settle; publishing on", seconds=SETTLE_LIMIT_SECONDS)
+            return
 
 
 async def _reconcile(
