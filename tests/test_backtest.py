@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -259,3 +262,40 @@ def test_special_files_in_the_agent_dir_never_hang_the_copy(tmp_path: Path) -> N
     os.mkfifo(fifo)
     res = CliRunner().invoke(cli, [*args[:4], str(fifo), *args[5:]])
     assert res.exit_code == 2 and "not a regular file" in res.output, res.output
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+def screenshot(page: Path, png: Path) -> bytes:
+    """``page`` as headless Chromium draws it at 1200x900 (flags that keep it off the
+    network: this machine's is closed)."""
+    subprocess.run(
+        [
+            str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={png.parent / 'chromium-profile'}", "--window-size=1200,900",
+            f"--screenshot={png}", page.as_uri(),
+        ],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return png.read_bytes()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (.ci/run installs Debian's)")
+def test_the_html_report_renders_in_a_browser(tmp_path: Path) -> None:
+    """Headless Chromium screenshots report.html: a 1200x900 PNG with far more drawn
+    on it than on an empty page of the same size."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=3, n=600, timeframe="5m")
+    out = tmp_path / "out"
+    run_backtest(BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=data, out=out))
+    report = screenshot(out / "report.html", tmp_path / "report.png")
+    blank_page = tmp_path / "blank.html"
+    blank_page.write_text("<!doctype html><html><body></body></html>")
+    blank = screenshot(blank_page, tmp_path / "blank.png")
+    assert report[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", report[16:24])  # the IHDR chunk
+    assert (width, height) == (1200, 900)
+    assert len(report) > 5 * len(blank), (len(report), len(blank))
