@@ -146,6 +146,10 @@ class TradingSection(Base, frozen=True):
     # The share of a closed candle's volume one paper order may fill in that candle
     # (0 = orders fill whole); the rest keeps working and fills in parts.
     paper_max_participation: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    # Paper fees in basis points of each fill's notional: a resting limit the market
+    # reached pays the maker rate; market, stop and marketable orders the taker rate.
+    paper_maker_fee_bps: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.0
+    paper_taker_fee_bps: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.0
 
 
 class McpSection(Base, frozen=True):

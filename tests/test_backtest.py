@@ -93,13 +93,17 @@ def test_trades_from_the_fills() -> None:
     # (ts, price, signed qty, realized): open, close +5, open, close -3, ..., then one
     # left open at the end
     pnl = [0, 5, 0, -3, 0, -4, 0, 10, 0]
-    fills = [(i * 10, 100.0, 1.0 if i % 2 == 0 else -1.0, float(p)) for i, p in enumerate(pnl)]
+    fills = [(i * 10, 100.0, 1.0 if i % 2 == 0 else -1.0, float(p), 0.0) for i, p in enumerate(pnl)]
     t = trades_of(fills, 0, 100)
     assert (t.fills, t.closing_fills, t.wins) == (9, 4, 2)
     assert (t.realized_pnl, t.max_drawdown, t.win_rate) == (8, 7, 0.5)
     assert t.exposure == (4 * 10 + 20) / 100  # four 10 ms trades, then open from 80 to 100
-    assert t.fees == 0.0  # the paper broker charges none
+    assert t.fees == 0.0
     assert trades_of([]).win_rate == 0.0 and trades_of([]).exposure == 0.0
+    # a fee of 1 a fill: PnL net of 9, the +5 close still a win, drawdown deeper by fees
+    paid = trades_of([(ts, px, q, p, 1.0) for ts, px, q, p, _ in fills], 0, 100)
+    assert (paid.fees, paid.realized_pnl, paid.wins) == (9.0, -1.0, 2)
+    assert paid.max_drawdown == 12.0  # from +3 (after the +5 close) down to -9 (before +10)
 
 
 def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) -> None:
@@ -299,3 +303,20 @@ def test_the_html_report_renders_in_a_browser(tmp_path: Path) -> None:
     width, height = struct.unpack(">II", report[16:24])  # the IHDR chunk
     assert (width, height) == (1200, 900)
     assert len(report) > 5 * len(blank), (len(report), len(blank))
+
+
+def test_fees_come_off_the_pnl(tmp_path: Path) -> None:
+    from daemon.trading.paper import Fees
+
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=3, n=300, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    free = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "free"))
+    paid = run_backtest(
+        BacktestOptions(
+            agent_dir=alpha, data=data, out=tmp_path / "paid", fees=Fees(maker_bps=10, taker_bps=60)
+        )
+    )
+    assert free.trades.fees == 0 and paid.trades.fills == free.trades.fills > 0
+    assert paid.trades.fees > 0
+    assert paid.trades.realized_pnl == pytest.approx(free.trades.realized_pnl - paid.trades.fees)

@@ -40,7 +40,7 @@ from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent
 from daemon.state import StateCache, read_snapshot, write_snapshot
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
-from daemon.trading.paper import PaperBroker
+from daemon.trading.paper import Fees, PaperBroker
 from daemon.trading.route import BROKER_TOPICS, MarketRoute
 from daemon.wake.store import RunStore
 from hooks_runtime.pool import open_worker_pool
@@ -79,6 +79,10 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             audited_publish(send.send, audit),
             synchronous="FULL" if cfg.daemon.durable else "OFF",
             max_participation=cfg.trading.paper_max_participation,
+            fees=Fees(
+                maker_bps=cfg.trading.paper_maker_fee_bps,
+                taker_bps=cfg.trading.paper_taker_fee_bps,
+            ),
         )
         # Subscribed before any agent, so the broker sees every market event they see.
         route = MarketRoute(

@@ -28,7 +28,7 @@ class Series(msgspec.Struct, frozen=True, kw_only=True):
     prices: list[tuple[int, float]]  # candle closes
     wakes: list[int]  # times of WAKEs that ran (not suppressed)
     alerts: list[int]
-    fills: list[tuple[int, float, float, float]]  # ts, price, signed qty, realized
+    fills: list[tuple[int, float, float, float, float]]  # ts, price, signed qty, realized, fee
 
 
 def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple[int, float]]:
@@ -90,7 +90,7 @@ def _price_plot(series: Series) -> str:
         for t in sample(times):
             if t in closes:
                 out.append(f'<circle cx="{s.x(t)}" cy="{s.y(closes[t])}" r="2" class="{cls}"/>')
-    for t, price, qty, _ in (series.fills[int(i)] for i in _sample_index(len(series.fills))):
+    for t, price, qty, *_ in (series.fills[int(i)] for i in _sample_index(len(series.fills))):
         cls = "buy" if qty > 0 else "sell"
         out.append(
             f'<rect x="{s.x(t) - 2}" y="{s.y(price) - 2}" width="4" height="4" class="{cls}"/>'
@@ -106,9 +106,9 @@ def _sample_index(n: int) -> list[int]:
 def _equity_plot(series: Series) -> str:
     curve: list[tuple[int, float]] = []
     equity = 0.0
-    for t, _, _, realized in series.fills:
-        if realized:
-            equity += realized
+    for t, _, _, realized, fee in series.fills:
+        if realized or fee:
+            equity += realized - fee
             curve.append((t, equity))
     if not curve:
         return "<p>No closed trades: no equity curve.</p>"
@@ -116,7 +116,9 @@ def _equity_plot(series: Series) -> str:
     s = _Scale(
         pts[0][0], pts[-1][0], min(0.0, *(v for _, v in pts)), max(0.0, *(v for _, v in pts))
     )
-    out = _frame("Realized equity (quote currency)", s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")
+    out = _frame(
+        "Realized equity, net of fees (quote currency)", s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}"
+    )
     out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
     line = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in pts)
     out.append(f'<polyline points="{line}" class="equity"/>')

@@ -158,18 +158,20 @@ def summarize_hooks(
     return hooks, wakes, runs, dict(sorted(wakes_suppressed.items()))
 
 
-Fill = tuple[int, float, float, float]  # ts_ms, price, signed quantity, realized PnL
+Fill = tuple[int, float, float, float, float]  # ts_ms, price, signed qty, realized PnL, fee
 
 
 def trades_of(fills: Sequence[Fill], first_ms: int = 0, last_ms: int = 0) -> Trades:
     """Fill statistics, in fill order; ``exposure`` is the share of [first, last]
-    with a position open (the paper broker charges no fees)."""
+    with a position open. PnL, drawdown and wins are net of the fills' fees (an
+    opening fill's fee is a loss of its own)."""
     closing = wins = 0
-    equity = peak = drawdown = 0.0
+    equity = peak = drawdown = fees = 0.0
     position = 0.0
     opened_at: int | None = None
     exposed = 0
-    for ts, _, qty, pnl in fills:
+    for ts, _, qty, pnl, fee in fills:
+        fees += fee
         was_open = abs(position) > 1e-12
         position += qty
         now_open = abs(position) > 1e-12
@@ -178,11 +180,10 @@ def trades_of(fills: Sequence[Fill], first_ms: int = 0, last_ms: int = 0) -> Tra
         elif was_open and not now_open and opened_at is not None:
             exposed += ts - opened_at
             opened_at = None
-        if pnl == 0:
-            continue
-        closing += 1
-        wins += pnl > 0
-        equity += pnl
+        equity += pnl - fee
+        if pnl != 0:
+            closing += 1
+            wins += pnl - fee > 0
         peak = max(peak, equity)
         drawdown = max(drawdown, peak - equity)
     if opened_at is not None:
@@ -196,6 +197,7 @@ def trades_of(fills: Sequence[Fill], first_ms: int = 0, last_ms: int = 0) -> Tra
         max_drawdown=round(drawdown, 8),
         win_rate=round(wins / closing, 4) if closing else 0.0,
         exposure=round(min(1.0, exposed / period), 4) if period > 0 else 0.0,
+        fees=round(fees, 8),
     )
 
 

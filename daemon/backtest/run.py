@@ -36,10 +36,11 @@ from daemon.backtest.report import (
     timer_baseline,
     trades_of,
 )
-from daemon.config import Config, DaemonSection, FeedsSection, HooksSection
+from daemon.config import Config, DaemonSection, FeedsSection, HooksSection, TradingSection
 from daemon.errors import ConfigError
 from daemon.events import MARKET_CANDLE_CLOSED, iso_ms, parse_iso_ms
 from daemon.service import Consumer
+from daemon.trading.paper import Fees
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
@@ -64,6 +65,7 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     revisions: dict[str, str] = msgspec.field(default_factory=dict)
     # The daemon state dir whose revisions/ keeps the sources.
     state_dir: Path = Path("state")
+    fees: Fees = msgspec.field(default_factory=Fees)
 
 
 def replay_section(opts: BacktestOptions) -> ReplaySection:
@@ -129,6 +131,9 @@ def prepare(opts: BacktestOptions) -> Config:
         ),
         hooks=HooksSection(agents_dir=str(out / "agents"), run_agents=opts.run_llm),
         feeds=FeedsSection(replay=replay_section(opts)),
+        trading=TradingSection(
+            paper_maker_fee_bps=opts.fees.maker_bps, paper_taker_fee_bps=opts.fees.taker_bps
+        ),
     )
 
 

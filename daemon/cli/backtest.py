@@ -94,6 +94,20 @@ from daemon.service import Consumer
     help="B: the same agent with these revisions (repeatable), beside A.",
 )
 @click.option(
+    "--maker-fee-bps",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1000),
+    help="Paper fee, basis points of notional, for a resting limit the market reached.",
+)
+@click.option(
+    "--taker-fee-bps",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1000),
+    help="Paper fee, basis points of notional, for market, stop and marketable orders.",
+)
+@click.option(
     "--run-llm",
     is_flag=True,
     help="Run the agent's runner on each wake (its LLM, command or log) instead of counting.",
@@ -116,6 +130,8 @@ def backtest_command(
     state_dir: Path,
     compare_dir: Path | None,
     compare_revisions: tuple[str, ...],
+    maker_fee_bps: float,
+    taker_fee_bps: float,
     run_llm: bool,
 ) -> None:
     """Replay DATA through one agent's real pipeline on event time and report what
@@ -136,6 +152,7 @@ def backtest_command(
         run_backtest,
         run_comparison,
     )
+    from daemon.trading.paper import Fees
 
     configure_logging("console", "error")  # the report says what happened
     cost = CostModel(
@@ -168,6 +185,7 @@ def backtest_command(
         to_ms=_when(end, "--to"),
         revisions=_pairs(revisions, "--revision"),
         state_dir=state_dir,
+        fees=Fees(maker_bps=maker_fee_bps, taker_bps=taker_fee_bps),
     )
     try:
         total = count_events(opts)

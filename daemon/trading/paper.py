@@ -49,6 +49,19 @@ from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import WORKING, Order, OrderRole, PortfolioView, Position
 
 SOURCE = "paper"
+
+
+class Fees(msgspec.Struct, frozen=True, kw_only=True):
+    """Fee rates in basis points of a fill's notional (``[trading] paper_*_fee_bps``)."""
+
+    maker_bps: float = 0.0
+    taker_bps: float = 0.0
+
+    def of(self, notional: float, *, maker: bool) -> float:
+        """The fee of one fill."""
+        return notional * (self.maker_bps if maker else self.taker_bps) / 10_000
+
+
 _CHILD_ROLES: frozenset[str] = frozenset({"stop_loss", "take_profit"})
 
 
@@ -72,11 +85,13 @@ class PaperBroker:
         clock: Callable[[], int] | None = None,
         synchronous: Literal["OFF", "NORMAL", "FULL"] = "FULL",
         max_participation: float = 0.0,
+        fees: Fees | None = None,
     ) -> None:
         self._store = PaperStore(Path(state_dir) / "paper.sqlite3", synchronous)
         # The share of a closed candle's volume one order may fill in that candle
         # (0: fills whole); the rest keeps working, filled in parts.
         self.max_participation = max_participation
+        self.fees = fees or Fees()
         self._publish = publish
         self._clock = clock
         self._market_ms = 0
@@ -206,7 +221,7 @@ class PaperBroker:
         last = self._marks.get(order.symbol)
         fill = marketable_price(changed, last) if last is not None else None
         if fill is not None and changed.role == "entry":
-            self._fill_in_txn(changed, fill, changed.updated_ms, out)
+            self._fill_in_txn(changed, fill, changed.updated_ms, out, arrival=True)
         await self._emit(out)
         return self._store.get_order(client_order_id) or changed
 
@@ -350,7 +365,9 @@ class PaperBroker:
         last = self._marks.get(order.symbol)
         fill = marketable_price(opened, last) if last is not None else None
         if fill is not None:
-            self._fill_in_txn(opened, fill, max(self.now_ms(), opened.created_ms), out)
+            self._fill_in_txn(
+                opened, fill, max(self.now_ms(), opened.created_ms), out, arrival=True
+            )
         await self._emit(out)
         return self._store.get_order(order.client_order_id) or opened
 
@@ -377,9 +394,11 @@ class PaperBroker:
         ts_ms: int,
         out: list[FeedEvent],
         part: float | None = None,
+        *,
+        arrival: bool = False,
     ) -> None:
         with self._store.transaction():
-            self._fill(order, price, ts_ms, out, part)
+            self._fill(order, price, ts_ms, out, part, arrival=arrival)
 
     def _fill(
         self,
@@ -388,9 +407,13 @@ class PaperBroker:
         ts_ms: int,
         out: list[FeedEvent],
         part: float | None = None,
+        *,
+        arrival: bool = False,
     ) -> None:
         """Execute ``order`` (or ``part`` of what it has left) at ``price``: position,
-        PnL, brackets, OCO; all in one txn. A part leaves the order OPEN."""
+        PnL, fee, brackets, OCO; all in one txn. A part leaves the order OPEN. A limit
+        that rested until the market reached it pays the maker fee; a fill on
+        ``arrival``, a market or a stop order the taker fee."""
         pos = self._books.get(order.account_id, {}).get(order.symbol)
         signed = self._fill_volume(order, pos, part)
         if signed is None:
@@ -400,6 +423,7 @@ class PaperBroker:
             pos.quantity if pos else 0.0, pos.avg_price if pos else 0.0, signed, price
         )
         size = abs(signed)
+        fee = self.fees.of(size * price, maker=order.order_type == "limit" and not arrival)
         total = order.filled_volume + size
         done = part is None
         average = (order.fill_price or price) * order.filled_volume + price * size
@@ -409,6 +433,7 @@ class PaperBroker:
             fill_price=average / total if total else price,
             filled_volume=order.volume if done and order.role not in _CHILD_ROLES else total,
             last_fill_volume=size,
+            fees=round(order.fees + fee, 10),
             filled_ms=ts_ms,
             updated_ms=ts_ms,
         )
@@ -416,7 +441,7 @@ class PaperBroker:
         self._store.put_marks({order.symbol: self._marks.get(order.symbol, price)})
         self._store.add_fill(
             order.account_id, order.client_order_id, order.symbol, signed, price, ts_ms,
-            applied.realized,
+            applied.realized, fee,
         )  # fmt: skip
         what = "filled" if done else f"part:{total:.12g}"
         out.append(self._order_event(ev.ACCOUNT_ORDER_FILLED, filled, what))

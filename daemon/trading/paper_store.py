@@ -28,7 +28,7 @@ from daemon.sqlite import open_sqlite
 from daemon.trading.portfolio import Order, Position
 
 LEGACY_ACCOUNT = "paper"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS fills (
     signed_qty REAL NOT NULL,
     price REAL NOT NULL,
     ts_ms INTEGER NOT NULL,
-    realized REAL NOT NULL
+    realized REAL NOT NULL,
+    fee REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS fills_ts ON fills(account, ts_ms);
 CREATE TABLE IF NOT EXISTS positions (
@@ -76,6 +77,9 @@ INSERT INTO positions (account, symbol, body) SELECT 'paper', symbol, body FROM 
 DROP TABLE positions_v0;
 """
 
+# Version 1 -> 2: a fee per fill (none before).
+_MIGRATE_V2 = "ALTER TABLE fills ADD COLUMN fee REAL NOT NULL DEFAULT 0"
+
 _order_dec = msgspec.json.Decoder(Order)
 _pos_dec = msgspec.json.Decoder(Position)
 _enc = msgspec.json.Encoder()
@@ -95,18 +99,20 @@ class PaperStore:
         self.path = path
 
     def _migrate(self) -> None:
-        """Bring a version-0 store (no accounts) to the current schema, atomically."""
+        """Bring an older store (0: no accounts; 1: no fees) to the current schema,
+        atomically."""
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         has_orders = self._db.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'orders'"
         ).fetchone()
-        if version >= 1 or not has_orders:
+        if version >= SCHEMA_VERSION or not has_orders:
             return
+        steps = ([] if version >= 1 else _MIGRATE_V1.split(";")) + [_MIGRATE_V2]
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            for stmt in filter(str.strip, _MIGRATE_V1.split(";")):
+            for stmt in filter(str.strip, steps):
                 self._db.execute(stmt)
-            self._db.execute("PRAGMA user_version=1")
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
@@ -200,29 +206,32 @@ class PaperStore:
         price: float,
         ts_ms: int,
         realized: float,
+        fee: float = 0.0,
     ) -> None:
-        """Append one execution."""
+        """Append one execution (``realized``: the trade's PnL, before ``fee``)."""
         self._exec(
             "INSERT INTO fills (account, client_order_id, symbol, signed_qty, price, ts_ms, "
-            "realized) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (account, order_id, symbol, signed_qty, price, ts_ms, realized),
+            "realized, fee) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (account, order_id, symbol, signed_qty, price, ts_ms, realized, fee),
         )
 
     def realized_since(self, account: str, since_ms: int) -> float:
-        """Realized PnL of the account's fills at or after ``since_ms``."""
+        """Realized PnL of the account's fills at or after ``since_ms``, net of fees."""
         row = self._exec(
-            "SELECT SUM(realized) FROM fills WHERE account = ? AND ts_ms >= ?", (account, since_ms)
+            "SELECT SUM(realized - fee) FROM fills WHERE account = ? AND ts_ms >= ?",
+            (account, since_ms),
         ).fetchone()
         return float(row[0] or 0.0)
 
-    def fills(self, account: str) -> list[tuple[int, float, float, float]]:
-        """(ts_ms, price, signed quantity, realized PnL) of each fill, oldest first
-        (backtest reports)."""
+    def fills(self, account: str) -> list[tuple[int, float, float, float, float]]:
+        """(ts_ms, price, signed quantity, realized PnL before fees, fee) of each fill,
+        oldest first (backtest reports)."""
         rows = self._exec(
-            "SELECT ts_ms, price, signed_qty, realized FROM fills WHERE account = ? ORDER BY id",
+            "SELECT ts_ms, price, signed_qty, realized, fee FROM fills WHERE account = ?"
+            " ORDER BY id",
             (account,),
         )
-        return [(int(t), float(p), float(q), float(r)) for t, p, q, r in rows]
+        return [(int(t), float(p), float(q), float(r), float(f)) for t, p, q, r, f in rows]
 
     def positions(self) -> dict[str, dict[str, Position]]:
         """Open positions by account, then symbol."""

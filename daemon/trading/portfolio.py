@@ -52,6 +52,7 @@ class Order(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     # ``fill_price`` is then the average, ``last_fill_volume`` the last part's size.
     filled_volume: float = 0.0
     last_fill_volume: float | None = None
+    fees: float = 0.0  # paid on its fills so far (quote currency)
 
     @property
     def signed_volume(self) -> float:
