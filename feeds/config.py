@@ -71,6 +71,16 @@ class CandlesSection(_Section, frozen=True):
                 )
 
 
+class ReplayFileSection(_Section, frozen=True):
+    """One more file of a replay: its path, format, and (CSV) symbol and timeframe
+    (empty: the replay's)."""
+
+    path: str
+    format: Literal["auto", "jsonl", "csv"] = "auto"
+    symbol: str = ""
+    timeframe: str = ""
+
+
 class ReplaySection(_Section, frozen=True):
     enabled: bool = False
     path: str = ""
@@ -84,6 +94,8 @@ class ReplaySection(_Section, frozen=True):
     # Only events with from_ms <= time < to_ms (epoch ms; 0 = no bound).
     from_ms: int = 0
     to_ms: int = 0
+    # More files, merged with ``path`` by event time (ties: in file order).
+    files: list[ReplayFileSection] = msgspec.field(default_factory=list)
 
 
 class MoversSection(_Section, frozen=True):

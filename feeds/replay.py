@@ -35,6 +35,7 @@ parse: that is a recording cut off by a crash, so it is skipped and counted.
 from __future__ import annotations
 
 import gzip
+import heapq
 import itertools
 import math
 import time
@@ -71,6 +72,7 @@ class ReplayFeed:
         self.published = 0
         self.fast_forwarded = 0
         self._resume: dict[str, int] = {}
+        self._parts: list[ReplayFeed] | None = None
 
     def resume_after(self, marks: Mapping[str, int]) -> None:
         """Fast-forward (no pacing) through events at or before ``marks[partition]``."""
@@ -81,7 +83,7 @@ class ReplayFeed:
         return {
             "published": self.published,
             "fast_forwarded": self.fast_forwarded,
-            "skipped_lines": self.skipped,
+            "skipped_lines": sum(part.skipped for part in self.parts()),
         }
 
     def format(self) -> str:
@@ -107,8 +109,36 @@ class ReplayFeed:
         else:
             yield from self._csv()
 
+    def parts(self) -> list[ReplayFeed]:
+        """This file, then one feed per ``files`` entry (with the replay's settings)."""
+        if self._parts is not None:
+            return self._parts
+        c = self.config
+        more = [
+            ReplayFeed(
+                msgspec.structs.replace(
+                    c,
+                    path=f.path,
+                    format=f.format,
+                    symbol=f.symbol or c.symbol,
+                    timeframe=f.timeframe or c.timeframe,
+                    files=[],
+                ),
+                name=self.name,
+            )
+            for f in c.files
+        ]
+        self._parts = [self, *more]
+        return self._parts
+
     def selected(self) -> Iterator[tuple[int, FeedEvent]]:
-        """(event ms, event) of the events within ``from_ms`` .. ``to_ms``, in order."""
+        """(event ms, event) of the events within ``from_ms`` .. ``to_ms``, in order;
+        several files merged by event time (a tie keeps the files' order)."""
+        if not self.config.files:
+            return self._selected()
+        return heapq.merge(*(part._selected() for part in self.parts()), key=lambda te: te[0])
+
+    def _selected(self) -> Iterator[tuple[int, FeedEvent]]:
         lo, hi = self.config.from_ms, self.config.to_ms or None
         for event in self.events():
             ts = parse_iso_ms(event.ts)
@@ -141,7 +171,10 @@ class ReplayFeed:
         if self.fast_forwarded:
             log.info("replay.resumed", fast_forwarded=self.fast_forwarded)
         log.info(
-            "replay.finished", path=str(self.path), events=self.published, skipped=self.skipped
+            "replay.finished",
+            path=str(self.path),
+            events=self.published,
+            skipped=self.statistics()["skipped_lines"],
         )
 
     async def _publish(self, event: FeedEvent, publish: Publish, health: FeedHealth) -> None:

@@ -320,3 +320,21 @@ def test_fees_come_off_the_pnl(tmp_path: Path) -> None:
     assert free.trades.fees == 0 and paid.trades.fills == free.trades.fills > 0
     assert paid.trades.fees > 0
     assert paid.trades.realized_pnl == pytest.approx(free.trades.realized_pnl - paid.trades.fees)
+
+
+def test_several_data_files_are_merged_by_time(tmp_path: Path) -> None:
+    btc, eth = tmp_path / "btc.csv", tmp_path / "eth.csv"
+    generate_candles(btc, seed=3, n=120, timeframe="5m")
+    generate_candles(eth, seed=4, n=60, timeframe="5m")
+    args = ["backtest", "--agent", str(agent(tmp_path / "agents")), "--data", str(btc),
+            "--data", f"{eth}=ETH-USD:5m", "--out", str(tmp_path / "out")]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["data"] == "btc.csv + eth.csv" and report["events"] == 180
+    rows = list(iter_records(tmp_path / "out" / "state" / "audit"))
+    evaluated = [(r["symbol"], r["eventTs"]) for r in rows if r["type"] == "hook"]
+    assert {s for s, _ in evaluated} == {"BTC-USD", "ETH-USD"}
+    assert [t for _, t in evaluated] == sorted(t for _, t in evaluated)  # one time line
+    bad = CliRunner().invoke(cli, [*args[:5], "--data", f"{eth}=ETH-USD:7m"])
+    assert bad.exit_code == 2 and "timeframe must be one of" in bad.output

@@ -42,9 +42,18 @@ from daemon.events import MARKET_CANDLE_CLOSED, iso_ms, parse_iso_ms
 from daemon.service import Consumer
 from daemon.trading.paper import Fees
 from daemon.trading.paper_store import PaperStore
-from feeds.config import ReplaySection
+from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
 from hooks_runtime.hookfile import HOOK_NAME
+
+
+class DataFile(msgspec.Struct, frozen=True, kw_only=True):
+    """One more data file, merged with the first by event time; a CSV's symbol and
+    timeframe ("" = the options')."""
+
+    path: Path
+    symbol: str = ""
+    timeframe: str = ""
 
 
 class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +75,7 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     # The daemon state dir whose revisions/ keeps the sources.
     state_dir: Path = Path("state")
     fees: Fees = msgspec.field(default_factory=Fees)
+    more_data: list[DataFile] = msgspec.field(default_factory=list)
 
 
 def replay_section(opts: BacktestOptions) -> ReplaySection:
@@ -78,6 +88,10 @@ def replay_section(opts: BacktestOptions) -> ReplaySection:
         speed=0.0,
         from_ms=opts.from_ms,
         to_ms=opts.to_ms,
+        files=[
+            ReplayFileSection(path=str(f.path.resolve()), symbol=f.symbol, timeframe=f.timeframe)
+            for f in opts.more_data
+        ],
     )
 
 
@@ -97,9 +111,10 @@ def check(opts: BacktestOptions) -> None:
     agent_dir = opts.agent_dir.resolve()
     if not (agent_dir / "hooks").is_dir():
         raise ConfigError(f"{opts.agent_dir}: not an agent directory (no hooks/ inside)")
-    if not opts.data.is_file():
-        what = "is not a regular file" if opts.data.exists() else "does not exist"
-        raise ConfigError(f"{opts.data}: the data file {what}")
+    for data in (opts.data, *(f.path for f in opts.more_data)):
+        if not data.is_file():
+            what = "is not a regular file" if data.exists() else "does not exist"
+            raise ConfigError(f"{data}: the data file {what}")
     out = opts.out.resolve()
     if out == agent_dir or agent_dir in out.parents:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
@@ -170,7 +185,7 @@ def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]
     events = sum(f.stats.get("published", 0) for f in status.feeds)
     report = Report(
         agent=agent,
-        data=opts.data.name,
+        data=" + ".join([opts.data.name, *(f.path.name for f in opts.more_data)]),
         events=events,
         first_event=iso_ms(first) if times else "",
         last_event=iso_ms(last) if times else "",

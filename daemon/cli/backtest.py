@@ -11,11 +11,11 @@ import msgspec
 
 from daemon.bus import Subscription
 from daemon.errors import ConfigError
+from daemon.events import TIMEFRAMES
 from daemon.logs import configure as configure_logging
 
 if TYPE_CHECKING:
-    from daemon.bus import Subscription
-    from daemon.service import Consumer
+    from daemon.backtest.run import DataFile
 from daemon.service import Consumer
 
 
@@ -29,10 +29,13 @@ from daemon.service import Consumer
 )
 @click.option(
     "--data",
+    "data_specs",
     required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Candles as the replay feed reads them: CSV (time,open,high,low,close,volume) "
-    "or a JSONL recording (marketwake run --record).",
+    multiple=True,
+    metavar="FILE[=SYMBOL[:TIMEFRAME]]",
+    help="Candles as the replay feed reads them: CSV (open_time_ms,open,high,low,close,"
+    "volume) or a JSONL recording (marketwake run --record). Repeat it for several files, "
+    "merged by time; a CSV's symbol and timeframe after '=' (else --symbol, --timeframe).",
 )
 @click.option("--symbol", default="BTC-USD", show_default=True, help="The CSV candles' symbol.")
 @click.option("--timeframe", default="5m", show_default=True, help="The CSV candles' timeframe.")
@@ -114,7 +117,7 @@ from daemon.service import Consumer
 )
 def backtest_command(
     agent_dir: Path,
-    data: Path,
+    data_specs: tuple[str, ...],
     symbol: str,
     timeframe: str,
     out: Path,
@@ -172,9 +175,13 @@ def backtest_command(
                 f"no finished LLM run of {agent_dir.resolve().name!r} in {cost_from / 'audit'}",
                 param_hint="--cost-from",
             )
+    files = [_data_file(spec) for spec in data_specs]
+    data = files[0].path
+    symbol, timeframe = files[0].symbol or symbol, files[0].timeframe or timeframe
     opts = BacktestOptions(
         agent_dir=agent_dir,
         data=data,
+        more_data=files[1:],
         out=out,
         symbol=symbol,
         timeframe=timeframe,
@@ -253,6 +260,23 @@ def _when(text: str | None, option: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def _data_file(spec: str) -> DataFile:
+    """``FILE[=SYMBOL[:TIMEFRAME]]`` (a file whose name has '=' is taken whole)."""
+    from daemon.backtest.run import DataFile
+
+    path, sep, rest = spec.rpartition("=")
+    if not sep or Path(spec).exists():
+        path, rest = spec, ""
+    symbol, _, timeframe = rest.partition(":")
+    if not Path(path).exists():  # a special file is refused, by name, before reading
+        raise click.BadParameter(f"{path!r}: no such file", param_hint="--data")
+    if timeframe and timeframe not in TIMEFRAMES:
+        raise click.BadParameter(
+            f"{spec!r}: timeframe must be one of {', '.join(TIMEFRAMES)}", param_hint="--data"
+        )
+    return DataFile(path=Path(path), symbol=symbol, timeframe=timeframe)
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:

@@ -17,9 +17,10 @@ from daemon.events import (
     FeedEvent,
     encode,
     iso_ms,
+    parse_iso_ms,
 )
 from feeds.base import FeedHealth
-from feeds.config import ReplaySection
+from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
 
 M1 = 60_000
@@ -228,3 +229,33 @@ async def test_format_is_sniffed_when_suffix_is_unknown(tmp_path: Path) -> None:
     assert feed_for(as_jsonl).format() == "jsonl"
     assert feed_for(as_csv).format() == "csv"
     assert feed_for(as_csv, format="jsonl").format() == "jsonl"
+
+
+async def test_several_files_merge_by_time_ties_in_file_order(tmp_path: Path) -> None:
+    btc = write_csv(tmp_path / "btc.csv")
+    # ETH: two minutes of its own, half a minute apart from BTC's, and one tie
+    eth_rows = [
+        (T0 + M1 // 2, "10", "11", "9", "10", "1"),
+        (T0 + 2 * M1, "10", "10", "10", "10", "1"),
+    ]
+    eth = write_csv(tmp_path / "eth.csv", eth_rows)
+    bad = write_csv(tmp_path / "bad.csv", header="time,open,high,low,close,volume")
+    files = [ReplayFileSection(path=str(eth), symbol="ETH-USD", timeframe="1m")]
+    events, _ = await replay(feed_for(btc, timeframe="1m", files=files))
+    got = [(e.symbol, parse_iso_ms(e.ts) - T0) for e in events]
+    assert (
+        got
+        == [
+            ("BTC-USD", 1 * M1),
+            ("ETH-USD", M1 // 2 + M1),
+            ("BTC-USD", 2 * M1),
+            ("BTC-USD", 3 * M1),
+            ("ETH-USD", 3 * M1),  # the tie: the first file's first
+            ("BTC-USD", 4 * M1),
+            ("BTC-USD", 5 * M1),
+        ][: len(got)]
+        and len(got) == 7
+    )
+    # a bad file among several fails before the feed starts, naming it
+    with pytest.raises(ReplayError, match=r"bad\.csv"):
+        await replay(feed_for(btc, files=[ReplayFileSection(path=str(bad))]))
