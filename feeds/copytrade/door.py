@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -37,6 +37,19 @@ REFUSALS_RECORDED_PER_MINUTE = 60  # audit rows and log lines; every refusal sti
 PRUNE_SECONDS = 600.0  # old nonces, alerts and signal ids go at start and every 10 minutes
 
 
+class DoorSettings(Protocol):
+    """What every receiver's config section has."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def max_body_bytes(self) -> int: ...
+    @property
+    def redeliver_seconds(self) -> float: ...
+
+
 class SignalDoor:
     """An HTTP receiver of leader signals (see the module doc)."""
 
@@ -48,19 +61,17 @@ class SignalDoor:
 
     def __init__(
         self,
+        config: DoorSettings,
         state_dir: Path,
         *,
-        host: str,
-        port: int,
-        max_body_bytes: int,
-        redeliver_seconds: float,
         audit: AuditSink | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.config = config
         self.inbox_path = state_dir / self.inbox_file
-        self.host, self.wanted_port = host, port
-        self.max_body_bytes = max_body_bytes
-        self.redeliver_seconds = redeliver_seconds
+        self.host, self.wanted_port = config.host, config.port
+        self.max_body_bytes = config.max_body_bytes
+        self.redeliver_seconds = config.redeliver_seconds
         self.audit = audit
         self.clock = clock
         self.port = 0  # bound port (config port 0 picks a free one)

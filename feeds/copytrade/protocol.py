@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from typing import Annotated, Final
+from typing import Annotated, Final, TypeVar
 
 import msgspec
 
@@ -40,6 +40,7 @@ _SIGNATURE: Final = re.compile(r"^sha256=([0-9a-f]{64})$")
 _ID = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 _SYMBOL = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,31}$")]
 _POSITIVE = Annotated[float, msgspec.Meta(gt=0)]
+T = TypeVar("T")
 
 
 class _WireSignal(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -105,15 +106,21 @@ def verify(
     return sent
 
 
+def decode_body(decoder: msgspec.json.Decoder[T], body: bytes, what: str) -> T:
+    """``body`` decoded; :exc:`SignalRejected` 400 for what is not JSON, 422 for JSON
+    that breaks the schema (the message names ``what`` and the field)."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise SignalRejected(422, f"invalid {what}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise SignalRejected(400, f"body is not JSON: {exc}") from None
+
+
 def parse(body: bytes, leader: str) -> SignalPayload:
     """The signal in ``body`` from ``leader`` (the path's); :exc:`SignalRejected`
     400 for what is not a JSON object, 422 for a signal that breaks the schema."""
-    try:
-        wire = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise SignalRejected(422, f"invalid signal: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise SignalRejected(400, f"body is not JSON: {exc}") from None
+    wire = decode_body(_decoder, body, "signal")
     if wire.leader != leader:
         raise SignalRejected(422, f"leader {wire.leader!r} does not match the path's {leader!r}")
     if wire.side not in ("long", "short"):

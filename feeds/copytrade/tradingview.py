@@ -34,6 +34,7 @@ import msgspec
 
 from daemon.errors import SignalRejected
 from daemon.events import SignalKind, SignalPayload, iso_ms, parse_iso_ms
+from feeds.copytrade.protocol import decode_body
 
 SOURCE = "tradingview"
 # The alert message to paste into TradingView (docs/copytrade.md shows the same).
@@ -125,12 +126,7 @@ def parse_alert(body: bytes, content_type: str, passphrase: str = "") -> TvAlert
             "the alert message is not JSON (TradingView sends text/plain then): "
             "paste the documented template",
         )
-    try:
-        wire = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise SignalRejected(422, f"invalid alert: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise SignalRejected(400, f"body is not JSON: {exc}") from None
+    wire = decode_body(_decoder, body, "alert")
     for field in wire.__struct_fields__:
         found = _PLACEHOLDER.search(str(getattr(wire, field) or ""))
         if found:

@@ -72,6 +72,7 @@ class TradingViewFeed(SignalDoor):
     section = "feeds.tradingview"
     inbox_file = "tradingview.sqlite3"
     inbox_type = AlertInbox
+    config: TradingViewSection
 
     def __init__(
         self,
@@ -81,16 +82,7 @@ class TradingViewFeed(SignalDoor):
         audit: AuditSink | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(
-            state_dir,
-            host=config.host,
-            port=config.port,
-            max_body_bytes=config.max_body_bytes,
-            redeliver_seconds=config.redeliver_seconds,
-            audit=audit,
-            clock=clock,
-        )
-        self.config = config
+        super().__init__(config, state_dir, audit=audit, clock=clock)
         self.allowed = _networks(config.allowed_ips)
         self.proxies = _networks(config.trusted_proxies)
         self.mapper = TvMapper()

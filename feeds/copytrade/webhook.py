@@ -14,17 +14,13 @@ its last ``redeliver_seconds``, are published first at the next start (see
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from pathlib import Path
-
 from aiohttp import web
 
 from daemon.audit.records import SignalRecord, now_ts
 from daemon.errors import SignalRejected
 from daemon.events import now_ms, signal_event, signal_event_id
 from feeds.config import CopytradeWebhookSection
-from feeds.copytrade.door import AuditSink, SignalDoor
+from feeds.copytrade.door import SignalDoor
 from feeds.copytrade.protocol import (
     NONCE_HEADER,
     SIGNATURE_HEADER,
@@ -41,25 +37,7 @@ class CopytradeWebhookFeed(SignalDoor):
     name = "copytrade_webhook"
     what = "copytrade"
     section = "feeds.copytrade_webhook"
-
-    def __init__(
-        self,
-        config: CopytradeWebhookSection,
-        state_dir: Path,
-        *,
-        audit: AuditSink | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(
-            state_dir,
-            host=config.host,
-            port=config.port,
-            max_body_bytes=config.max_body_bytes,
-            redeliver_seconds=config.redeliver_seconds,
-            audit=audit,
-            clock=clock,
-        )
-        self.config = config
+    config: CopytradeWebhookSection
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/copytrade/{leader}", self._handle)
