@@ -56,18 +56,20 @@ def _check_feeds(cfg: Config, report: Report) -> None:
     if not replay.path:
         report.problems.append("feeds.replay.path: must name a file when the replay is enabled")
         return
-    path = Path(replay.path)
-    if not path.is_file():
-        what = "is not a regular file" if path.exists() else "does not exist"
-        report.problems.append(f"feeds.replay.path: {replay.path!r} {what}")
-        return
-    events = ReplayFeed(replay).events()
-    try:
-        next(events, None)  # the header and the first record parse
-    except ReplayError as exc:
-        report.problems.append(f"feeds.replay: {exc}")
-    finally:
-        events.close()
+    for i, part in enumerate(ReplayFeed(replay).parts()):
+        key = "feeds.replay.path" if i == 0 else f"feeds.replay.files[{i - 1}].path"
+        path = Path(part.config.path)
+        if not path.is_file():
+            what = "is not a regular file" if path.exists() else "does not exist"
+            report.problems.append(f"{key}: {part.config.path!r} {what}")
+            continue
+        events = part.events()
+        try:
+            next(events, None)  # the header and the first record parse
+        except ReplayError as exc:
+            report.problems.append(f"feeds.replay: {exc}")
+        finally:
+            events.close()
 
 
 def _check_agents(cfg: Config, report: Report) -> None:

@@ -99,6 +99,9 @@ def test_a_missing_agents_dir_and_replay_problems_are_found(tmp_path: Path) -> N
         f"feeds.replay: {csv}: feeds.replay.symbol must be set to replay CSV candles"
     ]
     assert replay(f'path = "{csv}"\nsymbol = "BTC-USD"\n') == []
+    # more files: each is checked, named by its place
+    more = f'path = "{csv}"\nsymbol = "BTC-USD"\nfiles = [{{ path = "{nope}" }}, {{ path = "{csv}" }}]\n'
+    assert replay(more) == [f"feeds.replay.files[0].path: '{nope}' does not exist"]
 
 
 def test_urls_are_checked_after_variable_expansion(monkeypatch: pytest.MonkeyPatch) -> None:

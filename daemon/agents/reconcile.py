@@ -1,5 +1,6 @@
-"""Copy-trade reconciliation: at start and every ``[copytrade] reconcile_seconds``,
-each follower's mirrored positions are compared with their targets.
+"""Copy-trade reconciliation: at READY and every ``[copytrade] reconcile_seconds``
+(live only: wall-clock rounds would make a replay differ run to run), each
+follower's mirrored positions are compared with their targets.
 
 A follower is an agent whose hooks listen to ``copytrade.signal.*`` and whose
 ``[copytrade] reconcile`` is not ``off``. Only positions it follows (its
