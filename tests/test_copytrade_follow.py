@@ -110,3 +110,37 @@ def test_a_stop_of_our_own_when_the_leader_sends_none() -> None:
     assert stop_loss(s, "long", 95.0, 100.0) == 95.0  # the leader's wins
     assert stop_loss(FollowSettings(), "long", None, 100.0) is None
     assert stop_loss(s, "long", None, None) is None
+
+
+class NoOrders:
+    """The accounts as a follower that has copied nothing sees them."""
+
+    def get_order(self, client_order_id: str) -> None:
+        return None
+
+    def last_price(self, symbol: str) -> float | None:
+        return 100.0
+
+    def pnl(self, account: str) -> float:
+        return 25.0
+
+
+def test_the_hooks_view_is_bounded_and_carries_targets() -> None:
+    from daemon.copytrade.book import LeaderBook
+    from daemon.copytrade.view import MAX_IN_STATE, follower_view
+    from daemon.events import SignalPayload
+
+    book = LeaderBook()
+    for i in range(MAX_IN_STATE + 50):
+        book.apply(
+            SignalPayload(
+                leader="alice", signal_id=f"s{i}", kind="opened", position_id=f"p{i}",
+                symbol="BTC-USD", side="long", time="2026-11-25T12:00:00.000Z", quantity=0.02,
+            )
+        )  # fmt: skip
+    view = follower_view("f", "f", FollowSettings(), book, NoOrders(), ("alice", "p3"))
+    assert len(view["leaders"]) == MAX_IN_STATE and view["leadersOmitted"] == 50
+    assert view["leaders"][-1]["positionId"] == f"p{MAX_IN_STATE + 49}"  # the newest kept
+    assert view["position"]["positionId"] == "p3"  # the signal's own, even if omitted
+    assert view["position"]["target"] == 0.01 and view["equity"] == 10_025.0
+    assert view["position"]["mirrored"]["quantity"] == 0

@@ -13,6 +13,8 @@ from daemon.copytrade.follow import Drift, FollowSettings, drift, not_followed, 
 from daemon.copytrade.mirror import mirrored
 from daemon.trading.portfolio import Order
 
+MAX_IN_STATE = 200  # leader positions (and held signals) in a hook's state
+
 
 class Accounts(Protocol):
     """What the view reads of the paper accounts: the broker live, its store offline."""
@@ -62,14 +64,23 @@ def follower_view(
     broker: Accounts,
     about: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``leaders`` (open positions, oldest first), ``held`` signals, ``settings``,
-    ``equity``; with ``about`` = (leader, positionId), that one position (open, or
-    recently closed) as ``position``."""
+    """``leaders`` (open positions, oldest first; the newest ``MAX_IN_STATE`` of
+    them, ``leadersOmitted`` says how many older ones are left out), ``held``
+    signals (as bounded), ``settings``, ``equity``; with ``about`` = (leader,
+    positionId), that one position (open, or recently closed) as ``position``.
+    Bounded so a leader with thousands of positions cannot push a follower's hook
+    state past the sandbox's frame limit."""
     equity = settings.capital + broker.pnl(account)
-    view: dict[str, Any] = {"held": book.export_held()}
+    held = book.export_held()
+    positions = list(book.positions.values())
+    shown = positions[-MAX_IN_STATE:]
+    view: dict[str, Any] = {
+        "held": held[-MAX_IN_STATE:],
+        "heldOmitted": max(0, len(held) - MAX_IN_STATE),
+        "leadersOmitted": len(positions) - len(shown),
+    }
     view["leaders"] = [
-        position_row(agent_id, account, settings, broker, p, True, equity)
-        for p in book.positions.values()
+        position_row(agent_id, account, settings, broker, p, True, equity) for p in shown
     ]
     view["settings"] = msgspec.to_builtins(settings)
     view["equity"] = round(equity, 8)
