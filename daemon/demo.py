@@ -55,7 +55,8 @@ class DemoOptions:
 LEADER_HOOK = """
 def evaluate(event, state):
     symbol, close = event["symbol"], event["payload"]["close"]
-    ema = state["indicators"].get(symbol, {}).get("1m", {}).get("ema20")
+    tf = event.get("timeframe") or "1m"
+    ema = state["indicators"].get(symbol, {}).get(tf, {}).get("ema20")
     if ema is None:
         return {"decision": "IGNORE", "reason": "warming up"}
     held = symbol in state.get("positions", {})
