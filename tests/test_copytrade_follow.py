@@ -118,7 +118,7 @@ class NoOrders:
     def get_order(self, client_order_id: str) -> None:
         return None
 
-    def last_price(self, symbol: str) -> float | None:
+    def last_price(self, symbol: str, account: str | None = None) -> float | None:
         return 100.0
 
     def pnl(self, account: str) -> float:

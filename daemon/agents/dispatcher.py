@@ -60,7 +60,7 @@ from daemon.events import (
 )
 from daemon.state import StateCache
 from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
-from daemon.trading.route import MarketRoute
+from daemon.trading.route import MarketRoutes
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
 from hooks_runtime.decisions import Alert as AlertDecision
@@ -120,7 +120,7 @@ class Dispatcher:
     audit: AuditSink
     desk: TradeDesk
     alerts: AlertNotifier
-    route: MarketRoute
+    route: MarketRoutes
     checkpoints: Checkpoints
     evaluations: int = 0
     suppressed: int = 0
@@ -213,7 +213,7 @@ class Dispatcher:
         now = await self._event_time(rt, event)
         rt.state.apply(event)
         # Risk checks and fills see the market up to this event (lockstep: exactly).
-        await self.route.caught_up(event)
+        await self.route.caught_up(rt.agent_id, event)
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
             return []
         hooks = list(rt.agent.hooks.values())

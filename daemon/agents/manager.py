@@ -93,8 +93,9 @@ class AgentManager:
         self.recently_evaluated = recently_evaluated or Recent({}, {})
         # The agent tools LLM runs call (a daemon.llm.runner.ToolBox; None: no tools).
         self.tools = tools
-        # Live: where an agent's events go when its queue is full (never on event
-        # time, where the broker's lockstep paces every agent together).
+        # Live: where an agent's events go when its queue is full. Not on event time:
+        # a replay re-publishes what agents had not finished at a restart, and a slow
+        # agent lags alone only as far as its queue holds (then the feed waits).
         self.backlog_dir = None if event_time else backlog_dir
         self.backlog_max_bytes = backlog_max_bytes
         # False: runs only log (a backtest counts wakes without calling any model).
@@ -368,7 +369,8 @@ class AgentManager:
             self._topics(agent), name=f"agent:{agent.agent_id}", overflow=overflow
         )
         # Same instant: the agent has "seen" exactly what was published before it.
-        self.dispatcher.route.join(agent.agent_id, self.bus.last_published)
+        account = agent.config.account or agent.agent_id
+        self.dispatcher.route.join(agent.agent_id, account, self.bus.last_published)
         return sub
 
     def _wake_state(self, agent_id: str) -> dict[str, Any] | None:

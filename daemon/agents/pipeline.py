@@ -41,7 +41,7 @@ from daemon.state import StateCache, read_snapshot, write_snapshot
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
 from daemon.trading.paper import Fees, PaperBroker
-from daemon.trading.route import BROKER_TOPICS, MarketRoute
+from daemon.trading.route import MarketRoutes
 from daemon.wake.store import RunStore
 from hooks_runtime.pool import open_worker_pool
 
@@ -84,12 +84,6 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 taker_bps=cfg.trading.paper_taker_fee_bps,
             ),
         )
-        # Subscribed before any agent, so the broker sees every market event they see.
-        route = MarketRoute(
-            service.bus.subscribe(BROKER_TOPICS, name="broker"),
-            broker.on_market_event,
-            lockstep=cfg.event_time,
-        )
         hook_store = HookStore(
             state_dir / "hooks.sqlite3", dedupe_max_keys=cfg.hooks.dedupe_max_keys
         )
@@ -108,6 +102,16 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         else:
             seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
         desk.set_state(TradingState(cfg.trading.state))
+        io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
+        # Created before any agent subscribes, so the broker sees every market event
+        # they see; on event time each account steps with its own agents.
+        route = MarketRoutes(
+            service.bus,
+            broker.on_market_event,
+            broker.open_cursor,
+            lockstep=cfg.event_time,
+            start=io.start,
+        )
         dispatcher = Dispatcher(
             pool=pool,
             store=hook_store,
@@ -139,10 +143,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         )
         if service.tools is not None:  # and over MCP, for the agent [mcp] names
             service.tools.ctx.agent_call = manager.agent_call
-        io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         io.start(_forward, receive, service)
         io.start(alerts.run)
-        io.start(route.run)
         await broker.recover()
         tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
         tg.start_soon(manager.run)
@@ -182,7 +184,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 manager.drain_wakes = service.feeds_finished()
                 manager.close_subscriptions()
                 await manager.wait_drained()
-                route.sub.close()  # the broker applies what it holds, then its task ends
+                route.close()  # the broker applies what it holds, then its tasks end
                 if relayed is not None:
                     relayed[0].close()
                 send.close()

@@ -126,7 +126,7 @@ class Reconciler:
                     rt.agent.config.copytrade,
                     d.side,
                     row.get("stopLoss"),
-                    self.desk.broker.last_price(d.symbol),
+                    self.desk.broker.last_price(d.symbol, self.desk.account_of(rt.agent_id)),
                 ),
                 take_profit=row.get("takeProfit"),
             )
@@ -173,7 +173,7 @@ class Reconciler:
                 trace_id=trace_id_for(event_id),
                 symbol=d.symbol,
                 topic=TOPIC,
-                ts=iso_ms(self.desk.broker.now_ms()),
+                ts=iso_ms(self.desk.broker.now_ms(self.desk.account_of(rt.agent_id))),
             )
         )
 

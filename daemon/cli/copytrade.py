@@ -62,7 +62,7 @@ class StoredAccounts:
     def get_order(self, client_order_id: str) -> Order | None:
         return self.store.get_order(client_order_id)
 
-    def last_price(self, symbol: str) -> float | None:
+    def last_price(self, symbol: str, account: str | None = None) -> float | None:
         return self.marks.get(symbol)
 
     def pnl(self, account: str) -> float:

@@ -23,8 +23,8 @@ class Accounts(Protocol):
         """The order with this id, if any."""
         ...
 
-    def last_price(self, symbol: str) -> float | None:
-        """The last known price of ``symbol``."""
+    def last_price(self, symbol: str, account: str | None = None) -> float | None:
+        """The last known price of ``symbol`` (as the account's cursor knows it)."""
         ...
 
     def pnl(self, account: str) -> float:
@@ -46,7 +46,11 @@ def position_row(
     of an input) and ``mirrored`` (:func:`daemon.copytrade.mirror.mirrored`)."""
     row: dict[str, Any] = msgspec.to_builtins(position)
     wanted = target(
-        settings, position, open_, equity=equity, price=broker.last_price(position.symbol)
+        settings,
+        position,
+        open_,
+        equity=equity,
+        price=broker.last_price(position.symbol, account),
     )
     row["open"] = open_
     row["followed"] = not_followed(settings, position.leader, position.symbol, position.side)

@@ -77,16 +77,21 @@ class Broker(Protocol):
         """Apply a risk-approved MODIFY_ORDER; raises :exc:`BrokerError` if not working."""
         ...
 
-    async def on_market_event(self, event: FeedEvent) -> None:
-        """Feed a market event (ticks, closed candles) for marks and simulated fills."""
+    async def on_market_event(self, event: FeedEvent, cursor: str = "") -> None:
+        """Feed a market event (ticks, closed candles) for marks and simulated fills,
+        for the accounts of ``cursor`` ("": those without their own)."""
+        ...
+
+    def open_cursor(self, account: str) -> None:
+        """Give ``account`` its own market cursor (event time: it steps with its agents)."""
         ...
 
     def get_order(self, client_order_id: str) -> Order | None:
         """The order with this id, if the broker has it."""
         ...
 
-    def last_price(self, symbol: str) -> float | None:
-        """The last known price of ``symbol``."""
+    def last_price(self, symbol: str, account: str | None = None) -> float | None:
+        """The last known price of ``symbol`` (as ``account``'s cursor knows it)."""
         ...
 
     def view(self, account: str) -> PortfolioView:
@@ -105,6 +110,6 @@ class Broker(Protocol):
         """The account's working orders (cheap: for every hook evaluation)."""
         ...
 
-    def now_ms(self) -> int:
-        """The broker's clock (epoch ms); pass it as the risk engine's ``now``."""
+    def now_ms(self, account: str | None = None) -> int:
+        """The broker's clock (epoch ms, ``account``'s cursor); the risk engine's ``now``."""
         ...

@@ -119,7 +119,10 @@ class TradeDesk:
             return TradeOutcome(client_order_id=coid, verdict=None, order=order, duplicate=True)
         broker = self.broker
         verdict = self.engine(agent_id).check(
-            intent, broker.view(account), broker.last_price(intent.symbol), broker.now_ms()
+            intent,
+            broker.view(account),
+            broker.last_price(intent.symbol, account),
+            broker.now_ms(account),
         )
         self._write(
             risk_record(
@@ -179,8 +182,8 @@ class TradeDesk:
                 intent,
                 order,
                 broker.view(account),
-                broker.last_price(order.symbol),
-                broker.now_ms(),
+                broker.last_price(order.symbol, account),
+                broker.now_ms(account),
             )
         self._write(
             risk_record(

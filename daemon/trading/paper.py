@@ -72,6 +72,29 @@ def _utc_midnight(ms: int) -> int:
     return int(day.timestamp() * 1000)
 
 
+class _Cursor(msgspec.Struct, kw_only=True):
+    """One view of the market: marks, when each was taken (this run), the market
+    clock, and the last event applied per partition (each applied once, in order)."""
+
+    marks: dict[str, float]
+    mark_ms: dict[str, int] = msgspec.field(default_factory=dict)
+    market_ms: int = 0
+    applied: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
+
+    def advance(self, symbol: str, price: float, ts_ms: int) -> None:
+        self.marks[symbol] = price
+        self.mark_ms[symbol] = max(self.mark_ms.get(symbol, 0), ts_ms)
+        self.market_ms = max(self.market_ms, ts_ms)
+
+    def copy(self) -> _Cursor:
+        return _Cursor(
+            marks=dict(self.marks),
+            mark_ms=dict(self.mark_ms),
+            market_ms=self.market_ms,
+            applied=dict(self.applied),
+        )
+
+
 class PaperBroker:
     """A simulated broker persisted under ``state_dir`` (``paper.sqlite3``)."""
 
@@ -94,21 +117,35 @@ class PaperBroker:
         self.fees = fees or Fees()
         self._publish = publish
         self._clock = clock
-        self._market_ms = 0
-        self._marks = self._store.marks()
-        self._mark_ms: dict[str, int] = {}  # when each mark was taken (this run)
+        # The market as each cursor has seen it: "" for every account without its
+        # own (all of them live), an account's own on event time (open_cursor).
+        self._cursors = {"": _Cursor(marks=self._store.marks())}
         self._working = {o.client_order_id: o for o in self._store.working_orders()}
         self._books = self._store.positions()  # account -> symbol -> position
         self.ignored_events = 0
-        self._applied: dict[str, tuple[int, str]] = {}
+
+    # --- cursors ------------------------------------------------------------
+
+    def open_cursor(self, account: str) -> None:
+        """From now on ``account``'s orders trade on the market events given with
+        ``cursor=account`` only, starting from the shared cursor's view."""
+        if account and account not in self._cursors:
+            self._cursors[account] = self._cursors[""].copy()
+
+    def _cursor(self, account: str | None) -> _Cursor:
+        return self._cursors.get(account or "") or self._cursors[""]
+
+    def _cursor_key(self, account: str) -> str:
+        return account if account in self._cursors else ""
 
     # --- queries ------------------------------------------------------------
 
-    def now_ms(self) -> int:
-        """The broker's clock: the injected one, else the market clock."""
+    def now_ms(self, account: str | None = None) -> int:
+        """The broker's clock: the injected one, else the market clock (as the
+        account's cursor has seen it)."""
         if self._clock is not None:
             return self._clock()
-        return self._market_ms or ev.now_ms()
+        return self._cursor(account).market_ms or ev.now_ms()
 
     def get_order(self, client_order_id: str) -> Order | None:
         """The order with this id, if recorded."""
@@ -130,14 +167,15 @@ class PaperBroker:
         """The account's working orders (entries and their stop-loss / take-profit)."""
         return tuple(o for o in self._working.values() if o.account_id == account)
 
-    def last_price(self, symbol: str) -> float | None:
-        """The last price seen for ``symbol``."""
-        return self._marks.get(symbol)
+    def last_price(self, symbol: str, account: str | None = None) -> float | None:
+        """The last price seen for ``symbol`` (by the account's cursor)."""
+        return self._cursor(account).marks.get(symbol)
 
     def unrealized_pnl(self, account: str) -> float:
         """Mark-to-market PnL of the account's open positions."""
+        marks = self._cursor(account).marks
         return sum(
-            (self._marks.get(s, p.avg_price) - p.avg_price) * p.quantity
+            (marks.get(s, p.avg_price) - p.avg_price) * p.quantity
             for s, p in self._books.get(account, {}).items()
         )
 
@@ -151,12 +189,12 @@ class PaperBroker:
 
     def view(self, account: str) -> PortfolioView:
         """The risk engine's input for ``account`` as of :meth:`now_ms`."""
-        now = self.now_ms()
+        now = self.now_ms(account)
         realized = self._store.realized_since(account, _utc_midnight(now))
         return PortfolioView(
             positions=self.positions(account),
             open_orders=self.open_orders(account),
-            marks=dict(self._marks),
+            marks=dict(self._cursor(account).marks),
             pnl_today=realized + self.unrealized_pnl(account),
             recent_order_ms=tuple(self._store.order_times_since(account, now - 60_000)),
         )
@@ -185,7 +223,7 @@ class PaperBroker:
             raise BrokerError(f"cannot cancel order {client_order_id}: it {state}")
         out: list[FeedEvent] = []
         with self._store.transaction():
-            self._cancel(order, "canceled by request", self.now_ms(), out)
+            self._cancel(order, "canceled by request", self.now_ms(order.account_id), out)
         await self._emit(out)
         return self._store.get_order(client_order_id) or order
 
@@ -199,7 +237,7 @@ class PaperBroker:
         if why is not None:
             raise BrokerError(why)
         out: list[FeedEvent] = []
-        changed = amended(order, change, max(self.now_ms(), order.updated_ms))
+        changed = amended(order, change, max(self.now_ms(order.account_id), order.updated_ms))
         digest = hashlib.blake2b(msgspec.json.encode(changed), digest_size=6).hexdigest()
         with self._store.transaction():
             self._save(changed)
@@ -218,16 +256,20 @@ class PaperBroker:
                                 ev.ACCOUNT_ORDER_MODIFIED, moved, f"modified:{digest}"
                             )
                         )
-        last = self._marks.get(order.symbol)
+        last = self._cursor(order.account_id).marks.get(order.symbol)
         fill = marketable_price(changed, last) if last is not None else None
         if fill is not None and changed.role == "entry":
             self._fill_in_txn(changed, fill, changed.updated_ms, out, arrival=True)
         await self._emit(out)
         return self._store.get_order(client_order_id) or changed
 
-    async def on_market_event(self, event: FeedEvent) -> None:
+    async def on_market_event(self, event: FeedEvent, cursor: str = "") -> None:
         """Take prices from ticks and closed candles (trades that fill orders) and from
-        movers (a mark only: a scanner's agent may trade a product no feed follows)."""
+        movers (a mark only: a scanner's agent may trade a product no feed follows),
+        for the orders of ``cursor``'s accounts (see :meth:`open_cursor`)."""
+        c = self._cursors.get(cursor)
+        if c is None:
+            return
         if event.symbol is None or event.topic not in (
             ev.MARKET_PRICE_TICK,
             ev.MARKET_CANDLE_CLOSED,
@@ -241,25 +283,25 @@ class PaperBroker:
             return
         # Several agents hand the broker the same market events, each in its own
         # order: apply each partition's events once, oldest first.
-        last = self._applied.get(event.partition)
+        last = c.applied.get(event.partition)
         if last is not None and (ts < last[0] or (ts == last[0] and event.event_id == last[1])):
             return
-        self._applied[event.partition] = (ts, event.event_id)
+        c.applied[event.partition] = (ts, event.event_id)
         if event.topic == ev.MARKET_MOVERS_DETECTED:
             mover = ev.mover_of(event.payload)
             if mover is None:
                 self.ignored_events += 1
-            elif ts >= self._mark_ms.get(event.symbol, 0):  # never over a newer price
-                self._advance(event.symbol, mover.price, ts)
+            elif ts >= c.mark_ms.get(event.symbol, 0):  # never over a newer price
+                c.advance(event.symbol, mover.price, ts)
             return
         if event.topic == ev.MARKET_PRICE_TICK:
             tick = ev.tick_of(event.payload)
             if tick is None:
                 self.ignored_events += 1
             elif tick.stale_after_reconnect:
-                self._advance(event.symbol, tick.price, ts)  # a snapshot, not a trade: mark only
+                c.advance(event.symbol, tick.price, ts)  # a snapshot, not a trade: mark only
             else:
-                await self.on_tick(event.symbol, tick.price, ts)
+                await self.on_tick(event.symbol, tick.price, ts, cursor)
             return
         candle = ev.candle_of(event.payload)
         if candle is None or not candle.consistent or candle.close <= 0:
@@ -267,13 +309,14 @@ class PaperBroker:
             return
         # The event's time is the close the broker fills at (the payload's is the same
         # for every feed we have; the event's is what the route ordered by).
-        await self.on_candle(event.symbol, msgspec.structs.replace(candle, close_time_ms=ts))
+        candle = msgspec.structs.replace(candle, close_time_ms=ts)
+        await self.on_candle(event.symbol, candle, cursor)
 
-    async def on_tick(self, symbol: str, price: float, ts_ms: int) -> None:
+    async def on_tick(self, symbol: str, price: float, ts_ms: int, cursor: str = "") -> None:
         """A trade at ``price``: update the mark, fill what it reaches."""
-        self._advance(symbol, price, ts_ms)
+        self._cursors[cursor].advance(symbol, price, ts_ms)
         out: list[FeedEvent] = []
-        for order in self._symbol_orders(symbol):
+        for order in self._symbol_orders(symbol, cursor=cursor):
             stale = order.created_ms > ts_ms and order.order_type != "market"
             if order.status != "OPEN" or stale:
                 continue  # a tick older than a resting order cannot have traded against it
@@ -282,22 +325,22 @@ class PaperBroker:
                 self._fill_in_txn(order, fill, ts_ms, out)
         await self._emit(out)
 
-    async def on_candle(self, symbol: str, candle: Candle) -> None:
+    async def on_candle(self, symbol: str, candle: Candle, cursor: str = "") -> None:
         """A closed candle: entries first, then brackets with the stop before the target.
 
         A bracket born inside this candle may only be stopped out in it (we cannot
         know the target traded after the entry; the loss we must assume).
         """
-        self._advance(symbol, candle.close, candle.close_time_ms)
+        self._cursors[cursor].advance(symbol, candle.close, candle.close_time_ms)
         out: list[FeedEvent] = []
         filled_now: set[str] = set()
-        for order in self._symbol_orders(symbol, entries=True):
+        for order in self._symbol_orders(symbol, entries=True, cursor=cursor):
             fill = candle_fill(order, candle)
             if fill is not None and order.status == "OPEN":
                 part = self._part(order, candle)
                 self._fill_in_txn(order, fill, candle.close_time_ms, out, part)
                 filled_now.add(order.client_order_id)
-        for order in self._symbol_orders(symbol, entries=False):
+        for order in self._symbol_orders(symbol, entries=False, cursor=cursor):
             if order.client_order_id not in self._working:
                 continue  # its sibling filled earlier in this loop
             if order.parent_id in filled_now and order.role == "take_profit":
@@ -308,20 +351,27 @@ class PaperBroker:
         await self._emit(out)
 
     def close(self) -> None:
-        """Save marks and close the store."""
+        """Save marks (each symbol's newest, whichever cursor saw it) and close the store."""
+        marks: dict[str, tuple[int, float]] = {}
+        for c in self._cursors.values():
+            for symbol, price in c.marks.items():
+                at = c.mark_ms.get(symbol, 0)
+                if symbol not in marks or at > marks[symbol][0]:
+                    marks[symbol] = (at, price)
         with self._store.transaction():
-            self._store.put_marks(self._marks)
+            self._store.put_marks({s: price for s, (_, price) in marks.items()})
         self._store.close()
 
     # --- internals ----------------------------------------------------------
 
-    def _advance(self, symbol: str, price: float, ts_ms: int) -> None:
-        self._marks[symbol] = price
-        self._mark_ms[symbol] = max(self._mark_ms.get(symbol, 0), ts_ms)
-        self._market_ms = max(self._market_ms, ts_ms)
-
-    def _symbol_orders(self, symbol: str, entries: bool | None = None) -> list[Order]:
-        orders = [o for o in self._working.values() if o.symbol == symbol]
+    def _symbol_orders(
+        self, symbol: str, entries: bool | None = None, cursor: str = ""
+    ) -> list[Order]:
+        orders = [
+            o
+            for o in self._working.values()
+            if o.symbol == symbol and self._cursor_key(o.account_id) == cursor
+        ]
         if entries is not None:
             orders = [o for o in orders if (o.role in _CHILD_ROLES) != entries]
         return sorted(orders, key=lambda o: (o.role == "take_profit", o.created_ms))
@@ -331,7 +381,7 @@ class PaperBroker:
         intent = request.intent
         if intent.action == "CLOSE_POSITION" or intent.side is None or intent.volume is None:
             raise BrokerError("resolve CLOSE_POSITION with the risk engine before submitting")
-        now = self.now_ms()
+        now = self.now_ms(request.account)
         order = Order(
             client_order_id=request.client_order_id,
             agent_id=request.agent_id,
@@ -358,16 +408,15 @@ class PaperBroker:
     async def _open(self, order: Order) -> Order:
         """'Send' the order to the simulated venue, then fill it if it is marketable."""
         out: list[FeedEvent] = []
-        opened = msgspec.structs.replace(order, status="OPEN", updated_ms=self.now_ms())
+        now = self.now_ms(order.account_id)
+        opened = msgspec.structs.replace(order, status="OPEN", updated_ms=now)
         with self._store.transaction():
             self._save(opened)
             out.append(self._order_event(ev.ACCOUNT_ORDER_PLACED, opened, "placed"))
-        last = self._marks.get(order.symbol)
+        last = self._cursor(order.account_id).marks.get(order.symbol)
         fill = marketable_price(opened, last) if last is not None else None
         if fill is not None:
-            self._fill_in_txn(
-                opened, fill, max(self.now_ms(), opened.created_ms), out, arrival=True
-            )
+            self._fill_in_txn(opened, fill, max(now, opened.created_ms), out, arrival=True)
         await self._emit(out)
         return self._store.get_order(order.client_order_id) or opened
 
@@ -438,7 +487,8 @@ class PaperBroker:
             updated_ms=ts_ms,
         )
         self._save(filled)
-        self._store.put_marks({order.symbol: self._marks.get(order.symbol, price)})
+        marks = self._cursor(order.account_id).marks
+        self._store.put_marks({order.symbol: marks.get(order.symbol, price)})
         self._store.add_fill(
             order.account_id, order.client_order_id, order.symbol, signed, price, ts_ms,
             applied.realized, fee,

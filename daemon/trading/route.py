@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 import structlog
 
-from daemon.bus import Subscription
+from daemon.bus import Bus, Subscription
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
     MARKET_MOVERS_DETECTED,
@@ -173,3 +173,90 @@ class MarketRoute:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
+
+
+class MarketRoutes:
+    """The broker's routes: live, one for every account, running free; on event time
+    (lockstep), one per account with agents, each stepping with that account's agents
+    only, so a slow agent holds back its own account and no other, and a shared one,
+    free, for the accounts no agent trades in (their resting orders still fill).
+
+    An account's route subscribes when its first agent joins (the same instant as
+    the agent's own subscription) and gives the broker the account's own market
+    cursor (``open_cursor``). Like the agents' queues on event time it is bounded
+    (``[bus] queue_size``): a slow account lags alone as far as that holds, then the
+    feed waits for it.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        apply: Callable[[FeedEvent, str], Awaitable[None]],
+        open_cursor: Callable[[str], None],
+        *,
+        lockstep: bool,
+        start: Callable[[Callable[[], Awaitable[None]]], None],
+    ) -> None:
+        self.bus = bus
+        self.lockstep = lockstep
+        self._apply = apply
+        self._open_cursor = open_cursor
+        self._start = start
+        self.shared = MarketRoute(
+            bus.subscribe(BROKER_TOPICS, name="broker"), self._applier(""), lockstep=False
+        )
+        start(self.shared.run)
+        self._accounts: dict[str, MarketRoute] = {}
+        self._of_agent: dict[str, MarketRoute] = {}
+
+    def _applier(self, cursor: str) -> Callable[[FeedEvent], Awaitable[None]]:
+        async def apply(event: FeedEvent) -> None:
+            await self._apply(event, cursor)
+
+        return apply
+
+    def join(self, agent_id: str, account: str, published: Mapping[str, FeedEvent]) -> None:
+        """Register an agent of ``account`` (see :meth:`MarketRoute.join`)."""
+        route = self.shared if not self.lockstep else self._accounts.get(account)
+        if route is None:
+            sub = self.bus.subscribe(BROKER_TOPICS, name=f"broker:{account}")
+            self._open_cursor(account)
+            route = MarketRoute(sub, self._applier(account), lockstep=True)
+            self._accounts[account] = route
+            self._start(route.run)
+        self._of_agent[agent_id] = route
+        route.join(agent_id, published)
+
+    def leave(self, agent_id: str) -> None:
+        """An agent stopped (its account's route goes on, free if it was the last)."""
+        route = self._of_agent.pop(agent_id, None)
+        if route is not None:
+            route.leave(agent_id)
+
+    async def caught_up(self, agent_id: str, event: FeedEvent) -> None:
+        """Until the agent's route has applied ``event``."""
+        await self._of_agent.get(agent_id, self.shared).caught_up(event)
+
+    def done(self, agent_id: str, event: FeedEvent) -> None:
+        """The agent has finished ``event``."""
+        self._of_agent.get(agent_id, self.shared).done(agent_id, event)
+
+    def routes(self) -> list[MarketRoute]:
+        """The shared route, then each account's."""
+        return [self.shared, *self._accounts.values()]
+
+    def close(self) -> None:
+        """End every route after it applied what it holds (the drain)."""
+        for route in self.routes():
+            route.sub.close()
+
+    def statistics(self) -> dict[str, int | bool]:
+        """For status: events applied and failures over every route, mode, agents, routes."""
+        routes = self.routes()
+        return {
+            "applied": sum(r.applied for r in routes),
+            "failures": sum(r.failures for r in routes),
+            "lockstep": self.lockstep,
+            "agents": len(self._of_agent),
+            "routes": len(routes),
+        }

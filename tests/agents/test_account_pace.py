@@ -1,0 +1,88 @@
+"""On event time each account steps with its own agents: a slow agent holds back
+its own account's fills, never another agent, and every account trades the same
+as it would alone."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from daemon.agents.pipeline import open_agents
+from daemon.config import Config
+from daemon.service import Service
+from tests.agents.test_pipeline import PacedFeed, audit, candle
+
+# Buys on every 4th candle with a stop and a target, closes two candles later.
+TRADER = """
+def evaluate(event, state):
+    step = int(event["payload"]["close"]) - 101
+    held = "BTC-USD" in state["positions"]
+    if step % 4 == 0 and not held:
+        c = event["payload"]["close"]
+        return {"decision": "TRADE_INTENT", "reason": "in " + str(step),
+                "intent": {"action": "PLACE_MARKET_ORDER", "symbol": "BTC-USD", "side": "buy",
+                           "volume": 0.5, "stopLoss": c - 5, "takeProfit": c + 50}}
+    if step % 4 == 2 and held:
+        return {"decision": "TRADE_INTENT", "reason": "out " + str(step),
+                "intent": {"action": "CLOSE_POSITION", "symbol": "BTC-USD"}}
+    return {"decision": "IGNORE", "reason": "wait"}
+"""
+SLOW = TRADER.replace("step = int(", "busy = sum(range(3000000))  # ~30 ms of CPU\n    step = int(")
+N = 40
+
+
+async def run(root: Path, hooks: dict[str, str]) -> tuple[list[tuple[Any, ...]], dict[str, float]]:
+    """Event time, flat out: the fills of every account, and when (wall clock, from
+    the first published candle) each agent had evaluated all N."""
+    for name, src in hooks.items():
+        (root / "agents" / name / "hooks").mkdir(parents=True)
+        (root / "agents" / name / "agent.toml").write_text("")
+        (root / "agents" / name / "hooks" / "autotrade_steps.py").write_text(src)
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(root / "state"), "clock": "event"},
+            "hooks": {"agents_dir": str(root / "agents"), "reload_seconds": 60},
+        },
+        Config,
+    )
+    feed = PacedFeed([candle(i) for i in range(N)])
+    svc = Service(cfg, lambda _: [feed], components=[open_agents])
+    done: dict[str, float] = {}
+
+    async def watch() -> None:
+        await feed.when(1).wait()
+        started = time.monotonic()
+        while len(done) < len(hooks):
+            seen = Counter(str(r["agentId"]) for r in audit(root) if r["type"] == "hook")
+            for name in hooks:
+                if seen[name] >= N and name not in done:
+                    done[name] = time.monotonic() - started
+            await anyio.sleep(0.01)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await svc.run()
+    fills = [
+        (r["agentId"], r["role"], r["side"], r["volume"], r["price"])
+        for r in audit(root)
+        if r["type"] == "order" and r["status"] == "FILLED"
+    ]
+    return fills, done
+
+
+async def test_a_slow_agent_holds_back_only_its_own_account(tmp_path: Path) -> None:
+    alone, _ = await run(tmp_path / "alone", {"fast": TRADER})
+    both, done = await run(tmp_path / "both", {"fast": TRADER, "slow": SLOW})
+    slow_alone, _ = await run(tmp_path / "slow", {"slow": SLOW})
+    # the fast agent finished its 40 candles long before the slow one (~1.2 s of hooks;
+    # on event time a slow agent lags alone as far as its queue holds: 4096 events)
+    assert done["fast"] < done["slow"] / 3, done
+    # and each account traded exactly as it does alone: same fills, same prices
+    assert [f for f in both if f[0] == "fast"] == alone and alone
+    assert [f for f in both if f[0] == "slow"] == slow_alone
