@@ -194,6 +194,11 @@ class Subscription:
         return self._bus
 
     @property
+    def depth(self) -> int:
+        """Events queued in memory (not counting the backlog on disk)."""
+        return len(self._queue)
+
+    @property
     def idle(self) -> bool:
         """Nothing queued, nothing on disk, and the consumer has asked for more after
         its last event (it finished it)."""

@@ -157,9 +157,13 @@ class Dispatcher:
     @staticmethod
     def lag_reason(rt: AgentRuntime) -> str:
         """Why the agent is behind right now ("" when it is not): over its CPU budget,
-        or events waiting in its backlog on disk."""
+        events waiting in its backlog on disk, or (event time: no backlog) its queue
+        at least half full (when full, the feed waits for it)."""
         backlog = rt.sub.backlog
-        return rt.over_budget or (f"{backlog} events waiting on disk" if backlog else "")
+        if rt.over_budget or backlog:
+            return rt.over_budget or f"{backlog} events waiting on disk"
+        queued, capacity = rt.sub.depth, rt.sub.capacity
+        return f"{queued} events queued (of {capacity})" if queued * 2 >= capacity > 1 else ""
 
     def _note_lag(self, rt: AgentRuntime) -> None:
         """Keep ``rt.lagging`` current; log once when the agent falls behind, once

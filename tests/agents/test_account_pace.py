@@ -86,3 +86,21 @@ async def test_a_slow_agent_holds_back_only_its_own_account(tmp_path: Path) -> N
     # and each account traded exactly as it does alone: same fills, same prices
     assert [f for f in both if f[0] == "fast"] == alone and alone
     assert [f for f in both if f[0] == "slow"] == slow_alone
+
+
+async def test_on_event_time_a_queue_half_full_reads_as_lagging() -> None:
+    """No backlog on event time: status says the agent is behind by its queue."""
+    from types import SimpleNamespace
+
+    from daemon.agents.dispatcher import Dispatcher
+    from daemon.bus import Bus
+
+    bus = Bus(queue_size=4)
+    sub = bus.subscribe("market.>", name="agent:slow")
+    rt = SimpleNamespace(sub=sub, over_budget="")
+    assert Dispatcher.lag_reason(rt) == ""  # type: ignore[arg-type]
+    for i in range(2):
+        await bus.publish(candle(i))
+    assert Dispatcher.lag_reason(rt) == "2 events queued (of 4)"  # type: ignore[arg-type]
+    rt.over_budget = "over its CPU budget"
+    assert Dispatcher.lag_reason(rt) == "over its CPU budget"  # type: ignore[arg-type]
