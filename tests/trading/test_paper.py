@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from daemon import events as ev
@@ -314,3 +315,27 @@ async def test_a_mover_marks_the_price_without_filling_or_going_back(broker: Pap
     await broker.on_market_event(late)
     await broker.on_market_event(_event(ev.MARKET_MOVERS_DETECTED, {"price": 1}, T0 + 3 * MIN))
     assert broker.last_price("BTC") == 130.0 and broker.ignored_events == 1
+
+
+async def test_an_account_with_its_own_cursor_trades_on_its_own_events(
+    broker: PaperBroker,
+) -> None:
+    """Event time: account "a" steps with its agents (cursor "a"); the shared cursor's
+    events fill every other account but never "a"'s orders, and each has its own clock
+    and marks."""
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, {"price": 100.0}, T0))
+    broker.open_cursor("a")
+    limit = {"action": "PLACE_LIMIT_ORDER", "openPrice": 98.0}
+    mine = request("a1", **limit)
+    mine = OrderRequest(**{**msgspec.structs.asdict(mine), "account_id": "a"})
+    theirs = await broker.submit(request("b1", **limit))
+    mine_order = await broker.submit(mine)
+    dip = {"price": 97.0}
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, dip, T0 + MIN))  # shared
+    assert broker.get_order(theirs.client_order_id).status == "FILLED"  # type: ignore[union-attr]
+    assert broker.get_order(mine_order.client_order_id).status == "OPEN"  # type: ignore[union-attr]
+    assert broker.last_price("BTC", "a") == 100.0 and broker.last_price("BTC") == 97.0
+    assert broker.now_ms("a") == T0 and broker.now_ms() == T0 + MIN
+    await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, dip, T0 + MIN), cursor="a")
+    assert broker.get_order(mine_order.client_order_id).status == "FILLED"  # type: ignore[union-attr]
+    assert broker.now_ms("a") == T0 + MIN
