@@ -191,6 +191,8 @@ async def test_a_stall_and_its_recovery_are_logged_once_each(tmp_path: Path) -> 
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
             tg.start_soon(svc.run)
+            with anyio.fail_after(10):
+                await svc.ready.wait()  # a slow start (a loaded machine) must not race us
             await settle()
             for _ in range(30):  # 30 s of silence, checked every second
                 clock.advance(1.0)
