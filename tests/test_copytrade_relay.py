@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from daemon.copytrade.relay import LeaderRelay
@@ -103,3 +104,28 @@ def test_the_records_continue_from_what_was_kept() -> None:
         "realizedPnl": 6.0, "maxDrawdown": 4.0, "peakPnl": 10.0,
     }  # fmt: skip
     assert again.stats["bob"].closed_positions == 0
+
+
+def test_kept_records_that_are_not_a_small_regular_file_start_from_zero(tmp_path: Path) -> None:
+    """A FIFO (never waited on), a link, an oversized or broken file: a warning and
+    fresh records; the daemon goes on."""
+    import os
+
+    from daemon.agents.pipeline import MAX_LEADER_STATS_BYTES, load_leader_stats
+
+    good = LeaderRelay({"lead": "alice"})
+    good.stats["alice"].closed_positions = 3
+    kept = tmp_path / "kept.json"
+    kept.write_bytes(good.dump_stats())
+    fifo, link, big, bad = (tmp_path / n for n in ("fifo", "link", "big", "bad"))
+    os.mkfifo(fifo)
+    link.symlink_to(kept)
+    big.write_bytes(b" " * (MAX_LEADER_STATS_BYTES + 1))
+    bad.write_bytes(b'[{"leader": "alice", "closedPositions": "many"}]')
+    for path in (fifo, link, big, bad, tmp_path / "missing"):
+        relay = LeaderRelay({"lead": "alice"})
+        load_leader_stats(relay, path)
+        assert relay.stats["alice"].closed_positions == 0, path
+    relay = LeaderRelay({"lead": "alice"})
+    load_leader_stats(relay, kept)
+    assert relay.stats["alice"].closed_positions == 3

@@ -8,6 +8,7 @@ the audit log is flushed last.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -35,15 +36,16 @@ from daemon.bus import Bus, Subscription
 from daemon.config import CopytradeSection
 from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LeaderRelay
-from daemon.errors import StoreError
+from daemon.errors import StoreError, WorkspaceFileError
 from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent
-from daemon.state import StateCache, read_snapshot, write_snapshot
+from daemon.state import StateCache, write_snapshot
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
 from daemon.trading.paper import Fees, PaperBroker
 from daemon.trading.route import MarketRoutes
 from daemon.wake.store import RunStore
 from hooks_runtime.pool import open_worker_pool
+from hooks_runtime.safe_read import read_regular
 
 if TYPE_CHECKING:
     from daemon.service import Service
@@ -52,6 +54,7 @@ log = structlog.get_logger("pipeline")
 
 LEADER_STATS_FILE = "copytrade-leaders.json"  # the leader agents' running records
 SETTLE_LIMIT_SECONDS = 30.0
+MAX_LEADER_STATS_BYTES = 1024 * 1024
 OUTBOX_SIZE = 10_000
 
 
@@ -256,15 +259,21 @@ def _leader_relay(
     for account in relay.leaders:
         for symbol, position in broker.positions(account).items():
             relay.seed(account, symbol, position.quantity, position.opened_ms)
-    kept = service.state_dir / LEADER_STATS_FILE
-    try:
-        data = read_snapshot(kept)
-        if data is not None:
-            relay.load_stats(data)
-    except (StoreError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        log.warning("leader records unreadable; counting from zero", path=str(kept), error=str(exc))
+    load_leader_stats(relay, service.state_dir / LEADER_STATS_FILE)
     log.info("copy-trade leaders", agents=leaders)
     return service.bus.subscribe("account.>", name="copytrade-leader"), relay
+
+
+def load_leader_stats(relay: LeaderRelay, path: Path) -> None:
+    """Continue the records kept at ``path``; a missing file starts from zero, and so
+    does one that is not a small regular file (a link, a FIFO: never waited on) or
+    does not decode, with a warning."""
+    if not os.path.lexists(path):
+        return
+    try:
+        relay.load_stats(read_regular(path, MAX_LEADER_STATS_BYTES, "the leader records"))
+    except (WorkspaceFileError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("leader records unreadable; counting from zero", path=str(path), error=str(exc))
 
 
 async def _relay(
