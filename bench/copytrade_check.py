@@ -14,13 +14,13 @@ and the wall time of each run with the ratio.
 from __future__ import annotations
 
 import argparse
-import gzip
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import msgspec
+from isolation_check import head  # bench/ is on the path when run as a script
 
 from daemon.app import run_daemon
 from daemon.config import Config
@@ -30,16 +30,6 @@ from daemon.trading.paper_store import PaperStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "normalized" / "binance_spot_BTCUSDT_5m_2026-03.csv.gz"
-
-
-def head(src: Path, dst: Path, rows: int) -> int:
-    n = 0
-    with gzip.open(src, "rt", encoding="utf-8") as fin, dst.open("w", encoding="utf-8") as out:
-        for n, line in enumerate(fin):
-            if n > rows:
-                break
-            out.write(line)
-    return min(n, rows)
 
 
 def run(root: Path, csv: Path, follower: bool) -> tuple[dict[str, tuple[int, float, float]], float]:

@@ -35,12 +35,15 @@ def evaluate(event, state):
 """
 
 
-def head(src: Path, dst: Path, rows: int) -> None:
+def head(src: Path, dst: Path, rows: int) -> int:
+    """The header and the first ``rows`` rows of a gzipped CSV; how many rows."""
+    n = 0
     with gzip.open(src, "rt", encoding="utf-8") as fin, dst.open("w", encoding="utf-8") as out:
-        for i, line in enumerate(fin):
-            if i > rows:
+        for n, line in enumerate(fin):
+            if n > rows:
                 break
             out.write(line)
+    return min(n, rows)
 
 
 def run(root: Path, csv: Path, neighbour: bool) -> tuple[list[tuple[Any, ...]], float]:
