@@ -32,6 +32,16 @@ from daemon.events import FeedEvent, decode, encode
 log = structlog.get_logger("backlog")
 
 
+def open_backlog(path: Path, max_bytes: int, owner: str) -> Backlog | None:
+    """The backlog at ``path``, or None (logged) when it cannot be opened: ``owner``
+    then runs without one, and publishers wait for it when its queue is full."""
+    try:
+        return Backlog(path, max_bytes)
+    except StoreError as exc:
+        log.error("backlog unavailable; publishers will wait", owner=owner, error=str(exc))
+        return None
+
+
 class Backlog:
     """An append-only FIFO of events in one file (see the module docstring)."""
 

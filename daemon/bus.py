@@ -24,6 +24,12 @@ Slow consumers: when a subscriber's queue is full,
   spilling, every non-tick event goes to the backlog until it is empty again
   (per-partition order is kept); a full backlog falls back to waiting.
 
+Ordered subscriptions (``ordered=True``, event time: the agents' and their
+accounts' broker routes, which step in lockstep) keep the exact publish order
+across partitions: their ticks never coalesce and never overtake what waits
+on disk; they queue, spill and wait like every other event. Two lockstepped
+consumers that saw ticks in different orders would each wait for the other.
+
 Counters: published, delivered, coalesced, blocked publishes, queue depth and
 lag (age of the oldest waiting event) per subscriber, via :meth:`statistics`.
 """
@@ -58,8 +64,11 @@ class Subscription:
         patterns: tuple[str, ...],
         capacity: int,
         overflow: Backlog | None = None,
+        *,
+        ordered: bool = False,
     ) -> None:
         self.name = name
+        self.ordered = ordered
         self.patterns = patterns
         self.capacity = capacity
         self._bus = bus
@@ -89,7 +98,7 @@ class Subscription:
     def _offer(self, event: FeedEvent, now_ns: int) -> bool:
         """Queue the event unless that would block; ``False`` means the caller must wait."""
         queue = self._queue
-        if event.topic in COALESCING_TOPICS:
+        if event.topic in COALESCING_TOPICS and not self.ordered:
             key = event.partition
             if len(queue) >= self.capacity:
                 slot = self._pending_tick.get(key)
@@ -293,9 +302,11 @@ class Bus:
         name: str = "",
         capacity: int | None = None,
         overflow: Backlog | None = None,
+        ordered: bool = False,
     ) -> Subscription:
         """A new subscription; close it (or the bus) to stop receiving. With
-        ``overflow``, what its queue cannot hold goes there instead of waiting."""
+        ``overflow``, what its queue cannot hold goes there instead of waiting;
+        ``ordered``: in publish order across partitions, ticks included (see above)."""
         pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
         if not pats:
             raise ValueError("a subscription needs at least one topic pattern")
@@ -304,7 +315,9 @@ class Bus:
         cap = self.queue_size if capacity is None else capacity
         if cap < 1:
             raise ValueError("capacity must be at least 1")
-        sub = Subscription(self, name or f"sub{len(self._subs) + 1}", pats, cap, overflow)
+        sub = Subscription(
+            self, name or f"sub{len(self._subs) + 1}", pats, cap, overflow, ordered=ordered
+        )
         if self._closed:
             sub.close()
             return sub

@@ -76,9 +76,9 @@ class DaemonSection(Base, frozen=True):
 
 class BusSection(Base, frozen=True):
     queue_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096
-    # Live: what a slow agent's full queue cannot hold waits on disk
-    # (<state_dir>/backlog/<agent>.jsonl) instead of holding back the feeds, up to
-    # this many MB per agent; past it the feeds wait for that agent.
+    # What a slow agent's full queue cannot hold waits on disk
+    # (<state_dir>/backlog/<agent>.jsonl; on event time its account's too) instead
+    # of holding back the feeds, up to this many MB each; past it the feeds wait.
     agent_backlog_mb: Annotated[int, msgspec.Meta(ge=1, le=65536)] = 256
 
 

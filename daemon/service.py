@@ -344,7 +344,13 @@ class Service:
                 if self._feeds_tg is not None:
                     self._feeds_tg.start_soon(self._reload_once)
             else:
-                log.info("signal received; draining", signal=name)
+                subs = self.bus.statistics().subscriptions
+                log.info(
+                    "signal received; draining",
+                    signal=name,
+                    queued=sum(s.depth for s in subs),
+                    on_disk=sum(s.backlog for s in subs),
+                )
                 self._stop.set()
 
     async def _reload_once(self) -> None:

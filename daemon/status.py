@@ -28,7 +28,7 @@ class SubscriptionStatus(msgspec.Struct, frozen=True):
     coalesced: int
     blocked_publishes: int
     lag_ms: float
-    # Events on disk (a live agent's overflow), and how many went there in all.
+    # Events on disk (a lagging agent's overflow), and how many went there in all.
     backlog: int = 0
     spilled: int = 0
 

@@ -1,4 +1,4 @@
-"""A live agent's overflow on disk, and its CPU budget: nobody waits for a slow agent."""
+"""An agent's overflow on disk, and its CPU budget: nobody waits for a slow agent."""
 
 from __future__ import annotations
 
@@ -77,6 +77,38 @@ async def test_a_full_queue_spills_instead_of_blocking_and_order_is_kept(tmp_pat
     assert slow.backlog == 0 and path.stat().st_size == 0
     bus.close()
     slow.release()
+
+
+async def test_an_ordered_subscription_keeps_publish_order_across_partitions(
+    tmp_path: Path,
+) -> None:
+    """Event time: an agent and its account's broker route step together, so both
+    must see candles and ticks in one order. An ordered subscription never coalesces
+    a tick nor lets it overtake the candles waiting on disk; without a backlog its
+    ticks wait for room like everything else."""
+    bus = Bus(queue_size=2)
+    ordered = bus.subscribe(
+        ">", overflow=Backlog(tmp_path / "a.jsonl", max_bytes=1 << 20), ordered=True
+    )
+    published = []
+    with anyio.fail_after(2):
+        for i in range(30):
+            for event in (ev(MARKET_CANDLE_CLOSED, "c", i), ev(MARKET_PRICE_TICK, "t", i)):
+                published.append(event.event_id)
+                await bus.publish(event)
+    assert ordered.statistics().coalesced == 0 and ordered.backlog == 58
+    got = []
+    while (e := ordered.receive_nowait()) is not None:
+        got.append(e.event_id)
+    assert got == published
+    ordered.release()
+
+    bare = Bus(queue_size=1)
+    sub = bare.subscribe(">", ordered=True)
+    await bare.publish(ev(MARKET_PRICE_TICK, "t", 0))
+    with anyio.move_on_after(0.2) as waited:
+        await bare.publish(ev(MARKET_PRICE_TICK, "t", 1))
+    assert waited.cancelled_caught and sub.statistics().coalesced == 0
 
 
 async def test_a_stop_drains_through_the_backlog_and_a_cut_leaves_it_for_the_next_start(

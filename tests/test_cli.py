@@ -286,14 +286,15 @@ def evaluate(event, state):
 
 
 def test_stop_drains_every_queued_event_even_on_a_second_term(tmp_path: Path) -> None:
-    """After SIGTERM every event already on the bus is evaluated and audited; a second
-    SIGTERM during that drain is ignored; exit 0."""
+    """After SIGTERM every event already on the bus (in the agent's queue or, past
+    its 64 events, in its backlog on disk: the replay does not wait for it) is
+    evaluated and audited; a second SIGTERM during that drain is ignored; exit 0."""
     hooks = tmp_path / "agents" / "slow" / "hooks"
     hooks.mkdir(parents=True)
     (hooks / "wake_slow.py").write_text(SLOW_HOOK)
     csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=1, n=3000, timeframe="1m")
-    cfg = _replay_config(tmp_path, csv)
+    generate_candles(csv, seed=1, n=20_000, timeframe="1m")
+    cfg = _replay_config(tmp_path, csv, speed=300_000)  # 5,000 candles a second
     text = cfg.read_text().replace("[hooks]\nenabled = false\n", "")
     cfg.write_text(
         text + f'[bus]\nqueue_size = 64\n[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
@@ -316,9 +317,13 @@ def test_stop_drains_every_queued_event_even_on_a_second_term(tmp_path: Path) ->
     for f in (tmp_path / "state" / "audit").glob("audit-*.jsonl"):
         audited += [json.loads(x) for x in f.read_text().splitlines()]
     hook_ids = [r["eventId"] for r in audited if r["type"] == "hook"]
-    assert 0 < len(recorded) < 3000
+    assert 64 < len(recorded) < 20_000  # stopped by the signal, not by the file's end
     assert hook_ids == [e.event_id for e in recorded]
     assert "signal ignored: already stopping" in stderr
+    lines = [json.loads(x) for x in stderr.splitlines() if x.startswith("{")]
+    (stop,) = [x for x in lines if x["event"] == "signal received; draining"]
+    assert stop["on_disk"] > 0, stop  # at the signal the agent lagged past its queue,
+    assert (tmp_path / "state" / "backlog" / "slow.jsonl").stat().st_size == 0  # drained
 
 
 def test_sigterm_during_a_lagging_replay_stops_within_10_seconds(tmp_path: Path) -> None:

@@ -157,8 +157,8 @@ class Dispatcher:
     @staticmethod
     def lag_reason(rt: AgentRuntime) -> str:
         """Why the agent is behind right now ("" when it is not): over its CPU budget,
-        events waiting in its backlog on disk, or (event time: no backlog) its queue
-        at least half full (when full, the feed waits for it)."""
+        events waiting in its backlog on disk, or its queue at least half full (with
+        no backlog, the feed waits for it once the queue is full)."""
         backlog = rt.sub.backlog
         if rt.over_budget or backlog:
             return rt.over_budget or f"{backlog} events waiting on disk"

@@ -32,7 +32,7 @@ from daemon.agents.store import AGENT_WIDE
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.audit.reader import Recent
 from daemon.audit.records import AuditRecord
-from daemon.backlog import Backlog
+from daemon.backlog import open_backlog
 from daemon.bus import Bus, Subscription
 from daemon.clock import EventClock
 from daemon.errors import ConfigError, StoreError
@@ -93,10 +93,10 @@ class AgentManager:
         self.recently_evaluated = recently_evaluated or Recent({}, {})
         # The agent tools LLM runs call (a daemon.llm.runner.ToolBox; None: no tools).
         self.tools = tools
-        # Live: where an agent's events go when its queue is full. Not on event time:
-        # a replay re-publishes what agents had not finished at a restart, and a slow
-        # agent lags alone only as far as its queue holds (then the feed waits).
-        self.backlog_dir = None if event_time else backlog_dir
+        # Where an agent's events go when its queue is full (a slow agent never holds
+        # the feed back). On event time the pipeline empties it at start: a replay
+        # re-publishes what agents had not finished.
+        self.backlog_dir = backlog_dir
         self.backlog_max_bytes = backlog_max_bytes
         # False: runs only log (a backtest counts wakes without calling any model).
         self.run_agents = run_agents
@@ -361,12 +361,12 @@ class AgentManager:
         overflow = None
         if self.backlog_dir is not None:
             path = self.backlog_dir / f"{agent.agent_id}.jsonl"
-            try:
-                overflow = Backlog(path, self.backlog_max_bytes)
-            except StoreError as exc:  # this agent runs without one: feeds wait for it
-                log.error("agent backlog unavailable", agent=agent.agent_id, error=str(exc))
+            overflow = open_backlog(path, self.backlog_max_bytes, f"agent {agent.agent_id}")
         sub = self.bus.subscribe(
-            self._topics(agent), name=f"agent:{agent.agent_id}", overflow=overflow
+            self._topics(agent),
+            name=f"agent:{agent.agent_id}",
+            overflow=overflow,
+            ordered=self.event_time,  # it steps with its account's route
         )
         # Same instant: the agent has "seen" exactly what was published before it.
         account = agent.config.account or agent.agent_id

@@ -32,6 +32,7 @@ from daemon.agents.store import HookStore
 from daemon.alerts import AlertQueue, build_notifier
 from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.writer import open_audit
+from daemon.backlog import open_backlog
 from daemon.bus import Bus, Subscription
 from daemon.config import CopytradeSection
 from daemon.copytrade.follow import FollowSettings
@@ -97,13 +98,18 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
         if service.tools is not None:  # the trading tools of LLM runs act through it
             service.tools.ctx.desk = desk
         checkpoints = Checkpoints(hook_store, audit)
+        backlog_dir = state_dir / "backlog"
+        if service.from_start or cfg.event_time:
+            # On event time the replay re-publishes everything after the agents'
+            # marks: what waited on disk at the stop is delivered again from there.
+            shutil.rmtree(backlog_dir, ignore_errors=True)
         if service.from_start:
             checkpoints.reset()
-            shutil.rmtree(state_dir / "backlog", ignore_errors=True)
             run_store.clear_pending()
             seen = Recent({}, {})
         else:
             seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
+        backlog_bytes = cfg.bus.agent_backlog_mb * 1024 * 1024
         desk.set_state(TradingState(cfg.trading.state))
         io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
         # Created before any agent subscribes, so the broker sees every market event
@@ -114,6 +120,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             broker.open_cursor,
             lockstep=cfg.event_time,
             start=io.start,
+            overflow=lambda account: open_backlog(
+                backlog_dir / "broker" / f"{account}.jsonl", backlog_bytes, f"account {account}"
+            ),
         )
         dispatcher = Dispatcher(
             pool=pool,
@@ -139,8 +148,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             event_time=cfg.event_time,
             recently_evaluated=seen,
             tools=service.tools,
-            backlog_dir=state_dir / "backlog",
-            backlog_max_bytes=cfg.bus.agent_backlog_mb * 1024 * 1024,
+            backlog_dir=backlog_dir,
+            backlog_max_bytes=backlog_bytes,
             run_agents=cfg.hooks.run_agents,
             revisions=RevisionStore(state_dir / "revisions"),
         )
@@ -194,6 +203,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 alerts.close()
                 await io.idle.wait()
             manager.release_backlogs()
+            route.release()
             send.close()  # a cut drain did not get there (both idempotent)
             alerts.close()
             with anyio.CancelScope(shield=True):

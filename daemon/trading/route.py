@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 import structlog
 
+from daemon.backlog import Backlog
 from daemon.bus import Bus, Subscription
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
@@ -183,9 +184,10 @@ class MarketRoutes:
 
     An account's route subscribes when its first agent joins (the same instant as
     the agent's own subscription) and gives the broker the account's own market
-    cursor (``open_cursor``). Like the agents' queues on event time it is bounded
-    (``[bus] queue_size``): a slow account lags alone as far as that holds, then the
-    feed waits for it.
+    cursor (``open_cursor``). Like its agents' subscriptions it keeps the exact
+    publish order (``ordered``) and, past its queue, spills to disk (``overflow``, a
+    backlog for the account): a slow account lags alone, its events waiting on disk,
+    and the feed goes on at the others' pace.
     """
 
     def __init__(
@@ -196,8 +198,10 @@ class MarketRoutes:
         *,
         lockstep: bool,
         start: Callable[[Callable[[], Awaitable[None]]], None],
+        overflow: Callable[[str], Backlog | None] = lambda account: None,
     ) -> None:
         self.bus = bus
+        self._overflow = overflow
         self.lockstep = lockstep
         self._apply = apply
         self._open_cursor = open_cursor
@@ -219,7 +223,12 @@ class MarketRoutes:
         """Register an agent of ``account`` (see :meth:`MarketRoute.join`)."""
         route = self.shared if not self.lockstep else self._accounts.get(account)
         if route is None:
-            sub = self.bus.subscribe(BROKER_TOPICS, name=f"broker:{account}")
+            sub = self.bus.subscribe(
+                BROKER_TOPICS,
+                name=f"broker:{account}",
+                overflow=self._overflow(account),
+                ordered=True,
+            )
             self._open_cursor(account)
             route = MarketRoute(sub, self._applier(account), lockstep=True)
             self._accounts[account] = route
@@ -249,6 +258,11 @@ class MarketRoutes:
         """End every route after it applied what it holds (the drain)."""
         for route in self.routes():
             route.sub.close()
+
+    def release(self) -> None:
+        """After the drain: close the accounts' backlog files."""
+        for route in self.routes():
+            route.sub.release()
 
     def statistics(self) -> dict[str, int | bool]:
         """For status: events applied and failures over every route, mode, agents, routes."""

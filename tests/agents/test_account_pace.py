@@ -1,6 +1,6 @@
 """On event time each account steps with its own agents: a slow agent holds back
-its own account's fills, never another agent, and every account trades the same
-as it would alone."""
+its own account's fills, never another agent (past its queue its events wait on
+disk, not in the feed), and every account trades the same as it would alone."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ import msgspec
 
 from daemon.agents.pipeline import open_agents
 from daemon.config import Config
+from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms
 from daemon.service import Service
 from tests.agents.test_pipeline import PacedFeed, audit, candle
 
 # Buys on every 4th candle with a stop and a target, closes two candles later.
 TRADER = """
 def evaluate(event, state):
+    if "close" not in event["payload"]:
+        return {"decision": "IGNORE", "reason": "a tick"}
     step = int(event["payload"]["close"]) - 101
     held = "BTC-USD" in state["positions"]
     if step % 4 == 0 and not held:
@@ -36,21 +39,40 @@ SLOW = TRADER.replace("step = int(", "busy = sum(range(3000000))  # ~30 ms of CP
 N = 40
 
 
-async def run(root: Path, hooks: dict[str, str]) -> tuple[list[tuple[Any, ...]], dict[str, float]]:
+def tick(i: int) -> FeedEvent:
+    """Another product's price between candles ``i`` and ``i + 1``."""
+    at = candle(i).payload["closeTimeMs"] + 30_000
+    return FeedEvent(
+        event_id=f"t:ETH-USD:{at}",
+        ts=iso_ms(at),
+        source="t",
+        topic=MARKET_PRICE_TICK,
+        symbol="ETH-USD",
+        payload={"price": 2000.0 + i},
+    )
+
+
+async def run(
+    root: Path, hooks: dict[str, str], *, queue_size: int = 4096, ticks: bool = False
+) -> tuple[list[tuple[Any, ...]], dict[str, float]]:
     """Event time, flat out: the fills of every account, and when (wall clock, from
-    the first published candle) each agent had evaluated all N."""
+    the first published candle) each agent had evaluated all N candles."""
+    topics = 'topics = ["market.candle.closed", "market.price.tick"]\n' if ticks else ""
     for name, src in hooks.items():
         (root / "agents" / name / "hooks").mkdir(parents=True)
-        (root / "agents" / name / "agent.toml").write_text("")
+        (root / "agents" / name / "agent.toml").write_text(topics)
         (root / "agents" / name / "hooks" / "autotrade_steps.py").write_text(src)
     cfg = msgspec.convert(
         {
             "daemon": {"state_dir": str(root / "state"), "clock": "event"},
             "hooks": {"agents_dir": str(root / "agents"), "reload_seconds": 60},
+            "bus": {"queue_size": queue_size},
         },
         Config,
     )
-    feed = PacedFeed([candle(i) for i in range(N)])
+    events = [e for i in range(N) for e in ((candle(i), tick(i)) if ticks else (candle(i),))]
+    per_agent = len(events)
+    feed = PacedFeed(events)
     svc = Service(cfg, lambda _: [feed], components=[open_agents])
     done: dict[str, float] = {}
 
@@ -60,7 +82,7 @@ async def run(root: Path, hooks: dict[str, str]) -> tuple[list[tuple[Any, ...]],
         while len(done) < len(hooks):
             seen = Counter(str(r["agentId"]) for r in audit(root) if r["type"] == "hook")
             for name in hooks:
-                if seen[name] >= N and name not in done:
+                if seen[name] >= per_agent and name not in done:
                     done[name] = time.monotonic() - started
             await anyio.sleep(0.01)
 
@@ -84,6 +106,20 @@ async def test_a_slow_agent_holds_back_only_its_own_account(tmp_path: Path) -> N
     # on event time a slow agent lags alone as far as its queue holds: 4096 events)
     assert done["fast"] < done["slow"] / 3, done
     # and each account traded exactly as it does alone: same fills, same prices
+    assert [f for f in both if f[0] == "fast"] == alone and alone
+    assert [f for f in both if f[0] == "slow"] == slow_alone
+
+
+async def test_past_its_queue_a_slow_agent_waits_on_disk_not_the_feed(tmp_path: Path) -> None:
+    """Queues of 4 events, and a tick of another product after each candle: the slow
+    agent's events (and its account's) wait on disk in publish order, the fast agent
+    finishes at its own pace, and both trade exactly as they do alone."""
+    alone, _ = await run(tmp_path / "alone", {"fast": TRADER}, queue_size=4, ticks=True)
+    both, done = await run(
+        tmp_path / "both", {"fast": TRADER, "slow": SLOW}, queue_size=4, ticks=True
+    )
+    slow_alone, _ = await run(tmp_path / "slow", {"slow": SLOW}, queue_size=4, ticks=True)
+    assert done["fast"] < done["slow"] / 3, done
     assert [f for f in both if f[0] == "fast"] == alone and alone
     assert [f for f in both if f[0] == "slow"] == slow_alone
 
