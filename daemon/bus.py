@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import final
 
 import anyio
@@ -66,9 +66,13 @@ class Subscription:
         overflow: Backlog | None = None,
         *,
         ordered: bool = False,
+        spill: Callable[[], bool] | None = None,
     ) -> None:
         self.name = name
         self.ordered = ordered
+        # Whether a full queue may spill right now (None: always); once spilling, it
+        # goes on until the backlog is empty, so order holds.
+        self._may_spill = spill
         self.patterns = patterns
         self.capacity = capacity
         self._bus = bus
@@ -111,7 +115,10 @@ class Subscription:
             queue.append(slot)
         else:
             backlog = self.overflow
-            if backlog is not None and (len(backlog) or len(queue) >= self.capacity):
+            if backlog is not None and (
+                len(backlog)
+                or (len(queue) >= self.capacity and (self._may_spill is None or self._may_spill()))
+            ):
                 if backlog.full:
                     return False
                 try:
@@ -303,10 +310,12 @@ class Bus:
         capacity: int | None = None,
         overflow: Backlog | None = None,
         ordered: bool = False,
+        spill: Callable[[], bool] | None = None,
     ) -> Subscription:
         """A new subscription; close it (or the bus) to stop receiving. With
-        ``overflow``, what its queue cannot hold goes there instead of waiting;
-        ``ordered``: in publish order across partitions, ticks included (see above)."""
+        ``overflow``, what its queue cannot hold goes there instead of waiting
+        (when ``spill()`` says so, if given); ``ordered``: in publish order across
+        partitions, ticks included (see above)."""
         pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
         if not pats:
             raise ValueError("a subscription needs at least one topic pattern")
@@ -316,7 +325,13 @@ class Bus:
         if cap < 1:
             raise ValueError("capacity must be at least 1")
         sub = Subscription(
-            self, name or f"sub{len(self._subs) + 1}", pats, cap, overflow, ordered=ordered
+            self,
+            name or f"sub{len(self._subs) + 1}",
+            pats,
+            cap,
+            overflow,
+            ordered=ordered,
+            spill=spill,
         )
         if self._closed:
             sub.close()

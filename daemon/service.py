@@ -505,8 +505,33 @@ class Service:
         if not self.health:
             return
         await self._all_finished.wait()
+        await self._catch_up()
         log.info("all feeds finished; stopping")
         self._stop.set()
+
+    async def _catch_up(self) -> None:
+        """After a finite replay, until every subscriber has finished what was
+        published: a slow agent may hold much of it on disk, more than a stop's
+        drain (bounded by ``stop_timeout_seconds``) could finish. A signal still
+        stops at once; a subscriber that makes no progress for ``stall_seconds``
+        is given up on (the stop's drain then takes its turn)."""
+        bus, limit = self.bus, self.config.daemon.stall_seconds
+        if bus.idle():
+            return
+        subs = bus.statistics().subscriptions
+        log.info(
+            "all feeds finished; waiting for the agents to catch up",
+            queued=sum(s.depth for s in subs),
+            on_disk=sum(s.backlog for s in subs),
+        )
+        seen, since = bus.delivered, time.monotonic()
+        while not bus.idle():
+            await anyio.sleep(0.05)
+            if bus.delivered != seen:
+                seen, since = bus.delivered, time.monotonic()
+            elif time.monotonic() - since > limit:
+                log.warning("subscribers made no progress; stopping anyway", seconds=limit)
+                return
 
     def request_stop(self) -> None:
         """Begin a graceful stop (used by embedding code and tests)."""

@@ -286,12 +286,18 @@ def evaluate(event, state):
 
 
 def test_stop_drains_every_queued_event_even_on_a_second_term(tmp_path: Path) -> None:
-    """After SIGTERM every event already on the bus (in the agent's queue or, past
-    its 64 events, in its backlog on disk: the replay does not wait for it) is
-    evaluated and audited; a second SIGTERM during that drain is ignored; exit 0."""
+    """After SIGTERM every event already on the bus (in the slow agent's queue or,
+    past its 64 events, in its backlog on disk: the replay goes on at the pace of
+    the quick agent beside it) is evaluated and audited; a second SIGTERM during
+    that drain is ignored; exit 0."""
     hooks = tmp_path / "agents" / "slow" / "hooks"
     hooks.mkdir(parents=True)
     (hooks / "wake_slow.py").write_text(SLOW_HOOK)
+    quick = tmp_path / "agents" / "quick" / "hooks"
+    quick.mkdir(parents=True)
+    (quick / "wake_quick.py").write_text(
+        'def evaluate(event, state):\n    return {"decision": "IGNORE", "reason": "quick"}\n'
+    )
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=1, n=20_000, timeframe="1m")
     cfg = _replay_config(tmp_path, csv, speed=300_000)  # 5,000 candles a second
@@ -316,7 +322,7 @@ def test_stop_drains_every_queued_event_even_on_a_second_term(tmp_path: Path) ->
     audited = []
     for f in (tmp_path / "state" / "audit").glob("audit-*.jsonl"):
         audited += [json.loads(x) for x in f.read_text().splitlines()]
-    hook_ids = [r["eventId"] for r in audited if r["type"] == "hook"]
+    hook_ids = [r["eventId"] for r in audited if r["type"] == "hook" and r["agentId"] == "slow"]
     assert 64 < len(recorded) < 20_000  # stopped by the signal, not by the file's end
     assert hook_ids == [e.event_id for e in recorded]
     assert "signal ignored: already stopping" in stderr

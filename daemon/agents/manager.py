@@ -367,6 +367,7 @@ class AgentManager:
             name=f"agent:{agent.agent_id}",
             overflow=overflow,
             ordered=self.event_time,  # it steps with its account's route
+            spill=self.dispatcher.route.crowded if self.event_time else None,
         )
         # Same instant: the agent has "seen" exactly what was published before it.
         account = agent.config.account or agent.agent_id

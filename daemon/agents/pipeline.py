@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,163 +67,167 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
     # The broker publishes account events through an outbox task, so an agent
     # task that places an order never waits on its own full subscription.
     send, receive = anyio.create_memory_object_stream[FeedEvent](OUTBOX_SIZE)
-    async with (
-        open_audit(
-            cfg.audit_dir,
-            flush_interval=cfg.audit.flush_interval_seconds,
-            max_total_bytes=cfg.audit.max_total_mb * 1024 * 1024,
-            max_days=cfg.audit.max_days,
-            run_id=service.run_id,
-        ) as audit,
-        open_worker_pool(cfg.hooks.sandbox) as pool,
-        anyio.create_task_group() as tg,
-    ):
-        broker = PaperBroker(
-            state_dir,
-            audited_publish(send.send, audit),
-            synchronous="FULL" if cfg.daemon.durable else "OFF",
-            max_participation=cfg.trading.paper_max_participation,
-            fees=Fees(
-                maker_bps=cfg.trading.paper_maker_fee_bps,
-                taker_bps=cfg.trading.paper_taker_fee_bps,
-            ),
-        )
-        hook_store = HookStore(
-            state_dir / "hooks.sqlite3", dedupe_max_keys=cfg.hooks.dedupe_max_keys
-        )
-        alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
-        run_store = RunStore.in_dir(state_dir)
-        desk = TradeDesk(broker, audit)
-        service.audit = audit.write
-        if service.tools is not None:  # the trading tools of LLM runs act through it
-            service.tools.ctx.desk = desk
-        checkpoints = Checkpoints(hook_store, audit)
-        backlog_dir = state_dir / "backlog"
-        if service.from_start or cfg.event_time:
-            # On event time the replay re-publishes everything after the agents'
-            # marks: what waited on disk at the stop is delivered again from there.
-            shutil.rmtree(backlog_dir, ignore_errors=True)
-        if service.from_start:
-            checkpoints.reset()
-            run_store.clear_pending()
-            seen = Recent({}, {})
-        else:
-            seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
-        backlog_bytes = cfg.bus.agent_backlog_mb * 1024 * 1024
-        desk.set_state(TradingState(cfg.trading.state))
-        io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
-        # Created before any agent subscribes, so the broker sees every market event
-        # they see; on event time each account steps with its own agents.
-        route = MarketRoutes(
-            service.bus,
-            broker.on_market_event,
-            broker.open_cursor,
-            lockstep=cfg.event_time,
-            start=io.start,
-            overflow=lambda account: open_backlog(
-                backlog_dir / "broker" / f"{account}.jsonl", backlog_bytes, f"account {account}"
-            ),
-        )
-        dispatcher = Dispatcher(
-            pool=pool,
-            store=hook_store,
-            audit=audit,
-            desk=desk,
-            alerts=alerts,
-            route=route,
-            checkpoints=checkpoints,
-            cpu=None
-            if cfg.event_time or not cfg.hooks.cpu_budget_share
-            else CpuBudget(cfg.hooks.cpu_budget_share, cfg.hooks.cpu_budget_window_seconds),
-        )
-        manager = AgentManager(
-            agents_dir=Path(cfg.hooks.agents_dir),
-            bus=service.bus,
-            dispatcher=dispatcher,
-            run_store=run_store,
-            state_factory=lambda: _copy_state(service.state),
-            max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
-            max_agent_source_bytes=cfg.hooks.sandbox.max_agent_source_bytes,
-            reload_seconds=cfg.hooks.reload_seconds,
-            event_time=cfg.event_time,
-            recently_evaluated=seen,
-            tools=service.tools,
-            backlog_dir=backlog_dir,
-            backlog_max_bytes=backlog_bytes,
-            run_agents=cfg.hooks.run_agents,
-            revisions=RevisionStore(state_dir / "revisions"),
-        )
-        if service.tools is not None:  # and over MCP, for the agent [mcp] names
-            service.tools.ctx.agent_call = manager.agent_call
-        io.start(_forward, receive, service)
-        io.start(alerts.run)
-        await broker.recover()
-        tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
-        tg.start_soon(manager.run)
-        await manager.wait_loaded()
-        service.status_providers["hooks"] = manager.statistics
-        service.status_providers["broker"] = route.statistics
-        service.status_providers["delivery"] = checkpoints.statistics
-        service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
-        layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
-        log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
-        relayed = _leader_relay(cfg.copytrade.leader_agents, desk, manager, service)
-        if relayed is not None:
-            io.start(_relay, *relayed, send, state_dir / LEADER_STATS_FILE)
-            if cfg.event_time:
-                # A replay with leaders: what a candle causes (the leader's fills, their
-                # signals, the followers' copies) is handled before the next candle.
-                service.settle = partial(_settled, service.bus, send)
-        reconciler = Reconciler(desk, alerts)
-        service.status_providers["copytrade"] = reconciler.statistics
-        reconciling = anyio.CancelScope()
-        if not cfg.event_time:  # wall-clock rounds would make a replay differ run to run
-            tg.start_soon(
-                _reconcile, reconciling, reconciler, manager, service.ready, cfg.copytrade
+    # The stores close once every task has ended: after a cut drain an agent task
+    # can still be in a shielded step that goes on to its store.
+    closing = ExitStack()
+    with closing:
+        async with (
+            open_audit(
+                cfg.audit_dir,
+                flush_interval=cfg.audit.flush_interval_seconds,
+                max_total_bytes=cfg.audit.max_total_mb * 1024 * 1024,
+                max_days=cfg.audit.max_days,
+                run_id=service.run_id,
+            ) as audit,
+            open_worker_pool(cfg.hooks.sandbox) as pool,
+            anyio.create_task_group() as tg,
+        ):
+            broker = PaperBroker(
+                state_dir,
+                audited_publish(send.send, audit),
+                synchronous="FULL" if cfg.daemon.durable else "OFF",
+                max_participation=cfg.trading.paper_max_participation,
+                fees=Fees(
+                    maker_bps=cfg.trading.paper_maker_fee_bps,
+                    taker_bps=cfg.trading.paper_taker_fee_bps,
+                ),
             )
-        try:
-            yield manager
-        finally:
-            # Drain in data-path order: agents finish their queued events, the broker
-            # sees the last market events, its account events reach the (still open)
-            # bus, queued alerts are delivered; then the stores close. A drain that
-            # cannot finish within [daemon] stop_timeout_seconds is cut: what the agents
-            # did not finish is re-delivered after the restart (see checkpoints).
-            limit = cfg.daemon.stop_timeout_seconds
-            with anyio.move_on_after(limit, shield=True) as drain:
-                reconciling.cancel()  # no corrective order while the agents drain
-                manager.stop_reloading()
-                manager.drain_wakes = service.feeds_finished()
-                manager.close_subscriptions()
-                await manager.wait_drained()
-                route.close()  # the broker applies what it holds, then its tasks end
-                if relayed is not None:
-                    relayed[0].close()
-                send.close()
-                alerts.close()
-                await io.idle.wait()
-            manager.release_backlogs()
-            route.release()
-            send.close()  # a cut drain did not get there (both idempotent)
-            alerts.close()
-            with anyio.CancelScope(shield=True):
-                await checkpoints.close()  # what was finished is known, even after a cut
-            if drain.cancelled_caught:
-                left = sum(rt.sub.statistics().depth for rt in manager.runtimes.values())
-                log.warning(
-                    "stop timeout: drain cut; unfinished events are re-delivered at restart",
-                    seconds=limit,
-                    queued=left,
+            closing.callback(broker.close)
+            hook_store = HookStore(
+                state_dir / "hooks.sqlite3", dedupe_max_keys=cfg.hooks.dedupe_max_keys
+            )
+            closing.callback(hook_store.close)
+            alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
+            run_store = RunStore.in_dir(state_dir)
+            closing.callback(run_store.close)
+            desk = TradeDesk(broker, audit)
+            service.audit = audit.write
+            if service.tools is not None:  # the trading tools of LLM runs act through it
+                service.tools.ctx.desk = desk
+            checkpoints = Checkpoints(hook_store, audit)
+            backlog_dir = state_dir / "backlog"
+            if service.from_start or cfg.event_time:
+                # On event time the replay re-publishes everything after the agents'
+                # marks: what waited on disk at the stop is delivered again from there.
+                shutil.rmtree(backlog_dir, ignore_errors=True)
+            if service.from_start:
+                checkpoints.reset()
+                run_store.clear_pending()
+                seen = Recent({}, {})
+            else:
+                seen = await anyio.to_thread.run_sync(recent_evaluations, cfg.audit_dir)
+            backlog_bytes = cfg.bus.agent_backlog_mb * 1024 * 1024
+            desk.set_state(TradingState(cfg.trading.state))
+            io = _Tasks(tg)  # the tasks that finish on their own once their inputs close
+            # Created before any agent subscribes, so the broker sees every market event
+            # they see; on event time each account steps with its own agents.
+            route = MarketRoutes(
+                service.bus,
+                broker.on_market_event,
+                broker.open_cursor,
+                lockstep=cfg.event_time,
+                start=io.start,
+                overflow=lambda account: open_backlog(
+                    backlog_dir / "broker" / f"{account}.jsonl", backlog_bytes, f"account {account}"
+                ),
+            )
+            dispatcher = Dispatcher(
+                pool=pool,
+                store=hook_store,
+                audit=audit,
+                desk=desk,
+                alerts=alerts,
+                route=route,
+                checkpoints=checkpoints,
+                cpu=None
+                if cfg.event_time or not cfg.hooks.cpu_budget_share
+                else CpuBudget(cfg.hooks.cpu_budget_share, cfg.hooks.cpu_budget_window_seconds),
+            )
+            manager = AgentManager(
+                agents_dir=Path(cfg.hooks.agents_dir),
+                bus=service.bus,
+                dispatcher=dispatcher,
+                run_store=run_store,
+                state_factory=lambda: _copy_state(service.state),
+                max_source_bytes=cfg.hooks.sandbox.max_source_bytes,
+                max_agent_source_bytes=cfg.hooks.sandbox.max_agent_source_bytes,
+                reload_seconds=cfg.hooks.reload_seconds,
+                event_time=cfg.event_time,
+                recently_evaluated=seen,
+                tools=service.tools,
+                backlog_dir=backlog_dir,
+                backlog_max_bytes=backlog_bytes,
+                run_agents=cfg.hooks.run_agents,
+                revisions=RevisionStore(state_dir / "revisions"),
+            )
+            if service.tools is not None:  # and over MCP, for the agent [mcp] names
+                service.tools.ctx.agent_call = manager.agent_call
+            io.start(_forward, receive, service)
+            io.start(alerts.run)
+            await broker.recover()
+            tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
+            tg.start_soon(manager.run)
+            await manager.wait_loaded()
+            service.status_providers["hooks"] = manager.statistics
+            service.status_providers["broker"] = route.statistics
+            service.status_providers["delivery"] = checkpoints.statistics
+            service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
+            layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
+            log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
+            relayed = _leader_relay(cfg.copytrade.leader_agents, desk, manager, service)
+            if relayed is not None:
+                io.start(_relay, *relayed, send, state_dir / LEADER_STATS_FILE)
+                if cfg.event_time:
+                    # A replay with leaders: what a candle causes (the leader's fills, their
+                    # signals, the followers' copies) is handled before the next candle.
+                    service.settle = partial(_settled, service.bus, send)
+            reconciler = Reconciler(desk, alerts)
+            service.status_providers["copytrade"] = reconciler.statistics
+            reconciling = anyio.CancelScope()
+            if not cfg.event_time:  # wall-clock rounds would make a replay differ run to run
+                tg.start_soon(
+                    _reconcile, reconciling, reconciler, manager, service.ready, cfg.copytrade
                 )
-            service.audit = None
-            tg.cancel_scope.cancel()
-            # The final status is written after this: it reports the agents as they
-            # were at the stop, without asking the stores closed below.
-            final = manager.statistics()
-            service.status_providers["hooks"] = lambda: final
-            broker.close()
-            hook_store.close()
-            run_store.close()
+            try:
+                yield manager
+            finally:
+                # Drain in data-path order: agents finish their queued events, the broker
+                # sees the last market events, its account events reach the (still open)
+                # bus, queued alerts are delivered; then the stores close. A drain that
+                # cannot finish within [daemon] stop_timeout_seconds is cut: what the agents
+                # did not finish is re-delivered after the restart (see checkpoints).
+                limit = cfg.daemon.stop_timeout_seconds
+                with anyio.move_on_after(limit, shield=True) as drain:
+                    reconciling.cancel()  # no corrective order while the agents drain
+                    manager.stop_reloading()
+                    manager.drain_wakes = service.feeds_finished()
+                    manager.close_subscriptions()
+                    await manager.wait_drained()
+                    route.close()  # the broker applies what it holds, then its tasks end
+                    if relayed is not None:
+                        relayed[0].close()
+                    send.close()
+                    alerts.close()
+                    await io.idle.wait()
+                manager.release_backlogs()
+                route.release()
+                send.close()  # a cut drain did not get there (both idempotent)
+                alerts.close()
+                with anyio.CancelScope(shield=True):
+                    await checkpoints.close()  # what was finished is known, even after a cut
+                if drain.cancelled_caught:
+                    left = sum(rt.sub.statistics().depth for rt in manager.runtimes.values())
+                    log.warning(
+                        "stop timeout: drain cut; unfinished events are re-delivered at restart",
+                        seconds=limit,
+                        queued=left,
+                    )
+                service.audit = None
+                tg.cancel_scope.cancel()
+                # The final status is written after this: it reports the agents as they
+                # were at the stop, without asking the stores closed below.
+                final = manager.statistics()
+                service.status_providers["hooks"] = lambda: final
 
 
 class _Tasks:

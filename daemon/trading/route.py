@@ -186,8 +186,9 @@ class MarketRoutes:
     the agent's own subscription) and gives the broker the account's own market
     cursor (``open_cursor``). Like its agents' subscriptions it keeps the exact
     publish order (``ordered``) and, past its queue, spills to disk (``overflow``, a
-    backlog for the account): a slow account lags alone, its events waiting on disk,
-    and the feed goes on at the others' pace.
+    backlog for the account) once there is another account to hold back
+    (:meth:`crowded`): a slow account lags alone, its events waiting on disk, and
+    the feed goes on at the others' pace.
     """
 
     def __init__(
@@ -228,6 +229,7 @@ class MarketRoutes:
                 name=f"broker:{account}",
                 overflow=self._overflow(account),
                 ordered=True,
+                spill=self.crowded,
             )
             self._open_cursor(account)
             route = MarketRoute(sub, self._applier(account), lockstep=True)
@@ -235,6 +237,12 @@ class MarketRoutes:
             self._start(route.run)
         self._of_agent[agent_id] = route
         route.join(agent_id, published)
+
+    def crowded(self) -> bool:
+        """On event time, whether a slow account would hold back another one (so its
+        events had better wait on disk); with a single account the feed simply
+        waits for it, which costs nothing."""
+        return len(self._accounts) > 1
 
     def leave(self, agent_id: str) -> None:
         """An agent stopped (its account's route goes on, free if it was the last)."""
