@@ -64,7 +64,12 @@ async def run(
         (root / "agents" / name / "hooks" / "autotrade_steps.py").write_text(src)
     cfg = msgspec.convert(
         {
-            "daemon": {"state_dir": str(root / "state"), "clock": "event"},
+            # a stop's drain is short: a finished replay waits for its agents first
+            "daemon": {
+                "state_dir": str(root / "state"),
+                "clock": "event",
+                "stop_timeout_seconds": 0.5,
+            },
             "hooks": {"agents_dir": str(root / "agents"), "reload_seconds": 60},
             "bus": {"queue_size": queue_size},
         },
@@ -113,7 +118,8 @@ async def test_a_slow_agent_holds_back_only_its_own_account(tmp_path: Path) -> N
 async def test_past_its_queue_a_slow_agent_waits_on_disk_not_the_feed(tmp_path: Path) -> None:
     """Queues of 4 events, and a tick of another product after each candle: the slow
     agent's events (and its account's) wait on disk in publish order, the fast agent
-    finishes at its own pace, and both trade exactly as they do alone."""
+    finishes at its own pace, and both trade exactly as they do alone (the slow one
+    finishes its backlog after the replay ended, not cut by the 0.5 s stop drain)."""
     alone, _ = await run(tmp_path / "alone", {"fast": TRADER}, queue_size=4, ticks=True)
     both, done = await run(
         tmp_path / "both", {"fast": TRADER, "slow": SLOW}, queue_size=4, ticks=True
