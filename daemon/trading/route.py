@@ -80,6 +80,8 @@ class MarketRoute:
         self._broker: dict[str, Mark] = {}
         self._last: tuple[str, Mark, bool] | None = None  # the broker's last event
         self._agents: dict[str, dict[str, Mark]] = {}
+        self._left: dict[str, Mark] = {}  # what agents that stopped had finished
+        self._stopping = False
         self._idle: dict[str, bool] = {}
         self._changed = anyio.Event()
         self._finished = False
@@ -98,7 +100,17 @@ class MarketRoute:
 
     def leave(self, agent_id: str) -> None:
         """An agent stopped: nobody waits for it any more."""
-        self._agents.pop(agent_id, None)
+        for partition, mark in self._agents.pop(agent_id, {}).items():
+            if mark > self._left.get(partition, _NEVER):
+                self._left[partition] = mark
+        self._notify()
+
+    def stop(self) -> None:
+        """The daemon stops: apply what is held, but in lockstep nothing beyond what
+        the agents finished (their account must not trade on candles they never
+        saw; a replay publishes those again after the restart)."""
+        self._stopping = True
+        self.sub.close()
         self._notify()
 
     # -- the agent's side -------------------------------------------------------
@@ -134,6 +146,8 @@ class MarketRoute:
             async for event in self.sub:
                 if self.lockstep:
                     await self._agents_finished()
+                    if self._stopping and not self._agents and not self._seen_by_agents(event):
+                        break
                 try:
                     await self._apply(event)
                     self.applied += 1
@@ -148,6 +162,11 @@ class MarketRoute:
         finally:
             self._finished = True
             self._notify()
+
+    def _seen_by_agents(self, event: FeedEvent) -> bool:
+        """Whether an agent that stopped had finished ``event``."""
+        mark = self._left.get(event.partition, _NEVER)
+        return _covers(mark, _mark(event), event.topic == MARKET_PRICE_TICK)
 
     async def _agents_finished(self) -> None:
         """Until every agent has finished the broker's last event."""
@@ -263,9 +282,10 @@ class MarketRoutes:
         return [self.shared, *self._accounts.values()]
 
     def close(self) -> None:
-        """End every route after it applied what it holds (the drain)."""
+        """End every route after it applied what it holds (the drain; an account's
+        route on event time stops where its agents stopped)."""
         for route in self.routes():
-            route.sub.close()
+            route.stop()
 
     def release(self) -> None:
         """After the drain: close the accounts' backlog files."""

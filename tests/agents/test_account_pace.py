@@ -53,13 +53,20 @@ def tick(i: int) -> FeedEvent:
 
 
 async def run(
-    root: Path, hooks: dict[str, str], *, queue_size: int = 4096, ticks: bool = False
+    root: Path,
+    hooks: dict[str, str],
+    *,
+    queue_size: int = 4096,
+    ticks: bool = False,
+    stop_after: str = "",
 ) -> tuple[list[tuple[Any, ...]], dict[str, float]]:
-    """Event time, flat out: the fills of every account, and when (wall clock, from
-    the first published candle) each agent had evaluated all N candles."""
+    """Event time, flat out: the fills of every account (in every run in ``root``
+    so far), and when (wall clock, from the first published candle) each agent had
+    evaluated all N candles. ``stop_after``: a stop as a signal would, once that
+    agent has."""
     topics = 'topics = ["market.candle.closed", "market.price.tick"]\n' if ticks else ""
     for name, src in hooks.items():
-        (root / "agents" / name / "hooks").mkdir(parents=True)
+        (root / "agents" / name / "hooks").mkdir(parents=True, exist_ok=True)
         (root / "agents" / name / "agent.toml").write_text(topics)
         (root / "agents" / name / "hooks" / "autotrade_steps.py").write_text(src)
     cfg = msgspec.convert(
@@ -89,12 +96,15 @@ async def run(
             for name in hooks:
                 if seen[name] >= per_agent and name not in done:
                     done[name] = time.monotonic() - started
+                    if name == stop_after:
+                        svc.request_stop()
             await anyio.sleep(0.01)
 
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
             await svc.run()
+            tg.cancel_scope.cancel()
     fills = [
         (r["agentId"], r["role"], r["side"], r["volume"], r["price"])
         for r in audit(root)
@@ -128,6 +138,26 @@ async def test_past_its_queue_a_slow_agent_waits_on_disk_not_the_feed(tmp_path: 
     assert done["fast"] < done["slow"] / 3, done
     assert [f for f in both if f[0] == "fast"] == alone and alone
     assert [f for f in both if f[0] == "slow"] == slow_alone
+
+
+async def test_a_stop_with_events_on_disk_then_a_restart_evaluates_each_once(
+    tmp_path: Path,
+) -> None:
+    """A stop (as on SIGTERM) once the fast agent is done, while the slow one has
+    candles on disk (its drain cut at 0.5 s); the next start empties the backlogs
+    and the replay publishes the file again. Over the two runs each agent evaluates
+    every event exactly once, and the slow one trades exactly as alone (where the
+    account's route stops is tested in tests/trading/test_route.py)."""
+    root = tmp_path / "both"
+    hooks = {"fast": TRADER, "slow": SLOW}
+    await run(root, hooks, queue_size=4, ticks=True, stop_after="fast")
+    first = Counter(str(r["agentId"]) for r in audit(root) if r["type"] == "hook")
+    assert first["fast"] == 2 * N and 0 < first["slow"] < 2 * N, first
+    both, _ = await run(root, hooks, queue_size=4, ticks=True)
+    rows = Counter((r["agentId"], r["eventId"]) for r in audit(root) if r["type"] == "hook")
+    assert len(rows) == 2 * 2 * N and set(rows.values()) == {1}
+    slow_alone, _ = await run(tmp_path / "slow", {"slow": SLOW}, queue_size=4, ticks=True)
+    assert [f for f in both if f[0] == "slow"] == slow_alone and slow_alone
 
 
 async def test_on_event_time_a_queue_half_full_reads_as_lagging() -> None:
