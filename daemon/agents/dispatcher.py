@@ -94,7 +94,8 @@ class AgentRuntime:
     over_budget: str = ""
     # Held while an event is handled: reconciliation acts between events, never
     # on a signal whose hooks are still deciding.
-    busy: anyio.Lock = field(default_factory=anyio.Lock)
+    # fast_acquire: uncontended (the usual case) it does not yield to the loop
+    busy: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
 
     @property
     def agent_id(self) -> str:

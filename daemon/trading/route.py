@@ -83,7 +83,7 @@ class MarketRoute:
         self._left: dict[str, Mark] = {}  # what agents that stopped had finished
         self._stopping = False
         self._idle: dict[str, bool] = {}
-        self._changed = anyio.Event()
+        self._changed: anyio.Event | None = None  # made by the first waiter only
         self._finished = False
         self.applied = 0
         self.failures = 0
@@ -188,11 +188,14 @@ class MarketRoute:
     # -- plumbing -------------------------------------------------------------------
 
     async def _wait(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
         await self._changed.wait()
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
 
 class MarketRoutes:

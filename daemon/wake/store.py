@@ -24,6 +24,7 @@ from daemon.errors import StoreError
 from daemon.sqlite import open_sqlite
 
 FILE_NAME = "wake.sqlite3"
+PRUNE_EVERY_SECONDS = 3600.0  # of run start times (event time in a replay)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS wake_runs (
@@ -38,6 +39,7 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     tokens_out INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
+CREATE INDEX IF NOT EXISTS wake_runs_started ON wake_runs (started_at);
 CREATE TABLE IF NOT EXISTS wake_pending (
     run_id TEXT PRIMARY KEY,
     agent_id TEXT NOT NULL,
@@ -54,6 +56,7 @@ class RunStore:
         self.path = Path(path)
         self.keep_seconds = keep_seconds
         self._lock = threading.Lock()
+        self._pruned_at = float("-inf")  # history is dropped at most once per PRUNE_EVERY
         self._db = open_sqlite(self.path, "wake run store", schema=_SCHEMA)
         self._add_usage_columns()
 
@@ -82,7 +85,11 @@ class RunStore:
             "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at) VALUES (?,?,?,?)",
             (run_id, agent_id, kind, started_at),
         )
-        self._exec("DELETE FROM wake_runs WHERE started_at < ?", (started_at - self.keep_seconds,))
+        if abs(started_at - self._pruned_at) >= PRUNE_EVERY_SECONDS:
+            self._pruned_at = started_at
+            self._exec(
+                "DELETE FROM wake_runs WHERE started_at < ?", (started_at - self.keep_seconds,)
+            )
 
     def record_finish(
         self,
