@@ -64,6 +64,33 @@ def test_iso_round_trip_and_nanoseconds() -> None:
     assert events.parse_iso_ms("2023-11-14T22:13:20Z") == 1_700_000_000_000
 
 
+def test_our_times_parse_back_exactly_and_bad_ones_are_refused() -> None:
+    """``iso_ms`` and ``parse_iso_ms`` are exact inverses (no float rounding: the old
+    path read some times 1 ms short); the fast path refuses what the slow one does."""
+    import random
+
+    rng = random.Random(5)
+    for ms in [
+        0,
+        1,
+        999,
+        253_402_300_799_999,
+        *(rng.randrange(-(10**12), 4 * 10**12) for _ in range(5000)),
+    ]:
+        assert events.parse_iso_ms.__wrapped__(events.iso_ms(ms)) == ms
+    assert events.parse_iso_ms("2024-01-01T00:00:00.000+01:00") == 1_704_063_600_000
+    for bad in (
+        "2024-01-01T24:00:00.000Z",
+        "2024-02-30T00:00:00.000Z",
+        "2024-01-01T00:00:60.000Z",
+        "2024-01-01T0\u0663:00:00.000Z",  # a non-ASCII digit
+        "2024-01-01T+1:00:00.000Z",
+        "2024/01/01T00:00:00.000Z",
+    ):
+        with pytest.raises(ValueError):
+            events.parse_iso_ms(bad)
+
+
 def test_candle_event_id_is_stable() -> None:
     """The same candle always gets the same id; trace ids are deterministic."""
     a = events.candle_event_id("coinbase", "BTC-USD", "5m", 1)
