@@ -5,8 +5,9 @@
 Replays the first ``--rows`` real BTCUSDT 5m candles (``../shared/data``, not part of
 the repo) at speed 0 three times: ``agents/example`` alone, then beside a quick
 wake-only agent, twice. Prints the example agent's risk verdicts and order states for
-each run, whether they are identical, and the wall time of each run (the alone run is
-the baseline).
+each run, whether they are identical, the wall time of each run (the alone run is
+the baseline), and when each agent had evaluated its last candle: past its queue a
+slower agent's events wait on disk, so the other finishes at its own pace.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import msgspec
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
 from daemon.config import Config
+from daemon.events import now_ms, parse_iso_ms
 from daemon.logs import configure
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +48,9 @@ def head(src: Path, dst: Path, rows: int) -> int:
     return min(n, rows)
 
 
-def run(root: Path, csv: Path, neighbour: bool) -> tuple[list[tuple[Any, ...]], float]:
+def run(
+    root: Path, csv: Path, neighbour: bool
+) -> tuple[list[tuple[Any, ...]], float, dict[str, float]]:
     agents = root / "agents"
     shutil.copytree(ROOT / "agents" / "example", agents / "example")
     if neighbour:
@@ -63,18 +67,21 @@ def run(root: Path, csv: Path, neighbour: bool) -> tuple[list[tuple[Any, ...]], 
         },
         Config,
     )  # fmt: skip
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), now_ms()
     run_daemon(cfg)
     elapsed = time.perf_counter() - started
     rows = []
+    finished: dict[str, float] = {}  # seconds from the start to the agent's last hook row
     for r in iter_records(root / "state" / "audit"):
+        if r.get("type") == "hook":
+            finished[str(r["agentId"])] = (parse_iso_ms(str(r["ts"])) - wall) / 1000
         if r.get("agentId") == "example" and r.get("type") in ("risk", "order"):
             codes = tuple(x["code"] for x in r.get("reasons") or ())
             rows.append(
                 (r["type"], r.get("eventId"), r.get("approved"), codes, r.get("clientOrderId"),
                  r.get("status"), r.get("role"), r.get("price"))
             )  # fmt: skip
-    return rows, elapsed
+    return rows, elapsed, finished
 
 
 def summary(rows: list[tuple[Any, ...]]) -> str:
@@ -101,13 +108,16 @@ def main() -> None:
         base = Path(tmp)
         csv = base / "btc_5m.csv"
         head(args.data, csv, args.rows)
-        alone, t0 = run(base / "alone", csv, neighbour=False)
-        beside, t1 = run(base / "beside", csv, neighbour=True)
-        again, t2 = run(base / "again", csv, neighbour=True)
+        alone, t0, _ = run(base / "alone", csv, neighbour=False)
+        beside, t1, done1 = run(base / "beside", csv, neighbour=True)
+        again, t2, done2 = run(base / "again", csv, neighbour=True)
     print(f"first {args.rows} rows of {args.data.name}, speed 0")
     print(f"example alone:            {summary(alone)}  ({t0:.1f}s, baseline)")
     print(f"beside a wake-only agent: {summary(beside)}  ({t1:.1f}s, ratio {t1 / t0:.2f})")
     print(f"again:                    {summary(again)}  ({t2:.1f}s, ratio {t2 / t0:.2f})")
+    for label, done in (("beside", done1), ("again", done2)):
+        times = ", ".join(f"{agent} {secs:.1f}s" for agent, secs in sorted(done.items()))
+        print(f"last candle evaluated ({label}): {times}")
     same = alone == beside == again
     print(f"identical verdicts, orders and fills in all three runs: {same}")
     if not same:
