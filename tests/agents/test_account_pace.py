@@ -117,8 +117,7 @@ async def test_a_slow_agent_holds_back_only_its_own_account(tmp_path: Path) -> N
     alone, _ = await run(tmp_path / "alone", {"fast": TRADER})
     both, done = await run(tmp_path / "both", {"fast": TRADER, "slow": SLOW})
     slow_alone, _ = await run(tmp_path / "slow", {"slow": SLOW})
-    # the fast agent finished its 40 candles long before the slow one (~1.2 s of hooks;
-    # on event time a slow agent lags alone as far as its queue holds: 4096 events)
+    # the fast agent finished its 40 candles long before the slow one (~1.2 s of hooks)
     assert done["fast"] < done["slow"] / 3, done
     # and each account traded exactly as it does alone: same fills, same prices
     assert [f for f in both if f[0] == "fast"] == alone and alone
@@ -161,7 +160,7 @@ async def test_a_stop_with_events_on_disk_then_a_restart_evaluates_each_once(
 
 
 async def test_on_event_time_a_queue_half_full_reads_as_lagging() -> None:
-    """No backlog on event time: status says the agent is behind by its queue."""
+    """Before anything spills, status says the agent is behind by its queue."""
     from types import SimpleNamespace
 
     from daemon.agents.dispatcher import Dispatcher
