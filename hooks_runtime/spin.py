@@ -10,7 +10,8 @@ busy, the CPUs are better left to the workers.
 from __future__ import annotations
 
 LONE_BEFORE_SPIN = 8  # lone batches in a row before polling replaces sleeping
-PAUSE_AFTER_MISS = 64  # batches without polling after a poll ran out
+FIRST_PAUSE = 8  # batches without polling after a poll ran out...
+PAUSE_AFTER_MISS = 64  # ...doubling, up to this, while polls keep running out
 
 
 class SpinPolicy:
@@ -22,6 +23,8 @@ class SpinPolicy:
         self._crowded = 0  # times a batch started while another was in flight
         self._lone_streak = 0  # batches in a row that ran with no other in flight
         self._pause = 0  # batches left without polling after a miss
+        self._next_pause = FIRST_PAUSE
+        self._polling = False  # the lone batch in flight was told to poll
 
     def start(self) -> tuple[int, int]:
         """A batch begins: (microseconds to poll, token for :meth:`finish`)."""
@@ -32,6 +35,7 @@ class SpinPolicy:
         self.inflight += 1
         if self.inflight > 1:
             self._crowded += 1
+        self._polling = lone
         return (self.spin_us if lone else 0), self._crowded
 
     def alone(self) -> bool:
@@ -39,8 +43,17 @@ class SpinPolicy:
         return self.inflight == 1
 
     def finish(self, token: int, missed: bool) -> None:
-        """A batch ended; ``missed`` when its poll ran out before the answer."""
+        """A batch ended; ``missed`` when its poll ran out before the answer.
+
+        A miss pauses polling for a while, doubling while polls keep missing (an
+        agent whose hooks are slower than a poll) and back to short after a poll
+        that caught its answer: an occasional late answer (a collection, a
+        preempted worker) costs a few sleeping batches, not a long run of them."""
         self.inflight -= 1
         self._lone_streak = self._lone_streak + 1 if token == self._crowded else 0
         if missed:
-            self._pause = PAUSE_AFTER_MISS
+            self._pause = self._next_pause
+            self._next_pause = min(PAUSE_AFTER_MISS, self._next_pause * 2)
+        elif self._polling:
+            self._next_pause = FIRST_PAUSE
+        self._polling = False

@@ -305,8 +305,9 @@ def test_state_reuse_only_for_unchanged_keys() -> None:
 
 def test_spin_policy_polls_only_for_lone_batches() -> None:
     """Polling starts after a streak of lone batches, stops when batches overlap, and
-    pauses for a while after a poll runs out."""
-    from hooks_runtime.spin import LONE_BEFORE_SPIN, PAUSE_AFTER_MISS, SpinPolicy
+    pauses for a while after a poll runs out: briefly for a lone late answer, twice
+    as long each time polls keep missing (slow hooks), short again after a hit."""
+    from hooks_runtime.spin import FIRST_PAUSE, LONE_BEFORE_SPIN, PAUSE_AFTER_MISS, SpinPolicy
 
     p = SpinPolicy(300)
 
@@ -326,9 +327,24 @@ def test_spin_policy_polls_only_for_lone_batches() -> None:
     assert lone_batch() == 0  # the overlap reset the streak
     for _ in range(LONE_BEFORE_SPIN):
         lone_batch()
-    assert lone_batch(missed=True) == 300
-    assert [lone_batch() for _ in range(PAUSE_AFTER_MISS)] == [0] * PAUSE_AFTER_MISS
-    assert lone_batch() == 300
+
+    def next_poll(missed: bool) -> int:
+        """Lone batches until one polls (which then misses or not); how many slept."""
+        slept = 0
+        while True:
+            spin, token = p.start()
+            p.finish(token, missed and spin > 0)
+            if spin:
+                return slept
+            slept += 1
+
+    assert next_poll(missed=True) == 0
+    # polls keep missing (slow hooks): the pauses double up to the cap
+    assert [next_poll(missed=True) for _ in range(4)] == [8, 16, 32, 64]
+    assert FIRST_PAUSE == 8 and PAUSE_AFTER_MISS == 64
+    assert next_poll(missed=False) == 64  # a poll catches its answer...
+    assert next_poll(missed=True) == 0
+    assert next_poll(missed=False) == FIRST_PAUSE  # ...so a lone miss pauses briefly
 
 
 def test_an_over_long_dedupe_key_is_an_invalid_result() -> None:
