@@ -39,7 +39,7 @@ from hooks_runtime.protocol import (
     Result,
     encode_state,
 )
-from hooks_runtime.spin import SpinPolicy
+from hooks_runtime.spin import WORKER_LINGER, SpinPolicy
 from hooks_runtime.validate import validate_result
 
 _WORKER_ERROR_KINDS = frozenset({"compile", "runtime", "invalid_result", "memory"})
@@ -219,7 +219,7 @@ class WorkerPool:
         worker.spin_missed = False
         try:
             data = worker.encoder.encode(
-                Batch(batch_id, event, state, calls, compile_only, spin_us)
+                Batch(batch_id, event, state, calls, compile_only, spin_us * WORKER_LINGER)
             )
             if len(data) - 4 > self.config.max_frame_bytes:
                 raise HookRequestTooLarge(len(data) - 4, self.config.max_frame_bytes)

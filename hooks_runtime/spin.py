@@ -10,6 +10,11 @@ busy, the CPUs are better left to the workers.
 from __future__ import annotations
 
 LONE_BEFORE_SPIN = 8  # lone batches in a row before polling replaces sleeping
+# The worker polls for the next request this many times as long as the parent polls
+# for an answer: between two events the parent does its own work (on a replay
+# ~0.4 ms: state, audit, broker), longer than one poll, and a worker that went to
+# sleep meanwhile costs a wakeup on every event.
+WORKER_LINGER = 4
 FIRST_PAUSE = 8  # batches without polling after a poll ran out...
 PAUSE_AFTER_MISS = 64  # ...doubling, up to this, while polls keep running out
 
