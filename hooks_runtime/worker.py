@@ -50,7 +50,9 @@ except ImportError:  # pragma: no cover - reported as a missing layer later
 
 _RAW_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.msgpack.Decoder()
+_SERIES = msgspec.msgpack.Decoder(dict[str, dict[str, list[msgspec.Raw]]])
 _STATE_CACHE_KEYS = 64
+_SERIES_KEY = "candles"  # {symbol: {timeframe: [candle, ...]}}: one new candle per event
 _FULL_GC_EVERY = 1024  # batches; per hook only the young generation is collected
 
 # datetime.strptime imports _strptime lazily (HA #132469): do it now, while the
@@ -93,6 +95,9 @@ class Evaluator:
         self.cache: dict[str, tuple[str, types.CodeType | str]] = {}
         # top-level state key -> (its encoded bytes, frozen value) from the last batch
         self.state_cache: dict[str, tuple[msgspec.Raw, Any]] = {}
+        # each candle of the last batch's series, by its encoded bytes: the window
+        # moves by one candle an event, so the others are not decoded again
+        self.candle_cache: dict[bytes, Any] = {}
 
     def state(self, raw: msgspec.Raw) -> Any:
         """Decode and freeze the batch state, reusing unchanged top-level values."""
@@ -104,12 +109,42 @@ class Evaluator:
         old, new = self.state_cache, {}
         for key, part in parts.items():
             hit = old.get(key)
-            value = (
-                hit[1] if hit is not None and hit[0] == part else policy.freeze(_ANY.decode(part))
-            )
+            if hit is not None and hit[0] == part:
+                value = hit[1]
+            elif key == _SERIES_KEY:
+                value = self._series(part)
+            else:
+                value = policy.freeze(_ANY.decode(part))
             new[key] = (part, value)
         self.state_cache = new if len(new) <= _STATE_CACHE_KEYS else {}
         return types.MappingProxyType({k: v for k, (_, v) in new.items()})
+
+    def _series(self, raw: msgspec.Raw) -> Any:
+        """The frozen candle series, reusing every candle the last batch had (frozen
+        values are read-only, so sharing them between batches is as safe as sharing
+        an unchanged top-level key)."""
+        try:
+            series = _SERIES.decode(raw)
+        except msgspec.ValidationError:  # not the usual shape: no reuse
+            self.candle_cache = {}
+            return policy.freeze(_ANY.decode(raw))
+        old, seen = self.candle_cache, {}
+        out = {}
+        for symbol, frames in series.items():
+            by_tf = {}
+            for tf, candles in frames.items():
+                row = []
+                for c in candles:
+                    b = bytes(c)
+                    value = old.get(b)
+                    if value is None:
+                        value = policy.freeze(_ANY.decode(c))
+                    seen[b] = value
+                    row.append(value)
+                by_tf[tf] = tuple(row)
+            out[symbol] = types.MappingProxyType(by_tf)
+        self.candle_cache = seen
+        return types.MappingProxyType(out)
 
     def _code(self, call: HookCall) -> types.CodeType:
         if call.source is not None:

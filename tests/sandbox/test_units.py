@@ -279,6 +279,30 @@ def test_imports_are_namespaces_only() -> None:
     assert imp("random").random() == make_import("seed")("random").random()
 
 
+def test_a_moving_candle_window_decodes_only_the_new_candle() -> None:
+    """The candle series moves by one candle an event: the worker reuses the frozen
+    candles it already had (read-only, so shared like an unchanged key), decodes the
+    new one, and the whole is exactly what a plain decode gives."""
+    import types
+
+    from hooks_runtime.worker import Evaluator
+
+    def window(start: int) -> dict[str, object]:
+        bars = [{"close": float(i), "closeTimeMs": i} for i in range(start, start + 5)]
+        return {"candles": {"BTC-USD": {"5m": bars}}, "ticks": {}}
+
+    ev = Evaluator(SandboxConfig())
+    first = ev.state(encode_state(window(0)))["candles"]["BTC-USD"]["5m"]
+    second = ev.state(encode_state(window(1)))["candles"]["BTC-USD"]["5m"]
+    assert all(second[i] is first[i + 1] for i in range(4))  # reused, not re-decoded
+    assert dict(second[4]) == {"close": 5.0, "closeTimeMs": 5}
+    assert isinstance(second, tuple) and isinstance(second[4], types.MappingProxyType)
+    with pytest.raises(TypeError):
+        second[4]["close"] = 0.0  # type: ignore[index]
+    again = ev.state(encode_state(window(9)))["candles"]["BTC-USD"]["5m"]
+    assert [c["close"] for c in again] == [9.0, 10.0, 11.0, 12.0, 13.0]
+
+
 def test_inplacevar_is_table_driven() -> None:
     """x op= y works on numbers, str and list, not on other types or unknown ops."""
     assert guarded_inplacevar("+=", 1, 2) == 3
