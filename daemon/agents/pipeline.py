@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.lowlevel
@@ -82,6 +82,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             open_worker_pool(cfg.hooks.sandbox) as pool,
             anyio.create_task_group() as tg,
         ):
+            # Not durable (a backtest's scratch dir): no store waits for the disk.
+            light: Literal["OFF", "NORMAL"] = "NORMAL" if cfg.daemon.durable else "OFF"
             broker = PaperBroker(
                 state_dir,
                 audited_publish(send.send, audit),
@@ -94,11 +96,13 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             )
             closing.callback(broker.close)
             hook_store = HookStore(
-                state_dir / "hooks.sqlite3", dedupe_max_keys=cfg.hooks.dedupe_max_keys
+                state_dir / "hooks.sqlite3",
+                dedupe_max_keys=cfg.hooks.dedupe_max_keys,
+                synchronous=light,
             )
             closing.callback(hook_store.close)
             alerts = AlertQueue(build_notifier(cfg.hooks.alert_webhook))
-            run_store = RunStore.in_dir(state_dir)
+            run_store = RunStore.in_dir(state_dir, light)
             closing.callback(run_store.close)
             desk = TradeDesk(broker, audit)
             service.audit = audit.write

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Literal
 
 from daemon.errors import StoreError
 from daemon.sqlite import open_sqlite
@@ -52,9 +53,14 @@ class HookStore:
     """One SQLite file under the state dir; every method is a short transaction."""
 
     def __init__(
-        self, path: Path, *, dedupe_days: float = 30.0, dedupe_max_keys: int = 100_000
+        self,
+        path: Path,
+        *,
+        dedupe_days: float = 30.0,
+        dedupe_max_keys: int = 100_000,
+        synchronous: Literal["OFF", "NORMAL"] = "NORMAL",
     ) -> None:
-        self._db = open_sqlite(path, "hook store", schema=_SCHEMA)
+        self._db = open_sqlite(path, "hook store", schema=_SCHEMA, synchronous=synchronous)
         self.path = path
         self.dedupe_ms = int(dedupe_days * 86_400_000)
         self.dedupe_max_keys = dedupe_max_keys

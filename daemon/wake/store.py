@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from daemon.errors import StoreError
 from daemon.sqlite import open_sqlite
@@ -52,12 +52,18 @@ CREATE TABLE IF NOT EXISTS wake_pending (
 class RunStore:
     """Persisted run starts and finishes of every agent."""
 
-    def __init__(self, path: Path, *, keep_seconds: float = 7 * 86400) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        keep_seconds: float = 7 * 86400,
+        synchronous: Literal["OFF", "NORMAL"] = "NORMAL",
+    ) -> None:
         self.path = Path(path)
         self.keep_seconds = keep_seconds
         self._lock = threading.Lock()
         self._pruned_at = float("-inf")  # history is dropped at most once per PRUNE_EVERY
-        self._db = open_sqlite(self.path, "wake run store", schema=_SCHEMA)
+        self._db = open_sqlite(self.path, "wake run store", schema=_SCHEMA, synchronous=synchronous)
         self._add_usage_columns()
 
     def _add_usage_columns(self) -> None:
@@ -68,9 +74,9 @@ class RunStore:
                 self._exec(f"ALTER TABLE wake_runs ADD COLUMN {column} {kind} NOT NULL DEFAULT 0")
 
     @classmethod
-    def in_dir(cls, state_dir: Path) -> RunStore:
+    def in_dir(cls, state_dir: Path, synchronous: Literal["OFF", "NORMAL"] = "NORMAL") -> RunStore:
         """The store under a daemon state directory."""
-        return cls(Path(state_dir) / FILE_NAME)
+        return cls(Path(state_dir) / FILE_NAME, synchronous=synchronous)
 
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         try:
