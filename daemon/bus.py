@@ -365,18 +365,22 @@ class Bus:
             self._routes[topic] = subs
         return subs
 
-    async def publish(self, event: FeedEvent) -> None:
-        """Deliver to every matching subscriber, waiting where the policy says so."""
+    async def publish(self, event: FeedEvent) -> bool:
+        """Deliver to every matching subscriber, waiting where the policy says so;
+        True if some subscriber made it wait."""
         if self._closed:
-            return
+            return False
         self.published += 1
         self.last_published[event.partition] = event
         if event.partition not in self.first_published:
             self.first_published[event.partition] = event
         now_ns = time.perf_counter_ns()
+        waited = False
         for sub in self._route(event.topic):
             if not sub._offer(event, now_ns):
+                waited = True
                 await sub._put(event, now_ns)
+        return waited
 
     def idle(self) -> bool:
         """Whether every subscriber has finished everything published so far."""

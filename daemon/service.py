@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
@@ -209,7 +210,9 @@ class Service:
         # subscribers (the recorder) and not to others (an agent). Subscribers
         # keep draining while feeds stop, so a blocked publish always completes.
         with anyio.CancelScope(shield=True):
-            await self.bus.publish(event)
+            waited = await self.bus.publish(event)
+        if waited:  # a feed held back by a slow agent stops at the next event, not
+            await anyio.lowlevel.checkpoint_if_cancelled()  # hundreds of events later
 
     async def _run_feed(self, feed: Feed, *, task_status: TaskStatus[None]) -> None:
         """Run one feed. Failing to start propagates (startup fails fast, a reload rolls

@@ -336,7 +336,8 @@ def test_stop_drains_every_queued_event_even_on_a_second_term(tmp_path: Path) ->
 
 def test_sigterm_during_a_lagging_replay_stops_within_10_seconds(tmp_path: Path) -> None:
     """A replay far ahead of a slow agent (thousands of events queued): SIGTERM ends the
-    process within 10 s; what the agent did not finish is re-delivered at the restart."""
+    process within 10 s (in fact the 3 s drain and little else); what the agent did
+    not finish is re-delivered at the restart."""
     hooks = tmp_path / "agents" / "slow" / "hooks"
     hooks.mkdir(parents=True)
     (hooks / "wake_slow.py").write_text(
@@ -362,7 +363,9 @@ def test_sigterm_during_a_lagging_replay_stops_within_10_seconds(tmp_path: Path)
         finally:
             proc.kill()
             stderr = proc.communicate()[1].decode()
-    assert took < 10
+    # the drain's 3 s and little else: a feed held back by the agent stops at its next
+    # event (it went on for up to 256 more, each waiting ~10 ms on the agent: 5-8 s)
+    assert took < 6
     assert "drain cut" in stderr
     # the cut agent task never meets a store already closed under it
     assert "event handling failed" not in stderr and "Traceback" not in stderr
