@@ -382,6 +382,15 @@ class Bus:
                 await sub._put(event, now_ns)
         return waited
 
+    def held(self) -> dict[str, int]:
+        """What subscribers still hold: ``queued`` in memory, ``on_disk`` in backlogs
+        (for the log lines of a stop)."""
+        subs = self._subs
+        return {
+            "queued": sum(len(s._queue) for s in subs),
+            "on_disk": sum(s.backlog for s in subs),
+        }
+
     def idle(self) -> bool:
         """Whether every subscriber has finished everything published so far."""
         return all(sub.idle for sub in self._subs)

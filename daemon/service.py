@@ -347,13 +347,7 @@ class Service:
                 if self._feeds_tg is not None:
                     self._feeds_tg.start_soon(self._reload_once)
             else:
-                subs = self.bus.statistics().subscriptions
-                log.info(
-                    "signal received; draining",
-                    signal=name,
-                    queued=sum(s.depth for s in subs),
-                    on_disk=sum(s.backlog for s in subs),
-                )
+                log.info("signal received; draining", signal=name, **self.bus.held())
                 self._stop.set()
 
     async def _reload_once(self) -> None:
@@ -521,12 +515,7 @@ class Service:
         bus, limit = self.bus, self.config.daemon.stall_seconds
         if bus.idle():
             return
-        subs = bus.statistics().subscriptions
-        log.info(
-            "all feeds finished; waiting for the agents to catch up",
-            queued=sum(s.depth for s in subs),
-            on_disk=sum(s.backlog for s in subs),
-        )
+        log.info("all feeds finished; waiting for the agents to catch up", **bus.held())
         seen, since = bus.delivered, time.monotonic()
         while not bus.idle():
             await anyio.sleep(0.05)

@@ -190,9 +190,12 @@ async def test_a_backlog_that_cannot_be_written_makes_the_publisher_wait(tmp_pat
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
 def test_a_special_backlog_path_is_refused_at_once(tmp_path: Path, kind: str) -> None:
-    """Never blocks on a FIFO, never follows a link: a clear StoreError."""
+    """Never blocks on a FIFO, never follows a link: a clear StoreError; where an
+    agent's or an account's backlog goes, that one runs without (logged), nothing
+    else stops."""
     import os
 
+    from daemon.backlog import open_backlog
     from daemon.errors import StoreError
 
     path = tmp_path / "alpha.jsonl"
@@ -204,6 +207,7 @@ def test_a_special_backlog_path_is_refused_at_once(tmp_path: Path, kind: str) ->
         path.mkdir()
     with pytest.raises(StoreError, match="backlog"):
         Backlog(path, max_bytes=1 << 20)
+    assert open_backlog(path, 1 << 20, "account alpha") is None
     assert not (tmp_path / "elsewhere.jsonl").exists()
 
 
