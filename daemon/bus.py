@@ -36,6 +36,7 @@ lag (age of the oldest waiting event) per subscriber, via :meth:`statistics`.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -178,6 +179,16 @@ class Subscription:
             self._writable.set()
             self._writable = None
         return event
+
+    def peek(self, n: int) -> list[FeedEvent]:
+        """Up to ``n`` events queued in memory, in the order they will be received
+        (for an ordered subscription that order is final: nothing coalesces)."""
+        out: list[FeedEvent] = []
+        for slot in itertools.islice(self._queue, n):
+            event = slot[0]
+            assert isinstance(event, FeedEvent)
+            out.append(event)
+        return out
 
     def _refill(self) -> bool:
         """Move the backlog's oldest events into the empty queue; False if none."""

@@ -126,6 +126,12 @@ class HooksSection(Base, frozen=True):
     # false: WAKEs are scheduled, budgeted and audited as usual, but each run only
     # logs (no LLM, no command): what `marketwake backtest` counts by default.
     run_agents: bool = True
+    # Event time only (replays, backtests): an agent evaluates up to this many of its
+    # queued events in the same sandbox request as the current one, ahead of their
+    # turn. A result is used only if every part of the state its hook read (the
+    # portfolio, lastOutputs) is what that event's real state holds; otherwise the
+    # event is evaluated again in its turn. Results do not change; 0 = off.
+    lookahead_events: Annotated[int, msgspec.Meta(ge=0, le=256)] = 16
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:

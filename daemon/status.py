@@ -98,6 +98,10 @@ class HooksStatus(msgspec.Struct, frozen=True):
     failures: int
     agents: dict[str, AgentStatus]
     config_errors: dict[str, str] = {}
+    # Event time: events whose results, evaluated ahead of their turn, were used /
+    # did not hold (the account or lastOutputs a hook read had changed).
+    lookahead_used: int = 0
+    lookahead_missed: int = 0
 
 
 class Status(msgspec.Struct, frozen=True):

@@ -37,6 +37,7 @@ from hooks_runtime.protocol import (
     HookKind,
     Ready,
     Result,
+    Step,
     encode_state,
 )
 from hooks_runtime.spin import WORKER_LINGER, SpinPolicy
@@ -44,6 +45,7 @@ from hooks_runtime.validate import validate_result
 
 _WORKER_ERROR_KINDS = frozenset({"compile", "runtime", "invalid_result", "memory"})
 _USAGE_CHECK_EVERY = 64  # batches between /proc reads of a worker's RSS and CPU
+_MAX_READS = 64  # state keys a lookahead result may name (the worker names only real ones)
 
 
 class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -57,6 +59,8 @@ class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     error_kind: ErrorKind | None = None
     error: str | None = None
     output: str = ""
+    # Lookahead results only: the state keys the hook read (see protocol.Batch).
+    reads: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -122,12 +126,65 @@ class WorkerPool:
         to several agents (encode it once per event). ``now`` is the time backoff is
         measured on: the event's time in a replay (so a failing hook skips the same
         events at any speed), else the pool's clock."""
-        return await self._gated(agent_id, hooks, event, state, False, now)
+        results, _ = await self._gated(agent_id, hooks, event, state, False, now)
+        return results
+
+    async def evaluate_ahead(
+        self,
+        agent_id: str,
+        hooks: Sequence[HookSpec],
+        event: dict[str, Any],
+        state: Any,
+        now: float | None,
+        ahead: Sequence[Step],
+    ) -> tuple[list[HookResult], list[list[HookResult]]]:
+        """:meth:`evaluate`, plus the events queued after ``event`` in the same request
+        (event time): their results, one list per step, for as many steps as came back
+        whole. Those are speculative: each holds only if what its hooks read of the
+        state (``HookResult.reads``) is what that event's real state has, and only
+        once accepted with :meth:`record`. No lookahead while any hook is backing
+        off or paused (its gate could change within the steps)."""
+        return await self._gated(agent_id, hooks, event, state, False, now, ahead)
+
+    async def speculate(
+        self,
+        agent_id: str,
+        hooks: Sequence[HookSpec],
+        event: dict[str, Any],
+        state: Any,
+        now: float | None,
+        ahead: Sequence[Step],
+    ) -> list[list[HookResult]]:
+        """Evaluate ``event`` and ``ahead``, every one ahead of its turn (event time),
+        while the caller goes on with other work: one result list per step, for as
+        many steps as came back whole, each result with its reads. Nothing is
+        recorded (see :meth:`record`), a dead worker is not retried, and nothing
+        runs while any hook is backing off or paused."""
+        gates = (self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks)
+        if not hooks or any(g is not None for g in gates):
+            return []
+        state_raw = state if isinstance(state, msgspec.Raw) else encode_state(state)
+        async with self._lock(agent_id):
+            worker = await self._worker_for(agent_id)
+            try:
+                done = await self._batch(
+                    worker, list(hooks), event, state_raw, False, ahead, speculative=True
+                )
+            finally:
+                self._release(agent_id, worker)
+        n = len(hooks)
+        return [done[i : i + n] for i in range(0, len(done) - n + 1, n)]
+
+    def record(self, agent_id: str, results: Sequence[HookResult], now: float | None) -> None:
+        """Count results in each hook's failure history (lookahead results, once used)."""
+        for r in results:
+            self.breaker.record((agent_id, r.hook_id), r.revision, r.error, now, r.error_kind)
 
     async def compile(self, agent_id: str, hooks: Sequence[HookSpec]) -> list[HookResult]:
         """Compile ``hooks`` in the agent's worker without running them (for the loader:
         a failing new revision can be reported while the previous one keeps running)."""
-        return await self._run(agent_id, hooks, {}, None, compile_only=True)
+        results, _ = await self._run(agent_id, hooks, {}, None, compile_only=True)
+        return results
 
     def resume(self, agent_id: str, hook_id: str) -> bool:
         """Lift a pause or backoff of one hook."""
@@ -150,19 +207,20 @@ class WorkerPool:
         state: Any,
         compile_only: bool,
         now: float | None = None,
-    ) -> list[HookResult]:
+        ahead: Sequence[Step] = (),
+    ) -> tuple[list[HookResult], list[list[HookResult]]]:
         gates = [self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks]
         runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
-        ran = iter(await self._run(agent_id, runnable, event, state, compile_only))
-        out: list[HookResult] = []
-        for h, g in zip(hooks, gates, strict=True):
-            if g is not None:
-                out.append(_error(h, g[0], g[1]))
-                continue
-            r = next(ran)
-            self.breaker.record((agent_id, h.hook_id), h.revision, r.error, now, r.error_kind)
-            out.append(r)
-        return out
+        if len(runnable) < len(hooks):
+            ahead = ()
+        done, later = await self._run(agent_id, runnable, event, state, compile_only, ahead)
+        self.record(agent_id, done, now)
+        ran = iter(done)
+        out = [
+            next(ran) if g is None else _error(h, g[0], g[1])
+            for h, g in zip(hooks, gates, strict=True)
+        ]
+        return out, later
 
     async def _run(
         self,
@@ -171,30 +229,41 @@ class WorkerPool:
         event: dict[str, Any],
         state: Any,
         compile_only: bool,
-    ) -> list[HookResult]:
+        ahead: Sequence[Step] = (),
+    ) -> tuple[list[HookResult], list[list[HookResult]]]:
         results: list[HookResult] = []
+        later: list[list[HookResult]] = []
         if not hooks:
-            return results
+            return results, later
         state_raw = state if isinstance(state, msgspec.Raw) else encode_state(state)
         async with self._lock(agent_id):
             pending = list(hooks)
+            n = len(pending)
             idle_deaths = 0
             while pending:
                 worker = await self._worker_for(agent_id)
+                steps = ahead if len(pending) == n else ()  # a retry after a death: none
                 try:
-                    done = await self._batch(worker, pending, event, state_raw, compile_only)
+                    done = await self._batch(worker, pending, event, state_raw, compile_only, steps)
                 finally:
-                    if not worker.alive or worker.poisoned or self._worn_out(worker):
-                        self._workers.pop(agent_id, None)
-                        self._retire(worker)
+                    self._release(agent_id, worker)
                 if not done:
                     idle_deaths += 1
                     if idle_deaths < 2:
                         continue
                     done = [_error(pending[0], "crashed", "fresh workers keep dying")]
-                results.extend(done)
-                pending = pending[len(done) :]
-        return results
+                first = done[: len(pending)]
+                if len(first) == n:  # the steps after the first event, each one whole
+                    later = [done[i : i + n] for i in range(n, len(done) - n + 1, n)]
+                results.extend(first)
+                pending = pending[len(first) :]
+        return results, later
+
+    def _release(self, agent_id: str, worker: WorkerProcess) -> None:
+        """After a request: replace the agent's worker if it died, was poisoned or is worn."""
+        if not worker.alive or worker.poisoned or self._worn_out(worker):
+            self._workers.pop(agent_id, None)
+            self._retire(worker)
 
     async def _batch(
         self,
@@ -203,9 +272,15 @@ class WorkerPool:
         event: dict[str, Any],
         state: msgspec.Raw,
         compile_only: bool,
+        ahead: Sequence[Step] = (),
+        *,
+        speculative: bool = False,
     ) -> list[HookResult]:
-        """Results for a prefix of ``hooks``: all of them, or up to the one that killed
-        the worker (which is then dead and the caller re-runs the rest)."""
+        """Results for a prefix of ``hooks`` (then of each step of ``ahead``, numbered
+        on): all of them, or up to the one that killed the worker (which is then dead
+        and the caller re-runs the rest of the first event's hooks). A ``speculative``
+        request tracks the first event's reads too, and its caller has other work:
+        it sleeps on the doorbell instead of polling."""
         calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
         if not compile_only and any(c.source for c in calls):
             # A fresh worker gets every source with the event: when that would not fit
@@ -216,11 +291,19 @@ class WorkerPool:
             calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
         batch_id = next(self._ids)
         spin_us, token = self._spin.start()
+        if speculative:
+            spin_us = 0
         worker.spin_missed = False
         try:
+            linger = spin_us * WORKER_LINGER
             data = worker.encoder.encode(
-                Batch(batch_id, event, state, calls, compile_only, spin_us * WORKER_LINGER)
+                Batch(batch_id, event, state, calls, compile_only, linger, [*ahead], speculative)
             )
+            if ahead and len(data) - 4 > self.config.max_frame_bytes:
+                ahead = ()  # the lookahead is only worth it if it fits
+                data = worker.encoder.encode(
+                    Batch(batch_id, event, state, calls, compile_only, linger, [], speculative)
+                )
             if len(data) - 4 > self.config.max_frame_bytes:
                 raise HookRequestTooLarge(len(data) - 4, self.config.max_frame_bytes)
             try:
@@ -228,7 +311,9 @@ class WorkerPool:
             except HookCrashed:  # died while idle (not a hook's doing): the caller retries
                 worker.kill()
                 return []
-            return await self._collect(worker, batch_id, hooks, calls, spin_us, compile_only)
+            return await self._collect(
+                worker, batch_id, hooks, calls, spin_us, compile_only, len(ahead)
+            )
         finally:
             self._spin.finish(token, worker.spin_missed)
 
@@ -264,12 +349,14 @@ class WorkerPool:
         calls: list[HookCall],
         spin_us: int,
         compile_only: bool,
+        steps: int = 0,
     ) -> list[HookResult]:
         cfg = self.config
         worker.batches += 1
         budgets = [
             (cfg.timeout_ms + (cfg.compile_timeout_ms if c.source else 0)) / 1000 for c in calls
         ]
+        budgets += [cfg.timeout_ms / 1000] * (len(calls) * steps)
         try:
             results, failure, msg = await worker.collect(
                 batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone
@@ -278,14 +365,16 @@ class WorkerPool:
             worker.kill()
             raise
         out: list[HookResult] = []
-        for h, call, res in zip(hooks, calls, results, strict=False):
-            if call.source is not None:
+        n = len(hooks)
+        for i, res in enumerate(results):
+            h = hooks[i % n]
+            if i < n and calls[i].source is not None:
                 worker.known[h.hook_id] = h.revision
             worker.evaluations += 1
             out.append(self._accept(worker, h, res, compile_only))
         if failure is not None:
             worker.kill()
-            culprit = hooks[len(results)]
+            culprit = hooks[len(results) % n]
             out.append(_error(culprit, failure, msg, budgets[len(results)] * 1000))
         return out
 
@@ -311,7 +400,7 @@ class WorkerPool:
             return _error(h, "invalid_result", str(exc), ms)
         return HookResult(
             hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
-            decision=decision, output=res.output,
+            decision=decision, output=res.output, reads=tuple(res.reads[:_MAX_READS]),
         )  # fmt: skip
 
     def _worn_out(self, worker: WorkerProcess) -> bool:

@@ -51,12 +51,26 @@ class HookCall(msgspec.Struct, frozen=True, array_like=True):
     source: str | None = None
 
 
+class Step(msgspec.Struct, frozen=True, array_like=True):
+    """A later event of a lookahead batch; its ``state`` has no ``lastOutputs`` key."""
+
+    event: dict[str, Any]
+    state: msgspec.Raw
+
+
 class Batch(msgspec.Struct, tag="batch", frozen=True):
     """Evaluate ``hooks`` in order on one event; ``compile_only`` just compiles them.
 
     ``state`` is pre-encoded msgpack (see :func:`encode_state`): the worker decodes
     it per top-level key and reuses the frozen value of a key whose bytes did not
     change since the previous batch (candles do not change between ticks).
+
+    ``ahead`` (event time only) are the events queued after this one, evaluated
+    next in the same request (``track``: all of them are): the worker completes each one's state with the
+    ``lastOutputs`` it carries forward from its own results, and reports which
+    state keys each hook read (``Result.reads``), so the parent can tell whether
+    a result still holds once the real portfolio of that event is known.
+    Results are numbered ``step * len(hooks) + hook`` (the first event is step 0).
     """
 
     id: int
@@ -66,6 +80,9 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
     compile_only: bool = False
     # After answering, busy-poll this long for the next request before sleeping.
     linger_us: int = 0
+    ahead: list[Step] = []
+    # The first event is evaluated ahead of its turn too: report its hooks' reads.
+    track: bool = False
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):
@@ -89,6 +106,12 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
     error_kind: str = ""
     error: str = ""
     output: str = ""
+    # Lookahead steps only: the top-level state keys the hook read (READ_ALL: it
+    # listed or copied the whole state).
+    reads: list[str] = []
+
+
+READ_ALL = "*"
 
 
 def result_frame_cap(cfg: SandboxConfig) -> int:

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import types
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -28,7 +29,9 @@ import msgspec
 from daemon.errors import HookCompileError, HookCrashed, HookResultInvalid
 from hooks_runtime import hardening, policy
 from hooks_runtime.config import SandboxConfig
+from hooks_runtime.decisions import to_builtins
 from hooks_runtime.protocol import (
+    READ_ALL,
     Batch,
     Fatal,
     FrameEncoder,
@@ -50,10 +53,12 @@ except ImportError:  # pragma: no cover - reported as a missing layer later
 
 _RAW_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.msgpack.Decoder()
+_ANY_ENC = msgspec.msgpack.Encoder()
 _SERIES = msgspec.msgpack.Decoder(dict[str, dict[str, list[msgspec.Raw]]])
 _STATE_CACHE_KEYS = 64
 _SERIES_KEY = "candles"  # {symbol: {timeframe: [candle, ...]}}: one new candle per event
 _FULL_GC_EVERY = 1024  # batches; per hook only the young generation is collected
+_LAST_OUTPUTS = "lastOutputs"
 
 # datetime.strptime imports _strptime lazily (HA #132469): do it now, while the
 # filesystem is open, so 3.11 caches it and no hook ever triggers the import.
@@ -84,6 +89,55 @@ def describe(exc: BaseException, filename: str, limit: int) -> str:
         return _clip(f"{type(exc).__name__}: {exc}{where}", limit)
     except BaseException:  # noqa: BLE001 - a hostile __str__ must not kill the worker
         return type(exc).__name__
+
+
+class ReadTracker(Mapping[str, Any]):
+    """A lookahead step's read-only state that notes which top-level keys a hook reads.
+
+    Only keys the state has are noted; anything that lists or copies the whole
+    state notes :data:`READ_ALL`. It offers what ``MappingProxyType`` offers
+    (``copy`` and ``|`` included), so a hook sees no difference.
+    """
+
+    __slots__ = ("_data", "_reads")
+
+    def __init__(self, data: dict[str, Any], reads: set[str]) -> None:
+        self._data = data
+        self._reads = reads
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._data[key]
+        self._reads.add(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._data:
+            self._reads.add(key)
+            return True
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        self._reads.add(READ_ALL)
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def copy(self) -> dict[str, Any]:
+        self._reads.add(READ_ALL)
+        return dict(self._data)
+
+    def __or__(self, other: Any) -> Any:
+        self._reads.add(READ_ALL)
+        return self._data | other
+
+    def __ror__(self, other: Any) -> Any:
+        self._reads.add(READ_ALL)
+        return other | self._data
+
+    def __repr__(self) -> str:
+        self._reads.add(READ_ALL)
+        return f"mappingproxy({self._data!r})"
 
 
 class Evaluator:
@@ -186,13 +240,56 @@ class Evaluator:
         return value, out.text()
 
     def run(self, batch: Batch, send: Any) -> None:
-        """Evaluate every hook of ``batch``, sending one Result each, in order."""
+        """Evaluate every hook of ``batch``, sending one Result each, in order: the
+        first event's, then each lookahead step's."""
         event = {k: policy.freeze(v) for k, v in batch.event.items()}
         state = self.state(batch.state)
+        outputs = None
+        if batch.ahead:  # what the parent's state.lastOutputs will be after each step
+            hit = self.state_cache.get(_LAST_OUTPUTS)
+            last = _ANY.decode(hit[0]) if hit is not None else None
+            outputs = dict(last) if type(last) is dict else {}
+        n = len(batch.hooks)
+        first = dict(state) if batch.track else None
         for index, call in enumerate(batch.hooks):
-            send(self._one(batch, index, call, event, state))
+            if first is not None:
+                reads: set[str] = set()
+                view = ReadTracker(first, reads)
+                send(self._one(batch, index, call, event, view, outputs, reads))
+            else:
+                send(self._one(batch, index, call, event, state, outputs))
+        for step, later in enumerate(batch.ahead, 1):
+            assert outputs is not None
+            event = {k: policy.freeze(v) for k, v in later.event.items()}
+            base = dict(self.state(later.state))
+            base[_LAST_OUTPUTS] = policy.freeze(_ANY.decode(_ANY_ENC.encode(outputs)))
+            for index, call in enumerate(batch.hooks):
+                reads = set()
+                view = ReadTracker(base, reads)
+                send(self._one(batch, step * n + index, call, event, view, outputs, reads))
 
-    def _one(self, batch: Batch, index: int, call: HookCall, event: Any, state: Any) -> Result:
+    def _carry(self, outputs: dict[str, Any], call: HookCall, value: Any) -> None:
+        """Put a hook's decision into ``outputs`` exactly as the parent will put it into
+        ``lastOutputs``: from the result as the parent decodes it, validated the same way."""
+        try:
+            seen = _ANY.decode(_ANY_ENC.encode(value))
+            decision = validate_result(seen, call.kind, self.cfg.max_result_bytes)
+        except Exception:  # noqa: BLE001 - the parent gets an invalid_result: no entry
+            return
+        outputs[call.hook_id] = to_builtins(decision)
+
+    def _one(
+        self,
+        batch: Batch,
+        index: int,
+        call: HookCall,
+        event: Any,
+        state: Any,
+        outputs: dict[str, Any] | None = None,
+        reads: set[str] | None = None,
+    ) -> Result:
+        """Evaluate one hook; with ``outputs`` (a lookahead batch) its decision goes
+        into them as the parent will put it into ``lastOutputs``."""
         t0 = time.perf_counter_ns()
         limit = self.cfg.max_error_chars
         kind, msg, value, output = "", "", None, ""
@@ -214,7 +311,10 @@ class Evaluator:
             pass
         t1 = time.perf_counter_ns()
         done_at = time.monotonic()
-        return Result(batch.id, index, (t1 - t0) // 1000, done_at, value, kind, msg, output)
+        if outputs is not None and not kind:
+            self._carry(outputs, call, value)
+        read = sorted(reads) if reads else []
+        return Result(batch.id, index, (t1 - t0) // 1000, done_at, value, kind, msg, output, read)
 
 
 def _send_all(fd: int, data: bytes) -> None:

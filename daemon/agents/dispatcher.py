@@ -28,19 +28,22 @@ the :class:`AgentRuntime` it is given.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
+import anyio.abc
 import msgspec
 import structlog
 
 from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.health import HealthTracker
+from daemon.agents.lookahead import LAST_OUTPUTS, Lookahead, Pacing, Portfolio, carry, keep
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
@@ -67,6 +70,7 @@ from hooks_runtime.decisions import Alert as AlertDecision
 from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
+from hooks_runtime.protocol import Step, encode_state
 
 log = structlog.get_logger("dispatcher")
 # Always in an agent's subscription: they feed the agent's own state cache.
@@ -92,6 +96,12 @@ class AgentRuntime:
     # Why the agent is behind ("" = it is not): over its CPU budget, or events on disk.
     lagging: str = ""
     over_budget: str = ""
+    # Queued events evaluated ahead of their turn (event time), by event id: each is
+    # already in ``state`` (applied in order, right after the events before it).
+    ahead: dict[str, Lookahead] = field(default_factory=dict)
+    tasks: anyio.abc.TaskGroup | None = None  # while served: runs lookahead requests
+    prefetch: anyio.Event | None = None  # set when the lookahead request in flight ends
+    pacing: Pacing = field(default_factory=Pacing)
     # Held while an event is handled: reconciliation acts between events, never
     # on a signal whose hooks are still deciding.
     # fast_acquire: uncontended (the usual case) it does not yield to the loop
@@ -123,7 +133,12 @@ class Dispatcher:
     alerts: AlertNotifier
     route: MarketRoutes
     checkpoints: Checkpoints
+    # Event time: queued events evaluated ahead in one sandbox request (0 = off).
+    lookahead: int = 0
     evaluations: int = 0
+    # Lookahead results used, and those that did not hold (evaluated again).
+    ahead_used: int = 0
+    ahead_missed: int = 0
     suppressed: int = 0
     # Events whose handling raised (not hook failures: those are in ``health``).
     failures: int = 0
@@ -142,18 +157,24 @@ class Dispatcher:
         handling it is logged with the event id and counted, and the next
         event is served.
         """
-        async for event in rt.sub:
-            try:
-                async with rt.busy:
-                    await self.handle(rt, event)
-                self._note_lag(rt)
-            except Exception:
-                # ``event`` is structlog's own first argument: never pass it as a key.
-                self.failures += 1
-                log.exception("event handling failed", agent=rt.agent_id, event_id=event.event_id)
-            finally:
-                self.route.done(rt.agent_id, event)
-                self.checkpoints.finished(rt.agent_id, event)
+        async with anyio.create_task_group() as tasks:
+            rt.tasks = tasks  # for lookahead requests (event time)
+            async for event in rt.sub:
+                try:
+                    async with rt.busy:
+                        await self.handle(rt, event)
+                    self._note_lag(rt)
+                except Exception:
+                    # ``event`` is structlog's own first argument: never pass it as a key.
+                    self.failures += 1
+                    log.exception(
+                        "event handling failed", agent=rt.agent_id, event_id=event.event_id
+                    )
+                finally:
+                    self.route.done(rt.agent_id, event)
+                    self.checkpoints.finished(rt.agent_id, event)
+            rt.tasks = None
+            tasks.cancel_scope.cancel()  # a lookahead still in flight: nobody needs it
 
     @staticmethod
     def lag_reason(rt: AgentRuntime) -> str:
@@ -209,25 +230,40 @@ class Dispatcher:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
         # The marks first: a re-delivered event they cover must not take a place in
         # the bounded ``recent`` window, which holds the evaluations the marks lag.
+        early = rt.ahead.pop(event.event_id, None)  # already applied to the state cache
         if self.checkpoints.done_before(rt.agent_id, event) or not self._fresh(rt, event):
             # Re-delivered (a restart): the state cache takes what it lacks (it ignores
             # what it holds); the hooks never see an event twice.
-            rt.state.apply(event)
+            if early is None:
+                rt.state.apply(event)
             self.checkpoints.skipped += 1
             return []
         now = await self._event_time(rt, event)
-        rt.state.apply(event)
+        if early is None:
+            rt.state.apply(event)
         # Risk checks and fills see the market up to this event (lockstep: exactly).
         await self.route.caught_up(rt.agent_id, event)
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
             return []
         hooks = list(rt.agent.hooks.values())
         await self._within_budget(rt)
-        state = self.build_state(rt, event)
-        try:
-            results = await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state, now)
-        except HookRequestTooLarge as exc:
-            results = [_oversized(h, exc, rt.last_outputs) for h in hooks]
+        if early is not None and early.results is None and rt.prefetch is not None:
+            await rt.prefetch.wait()  # this event may be in the request in flight
+        rt.pacing.step()
+        if early is not None and early.results is not None:
+            if early.holds(hooks, self._account(rt), rt.last_outputs):
+                results = early.results
+                self.ahead_used += 1
+                rt.pacing.held(self.lookahead)
+                self.pool.record(rt.agent_id, results, now)
+            else:  # what the rest assumed is likely off too: evaluate it in its turn
+                self.ahead_missed += 1
+                rt.pacing.missed()
+                for entry in rt.ahead.values():
+                    entry.results = None
+                early.results = None
+        if early is None or early.results is None:
+            results = await self._evaluate(rt, event, hooks, now, early)
         if self.cpu is not None:
             self.cpu.record(rt.agent_id, sum(r.runtime_ms for r in results))
         self.evaluations += len(results)
@@ -239,7 +275,144 @@ class Dispatcher:
         for act in actions:
             if act is not None:
                 await act()
+        self._prefetch_soon(rt, hooks, now)
         return results
+
+    async def _evaluate(
+        self,
+        rt: AgentRuntime,
+        event: FeedEvent,
+        hooks: list[HookSpec],
+        now: float | None,
+        early: Lookahead | None,
+    ) -> list[HookResult]:
+        """One sandbox request: ``event``, and on event time the queued events after it."""
+        state = self.build_state(rt, event, early.market if early is not None else None)
+        looks = now is not None and rt.pacing.on
+        ahead = [*itertools.islice(self._queued(rt), self.lookahead)] if looks else []
+        for _, entry in ahead:
+            entry.results = None  # replaced by this request's
+        seen, portfolio = self._portfolio(rt)
+        entries, steps = self._steps(rt, ahead, seen, hooks)
+        try:
+            if not steps:
+                return await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state, now)
+            results, later = await self.pool.evaluate_ahead(
+                rt.agent_id, hooks, to_dict(event), state, now, steps
+            )
+        except HookRequestTooLarge as exc:
+            return [_oversized(h, exc, rt.last_outputs) for h in hooks]
+        outputs = dict(state[LAST_OUTPUTS])
+        carry(outputs, results)
+        keep(entries, later, hooks, portfolio, outputs)
+        return results
+
+    def _steps(
+        self,
+        rt: AgentRuntime,
+        run: list[tuple[FeedEvent, Lookahead]],
+        seen: dict[str, Any],
+        hooks: list[HookSpec],
+    ) -> tuple[list[Lookahead], list[Step]]:
+        """``run`` as lookahead steps, as far as each one's own request would surely fit
+        ``max_frame_bytes`` with whatever lastOutputs its turn brings (each hook's
+        result is capped): a result never stands for an event whose real request
+        would have been refused as oversized."""
+        if not run:
+            return [], []
+        cfg = self.pool.config
+        grows = len(hooks) * (2 * cfg.max_result_bytes + 1024)
+        room = cfg.max_frame_bytes - len(encode_state(rt.last_outputs)) - grows - 4096
+        entries, steps = [], []
+        for e, entry in run:
+            event, state = to_dict(e), encode_state(entry.market | seen)
+            if len(state) + len(msgspec.msgpack.encode(event)) > room:
+                break
+            entries.append(entry)
+            steps.append(Step(event, state))
+        return entries, steps
+
+    def _queued(self, rt: AgentRuntime, peek: int = 0) -> Iterator[tuple[FeedEvent, Lookahead]]:
+        """The run of queued events after the current one that its hooks will evaluate
+        next (fresh, listened to, with a time), each applied to the state cache as the
+        run reaches it (in order; once), with its lookahead entry."""
+        if not self.lookahead or rt.listens_to(COPYTRADE_SIGNALS + "opened"):
+            return  # the copy-trade view is not split into what a hook read
+        if not rt.sub.ordered:
+            return  # a queued tick could still be replaced
+        seen: set[str] = set()
+        for e in rt.sub.peek(peek or self.lookahead):
+            if (
+                e.event_id in seen
+                or e.event_id in rt.recent
+                or not rt.listens_to(e.topic)
+                or not self._wants(rt, e)
+                or self.checkpoints.done_before(rt.agent_id, e)
+                or not _timed(e)
+            ):
+                return
+            seen.add(e.event_id)
+            entry = rt.ahead.get(e.event_id)
+            if entry is None:
+                rt.state.apply(e)
+                market = market_state(rt.state, e, rt.agent.config.state_candles)
+                entry = rt.ahead[e.event_id] = Lookahead(market)
+            yield e, entry
+
+    def _account(self, rt: AgentRuntime) -> Portfolio:
+        """The agent's account as the broker holds it now."""
+        broker, account = self.desk.broker, self.desk.account_of(rt.agent_id)
+        return broker.positions(account), broker.open_orders(account)
+
+    def _portfolio(self, rt: AgentRuntime) -> tuple[dict[str, Any], Portfolio]:
+        """The agent's account now: as hooks see it, and as the broker holds it."""
+        positions, orders = held = self._account(rt)
+        seen = {"positions": msgspec.to_builtins(positions), "orders": msgspec.to_builtins(orders)}
+        return seen, held
+
+    def _prefetch_soon(self, rt: AgentRuntime, hooks: list[HookSpec], now: float | None) -> None:
+        """On event time, keep the agent's worker busy with the events queued next while
+        this task handles the ones already evaluated (one request in flight at most)."""
+        if now is None or not self.lookahead or rt.tasks is None or rt.prefetch is not None:
+            return
+        if not rt.pacing.on:
+            return
+        rt.prefetch = anyio.Event()
+        rt.tasks.start_soon(self._prefetch, rt, hooks, now)
+
+    async def _prefetch(self, rt: AgentRuntime, hooks: list[HookSpec], now: float) -> None:
+        """Evaluate the next ``lookahead`` queued events that have no results yet, unless
+        as many are already evaluated; their ``lastOutputs`` are what the results
+        before them would make of the agent's."""
+        try:
+            outputs, held = dict(rt.last_outputs), 0
+            todo: list[tuple[FeedEvent, Lookahead]] = []
+            for e, entry in self._queued(rt, 3 * self.lookahead):
+                if entry.results is not None and not todo:
+                    held += 1
+                    if held >= self.lookahead:
+                        return
+                    carry(outputs, entry.results)
+                    continue
+                todo.append((e, entry))
+                if len(todo) == self.lookahead:
+                    break
+            if not todo:
+                return
+            seen, portfolio = self._portfolio(rt)
+            entries, steps = self._steps(rt, todo, seen, hooks)
+            if not steps:
+                return
+            state = entries[0].market | seen | {LAST_OUTPUTS: dict(outputs)}
+            first = steps[0].event
+            got = await self.pool.speculate(rt.agent_id, hooks, first, state, now, steps[1:])
+            keep(entries, got, hooks, portfolio, outputs)
+        except Exception as exc:  # noqa: BLE001 - each event is still evaluated in its turn
+            log.debug("lookahead request failed", agent=rt.agent_id, error=repr(exc))
+        finally:
+            done, rt.prefetch = rt.prefetch, None
+            if done is not None:
+                done.set()
 
     async def _event_time(self, rt: AgentRuntime, event: FeedEvent) -> float | None:
         """On event time: advance the agent's clock to ``event`` (runs due by then start
@@ -253,14 +426,17 @@ class Dispatcher:
         await rt.scheduler.advance_to(t)
         return rt.scheduler.clock.now()
 
-    def build_state(self, rt: AgentRuntime, event: FeedEvent) -> dict[str, Any]:
-        """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs."""
-        state = market_state(rt.state, event, rt.agent.config.state_candles)
-        broker, account = self.desk.broker, self.desk.account_of(rt.agent_id)
-        state["positions"] = msgspec.to_builtins(broker.positions(account))
-        state["orders"] = msgspec.to_builtins(broker.open_orders(account))
-        state["lastOutputs"] = dict(rt.last_outputs)
+    def build_state(
+        self, rt: AgentRuntime, event: FeedEvent, market: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs
+        (``market``: the market part, when it was taken earlier)."""
+        if market is None:
+            market = market_state(rt.state, event, rt.agent.config.state_candles)
+        state = market | self._portfolio(rt)[0]
+        state[LAST_OUTPUTS] = dict(rt.last_outputs)
         if rt.listens_to(COPYTRADE_SIGNALS + "opened"):
+            account = self.desk.account_of(rt.agent_id)
             state["copytrade"] = self._copytrade_view(rt, account, event)
         return state
 
@@ -307,7 +483,7 @@ class Dispatcher:
                 self._persist_pause(rt, r)
             return None
         d = r.decision
-        rt.last_outputs[r.hook_id] = to_builtins(d)
+        rt.last_outputs[r.hook_id] = to_builtins(d)  # as _carry does
         if isinstance(d, Ignore):
             self._audit_hook(rt, event, trace, r)
             return None
@@ -444,6 +620,14 @@ class Dispatcher:
                 output=_full_output(d),
             )
         )
+
+
+def _timed(event: FeedEvent) -> bool:
+    try:
+        parse_iso_ms(event.ts)
+    except ValueError:
+        return False
+    return True
 
 
 def _full_output(d: Decision | None) -> dict[str, Any] | None:

@@ -147,6 +147,8 @@ class AgentManager:
             suppressed=d.suppressed,
             failures=d.failures,
             config_errors=dict(self._config_errors),
+            lookahead_used=d.ahead_used,
+            lookahead_missed=d.ahead_missed,
             agents={
                 agent_id: AgentStatus(
                     hooks={h: s.revision for h, s in rt.agent.hooks.items()},

@@ -143,6 +143,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 alerts=alerts,
                 route=route,
                 checkpoints=checkpoints,
+                lookahead=cfg.hooks.lookahead_events if cfg.event_time else 0,
                 cpu=None
                 if cfg.event_time or not cfg.hooks.cpu_budget_share
                 else CpuBudget(cfg.hooks.cpu_budget_share, cfg.hooks.cpu_budget_window_seconds),

@@ -1,0 +1,100 @@
+"""Lookahead on event time, end to end: a backtest's every hook decision is the same
+with it as without it, including hooks whose state changes with each order and fill
+(they read positions, orders and their own lastOutputs), and the results evaluated
+ahead are used where they hold and evaluated again where they do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from daemon.app import run_daemon
+from daemon.audit.reader import iter_records
+from daemon.backtest.run import BacktestOptions, prepare
+from daemon.status import HooksStatus
+from feeds.synthetic import generate_candles
+
+WAKE_GREEN = """
+def evaluate(event, state):
+    c = state["candles"][event["symbol"]]["5m"][-1]
+    if c["close"] > c["open"]:
+        return {"decision": "WAKE", "reason": "green", "dedupeKey": "g:" + event["eventId"]}
+    return {"decision": "IGNORE", "reason": "red"}
+"""
+# Buys every 7th candle when flat (a stop below), sells every 7th when long.
+TRADER = """
+def evaluate(event, state):
+    c = event["payload"]
+    if int(c["closeTimeMs"] / 300000) % 7:
+        return {"decision": "IGNORE", "reason": "not now"}
+    side = "buy" if not state["positions"] else "sell"
+    intent = {"action": "PLACE_MARKET_ORDER", "symbol": event["symbol"], "side": side,
+              "volume": 0.001}
+    if side == "buy":
+        intent["stopLoss"] = c["close"] * 0.9
+    return {"decision": "TRADE_INTENT", "reason": side, "dedupeKey": "t:" + event["eventId"],
+            "intent": intent}
+"""
+# Reads the account and its own last output on every event.
+READER = """
+def evaluate(event, state):
+    mine = state["lastOutputs"].get("wake_reader")
+    n = mine["data"]["n"] + 1 if mine else 1
+    held = ",".join(sorted(state["positions"]))
+    return {"decision": "IGNORE", "reason": f"{n} [{held}] {len(state['orders'])}",
+            "data": {"n": n}}
+"""
+TOML = "[wake]\nmax_runs_per_hour = 2\ncooldown_after_run_seconds = 0\ndebounce_seconds = 0\n"
+VOLATILE = {"ts", "runtimeMs", "daemonRun"}  # wall-clock stamps, timings, the run's id
+
+
+def _agent(root: Path, hooks: dict[str, str]) -> Path:
+    (root / "hooks").mkdir(parents=True)
+    (root / "agent.toml").write_text(TOML)
+    for name, source in hooks.items():
+        (root / "hooks" / name).write_text(source)
+    return root
+
+
+def _run(
+    agent_dir: Path, data: Path, out: Path, lookahead: int
+) -> tuple[HooksStatus, list[dict[str, Any]]]:
+    opts = BacktestOptions(agent_dir=agent_dir, data=data, out=out, state_dir=out.parent / "kept")
+    config = prepare(opts)
+    hooks = msgspec.structs.replace(config.hooks, lookahead_events=lookahead)
+    status = run_daemon(msgspec.structs.replace(config, hooks=hooks))
+    assert status.hooks is not None
+    rows = [
+        {k: v for k, v in r.items() if k not in VOLATILE}
+        for r in iter_records(out / "state" / "audit")
+        if r.get("type") in ("hook", "risk", "order")
+    ]
+    return status.hooks, rows
+
+
+def test_hooks_reading_the_account_decide_the_same_with_lookahead(tmp_path: Path) -> None:
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=700, timeframe="5m")
+    hooks = {"wake_green.py": WAKE_GREEN, "autotrade_trader.py": TRADER, "wake_reader.py": READER}
+    agent_dir = _agent(tmp_path / "agents" / "alpha", hooks)
+    off, rows_off = _run(agent_dir, data, tmp_path / "off", 0)
+    on, rows_on = _run(agent_dir, data, tmp_path / "on", 16)
+    assert off.lookahead_used == off.lookahead_missed == 0
+    assert len(rows_on) == len(rows_off) > 3 * 700
+    assert rows_on == rows_off
+    trades = [r for r in rows_on if r.get("decision") == "TRADE_INTENT"]
+    assert len(trades) > 50  # the account changes often: what the reader reads moves
+    assert on.lookahead_used > 0 and on.lookahead_missed > 0
+
+
+def test_hooks_reading_only_the_market_use_what_was_evaluated_ahead(tmp_path: Path) -> None:
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=6, n=700, timeframe="5m")
+    agent_dir = _agent(tmp_path / "agents" / "beta", {"wake_green.py": WAKE_GREEN})
+    _, rows_off = _run(agent_dir, data, tmp_path / "off", 0)
+    on, rows_on = _run(agent_dir, data, tmp_path / "on", 16)
+    assert rows_on == rows_off
+    assert on.lookahead_missed == 0
+    assert on.lookahead_used > 350  # most of the 700: the replay runs ahead of the agent
