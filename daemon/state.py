@@ -40,6 +40,8 @@ from daemon.events import (
 )
 from daemon.indicators import CandleIndicators
 
+_msgpack = msgspec.msgpack.Encoder()
+
 DEFAULT_EXPORT_CANDLES = 50
 SNAPSHOT_VERSION = 1
 
@@ -60,13 +62,16 @@ class Series:
     """Closed candles, indicators and the forming candle of one (symbol, timeframe).
 
     Candles are kept already in their exported dict form (built once per close),
-    so an export only copies dicts instead of converting structs every time.
+    so an export only copies dicts instead of converting structs every time, and
+    as msgpack (encoded once per close) for the sandbox requests, which send the
+    same window again, moved by one candle, on every event.
     """
 
-    __slots__ = ("candles", "forming", "indicators", "last_close_ms", "step_ms")
+    __slots__ = ("candles", "encoded", "forming", "indicators", "last_close_ms", "step_ms")
 
     def __init__(self, timeframe: str, max_candles: int) -> None:
         self.candles: deque[dict[str, Any]] = deque(maxlen=max_candles)
+        self.encoded: deque[msgspec.Raw] = deque(maxlen=max_candles)
         self.indicators = CandleIndicators()
         self.forming: Candle | None = None
         self.last_close_ms: int | None = None
@@ -80,6 +85,21 @@ class Series:
         if n <= 0:
             return []
         newest = [c.copy() for c in islice(reversed(self.candles), n)]
+        newest.reverse()
+        return newest
+
+    def append(self, payload: dict[str, Any]) -> None:
+        """Keep a closed candle's payload (and its msgpack)."""
+        self.candles.append(payload)
+        self.encoded.append(msgspec.Raw(_msgpack.encode(payload)))
+
+    def last_encoded(self, n: int | None) -> list[msgspec.Raw]:
+        """The msgpack of the newest ``n`` candles (all if None), oldest first."""
+        if n is None or n >= len(self.encoded):
+            return list(self.encoded)
+        if n <= 0:
+            return []
+        newest = list(islice(reversed(self.encoded), n))
         newest.reverse()
         return newest
 
@@ -177,7 +197,7 @@ class StateCache:
             return False
         if last is not None and series.step_ms and candle.close_time_ms - last > series.step_ms:
             self._counters["gaps"] += 1
-        series.candles.append(candle.payload())
+        series.append(candle.payload())
         series.last_close_ms = candle.close_time_ms
         series.indicators.update(candle.high, candle.low, candle.close)
         if series.forming is not None and series.forming.close_time_ms <= candle.close_time_ms:
@@ -259,13 +279,15 @@ class StateCache:
         *,
         timeframes: Iterable[str] | None = None,
         candles: int | None = DEFAULT_EXPORT_CANDLES,
+        encoded: bool = False,
     ) -> dict[str, Any]:
         """Plain JSON-compatible data (fresh objects, safe to hand out).
 
         ``symbols``/``timeframes`` restrict the series (None = all); ``candles``
         is how many of the newest closed candles per series (None = the whole
         buffer, 0 = none), since the full buffer on every event is costly to
-        ship to a sandboxed hook.
+        ship to a sandboxed hook. ``encoded``: each candle as its msgpack
+        (``msgspec.Raw``, for a msgpack encoder only), not a dict.
         """
         if isinstance(symbols, str):
             symbols = [symbols]
@@ -275,16 +297,22 @@ class StateCache:
         for symbol in wanted:
             for tf, series in self._series.get(symbol, {}).items():
                 if tf_filter is None or tf in tf_filter:
-                    self._export_series(out, symbol, tf, series, candles)
+                    self._export_series(out, symbol, tf, series, candles, encoded)
         ticks_keys = self._ticks if symbols is None else wanted
         out["ticks"] = {p: dict(self._ticks[p]) for p in ticks_keys if p in self._ticks}
         return out
 
     @staticmethod
     def _export_series(
-        out: dict[str, Any], symbol: str, tf: str, series: Series, candles: int | None
+        out: dict[str, Any],
+        symbol: str,
+        tf: str,
+        series: Series,
+        candles: int | None,
+        encoded: bool = False,
     ) -> None:
-        out["candles"].setdefault(symbol, {})[tf] = series.last(candles)
+        window = series.last_encoded(candles) if encoded else series.last(candles)
+        out["candles"].setdefault(symbol, {})[tf] = window
         out["indicators"].setdefault(symbol, {})[tf] = series.indicators.export()
         if series.forming is not None:
             out["forming"].setdefault(symbol, {})[tf] = series.forming.payload()

@@ -115,6 +115,18 @@ def test_ring_buffer_keeps_only_the_newest_candles_in_order() -> None:
     assert cache.statistics()["closed"] == 25
 
 
+def test_an_encoded_export_is_the_msgpack_of_the_same_window() -> None:
+    """Sandbox requests take each candle's msgpack, encoded once per close: the bytes
+    are what encoding the plain export gives, window for window."""
+    cache = StateCache(max_candles=10)
+    feed(cache, 25)
+    for n in (None, 0, 3, 10, 50):
+        plain = cache.export(candles=n)
+        encoded = cache.export(candles=n, encoded=True)
+        assert all(type(c) is msgspec.Raw for c in encoded["candles"]["BTC-USD"]["5m"])
+        assert msgspec.msgpack.encode(encoded) == msgspec.msgpack.encode(plain)
+
+
 def test_from_config_uses_max_candles() -> None:
     """StateSection.max_candles sizes every series' buffer."""
     cache = StateCache.from_config(StateSection(max_candles=3))

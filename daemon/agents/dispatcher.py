@@ -116,10 +116,14 @@ class AgentRuntime:
         return any(topic_matches(p, topic) for p in self.agent.config.topics)
 
 
-def market_state(cache: StateCache, event: FeedEvent, candles: int) -> dict[str, Any]:
+def market_state(
+    cache: StateCache, event: FeedEvent, candles: int, *, encoded: bool = False
+) -> dict[str, Any]:
     """The market part of a hook's state for ``event``: the event's symbol (every
-    symbol for an event without one), ``candles`` per series (``state_candles``)."""
-    return cache.export([event.symbol] if event.symbol else None, candles=candles)
+    symbol for an event without one), ``candles`` per series (``state_candles``);
+    ``encoded``: candles as msgpack, for a sandbox request only."""
+    symbols = [event.symbol] if event.symbol else None
+    return cache.export(symbols, candles=candles, encoded=encoded)
 
 
 @dataclass
@@ -355,7 +359,7 @@ class Dispatcher:
             entry = rt.ahead.get(e.event_id)
             if entry is None:
                 rt.state.apply(e)
-                market = market_state(rt.state, e, rt.agent.config.state_candles)
+                market = market_state(rt.state, e, rt.agent.config.state_candles, encoded=True)
                 entry = rt.ahead[e.event_id] = Lookahead(market)
             yield e, entry
 
@@ -432,7 +436,8 @@ class Dispatcher:
         """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs
         (``market``: the market part, when it was taken earlier)."""
         if market is None:
-            market = market_state(rt.state, event, rt.agent.config.state_candles)
+            candles = rt.agent.config.state_candles
+            market = market_state(rt.state, event, candles, encoded=True)
         state = market | self._portfolio(rt)[0]
         state[LAST_OUTPUTS] = dict(rt.last_outputs)
         if rt.listens_to(COPYTRADE_SIGNALS + "opened"):

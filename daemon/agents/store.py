@@ -60,7 +60,9 @@ class HookStore:
         dedupe_max_keys: int = 100_000,
         synchronous: Literal["OFF", "NORMAL"] = "NORMAL",
     ) -> None:
-        self._db = open_sqlite(path, "hook store", schema=_SCHEMA, synchronous=synchronous)
+        self._db = open_sqlite(
+            path, "hook store", schema=_SCHEMA, synchronous=synchronous, batch=True
+        )
         self.path = path
         self.dedupe_ms = int(dedupe_days * 86_400_000)
         self.dedupe_max_keys = dedupe_max_keys

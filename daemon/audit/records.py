@@ -21,9 +21,17 @@ from daemon.events import iso_ms, now_ms
 SuppressedBy = Literal["dedupe", "cooldown", "budget", "cost", "paused", "shutdown", "none"]
 
 
+_last_ts: tuple[int, str] = (0, "")
+
+
 def now_ts() -> str:
-    """The current time in the audit ``ts`` format."""
-    return iso_ms(now_ms())
+    """The current time in the audit ``ts`` format (formatted once per millisecond:
+    an event's rows are written within one)."""
+    global _last_ts
+    ms = now_ms()
+    if ms != _last_ts[0]:
+        _last_ts = (ms, iso_ms(ms))
+    return _last_ts[1]
 
 
 class _Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="type"):

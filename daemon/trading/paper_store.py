@@ -41,6 +41,9 @@ CREATE TABLE IF NOT EXISTS orders (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS orders_status ON orders(status);
+-- The risk engine's order-rate check reads an account's last minute of orders on
+-- every intent: without this it scanned the whole table (quadratic in a backtest).
+CREATE INDEX IF NOT EXISTS orders_recent ON orders(account, created_ms);
 CREATE TABLE IF NOT EXISTS fills (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     client_order_id TEXT NOT NULL,
@@ -80,6 +83,11 @@ DROP TABLE positions_v0;
 # Version 1 -> 2: a fee per fill (none before).
 _MIGRATE_V2 = "ALTER TABLE fills ADD COLUMN fee REAL NOT NULL DEFAULT 0"
 
+# The risk engine's order-rate input (an index on account, created_ms serves it).
+RECENT_ORDERS = (
+    "SELECT created_ms FROM orders WHERE account = ? AND created_ms >= ? "
+    "AND role IN ('entry', 'close') ORDER BY created_ms"
+)
 _order_dec = msgspec.json.Decoder(Order)
 _pos_dec = msgspec.json.Decoder(Position)
 _enc = msgspec.json.Encoder()
@@ -188,11 +196,7 @@ class PaperStore:
 
         Bracket children are not counted: they come with their entry.
         """
-        rows = self._exec(
-            "SELECT created_ms FROM orders WHERE account = ? AND created_ms >= ? "
-            "AND role IN ('entry', 'close') ORDER BY created_ms",
-            (account, since_ms),
-        ).fetchall()
+        rows = self._exec(RECENT_ORDERS, (account, since_ms)).fetchall()
         return [int(r[0]) for r in rows]
 
     # --- fills, positions, marks -------------------------------------------

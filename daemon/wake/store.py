@@ -63,7 +63,9 @@ class RunStore:
         self.keep_seconds = keep_seconds
         self._lock = threading.Lock()
         self._pruned_at = float("-inf")  # history is dropped at most once per PRUNE_EVERY
-        self._db = open_sqlite(self.path, "wake run store", schema=_SCHEMA, synchronous=synchronous)
+        self._db = open_sqlite(
+            self.path, "wake run store", schema=_SCHEMA, synchronous=synchronous, batch=True
+        )
         self._add_usage_columns()
 
     def _add_usage_columns(self) -> None:

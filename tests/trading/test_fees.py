@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.trading.paper import Fees, PaperBroker
-from daemon.trading.paper_store import SCHEMA_VERSION, PaperStore
+from daemon.trading.paper_store import RECENT_ORDERS, SCHEMA_VERSION, PaperStore
 from tests.trading.test_paper import MIN, T0, Sink, bar, request
 
 
@@ -63,5 +63,16 @@ def test_a_version_1_store_gains_the_fee_column(tmp_path: Path) -> None:
         assert store.fills("a") == [(5, 110.0, -1.0, 10.0, 0.0)]
         (version,) = store._db.execute("PRAGMA user_version").fetchone()
         assert version == SCHEMA_VERSION == 2
+    finally:
+        store.close()
+
+
+def test_the_order_rate_check_reads_by_index(tmp_path: Path) -> None:
+    """Every intent reads the account's last minute of orders: by index, not by
+    scanning every order ever placed (that made long backtests quadratic)."""
+    store = PaperStore(tmp_path / "paper.sqlite3")
+    try:
+        plan = store._db.execute(f"EXPLAIN QUERY PLAN {RECENT_ORDERS}", ("a", 0)).fetchall()
+        assert "orders_recent" in " ".join(str(row[-1]) for row in plan)
     finally:
         store.close()

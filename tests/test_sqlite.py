@@ -1,0 +1,50 @@
+"""daemon.sqlite: stores that do not sync group their statements into transactions."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from daemon.sqlite import BATCH_STATEMENTS, open_sqlite
+
+SCHEMA = "CREATE TABLE IF NOT EXISTS t (n INTEGER PRIMARY KEY);"
+
+
+def _count(path: Path) -> int:
+    """Rows another connection sees (committed ones only)."""
+    with sqlite3.connect(path) as other:
+        (n,) = other.execute("SELECT COUNT(*) FROM t").fetchone()
+    return int(n)
+
+
+def test_a_store_that_skips_syncing_commits_in_batches_and_at_close(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    db = open_sqlite(path, "test store", schema=SCHEMA, synchronous="OFF", batch=True)
+    for i in range(BATCH_STATEMENTS + 10):
+        db.execute("INSERT INTO t VALUES (?)", (i,))
+    assert _count(path) == BATCH_STATEMENTS  # the first batch is committed, the rest not yet
+    (mine,) = db.execute("SELECT COUNT(*) FROM t").fetchone()
+    assert mine == BATCH_STATEMENTS + 10  # the store itself reads its own writes
+    db.close()
+    assert _count(path) == BATCH_STATEMENTS + 10
+
+
+def test_a_syncing_store_commits_every_statement(tmp_path: Path) -> None:
+    """batch=True asks for batching only where it is allowed (synchronous OFF)."""
+    path = tmp_path / "s.sqlite3"
+    db = open_sqlite(path, "test store", schema=SCHEMA, synchronous="NORMAL", batch=True)
+    for i in range(3):
+        db.execute("INSERT INTO t VALUES (?)", (i,))
+        assert _count(path) == i + 1
+    db.close()
+
+
+def test_a_batched_store_can_still_open_its_own_transaction(tmp_path: Path) -> None:
+    """``with db:`` (as the hook store's pruning does) commits what is pending."""
+    path = tmp_path / "s.sqlite3"
+    db = open_sqlite(path, "test store", schema=SCHEMA, synchronous="OFF", batch=True)
+    db.execute("INSERT INTO t VALUES (1)")
+    with db:
+        db.execute("INSERT INTO t VALUES (2)")
+    assert _count(path) == 2
+    db.close()
