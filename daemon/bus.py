@@ -40,6 +40,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import final
 
 import anyio
@@ -76,6 +77,10 @@ class Subscription:
         self._may_spill = spill
         self.patterns = patterns
         self.capacity = capacity
+        # A publisher waiting on a full queue resumes once it is down to this: it then
+        # publishes a quarter of the queue at once instead of one event per event taken
+        # (each of which woke every idle subscriber).
+        self.low_water = capacity - max(1, capacity // 4)
         self._bus = bus
         # Items are [event, enqueue_ns]; lists so a pending tick can be replaced in place.
         self._queue: deque[list[object]] = deque()
@@ -175,7 +180,9 @@ class Subscription:
         self._bus.delivered += 1
         self._inflight = event if event.topic not in COALESCING_TOPICS else None
         self._busy = True
-        if self._writable is not None and len(self._queue) < self.capacity:
+        if self._writable is not None and len(self._queue) <= (
+            self.low_water if self._bus.batching else self.capacity - 1
+        ):
             self._writable.set()
             self._writable = None
         return event
@@ -189,6 +196,12 @@ class Subscription:
             assert isinstance(event, FeedEvent)
             out.append(event)
         return out
+
+    def wake_publisher(self) -> None:
+        """Let a waiting publisher try again now if there is room."""
+        if self._writable is not None and len(self._queue) < self.capacity:
+            self._writable.set()
+            self._writable = None
 
     def _refill(self) -> bool:
         """Move the backlog's oldest events into the empty queue; False if none."""
@@ -296,6 +309,14 @@ class Subscription:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """The subscribers an event still has to reach (the first one is full)."""
+
+    subs: tuple[Subscription, ...]
+    now_ns: int
+
+
 @final
 class Bus:
     """Topic-pattern pub/sub between feeds and consumers, in one process."""
@@ -304,6 +325,9 @@ class Bus:
         self.queue_size = queue_size
         self.published = 0
         self.delivered = 0
+        # Publishers held by a full queue resume at its low-water mark (see hurry()).
+        self.batching = True
+        self._hurried = 0
         self._subs: list[Subscription] = []
         self._routes: dict[str, tuple[Subscription, ...]] = {}
         self._closed = False
@@ -379,19 +403,47 @@ class Bus:
     async def publish(self, event: FeedEvent) -> bool:
         """Deliver to every matching subscriber, waiting where the policy says so;
         True if some subscriber made it wait."""
-        if self._closed:
+        rest = self.offer(event)
+        if rest is None:
             return False
+        await self.deliver(event, rest)
+        return True
+
+    def offer(self, event: FeedEvent) -> Pending | None:
+        """Deliver ``event`` as far as no subscriber makes it wait: None when every one
+        took it, else what is left for :meth:`deliver` (from the first full queue on,
+        in order). Nothing here awaits, so nothing can cut a delivery in half."""
+        if self._closed:
+            return None
         self.published += 1
         self.last_published[event.partition] = event
         if event.partition not in self.first_published:
             self.first_published[event.partition] = event
         now_ns = time.perf_counter_ns()
-        waited = False
-        for sub in self._route(event.topic):
+        subs = self._route(event.topic)
+        for i, sub in enumerate(subs):
             if not sub._offer(event, now_ns):
-                waited = True
-                await sub._put(event, now_ns)
-        return waited
+                return Pending(subs[i:], now_ns)
+        return None
+
+    async def deliver(self, event: FeedEvent, rest: Pending) -> None:
+        """Finish what :meth:`offer` left: wait for each full queue, in order."""
+        first, *others = rest.subs
+        await first._put(event, rest.now_ns)
+        for sub in others:
+            if not sub._offer(event, rest.now_ns):
+                await sub._put(event, rest.now_ns)
+
+    def hurry(self, on: bool = True) -> None:
+        """While feeds are being stopped (``on``; a stop, a reload): a publisher waiting
+        on a full queue resumes at its first free slot, not at its low-water mark (a
+        feed must reach its next event and end, not wait for a slow agent to work
+        through a quarter of its queue). ``on=False`` ends one ``hurry()``."""
+        self._hurried += 1 if on else -1
+        self.batching = self._hurried <= 0
+        if on:
+            for sub in self._subs:
+                sub.wake_publisher()
 
     def held(self) -> dict[str, int]:
         """What subscribers still hold: ``queued`` in memory, ``on_disk`` in backlogs

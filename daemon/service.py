@@ -206,13 +206,16 @@ class Service:
     async def _publish(self, event: FeedEvent) -> None:
         if self.settle is not None and event.topic in SETTLED_TOPICS:
             await self.settle()  # (not shielded: a stop may cut the wait)
+        rest = self.bus.offer(event)  # the usual case: every queue takes it at once
+        if rest is None:
+            return
         # Shielded: stopping a feed never leaves an event delivered to some
         # subscribers (the recorder) and not to others (an agent). Subscribers
         # keep draining while feeds stop, so a blocked publish always completes.
         with anyio.CancelScope(shield=True):
-            waited = await self.bus.publish(event)
-        if waited:  # a feed held back by a slow agent stops at the next event, not
-            await anyio.lowlevel.checkpoint_if_cancelled()  # hundreds of events later
+            await self.bus.deliver(event, rest)
+        # A feed held back by a slow agent stops at the next event, not hundreds later.
+        await anyio.lowlevel.checkpoint_if_cancelled()
 
     async def _run_feed(self, feed: Feed, *, task_status: TaskStatus[None]) -> None:
         """Run one feed. Failing to start propagates (startup fails fast, a reload rolls
@@ -366,9 +369,11 @@ class Service:
             return
         old = self.config
         if self._feeds_scope is not None:
+            self.bus.hurry()
             self._feeds_scope.cancel()
             # The old feeds have let go of what they held (a listening port) first.
             await self._feeds_done.wait()
+            self.bus.hurry(on=False)
         try:
             self.config = new
             await self._start_feeds(new)
@@ -496,6 +501,7 @@ class Service:
             ftg.start_soon(self._wait_for_finish)
             await self._stop.wait()
             self.notifier.stopping()
+            self.bus.hurry()  # a feed waiting on a slow agent's queue stops at its next event
             ftg.cancel_scope.cancel()
 
     async def _wait_for_finish(self) -> None:

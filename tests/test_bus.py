@@ -182,3 +182,44 @@ async def test_idle_means_every_subscriber_finished_what_was_published() -> None
     assert not bus.idle()
     a.receive_nowait(), b.receive_nowait()
     assert bus.idle()
+
+
+async def test_a_held_publisher_resumes_at_the_low_water_mark_or_at_once_when_hurried() -> None:
+    """A publisher held by a full queue goes on once a quarter of it is free (then it
+    publishes that much in one go, instead of waking every idle subscriber for each
+    event taken); while feeds are being stopped (``hurry``), at the first free slot."""
+    bus = Bus(queue_size=8)
+    sub = bus.subscribe(">")
+    for i in range(8):
+        await bus.publish(ev(MARKET_CANDLE_CLOSED, "p", i))
+    published = anyio.Event()
+
+    async def ninth() -> None:
+        await bus.publish(ev(MARKET_CANDLE_CLOSED, "p", 8))
+        published.set()
+
+    async def settle() -> None:
+        for _ in range(5):
+            await checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ninth)
+        await settle()
+        sub.receive_nowait()  # 7 queued: above the low-water mark of 6
+        await settle()
+        assert not published.is_set()
+        sub.receive_nowait()  # 6 queued
+        await published.wait()
+    assert sub.depth == 7
+
+    async with anyio.create_task_group() as tg:
+        while sub.depth < 8:
+            await bus.publish(ev(MARKET_CANDLE_CLOSED, "p", 100 + sub.depth))
+        published = anyio.Event()
+        tg.start_soon(ninth)
+        await settle()
+        sub.receive_nowait()  # 7 queued, not hurried: still held
+        await settle()
+        assert not published.is_set()
+        bus.hurry()  # a stop: the free slot is enough
+        await published.wait()

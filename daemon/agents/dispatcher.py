@@ -77,6 +77,7 @@ log = structlog.get_logger("dispatcher")
 STATE_TOPICS = ("market.candle.>", "market.price.tick")
 MAX_COOLDOWN_SECONDS = 366 * 86_400  # longer cooldowns are clamped to a year
 RECENT_EVENTS = 4096  # per agent: re-emitted events (same eventId) are evaluated once
+MAX_TOPICS_CACHED = 1024  # per agent: topics whose listens_to answer is kept
 
 
 @dataclass
@@ -102,6 +103,9 @@ class AgentRuntime:
     tasks: anyio.abc.TaskGroup | None = None  # while served: runs lookahead requests
     prefetch: anyio.Event | None = None  # set when the lookahead request in flight ends
     pacing: Pacing = field(default_factory=Pacing)
+    # listens_to's answers for the topics of ``_topics`` (the patterns they came from)
+    _topics: object = None
+    _listens: dict[str, bool] = field(default_factory=dict)
     # Held while an event is handled: reconciliation acts between events, never
     # on a signal whose hooks are still deciding.
     # fast_acquire: uncontended (the usual case) it does not yield to the loop
@@ -113,7 +117,15 @@ class AgentRuntime:
 
     def listens_to(self, topic: str) -> bool:
         """Whether the agent's hooks evaluate this topic (not just its state)."""
-        return any(topic_matches(p, topic) for p in self.agent.config.topics)
+        patterns = self.agent.config.topics
+        if self._topics is not patterns:  # a new agent.toml (hot reload)
+            self._topics, self._listens = patterns, {}
+        hit = self._listens.get(topic)
+        if hit is None:
+            hit = any(topic_matches(p, topic) for p in patterns)
+            if len(self._listens) < MAX_TOPICS_CACHED:
+                self._listens[topic] = hit
+        return hit
 
 
 def market_state(
@@ -381,6 +393,9 @@ class Dispatcher:
             return
         if not rt.pacing.on:
             return
+        held = sum(1 for entry in rt.ahead.values() if entry.results is not None)
+        if held >= self.lookahead:
+            return  # enough evaluated: no request (and no task) this time
         rt.prefetch = anyio.Event()
         rt.tasks.start_soon(self._prefetch, rt, hooks, now)
 

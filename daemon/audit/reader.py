@@ -120,7 +120,23 @@ def iter_records(
     many bytes of its content (-1: all), and no part it does not name (a snapshot)."""
     flt = flt or AuditFilter()
     needles = [n.encode() for n in contains]
-    for f in _files(directory, flt.since_ms):
+    for line in iter_lines(directory, flt.since_ms, upto=upto):
+        if needles and not any(n in line for n in needles):
+            continue
+        rec = parse_line(line, stats)
+        if rec is not None and flt.matches(rec):
+            yield rec
+
+
+def iter_lines(
+    directory: Path,
+    since_ms: int | None = None,
+    *,
+    upto: Mapping[tuple[str, int], int] | None = None,
+) -> Iterator[bytes]:
+    """The raw lines of the audit log, oldest first, compressed parts included (for a
+    reader that decodes only the fields it needs); ``upto`` as in :func:`iter_records`."""
+    for f in _files(directory, since_ms):
         if upto is not None and f.key not in upto:
             continue
         try:
@@ -128,13 +144,7 @@ def iter_records(
         except FileNotFoundError:
             continue  # deleted by retention while we listed
         with fh:
-            lines = fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
-            for line in lines:
-                if needles and not any(n in line for n in needles):
-                    continue
-                rec = parse_line(line, stats)
-                if rec is not None and flt.matches(rec):
-                    yield rec
+            yield from fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
 
 
 def tail(

@@ -113,8 +113,38 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     events_per_second: float = 0.0
 
 
+class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
+    """What a report reads of an audit line: decoding only these (a year of 5m
+    candles is ~300,000 hook rows) takes a fraction of decoding every row whole."""
+
+    type: str = ""
+    agent_id: str = ""
+    hook_id: str | None = None
+    revision: str | None = None
+    decision: str | None = None
+    suppressed_by: str | None = None
+    status: str | None = None
+    event_ts: str | None = None
+
+
+_row = msgspec.json.Decoder(AuditRow)
+
+
+def read_rows(lines: Iterable[bytes], agent: str) -> list[AuditRow]:
+    """The rows of ``agent`` (lines that are not an audit row are skipped)."""
+    rows = []
+    for line in lines:
+        try:
+            row = _row.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if row.agent_id == agent:
+            rows.append(row)
+    return rows
+
+
 def summarize_hooks(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[AuditRow],
 ) -> tuple[list[HookSummary], int, int, dict[str, int]]:
     """Per hook revision from the hook rows; WAKE decisions and why some did not
     run (each WAKE's row carries its final ``suppressedBy``, the scheduler's
@@ -126,23 +156,23 @@ def summarize_hooks(
     wakes = runs = 0
     wakes_suppressed: Counter[str] = Counter()
     for rec in rows:
-        kind = rec.get("type")
+        kind = rec.type
         if kind == "hook":
-            key = (str(rec.get("hookId")), str(rec.get("revision")))
+            key = (str(rec.hook_id), str(rec.revision))
             evals[key] += 1
-            decision = rec.get("decision")
+            decision = rec.decision
             if decision is None:
                 errors[key] += 1
                 continue
-            decisions.setdefault(key, Counter())[str(decision)] += 1
-            by = rec.get("suppressedBy") or "none"
+            decisions.setdefault(key, Counter())[decision] += 1
+            by = rec.suppressed_by or "none"
             if by != "none":
-                suppressed.setdefault(key, Counter())[str(by)] += 1
+                suppressed.setdefault(key, Counter())[by] += 1
             if decision == "WAKE":
                 wakes += 1
                 if by != "none":
-                    wakes_suppressed[str(by)] += 1
-        elif kind == "run" and rec.get("status") != "started":
+                    wakes_suppressed[by] += 1
+        elif kind == "run" and rec.status != "started":
             runs += 1
     hooks = [
         HookSummary(

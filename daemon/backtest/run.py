@@ -17,21 +17,22 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from daemon.agents.revisions import RevisionStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
-from daemon.audit.reader import iter_records
+from daemon.audit.reader import iter_lines
 from daemon.backtest.html import Series, render_html
 from daemon.backtest.report import (
+    AuditRow,
     Comparison,
     CostModel,
     Report,
     compare,
     figures,
+    read_rows,
     summarize_hooks,
     timer_baseline,
     trades_of,
@@ -161,17 +162,9 @@ def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]
     seconds = time.perf_counter() - started
     out = opts.out.resolve()
     agent = opts.agent_dir.resolve().name
-    rows: list[dict[str, Any]] = [
-        r for r in iter_records(out / "state" / "audit") if r.get("agentId") == agent
-    ]
+    rows = read_rows(iter_lines(out / "state" / "audit"), agent)
     hooks, wakes, runs, suppressed = summarize_hooks(rows)
-    times = sorted(
-        {
-            parse_iso_ms(str(r["eventTs"]))
-            for r in rows
-            if r.get("type") == "hook" and r.get("eventTs")
-        }
-    )
+    times = sorted({parse_iso_ms(r.event_ts) for r in rows if r.type == "hook" and r.event_ts})
     first, last = (times[0], times[-1]) if times else (0, 0)
     baseline = timer_baseline(first, last, opts.baseline_minutes, opts.cost)
     cost = opts.cost.cost(runs)
@@ -230,15 +223,15 @@ def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
     return out
 
 
-def _times(rows: list[dict[str, Any]], decision: str) -> list[int]:
+def _times(rows: list[AuditRow], decision: str) -> list[int]:
     """Event times of the decisions that acted (not suppressed)."""
     return sorted(
-        parse_iso_ms(str(r["eventTs"]))
+        parse_iso_ms(r.event_ts)
         for r in rows
-        if r.get("type") == "hook"
-        and r.get("decision") == decision
-        and r.get("suppressedBy") in (None, "none")
-        and r.get("eventTs")
+        if r.type == "hook"
+        and r.decision == decision
+        and r.suppressed_by in (None, "none")
+        and r.event_ts
     )
 
 
