@@ -150,8 +150,8 @@ class Candle(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"
             "low": self.low,
             "close": self.close,
             "volume": self.volume,
-            "openTime": iso_ms(self.open_time_ms),
-            "closeTime": iso_ms(self.close_time_ms),
+            "openTime": _candle_iso(self.open_time_ms),
+            "closeTime": _candle_iso(self.close_time_ms),
             "openTimeMs": self.open_time_ms,
             "closeTimeMs": self.close_time_ms,
         }
@@ -339,6 +339,11 @@ def iso_ms(epoch_ms: int) -> str:
     hour, second = divmod(second, 3600)
     minute, second = divmod(second, 60)
     return f"{_iso_day(day)}{hour:02d}:{minute:02d}:{second:02d}.{ms:03d}Z"
+
+
+# A candle's times are formatted by the feed and again by every state cache that
+# keeps it (the service's, each agent's): the last few are remembered.
+_candle_iso = functools.lru_cache(maxsize=64)(iso_ms)
 
 
 def now_ms() -> int:
