@@ -37,6 +37,9 @@ def evaluate(event, state):
 """
 
 
+LOOKAHEAD = [16]  # [hooks] lookahead_events, from --lookahead
+
+
 def head(src: Path, dst: Path, rows: int) -> int:
     """The header and the first ``rows`` rows of a gzipped CSV; how many rows."""
     n = 0
@@ -59,7 +62,8 @@ def run(
     cfg = msgspec.convert(
         {
             "daemon": {"state_dir": str(root / "state")},
-            "hooks": {"agents_dir": str(agents), "reload_seconds": 3600},
+            "hooks": {"agents_dir": str(agents), "reload_seconds": 3600,
+                      "lookahead_events": LOOKAHEAD[0]},
             "feeds": {
                 "replay": {"enabled": True, "path": str(csv), "symbol": "BTCUSDT",
                            "timeframe": "5m", "speed": 0}
@@ -100,7 +104,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=30_000)
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--lookahead", type=int, default=16, help="[hooks] lookahead_events")
     args = ap.parse_args()
+    LOOKAHEAD[0] = args.lookahead
     if not args.data.exists():
         raise SystemExit(f"{args.data} not found: this check needs ../shared/data")
     configure("console", "warning")

@@ -1,18 +1,21 @@
 """The example agent's backtest with lookahead off, then on, in the same run: time,
 events/s, the ratio, and whether every audited hook decision is the same.
 
-    .venv/bin/python bench/lookahead_bench.py [--data FILE] [--candles N] [--agent DIR]
+    .venv/bin/python bench/lookahead_bench.py [--data FILE] [--candles N] [--agent DIR] [--heavy]
 
 Without ``--data`` it runs on generated 5m candles. ``--data`` takes the candle CSVs
 the replay feed reads (the shared Binance files too, .csv.gz included); ``--candles``
-keeps the first N. Each side runs twice, interleaved (off, on, off, on); the medians
-are printed.
+keeps the first N. ``--heavy`` adds to the agent a hook that computes an RSI 40 times
+over its candles (~1 ms a candle in the worker: hooks that cost more than the
+dispatcher's own work per event). Each side runs twice, interleaved (off, on, off,
+on); the medians are printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import shutil
 import statistics
 import tempfile
 import time
@@ -30,6 +33,30 @@ from feeds.synthetic import generate_candles
 ROOT = Path(__file__).resolve().parent.parent
 # What differs between two runs of the same data: wall-clock stamps, timings, run ids.
 VOLATILE = {"ts", "runtimeMs", "daemonRun"}
+
+
+HEAVY = """
+def rsi(closes):
+    gains = losses = 0.0
+    for a, b in zip(closes, closes[1:]):
+        d = b - a
+        if d > 0:
+            gains += d
+        else:
+            losses -= d
+    return 100.0 if losses == 0 else 100 - 100 / (1 + gains / losses)
+
+
+def evaluate(event, state):
+    if event["topic"] != "market.candle.closed":
+        return {"decision": "IGNORE", "reason": "not a candle"}
+    series = state["candles"].get(event.get("symbol"), {}).get(event.get("timeframe"), ())
+    closes = [c["close"] for c in series]
+    values = [rsi(closes[i:]) for i in range(40)]
+    if values and min(values) < 20:
+        return {"decision": "WAKE", "reason": "oversold"}
+    return {"decision": "IGNORE", "reason": f"rsi {values[-1] if values else 0:.1f}"}
+"""
 
 
 def _head(src: Path, dst: Path, candles: int) -> Path:
@@ -64,10 +91,16 @@ def main() -> None:
     parser.add_argument("--agent", type=Path, default=ROOT / "agents" / "example")
     parser.add_argument("--symbol", default="BTCUSDT")
     parser.add_argument("--lookahead", type=int, default=16)
+    parser.add_argument("--heavy", action="store_true", help="add a ~1 ms hook")
     args = parser.parse_args()
     configure(level="error", fmt="console")
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
+        if args.heavy:
+            agent = tmp / "agents" / f"{args.agent.name}_heavy"
+            shutil.copytree(args.agent, agent)
+            (agent / "hooks" / "wake_heavy_rsi.py").write_text(HEAVY)
+            args.agent = agent
         csv = tmp / "candles.csv"
         if args.data:
             _head(args.data, csv, args.candles)

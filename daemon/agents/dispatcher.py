@@ -97,8 +97,12 @@ class AgentRuntime:
     # Why the agent is behind ("" = it is not): over its CPU budget, or events on disk.
     lagging: str = ""
     over_budget: str = ""
+    # Event time: the agent's state cache run ahead, for the market state of events
+    # evaluated before their turn (``state`` itself never holds an event before its
+    # turn: a wake's context, the tools, everything else reads the past only).
+    ahead_state: StateCache | None = None
     # Queued events evaluated ahead of their turn (event time), by event id: each is
-    # already in ``state`` (applied in order, right after the events before it).
+    # already in ``ahead_state`` (applied in order, right after the events before it).
     ahead: dict[str, Lookahead] = field(default_factory=dict)
     tasks: anyio.abc.TaskGroup | None = None  # while served: runs lookahead requests
     prefetch: anyio.Event | None = None  # set when the lookahead request in flight ends
@@ -246,17 +250,18 @@ class Dispatcher:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
         # The marks first: a re-delivered event they cover must not take a place in
         # the bounded ``recent`` window, which holds the evaluations the marks lag.
-        early = rt.ahead.pop(event.event_id, None)  # already applied to the state cache
+        early = rt.ahead.pop(event.event_id, None)
+        if early is None and rt.ahead_state is not None:
+            # In order, before anything awaits (a lookahead request may start then).
+            rt.ahead_state.apply(event)
         if self.checkpoints.done_before(rt.agent_id, event) or not self._fresh(rt, event):
             # Re-delivered (a restart): the state cache takes what it lacks (it ignores
             # what it holds); the hooks never see an event twice.
-            if early is None:
-                rt.state.apply(event)
+            rt.state.apply(event)
             self.checkpoints.skipped += 1
             return []
         now = await self._event_time(rt, event)
-        if early is None:
-            rt.state.apply(event)
+        rt.state.apply(event)
         # Risk checks and fills see the market up to this event (lockstep: exactly).
         await self.route.caught_up(rt.agent_id, event)
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
@@ -352,7 +357,10 @@ class Dispatcher:
         """The run of queued events after the current one that its hooks will evaluate
         next (fresh, listened to, with a time), each applied to the state cache as the
         run reaches it (in order; once), with its lookahead entry."""
-        if not self.lookahead or rt.listens_to(COPYTRADE_SIGNALS + "opened"):
+        ahead_state = rt.ahead_state
+        if not self.lookahead or ahead_state is None:
+            return
+        if rt.listens_to(COPYTRADE_SIGNALS + "opened"):
             return  # the copy-trade view is not split into what a hook read
         if not rt.sub.ordered:
             return  # a queued tick could still be replaced
@@ -370,8 +378,9 @@ class Dispatcher:
             seen.add(e.event_id)
             entry = rt.ahead.get(e.event_id)
             if entry is None:
-                rt.state.apply(e)
-                market = market_state(rt.state, e, rt.agent.config.state_candles, encoded=True)
+                ahead_state.apply(e)
+                candles = rt.agent.config.state_candles
+                market = market_state(ahead_state, e, candles, encoded=True)
                 entry = rt.ahead[e.event_id] = Lookahead(market)
             yield e, entry
 

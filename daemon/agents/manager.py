@@ -341,6 +341,7 @@ class AgentManager:
             sub=self._subscribe(agent),
             scheduler=scheduler,
             state=self.state_factory(),
+            ahead_state=self.state_factory() if self.event_time else None,
         )
         self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk, agent.config.account)
         self.dispatcher.checkpoints.load(agent.agent_id)

@@ -9,10 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
+from daemon.agents.dispatcher import AgentRuntime, Dispatcher
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
 from daemon.backtest.run import BacktestOptions, prepare
+from daemon.config import Config
+from daemon.events import FeedEvent
 from daemon.status import HooksStatus
 from feeds.synthetic import generate_candles
 
@@ -98,3 +102,64 @@ def test_hooks_reading_only_the_market_use_what_was_evaluated_ahead(tmp_path: Pa
     assert rows_on == rows_off
     assert on.lookahead_missed == 0
     assert on.lookahead_used > 350  # most of the 700: the replay runs ahead of the agent
+
+
+# The newest candle a hook sees must be its event's own, never a later one.
+EXACT = """
+def evaluate(event, state):
+    last = state["candles"][event["symbol"]]["5m"][-1]
+    ok = last["closeTimeMs"] == event["payload"]["closeTimeMs"]
+    return {"decision": "IGNORE", "reason": "exact" if ok else "LEAK"}
+"""
+SLOW = """
+def evaluate(event, state):
+    n = 0
+    for i in range(3000):
+        n += i
+    return {"decision": "WAKE", "reason": "slow", "dedupeKey": "s:" + event["eventId"]}
+"""
+
+
+def test_no_state_ever_runs_ahead_beside_a_slow_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two accounts, a slow agent beside a quick one, small queues (events wait on
+    disk): every hook sees its own event's candle last, and the agent's state cache
+    (what a wake's context and the tools read) never holds a candle past the event
+    being handled, however far lookahead has run."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=8, n=1500, timeframe="5m")
+    agents = tmp_path / "agents"
+    _agent(agents / "quick", {"wake_exact.py": EXACT, "wake_green.py": WAKE_GREEN})
+    _agent(agents / "slow", {"wake_slow.py": SLOW})
+    ahead: list[str] = []
+    real = Dispatcher.handle
+
+    async def checked(self: Dispatcher, rt: AgentRuntime, event: FeedEvent) -> object:
+        results = await real(self, rt, event)
+        series = rt.state.series(event.symbol or "", event.timeframe or "")
+        held = series.last_close_ms if series is not None else None
+        if held != event.payload.get("closeTimeMs"):
+            ahead.append(f"{rt.agent_id} {event.event_id}: state at {held}")
+        return results
+
+    monkeypatch.setattr(Dispatcher, "handle", checked)
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state"), "clock": "event"},
+            "bus": {"queue_size": 32},
+            "hooks": {"agents_dir": str(agents), "reload_seconds": 3600},
+            "feeds": {"replay": {"enabled": True, "path": str(data), "symbol": "X",
+                                 "timeframe": "5m", "speed": 0}},
+        },
+        Config,
+    )  # fmt: skip
+    status = run_daemon(cfg)
+    assert status.hooks is not None and status.hooks.lookahead_used > 0
+    reasons = [
+        r["reason"]
+        for r in iter_records(tmp_path / "state" / "audit")
+        if r.get("type") == "hook" and r.get("hookId") == "wake_exact"
+    ]
+    assert len(reasons) == 1500 and set(reasons) == {"exact"}
+    assert ahead == []
