@@ -55,8 +55,8 @@ class _Batched(sqlite3.Connection):
                 super().execute("COMMIT")
 
     def close(self) -> None:
-        if self.in_transaction:
-            super().execute("COMMIT")
+        if self.batch and self.in_transaction:  # a store's own open transaction is
+            super().execute("COMMIT")  # not committed by closing (as sqlite3 does)
         super().close()
 
 

@@ -112,6 +112,7 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
 
 
 READ_ALL = "*"
+LAST_OUTPUTS = "lastOutputs"  # the state key of each hook's last decision
 
 
 def result_frame_cap(cfg: SandboxConfig) -> int:

@@ -31,6 +31,7 @@ from hooks_runtime import hardening, policy
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.decisions import to_builtins
 from hooks_runtime.protocol import (
+    LAST_OUTPUTS,
     READ_ALL,
     Batch,
     Fatal,
@@ -58,7 +59,6 @@ _SERIES = msgspec.msgpack.Decoder(dict[str, dict[str, list[msgspec.Raw]]])
 _STATE_CACHE_KEYS = 64
 _SERIES_KEY = "candles"  # {symbol: {timeframe: [candle, ...]}}: one new candle per event
 _FULL_GC_EVERY = 1024  # batches; per hook only the young generation is collected
-_LAST_OUTPUTS = "lastOutputs"
 
 # datetime.strptime imports _strptime lazily (HA #132469): do it now, while the
 # filesystem is open, so 3.11 caches it and no hook ever triggers the import.
@@ -122,6 +122,10 @@ class ReadTracker(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def __reversed__(self) -> Iterator[str]:
+        self._reads.add(READ_ALL)
+        return reversed(self._data)
 
     def copy(self) -> dict[str, Any]:
         self._reads.add(READ_ALL)
@@ -246,7 +250,7 @@ class Evaluator:
         state = self.state(batch.state)
         outputs = None
         if batch.ahead:  # what the parent's state.lastOutputs will be after each step
-            hit = self.state_cache.get(_LAST_OUTPUTS)
+            hit = self.state_cache.get(LAST_OUTPUTS)
             last = _ANY.decode(hit[0]) if hit is not None else None
             outputs = dict(last) if type(last) is dict else {}
         n = len(batch.hooks)
@@ -262,7 +266,7 @@ class Evaluator:
             assert outputs is not None
             event = {k: policy.freeze(v) for k, v in later.event.items()}
             base = dict(self.state(later.state))
-            base[_LAST_OUTPUTS] = policy.freeze(_ANY.decode(_ANY_ENC.encode(outputs)))
+            base[LAST_OUTPUTS] = policy.freeze(_ANY.decode(_ANY_ENC.encode(outputs)))
             for index, call in enumerate(batch.hooks):
                 reads = set()
                 view = ReadTracker(base, reads)

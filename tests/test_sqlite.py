@@ -48,3 +48,14 @@ def test_a_batched_store_can_still_open_its_own_transaction(tmp_path: Path) -> N
         db.execute("INSERT INTO t VALUES (2)")
     assert _count(path) == 2
     db.close()
+
+
+def test_closing_a_store_does_not_commit_its_own_open_transaction(tmp_path: Path) -> None:
+    """Only batching commits at close; a transaction a store opened itself and did not
+    finish is rolled back, as sqlite3 does."""
+    path = tmp_path / "s.sqlite3"
+    db = open_sqlite(path, "test store", schema=SCHEMA, synchronous="OFF")
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("INSERT INTO t VALUES (1)")
+    db.close()
+    assert _count(path) == 0

@@ -43,7 +43,7 @@ import structlog
 from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.health import HealthTracker
-from daemon.agents.lookahead import LAST_OUTPUTS, Lookahead, Pacing, Portfolio, carry, keep
+from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
@@ -70,7 +70,7 @@ from hooks_runtime.decisions import Alert as AlertDecision
 from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
-from hooks_runtime.protocol import Step, encode_state
+from hooks_runtime.protocol import LAST_OUTPUTS, Step, encode_state
 
 log = structlog.get_logger("dispatcher")
 # Always in an agent's subscription: they feed the agent's own state cache.
@@ -248,12 +248,12 @@ class Dispatcher:
 
     async def handle(self, rt: AgentRuntime, event: FeedEvent) -> list[HookResult]:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
-        # The marks first: a re-delivered event they cover must not take a place in
-        # the bounded ``recent`` window, which holds the evaluations the marks lag.
         early = rt.ahead.pop(event.event_id, None)
         if early is None and rt.ahead_state is not None:
             # In order, before anything awaits (a lookahead request may start then).
             rt.ahead_state.apply(event)
+        # The marks first: a re-delivered event they cover must not take a place in
+        # the bounded ``recent`` window, which holds the evaluations the marks lag.
         if self.checkpoints.done_before(rt.agent_id, event) or not self._fresh(rt, event):
             # Re-delivered (a restart): the state cache takes what it lacks (it ignores
             # what it holds); the hooks never see an event twice.
@@ -355,8 +355,8 @@ class Dispatcher:
 
     def _queued(self, rt: AgentRuntime, peek: int = 0) -> Iterator[tuple[FeedEvent, Lookahead]]:
         """The run of queued events after the current one that its hooks will evaluate
-        next (fresh, listened to, with a time), each applied to the state cache as the
-        run reaches it (in order; once), with its lookahead entry."""
+        next (fresh, listened to, with a time), each applied to the lookahead state
+        cache as the run reaches it (in order; once), with its lookahead entry."""
         ahead_state = rt.ahead_state
         if not self.lookahead or ahead_state is None:
             return
@@ -512,7 +512,7 @@ class Dispatcher:
                 self._persist_pause(rt, r)
             return None
         d = r.decision
-        rt.last_outputs[r.hook_id] = to_builtins(d)  # as _carry does
+        rt.last_outputs[r.hook_id] = to_builtins(d)  # as lookahead.carry does
         if isinstance(d, Ignore):
             self._audit_hook(rt, event, trace, r)
             return None

@@ -22,9 +22,8 @@ from daemon.trading.portfolio import Order, Position
 from hooks_runtime.decisions import to_builtins
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult
-from hooks_runtime.protocol import READ_ALL
+from hooks_runtime.protocol import LAST_OUTPUTS, READ_ALL
 
-LAST_OUTPUTS = "lastOutputs"  # the state key of each hook's last decision
 # An account as a lookahead request assumed it: positions by symbol, working orders.
 Portfolio = tuple[dict[str, Position], tuple[Order, ...]]
 FIRST_PAUSE = 16  # events without lookahead after a result that did not hold...
