@@ -137,14 +137,16 @@ class WorkerPool:
         state: Any,
         now: float | None,
         ahead: Sequence[Step],
+        candles: Sequence[msgspec.Raw] = (),
     ) -> tuple[list[HookResult], list[list[HookResult]]]:
         """:meth:`evaluate`, plus the events queued after ``event`` in the same request
         (event time): their results, one list per step, for as many steps as came back
         whole. Those are speculative: each holds only if what its hooks read of the
         state (``HookResult.reads``) is what that event's real state has, and only
         once accepted with :meth:`record`. No lookahead while any hook is backing
-        off or paused (its gate could change within the steps)."""
-        return await self._gated(agent_id, hooks, event, state, False, now, ahead)
+        off or paused (its gate could change within the steps). ``candles``: the
+        table the steps' series refer to (``Batch.candles``)."""
+        return await self._gated(agent_id, hooks, event, state, False, now, ahead, candles)
 
     async def speculate(
         self,
@@ -154,6 +156,7 @@ class WorkerPool:
         state: Any,
         now: float | None,
         ahead: Sequence[Step],
+        candles: Sequence[msgspec.Raw] = (),
     ) -> list[list[HookResult]]:
         """Evaluate ``event`` and ``ahead``, every one ahead of its turn (event time),
         while the caller goes on with other work: one result list per step, for as
@@ -168,7 +171,7 @@ class WorkerPool:
             worker = await self._worker_for(agent_id)
             try:
                 done = await self._batch(
-                    worker, list(hooks), event, state_raw, False, ahead, speculative=True
+                    worker, list(hooks), event, state_raw, False, ahead, candles, speculative=True
                 )
             finally:
                 self._release(agent_id, worker)
@@ -208,12 +211,15 @@ class WorkerPool:
         compile_only: bool,
         now: float | None = None,
         ahead: Sequence[Step] = (),
+        candles: Sequence[msgspec.Raw] = (),
     ) -> tuple[list[HookResult], list[list[HookResult]]]:
         gates = [self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks]
         runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
         if len(runnable) < len(hooks):
             ahead = ()
-        done, later = await self._run(agent_id, runnable, event, state, compile_only, ahead)
+        done, later = await self._run(
+            agent_id, runnable, event, state, compile_only, ahead, candles
+        )
         self.record(agent_id, done, now)
         ran = iter(done)
         out = [
@@ -230,6 +236,7 @@ class WorkerPool:
         state: Any,
         compile_only: bool,
         ahead: Sequence[Step] = (),
+        candles: Sequence[msgspec.Raw] = (),
     ) -> tuple[list[HookResult], list[list[HookResult]]]:
         results: list[HookResult] = []
         later: list[list[HookResult]] = []
@@ -242,9 +249,12 @@ class WorkerPool:
             idle_deaths = 0
             while pending:
                 worker = await self._worker_for(agent_id)
-                steps = ahead if len(pending) == n else ()  # a retry after a death: none
+                whole = len(pending) == n  # a retry after a death: no lookahead
+                steps, table = (ahead, candles) if whole else ((), ())
                 try:
-                    done = await self._batch(worker, pending, event, state_raw, compile_only, steps)
+                    done = await self._batch(
+                        worker, pending, event, state_raw, compile_only, steps, table
+                    )
                 finally:
                     self._release(agent_id, worker)
                 if not done:
@@ -273,6 +283,7 @@ class WorkerPool:
         state: msgspec.Raw,
         compile_only: bool,
         ahead: Sequence[Step] = (),
+        candles: Sequence[msgspec.Raw] = (),
         *,
         speculative: bool = False,
     ) -> list[HookResult]:
@@ -297,8 +308,11 @@ class WorkerPool:
         try:
             linger = spin_us * WORKER_LINGER
             data = worker.encoder.encode(
-                Batch(batch_id, event, state, calls, compile_only, linger, [*ahead], speculative)
-            )
+                Batch(
+                    batch_id, event, state, calls, compile_only, linger, [*ahead], speculative,
+                    [*candles],
+                )
+            )  # fmt: skip
             if ahead and len(data) - 4 > self.config.max_frame_bytes:
                 ahead = ()  # the lookahead is only worth it if it fits
                 data = worker.encoder.encode(

@@ -83,6 +83,9 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
     ahead: list[Step] = []
     # The first event is evaluated ahead of its turn too: report its hooks' reads.
     track: bool = False
+    # The steps' candles, each once (a window moves by one candle a step): a step's
+    # ``candles`` series list indices into this instead of candles.
+    candles: list[msgspec.Raw] = []
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):

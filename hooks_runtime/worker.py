@@ -56,6 +56,7 @@ _RAW_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.msgpack.Decoder()
 _ANY_ENC = msgspec.msgpack.Encoder()
 _SERIES = msgspec.msgpack.Decoder(dict[str, dict[str, list[msgspec.Raw]]])
+_SERIES_REFS = msgspec.msgpack.Decoder(dict[str, dict[str, list[int]]])
 _STATE_CACHE_KEYS = 64
 _SERIES_KEY = "candles"  # {symbol: {timeframe: [candle, ...]}}: one new candle per event
 _FULL_GC_EVERY = 1024  # batches; per hook only the young generation is collected
@@ -157,15 +158,20 @@ class Evaluator:
         # moves by one candle an event, so the others are not decoded again
         self.candle_cache: dict[bytes, Any] = {}
 
-    def state(self, raw: msgspec.Raw) -> Any:
-        """Decode and freeze the batch state, reusing unchanged top-level values."""
+    def state(self, raw: msgspec.Raw, table: list[Any] | None = None) -> Any:
+        """Decode and freeze the batch state, reusing unchanged top-level values;
+        ``table``: a lookahead step's candles, which its series list by index."""
         try:
             parts = _RAW_MAP.decode(raw)
         except msgspec.ValidationError:  # not a str-keyed map: no reuse
             self.state_cache = {}
             return policy.freeze(_ANY.decode(raw))
-        old, new = self.state_cache, {}
+        old, new, values = self.state_cache, {}, {}
         for key, part in parts.items():
+            if table is not None and key == _SERIES_KEY:
+                # Indices mean something only with this table: never reused by bytes.
+                values[key] = self._series_refs(part, table)
+                continue
             hit = old.get(key)
             if hit is not None and hit[0] == part:
                 value = hit[1]
@@ -174,8 +180,34 @@ class Evaluator:
             else:
                 value = policy.freeze(_ANY.decode(part))
             new[key] = (part, value)
+            values[key] = value
         self.state_cache = new if len(new) <= _STATE_CACHE_KEYS else {}
-        return types.MappingProxyType({k: v for k, (_, v) in new.items()})
+        return types.MappingProxyType(values)
+
+    def table(self, candles: list[msgspec.Raw]) -> list[Any]:
+        """A lookahead request's candles, frozen (each one the last batches had is
+        reused by its bytes, and the next batch may reuse these)."""
+        cache, out = self.candle_cache, []
+        for c in candles:
+            b = bytes(c)
+            value = cache.get(b)
+            if value is None:
+                value = cache[b] = policy.freeze(_ANY.decode(c))
+            out.append(value)
+        return out
+
+    @staticmethod
+    def _series_refs(raw: msgspec.Raw, table: list[Any]) -> Any:
+        """A lookahead step's series: candle indices into the request's table."""
+        series = _SERIES_REFS.decode(raw)
+        return types.MappingProxyType(
+            {
+                symbol: types.MappingProxyType(
+                    {tf: tuple([table[i] for i in refs]) for tf, refs in frames.items()}
+                )
+                for symbol, frames in series.items()
+            }
+        )
 
     def _series(self, raw: msgspec.Raw) -> Any:
         """The frozen candle series, reusing every candle the last batch had (frozen
@@ -262,10 +294,11 @@ class Evaluator:
                 send(self._one(batch, index, call, event, view, outputs, reads))
             else:
                 send(self._one(batch, index, call, event, state, outputs))
+        table = self.table(batch.candles) if batch.candles else None
         for step, later in enumerate(batch.ahead, 1):
             assert outputs is not None
             event = {k: policy.freeze(v) for k, v in later.event.items()}
-            base = dict(self.state(later.state))
+            base = dict(self.state(later.state, table))
             base[LAST_OUTPUTS] = policy.freeze(_ANY.decode(_ANY_ENC.encode(outputs)))
             for index, call in enumerate(batch.hooks):
                 reads = set()

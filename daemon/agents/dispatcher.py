@@ -314,12 +314,12 @@ class Dispatcher:
         for _, entry in ahead:
             entry.results = None  # replaced by this request's
         seen, portfolio = self._portfolio(rt)
-        entries, steps = self._steps(rt, ahead, seen, hooks)
+        entries, steps, candles = self._steps(rt, ahead, seen, hooks)
         try:
             if not steps:
                 return await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state, now)
             results, later = await self.pool.evaluate_ahead(
-                rt.agent_id, hooks, to_dict(event), state, now, steps
+                rt.agent_id, hooks, to_dict(event), state, now, steps, candles
             )
         except HookRequestTooLarge as exc:
             return [_oversized(h, exc, rt.last_outputs) for h in hooks]
@@ -334,24 +334,42 @@ class Dispatcher:
         run: list[tuple[FeedEvent, Lookahead]],
         seen: dict[str, Any],
         hooks: list[HookSpec],
-    ) -> tuple[list[Lookahead], list[Step]]:
-        """``run`` as lookahead steps, as far as each one's own request would surely fit
-        ``max_frame_bytes`` with whatever lastOutputs its turn brings (each hook's
-        result is capped): a result never stands for an event whose real request
-        would have been refused as oversized."""
+    ) -> tuple[list[Lookahead], list[Step], list[msgspec.Raw]]:
+        """``run`` as lookahead steps, and the candles they list (each once: a step's
+        series are indices into them). Only as far as each step's own request would
+        surely fit ``max_frame_bytes`` with whatever lastOutputs its turn brings (each
+        hook's result is capped): a result never stands for an event whose real
+        request would have been refused as oversized."""
         if not run:
-            return [], []
+            return [], [], []
         cfg = self.pool.config
         grows = len(hooks) * (2 * cfg.max_result_bytes + 1024)
         room = cfg.max_frame_bytes - len(encode_state(rt.last_outputs)) - grows - 4096
         entries, steps = [], []
+        table: list[msgspec.Raw] = []
+        where: dict[int, int] = {}  # id of a candle's msgpack (shared by the steps) -> index
         for e, entry in run:
-            event, state = to_dict(e), encode_state(entry.market | seen)
-            if len(state) + len(msgspec.msgpack.encode(event)) > room:
+            refs: dict[str, dict[str, list[int]]] = {}
+            size = 0  # the candles' bytes, as the step's own request would carry them
+            for symbol, frames in entry.market["candles"].items():
+                by_tf: dict[str, list[int]] = {}
+                refs[symbol] = by_tf
+                for tf, window in frames.items():
+                    ids: list[int] = []
+                    by_tf[tf] = ids
+                    for candle in window:
+                        i = where.get(id(candle))
+                        if i is None:
+                            i = where[id(candle)] = len(table)
+                            table.append(candle)
+                        ids.append(i)
+                        size += len(candle)
+            event, state = to_dict(e), encode_state(entry.market | seen | {"candles": refs})
+            if len(state) + size + len(msgspec.msgpack.encode(event)) > room:
                 break
             entries.append(entry)
             steps.append(Step(event, state))
-        return entries, steps
+        return entries, steps, table
 
     def _queued(self, rt: AgentRuntime, peek: int = 0) -> Iterator[tuple[FeedEvent, Lookahead]]:
         """The run of queued events after the current one that its hooks will evaluate
@@ -428,12 +446,14 @@ class Dispatcher:
             if not todo:
                 return
             seen, portfolio = self._portfolio(rt)
-            entries, steps = self._steps(rt, todo, seen, hooks)
+            entries, steps, candles = self._steps(rt, todo, seen, hooks)
             if not steps:
                 return
             state = entries[0].market | seen | {LAST_OUTPUTS: dict(outputs)}
             first = steps[0].event
-            got = await self.pool.speculate(rt.agent_id, hooks, first, state, now, steps[1:])
+            got = await self.pool.speculate(
+                rt.agent_id, hooks, first, state, now, steps[1:], candles
+            )
             keep(entries, got, hooks, portfolio, outputs)
         except Exception as exc:  # noqa: BLE001 - each event is still evaluated in its turn
             log.debug("lookahead request failed", agent=rt.agent_id, error=repr(exc))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from hooks_runtime import WorkerPool, spec_from_source
 from hooks_runtime.decisions import to_builtins
 from hooks_runtime.protocol import READ_ALL, Step, encode_state
@@ -195,3 +197,32 @@ def evaluate(e, s):
     result = later[0][0]
     assert result.ok and result.decision is not None
     assert result.decision.reason == "refused refused refused refused"
+
+
+async def test_steps_may_list_their_candles_by_index_into_the_request(pool: WorkerPool) -> None:
+    """A window moves by one candle a step, so a request carries each candle once
+    (``Batch.candles``) and the steps' series list indices: hooks see the same."""
+    hooks = [COUNTER, CANDLES_ONLY]
+    table: list[msgspec.Raw] = []
+    where: dict[bytes, int] = {}
+    steps = []
+    for i in range(1, 6):
+        market = _market(i)
+        refs = []
+        for candle in market["candles"]["X"]["5m"]:
+            raw = msgspec.msgpack.encode(candle)
+            if raw not in where:
+                where[raw] = len(table)
+                table.append(msgspec.Raw(raw))
+            refs.append(where[raw])
+        state = market | _portfolio() | {"candles": {"X": {"5m": refs}}}
+        steps.append(Step(_event(i), encode_state(state)))
+    assert len(table) == 6  # candles 0..5 in 5 windows of up to 3, each once
+    _, by_index = await pool.evaluate_ahead(
+        "la7", hooks, _event(0), _state(0, {}), 0.0, steps, table
+    )
+    _, whole = await pool.evaluate_ahead("la7", hooks, _event(0), _state(0, {}), 0.0, _steps(1, 6))
+    assert [[r.decision for r in s] for s in by_index] == [[r.decision for r in s] for s in whole]
+    assert [s[0].decision.reason for s in by_index if s[0].decision] == [
+        f"close {float(i)}" for i in range(1, 6)
+    ]
