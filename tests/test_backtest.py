@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.audit.reader import iter_records
-from daemon.backtest.report import CostModel, timer_baseline, trades_of
+from daemon.backtest.report import CostModel, read_rows, timer_baseline, trades_of
 from daemon.backtest.run import BacktestOptions, run_backtest
 from daemon.cli.main import cli
 from feeds.synthetic import generate_candles
@@ -338,3 +338,22 @@ def test_several_data_files_are_merged_by_time(tmp_path: Path) -> None:
     assert [t for _, t in evaluated] == sorted(t for _, t in evaluated)  # one time line
     bad = CliRunner().invoke(cli, [*args[:5], "--data", f"{eth}=ETH-USD:7m"])
     assert bad.exit_code == 2 and "timeframe must be one of" in bad.output
+
+
+def test_the_report_reader_skips_what_is_not_an_audit_row() -> None:
+    """Broken, truncated, odd-typed or foreign lines are skipped; rows of other agents
+    are not counted."""
+    lines = [
+        b'{"type":"hook","agentId":"alpha","hookId":"wake_a","decision":"WAKE"}\n',
+        b'{"type":"hook","agentId":"alpha","hookId":\n',  # cut short
+        b"\x00\xff garbage\n",
+        b'{"type":"hook","agentId":7,"decision":"WAKE"}\n',  # wrong type
+        b"[1, 2, 3]\n",
+        b'{"type":"hook","agentId":"beta","hookId":"wake_b","decision":"WAKE"}\n',
+        b'{"type":"run","agentId":"alpha","status":"ok","extra":{"deep":[1,2]}}\n',
+    ]
+    rows = read_rows(lines, "alpha")
+    assert [(r.type, r.hook_id, r.decision, r.status) for r in rows] == [
+        ("hook", "wake_a", "WAKE", None),
+        ("run", None, None, "ok"),
+    ]

@@ -41,6 +41,8 @@ def test_empty_config_uses_defaults() -> None:
             "[daemon]\nstop_timeout_seconds = 900\n",
             "daemon.stop_timeout_seconds: expected `float` <= 600",
         ),
+        ("[hooks]\nlookahead_events = 100000\n", "hooks.lookahead_events: expected `int` <= 256"),
+        ("[hooks]\nlookahead_events = -1\n", "hooks.lookahead_events: expected `int` >= 0"),
     ],
 )
 def test_errors_name_the_key_and_what_was_found(text: str, expected: str) -> None:

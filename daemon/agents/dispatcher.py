@@ -313,11 +313,13 @@ class Dispatcher:
         ahead = [*itertools.islice(self._queued(rt), self.lookahead)] if looks else []
         for _, entry in ahead:
             entry.results = None  # replaced by this request's
-        seen, portfolio = self._portfolio(rt)
+        # The account as the state just built shows it (nothing awaited since).
+        seen = {"positions": state["positions"], "orders": state["orders"]}
         entries, steps, candles = self._steps(rt, ahead, seen, hooks)
         try:
             if not steps:
                 return await self.pool.evaluate(rt.agent_id, hooks, to_dict(event), state, now)
+            assumed = self._account(rt)  # what the steps were sent with
             results, later = await self.pool.evaluate_ahead(
                 rt.agent_id, hooks, to_dict(event), state, now, steps, candles
             )
@@ -325,7 +327,7 @@ class Dispatcher:
             return [_oversized(h, exc, rt.last_outputs) for h in hooks]
         outputs = dict(state[LAST_OUTPUTS])
         carry(outputs, results)
-        keep(entries, later, hooks, portfolio, outputs)
+        keep(entries, later, hooks, assumed, outputs)
         return results
 
     def _steps(

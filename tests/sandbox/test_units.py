@@ -62,6 +62,8 @@ def test_garbage_from_worker_is_a_crash() -> None:
     with pytest.raises(HookCrashed):
         decode_from_worker(msgspec.msgpack.encode({"type": "result", "id": "x"}))
     fields = {"type": "result", "id": 1, "index": 0, "runtime_us": 1, "done_at": 1.0}
+    with pytest.raises(HookCrashed):  # a lookahead step's reads must be names
+        decode_from_worker(msgspec.msgpack.encode({**fields, "reads": [1, {"x": 2}]}))
     nested = msgspec.msgpack.encode({**fields, "value": None})[:-1] + b"\x91" * 200_000 + b"\xc0"
     with pytest.raises(HookCrashed, match="recursion"):  # a compromised worker's deep value
         decode_from_worker(nested)
