@@ -17,11 +17,15 @@ import functools
 import hashlib
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Generic, Literal, TypeVar
 
 import msgspec
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 # --- topics (seed 001 §2) -------------------------------------------------
 MARKET_PRICE_TICK: Final = "market.price.tick"
@@ -262,9 +266,41 @@ def signal_of(payload: Any) -> SignalPayload | None:
         return None
 
 
+class IdentityMemo(Generic[_T, _R]):
+    """``fn(arg)`` for the last ``size`` arguments, found by identity (no hashing).
+
+    For pure functions of objects nobody mutates that several consumers ask about
+    in turn: one closed candle's payload reaches the service's state cache, the
+    broker, an agent's lookahead cache and then the agent's own. The memo holds
+    its arguments, so no id is reused while it is remembered."""
+
+    __slots__ = ("_fn", "_held", "_size")
+
+    def __init__(self, fn: Callable[[_T], _R], size: int) -> None:
+        self._fn = fn
+        self._size = size
+        self._held: OrderedDict[int, tuple[_T, _R]] = OrderedDict()
+
+    def __call__(self, arg: _T) -> _R:
+        held = self._held
+        hit = held.get(id(arg))
+        if hit is not None and hit[0] is arg:
+            return hit[1]
+        value = self._fn(arg)
+        held[id(arg)] = (arg, value)
+        if len(held) > self._size:
+            held.popitem(last=False)
+        return value
+
+
 def candle_of(payload: Any) -> Candle | None:
     """The candle in an event payload; None if a field is missing, mistyped or not
-    finite, or a time is outside what a calendar holds."""
+    finite, or a time is outside what a calendar holds. The same payload object
+    is parsed once (payloads are never mutated once published)."""
+    return _candle_memo(payload)
+
+
+def _parse_candle(payload: Any) -> Candle | None:
     if type(payload) is not dict:
         return None
     try:
@@ -276,6 +312,9 @@ def candle_of(payload: Any) -> Candle | None:
     if not (_MIN_MS <= c.open_time_ms <= _MAX_MS and _MIN_MS <= c.close_time_ms <= _MAX_MS):
         return None
     return c
+
+
+_candle_memo: IdentityMemo[Any, Candle | None] = IdentityMemo(_parse_candle, 256)
 
 
 def tick_of(payload: Any) -> TickPayload | None:

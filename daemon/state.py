@@ -35,6 +35,7 @@ from daemon.events import (
     TIMEFRAMES,
     Candle,
     FeedEvent,
+    IdentityMemo,
     candle_of,
     signal_of,
 )
@@ -56,6 +57,14 @@ class _Snapshot(msgspec.Struct, frozen=True):
     version: int
     series: list[_SnapshotSeries]
     copytrade: BookSnapshot = msgspec.field(default_factory=BookSnapshot)
+
+
+def _store_form(candle: Candle) -> tuple[dict[str, Any], msgspec.Raw]:
+    payload = candle.payload()
+    return payload, msgspec.Raw(_msgpack.encode(payload))
+
+
+_stored = IdentityMemo(_store_form, 256)
 
 
 class Series:
@@ -88,10 +97,12 @@ class Series:
         newest.reverse()
         return newest
 
-    def append(self, payload: dict[str, Any]) -> None:
-        """Keep a closed candle's payload (and its msgpack)."""
-        self.candles.append(payload)
-        self.encoded.append(msgspec.Raw(_msgpack.encode(payload)))
+    def append(self, candle: Candle) -> None:
+        """Keep a closed candle, as its payload and its msgpack (both built once per
+        candle, whichever caches keep it: they only ever hand out copies)."""
+        entry, encoded = _stored(candle)
+        self.candles.append(entry)
+        self.encoded.append(encoded)
 
     def last_encoded(self, n: int | None) -> list[msgspec.Raw]:
         """The msgpack of the newest ``n`` candles (all if None), oldest first."""
@@ -197,7 +208,7 @@ class StateCache:
             return False
         if last is not None and series.step_ms and candle.close_time_ms - last > series.step_ms:
             self._counters["gaps"] += 1
-        series.append(candle.payload())
+        series.append(candle)
         series.last_close_ms = candle.close_time_ms
         series.indicators.update(candle.high, candle.low, candle.close)
         if series.forming is not None and series.forming.close_time_ms <= candle.close_time_ms:

@@ -125,3 +125,29 @@ def test_tick_payload_names_are_the_coinbase_feed_names() -> None:
     tick = tick_of({"price": 101.5, "bestBid": None, "staleAfterReconnect": True})
     assert tick is not None and tick.price == 101.5 and tick.stale_after_reconnect
     assert [tick_of(p) for p in ({"price": 0}, {"price": "1"}, {}, None)] == [None] * 4
+
+
+def test_a_payload_is_parsed_once_and_an_equal_one_again() -> None:
+    """candle_of remembers payload objects (the service, the broker and each agent's
+    caches ask about the same one); an equal but other dict is parsed on its own,
+    and the memo holds no more than its size."""
+    from daemon.events import IdentityMemo
+
+    calls: list[object] = []
+
+    def parse(x: dict[str, int]) -> int:
+        calls.append(x)
+        return x["n"] * 2
+
+    memo = IdentityMemo(parse, 2)
+    a, b, c = {"n": 1}, {"n": 1}, {"n": 3}
+    assert (memo(a), memo(a), memo(b)) == (2, 2, 2)
+    assert calls == [a, b]
+    assert memo(c) == 6 and memo(a) == 2  # a was the oldest: forgotten, parsed again
+    assert len(calls) == 4
+    payload = events.Candle(
+        open=1.0, high=2.0, low=0.5, close=1.5, volume=3.0,
+        open_time_ms=0, close_time_ms=300_000,
+    ).payload()  # fmt: skip
+    assert events.candle_of(payload) is events.candle_of(payload)
+    assert events.candle_of(dict(payload)) == events.candle_of(payload)

@@ -350,6 +350,17 @@ class Dispatcher:
         entries, steps = [], []
         table: list[msgspec.Raw] = []
         where: dict[int, int] = {}  # id of a candle's msgpack (shared by the steps) -> index
+
+        def index(candle: msgspec.Raw) -> int:
+            i = where.get(id(candle))
+            if i is None:
+                i = where[id(candle)] = len(table)
+                table.append(candle)
+            return i
+
+        # Per series, the previous step's window, its indices and its bytes: the next
+        # window is mostly the same one moved by a candle (compared in C, not per candle).
+        last: dict[tuple[str, str], tuple[list[msgspec.Raw], list[int], int]] = {}
         for e, entry in run:
             refs: dict[str, dict[str, list[int]]] = {}
             size = 0  # the candles' bytes, as the step's own request would carry them
@@ -357,15 +368,10 @@ class Dispatcher:
                 by_tf: dict[str, list[int]] = {}
                 refs[symbol] = by_tf
                 for tf, window in frames.items():
-                    ids: list[int] = []
+                    ids, n = _moved(last.get((symbol, tf)), window, index)
                     by_tf[tf] = ids
-                    for candle in window:
-                        i = where.get(id(candle))
-                        if i is None:
-                            i = where[id(candle)] = len(table)
-                            table.append(candle)
-                        ids.append(i)
-                        size += len(candle)
+                    last[symbol, tf] = (window, ids, n)
+                    size += n
             event, state = to_dict(e), encode_state(entry.market | seen | {"candles": refs})
             if len(state) + size + len(msgspec.msgpack.encode(event)) > room:
                 break
@@ -671,6 +677,25 @@ class Dispatcher:
                 output=_full_output(d),
             )
         )
+
+
+def _moved(
+    prev: tuple[list[msgspec.Raw], list[int], int] | None,
+    window: list[msgspec.Raw],
+    index: Callable[[msgspec.Raw], int],
+) -> tuple[list[int], int]:
+    """A lookahead step's candle indices and bytes for ``window``: from the previous
+    step's (``prev``) when the window is that one unchanged, grown by a candle or
+    moved by one; else candle by candle."""
+    if prev is not None:
+        before, ids, size = prev
+        if window == before:
+            return ids, size
+        if window[:-1] == before[1:] and len(window) == len(before):
+            return [*ids[1:], index(window[-1])], size - len(before[0]) + len(window[-1])
+        if window[:-1] == before:
+            return [*ids, index(window[-1])], size + len(window[-1])
+    return [index(c) for c in window], sum(map(len, window))
 
 
 def _timed(event: FeedEvent) -> bool:

@@ -330,7 +330,9 @@ class AgentManager:
             agent.config.wake,
             store=self.run_store,
             sink=self._sink,
-            state=self._wake_state,
+            # A run's context carries a state snapshot for the agent's LLM only: the
+            # log runner (agents not run) reads none, so none is taken.
+            state=self._wake_state if self.run_agents else None,
             clock=EventClock() if self.event_time else None,
             runner_factory=partial(build_runner, agent_dir=agent.path, tools=self.tools)
             if self.run_agents

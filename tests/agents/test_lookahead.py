@@ -163,3 +163,43 @@ def test_no_state_ever_runs_ahead_beside_a_slow_agent(
     ]
     assert len(reasons) == 1500 and set(reasons) == {"exact"}
     assert ahead == []
+
+
+def _raw(n: int) -> msgspec.Raw:
+    return msgspec.Raw(msgspec.msgpack.encode({"close": float(n), "pad": "x" * n}))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "added"),
+    [
+        ([1, 2, 3], [1, 2, 3], 0),  # unchanged (an event with no new close)
+        ([1, 2, 3], [2, 3, 4], 1),  # moved by a candle (the buffer is full)
+        ([1, 2, 3], [1, 2, 3, 4], 1),  # grown by a candle
+        ([1, 2, 3], [3, 4, 5], 3),  # moved by two: candle by candle
+        ([], [7], 1),
+        ([5], [6], 1),
+        ([1, 2, 3], [], 0),
+    ],
+)
+def test_a_steps_candles_are_indexed_from_the_previous_window_as_one_by_one(
+    before: list[int], after: list[int], added: int
+) -> None:
+    """The shortcut that reuses the previous step's indices gives a step the same
+    candles, in order, and the same byte count as indexing every candle; a window
+    of fresh objects with the same bytes reuses the entries already in the table."""
+    from daemon.agents.dispatcher import _moved
+
+    raws = {n: _raw(n) for n in {*before, *after}}
+    table: list[msgspec.Raw] = []
+
+    def index(candle: msgspec.Raw) -> int:
+        table.append(candle)
+        return len(table) - 1
+
+    first = [raws[n] for n in before]
+    prev = (first, *_moved(None, first, index))
+    window = [msgspec.Raw(bytes(raws[n])) for n in after]  # equal bytes, other objects
+    ids, size = _moved(prev, window, index)
+    assert [table[i] for i in ids] == window
+    assert size == sum(len(c) for c in window)
+    assert len(table) == len(before) + added
