@@ -69,9 +69,10 @@ class DaemonSection(Base, frozen=True):
     # A stop (SIGTERM) lets agents finish their queued events for at most this long;
     # the rest is re-delivered after the restart. Keep it below systemd's TimeoutStopSec.
     stop_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=600)] = 8.0
-    # false: the paper broker's, hook and wake stores skip fsync, and the hook and
-    # wake stores commit every 256 statements (a backtest's scratch state dir; a
-    # crash may lose their last writes). Keep true for anything that trades on.
+    # false: the paper broker's, hook and wake stores skip fsync, commit every 256
+    # statements and are locked for the daemon alone while it runs (a backtest's
+    # scratch state dir; a crash may lose their last writes, and `hooks resume`
+    # cannot reach them). Keep true for anything that trades on.
     durable: bool = True
 
 

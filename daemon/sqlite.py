@@ -9,25 +9,28 @@ writes), autocommit unless a store opens its own transactions, and one clear
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from daemon.errors import StoreError
 
-#: Statements per transaction of a store opened with ``batch`` (see :class:`_Batched`).
+#: Statements per transaction of a store opened with ``batch`` (see :class:`Connection`).
 BATCH_STATEMENTS = 256
 
 
-class _Batched(sqlite3.Connection):
-    """A connection whose statements share one transaction, committed every
-    ``batch`` statements and at close: for stores that skip syncing anyway (a
-    backtest's scratch state), where a commit per statement cost ~20 us of WAL
-    writing against ~2 us batched. A crash loses the uncommitted statements, which
-    is what ``durable = false`` allows. ``batch`` = 0 (while opening) passes through."""
+class Connection(sqlite3.Connection):
+    """A store's connection. Opened with ``batch`` (stores that skip syncing anyway:
+    a backtest's scratch state), its statements share one transaction, committed
+    every ``batch`` statements and at close, where a commit per statement cost
+    ~20 us of WAL writing against ~2 us batched; a crash loses the uncommitted
+    statements, which is what ``durable = false`` allows. ``batch`` = 0 (while
+    opening, and for every durable store) passes through."""
 
     batch = 0
     _pending = 0
+    _depth = 0  # atomic() blocks open: the batch may not commit inside one
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         self._begin()
@@ -41,6 +44,34 @@ class _Batched(sqlite3.Connection):
         self._wrote()
         return cur
 
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One atomic write: its own transaction, or, while batching or inside another
+        transaction, a savepoint in that one (committed with it). An exception rolls
+        it back."""
+        if not self.batch and not self.in_transaction:
+            super().execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                super().execute("ROLLBACK")
+                raise
+            super().execute("COMMIT")
+            return
+        self._begin()
+        super().execute("SAVEPOINT atomic")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            super().execute("ROLLBACK TO atomic")
+            super().execute("RELEASE atomic")
+            raise
+        finally:
+            self._depth -= 1
+        super().execute("RELEASE atomic")
+        self._wrote()
+
     def _begin(self) -> None:
         if self.batch and not self.in_transaction:
             super().execute("BEGIN")
@@ -49,14 +80,14 @@ class _Batched(sqlite3.Connection):
         if not self.batch:
             return
         self._pending += 1
-        if self._pending >= self.batch:
+        if self._pending >= self.batch and not self._depth:
             self._pending = 0
             if self.in_transaction:
                 super().execute("COMMIT")
 
     def close(self) -> None:
-        if self.batch and self.in_transaction:  # a store's own open transaction is
-            super().execute("COMMIT")  # not committed by closing (as sqlite3 does)
+        if self.batch and self.in_transaction and not self._depth:
+            super().execute("COMMIT")  # what batching held (an unfinished atomic() is not)
         super().close()
 
 
@@ -68,17 +99,19 @@ def open_sqlite(
     synchronous: Literal["OFF", "NORMAL", "FULL"] = "NORMAL",
     threads: bool = True,
     batch: bool = False,
-) -> sqlite3.Connection:
+) -> Connection:
     """Open (creating it if needed) the ``what`` store at ``path`` and apply ``schema``.
 
     ``threads`` allows use from worker threads (callers serialize access).
-    ``batch``: group statements into transactions (only for a store that does not
-    open its own, and only with ``synchronous`` OFF; see :class:`_Batched`).
+    ``batch``: with ``synchronous`` OFF only (scratch state), group statements into
+    transactions (see :class:`Connection`) and hold the file for this process alone
+    (EXCLUSIVE locking: no lock taken and released per statement; nothing else may
+    open the store while the daemon runs).
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=not threads, factory=_Batched
+            path, isolation_level=None, check_same_thread=not threads, factory=Connection
         )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={synchronous}")
@@ -87,6 +120,12 @@ def open_sqlite(
             db.executescript(schema)
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(f"{path}: cannot open {what}: {exc}") from None
+    if not isinstance(db, Connection):  # the factory's class, for mypy
+        raise TypeError(f"unexpected connection {type(db).__name__}")
     if batch and synchronous == "OFF":
+        try:
+            db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot open {what}: {exc}") from None
         db.batch = BATCH_STATEMENTS
     return db

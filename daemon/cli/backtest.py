@@ -240,9 +240,13 @@ def progress_bar(total: int) -> Consumer:
         )
         with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
             task = bar.add_task("replay", total=total)
+            seen = 0
             async for event in sub:
                 if event.topic.startswith("market."):
-                    bar.advance(task)
+                    seen += 1
+                    if not seen % 64 or not sub.depth:  # a redraw costs more than an event
+                        bar.update(task, completed=seen)
+            bar.update(task, completed=seen)
 
     return consume
 

@@ -97,7 +97,9 @@ class PaperStore:
     """The paper broker's database at ``path`` (created if missing)."""
 
     def __init__(self, path: Path, synchronous: Literal["OFF", "NORMAL", "FULL"] = "FULL") -> None:
-        self._db = open_sqlite(path, "paper broker store", synchronous=synchronous, threads=False)
+        self._db = open_sqlite(
+            path, "paper broker store", synchronous=synchronous, threads=False, batch=True
+        )
         try:
             self._migrate()
             self._db.executescript(_SCHEMA)
@@ -116,15 +118,10 @@ class PaperStore:
         if version >= SCHEMA_VERSION or not has_orders:
             return
         steps = ([] if version >= 1 else _MIGRATE_V1.split(";")) + [_MIGRATE_V2]
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._db.atomic():
             for stmt in filter(str.strip, steps):
                 self._db.execute(stmt)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -132,20 +129,13 @@ class PaperStore:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic write; any exception rolls it back."""
+        """One atomic write; any exception rolls it back (not durable: a savepoint in
+        the store's batch, see :meth:`daemon.sqlite.Connection.atomic`)."""
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            with self._db.atomic():
+                yield
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot begin transaction: {exc}") from None
-        try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        try:
-            self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: commit failed: {exc}") from None
+            raise StoreError(f"{self.path}: transaction failed: {exc}") from None
 
     def _exec(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
         try:
