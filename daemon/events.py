@@ -381,8 +381,9 @@ def iso_ms(epoch_ms: int) -> str:
 
 
 # A candle's times are formatted by the feed and again by every state cache that
-# keeps it (the service's, each agent's): the last few are remembered.
-_candle_iso = functools.lru_cache(maxsize=64)(iso_ms)
+# keeps it (the service's, each agent's, which may be a full bus queue behind:
+# 4,096 events), so the last 4,096 are remembered (~0.7 MB; neighbours share one).
+_candle_iso = functools.lru_cache(maxsize=4096)(iso_ms)
 
 
 def now_ms() -> int:

@@ -46,8 +46,8 @@ workspace drops its pending runs (``suppressedBy=shutdown``).
 from __future__ import annotations
 
 import math
+import secrets
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -262,7 +262,7 @@ class WakeScheduler:
         self._persist(self.store.save_pending, self.agent_id, run.run_id, run.due_at, body)
 
     def _new_run_id(self) -> str:
-        return f"{self.agent_id}-{uuid.uuid4().hex[:16]}"
+        return f"{self.agent_id}-{secrets.token_hex(8)}"  # 64 random bits, as uuid4's first 16
 
     # --- the loop ------------------------------------------------------------
 
