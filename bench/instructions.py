@@ -18,29 +18,19 @@ compare two commits with this script, not with wall-clock figures. Kernel time
 from __future__ import annotations
 
 import argparse
-import gzip
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+
+from candles import head  # bench/ is the script's directory, first on sys.path
 
 from feeds.synthetic import generate_candles
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTED = re.compile(rb"Collected : (\d+)")
-
-
-def _head(src: Path, dst: Path, candles: int) -> Path:
-    opener: Any = gzip.open if src.suffix == ".gz" else open
-    with opener(src, "rt") as f, dst.open("w") as out:
-        for i, line in enumerate(f):
-            if i > candles:  # the header, then N rows
-                break
-            out.write(line)
-    return dst
 
 
 def _generated(dst: Path, candles: int) -> Path:
@@ -76,7 +66,7 @@ def main() -> None:
         sizes, counts = (10, args.candles), []
         for n in sizes:
             csv = base / f"candles_{n}.csv"
-            data = _head(args.data, csv, n) if args.data else _generated(csv, n)
+            data = head(args.data, csv, n) if args.data else _generated(csv, n)
             (base / str(n)).mkdir()
             counts.append(count(data, args.agent.resolve(), base / str(n)))
             print(f"{n:>7} candles: {counts[-1]:,} instructions", flush=True)

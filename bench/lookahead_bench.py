@@ -14,7 +14,6 @@ on); the medians are printed.
 from __future__ import annotations
 
 import argparse
-import gzip
 import shutil
 import statistics
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from candles import head  # bench/ is the script's directory, first on sys.path
 
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
@@ -59,16 +59,6 @@ def evaluate(event, state):
 """
 
 
-def _head(src: Path, dst: Path, candles: int) -> Path:
-    opener: Any = gzip.open if src.suffix == ".gz" else open
-    with opener(src, "rt") as f, dst.open("w") as out:
-        for i, line in enumerate(f):
-            if i > candles:  # the header, then N rows
-                break
-            out.write(line)
-    return dst
-
-
 def run(opts: BacktestOptions, lookahead: int) -> tuple[float, list[dict[str, Any]]]:
     config = prepare(opts)
     hooks = msgspec.structs.replace(config.hooks, lookahead_events=lookahead)
@@ -103,7 +93,7 @@ def main() -> None:
             args.agent = agent
         csv = tmp / "candles.csv"
         if args.data:
-            _head(args.data, csv, args.candles)
+            head(args.data, csv, args.candles)
         else:
             generate_candles(csv, seed=7, n=args.candles, timeframe="5m")
         times: dict[int, list[float]] = {0: [], args.lookahead: []}
