@@ -54,7 +54,8 @@ class Connection(sqlite3.Connection):
             try:
                 yield
             except BaseException:
-                super().execute("ROLLBACK")
+                if self.in_transaction:  # (an error may have rolled it back already)
+                    super().execute("ROLLBACK")
                 raise
             super().execute("COMMIT")
             return
@@ -64,8 +65,9 @@ class Connection(sqlite3.Connection):
         try:
             yield
         except BaseException:
-            super().execute("ROLLBACK TO atomic")
-            super().execute("RELEASE atomic")
+            if self.in_transaction:
+                super().execute("ROLLBACK TO atomic")
+                super().execute("RELEASE atomic")
             raise
         finally:
             self._depth -= 1
