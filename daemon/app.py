@@ -103,16 +103,19 @@ def run_daemon(
     config_path: Path | None = None,
     record_path: Path | None = None,
     consumers: Sequence[tuple[str, Consumer]] = (),
+    components: Sequence[Component] = (),
     from_start: bool = False,
 ) -> Status:
-    """Run one daemon until a signal or until its finite feeds end.
+    """Run one daemon until a signal or until its finite feeds end. ``consumers``
+    read the bus; ``components`` run beside the daemon's own, entered first and
+    left last (after the agents drained).
 
     What ``config check`` would reject stops the start here (ConfigError, exit 2)."""
     preflight.check(config).raise_for_problems()
-    components: list[Component] = [open_agents] if config.hooks.enabled else []
+    own: list[Component] = [open_agents] if config.hooks.enabled else []
     pool = shared_pool(config)
     if pool is not None:
-        components.insert(0, partial(open_market, pool))
+        own.insert(0, partial(open_market, pool))
 
     def audit(record: SignalRecord) -> None:
         if service.audit is not None:  # the agents' pipeline runs (it owns the audit log)
@@ -124,7 +127,7 @@ def run_daemon(
         config_path=config_path,
         record_path=record_path,
         consumers=consumers,
-        components=components,
+        components=[*components, *own],
         from_start=from_start,
     )
     return anyio.run(service.run)

@@ -106,14 +106,23 @@ class CopytradeSection(Base, frozen=True):
 
 class StateSection(Base, frozen=True):
     max_candles: int = 500
+    # The daemon's own market state, beside each agent's: what the agents' tools and
+    # MCP read, what an agent that starts mid-run (hot reload) is warmed up from, and
+    # the snapshot the next start warms up from. false spares every candle one more
+    # indicator update where none of that is wanted (a backtest that counts wakes):
+    # needs [hooks] run_agents = false and [mcp] enabled = false; agents that start
+    # mid-run start cold, and the next start too.
+    shared: bool = True
 
 
 class HooksSection(Base, frozen=True):
     enabled: bool = True
     # agents/<id>/agent.toml + agents/<id>/hooks/*.py; relative to the working directory.
     agents_dir: str = "agents"
-    # How often the agents directory is rescanned for edits (hot reload).
-    reload_seconds: Annotated[float, msgspec.Meta(gt=0)] = 2.0
+    # How often the agents directory is rescanned for edits (hot reload). 0: the
+    # agents are loaded once, at start (no hot reload; `hooks resume` applies at the
+    # next start).
+    reload_seconds: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # POST every ALERT as JSON here too ("" = log only).
     alert_webhook: str = ""
     # Dedupe keys kept per agent (the oldest go first; keys are also dropped after
@@ -238,6 +247,18 @@ class Config(Base, frozen=True):
     rag: RagConfig = msgspec.field(default_factory=RagConfig)
     mcp: McpSection = msgspec.field(default_factory=McpSection)
     tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
+
+    def __post_init__(self) -> None:
+        if not self.state.shared and (self.hooks.enabled and self.hooks.run_agents):
+            raise ValueError(
+                "state.shared = false needs hooks.run_agents = false (the agents' tools "
+                "read the shared market state)"
+            )
+        if not self.state.shared and self.mcp.enabled:
+            raise ValueError(
+                "state.shared = false needs mcp.enabled = false (the MCP tools read the "
+                "shared market state)"
+            )
 
     @property
     def audit_dir(self) -> Path:

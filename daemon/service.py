@@ -112,6 +112,8 @@ class Service:
         self.clock: Clock = clock or MonotonicClock()
         self.bus = Bus(queue_size=config.bus.queue_size)
         self.state = StateCache.from_config(config.state)
+        # false ([state] shared): nobody reads self.state, which stays empty.
+        self._shared_state = config.state.shared
         self.health: dict[str, FeedHealth] = {}
         self.feeds: dict[str, Feed] = {}
         self.finished: set[str] = set()
@@ -137,12 +139,10 @@ class Service:
         # leader agents wait until what the last one caused has been handled.
         self.settle: Callable[[], Awaitable[None]] | None = None
         self._reload_lock = anyio.Lock()
-        self._subs: list[tuple[Consumer, Subscription]] = [
-            (
-                self._update_state,
-                self.bus.subscribe(("market.>", "copytrade.signal.*"), name="state"),
-            )
-        ]
+        self._subs: list[tuple[Consumer, Subscription]] = []
+        if self._shared_state:
+            topics = ("market.>", "copytrade.signal.*")
+            self._subs.append((self._update_state, self.bus.subscribe(topics, name="state")))
         path = record_path or (Path(config.daemon.record) if config.daemon.record else None)
         if path is not None:
             sub = self.bus.subscribe(">", name="recorder")
@@ -185,6 +185,8 @@ class Service:
 
     def _load_snapshot(self) -> None:
         """Warm start: indicators continue where the last run stopped."""
+        if not self._shared_state:
+            return
         try:
             data = read_snapshot(self.state_dir / SNAPSHOT_FILE)
             if data is not None:
@@ -194,6 +196,9 @@ class Service:
             log.warning("state snapshot unreadable; starting cold", error=str(exc))
 
     async def _save_snapshot(self) -> None:
+        if not self._shared_state:  # a later start must not warm up from an older one
+            (self.state_dir / SNAPSHOT_FILE).unlink(missing_ok=True)
+            return
         data = self.state.dump()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -417,6 +422,14 @@ class Service:
             {name: provider() for name, provider in self.status_providers.items()},
             self.run_id,
         )
+
+    def published_by_feeds(self) -> int:
+        """Events the feeds have published so far (what a progress bar counts)."""
+        total = 0
+        for name in self.health:
+            n = self._feed_stats(name).get("published", 0)
+            total += n if isinstance(n, int) else 0
+        return total
 
     def _feed_stats(self, name: str) -> dict[str, Any]:
         """A feed's own counters, if it keeps any (``statistics()`` returning plain data)."""

@@ -115,6 +115,11 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     assert res.exit_code == 0, res.output
     assert "120 events" in res.output and "timer agent every 5 min (120 runs)" in res.output
     assert "WAKE decisions ->" in res.output and "report.json" in res.output
+    assert "replaying" not in res.stderr  # no terminal, no progress bar
+    # In a terminal the bar reads the feeds' counters; it shows the whole replay at the end.
+    shown = CliRunner().invoke(cli, args, env={"TTY_COMPATIBLE": "1"})
+    assert shown.exit_code == 0 and "120 events" in shown.stdout, shown.output
+    assert "replaying" in shown.stderr and "120/120" in shown.stderr, shown.stderr
     bad = CliRunner().invoke(cli, ["backtest", "--agent", str(tmp_path), "--data", str(data)])
     assert bad.exit_code == 2 and "not an agent directory" in bad.output
     for option, value in [("--from", "yesterday"), ("--revision", "wake_green"),

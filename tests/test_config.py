@@ -43,6 +43,12 @@ def test_empty_config_uses_defaults() -> None:
         ),
         ("[hooks]\nlookahead_events = 100000\n", "hooks.lookahead_events: expected `int` <= 256"),
         ("[hooks]\nlookahead_events = -1\n", "hooks.lookahead_events: expected `int` >= 0"),
+        ("[hooks]\nreload_seconds = -1\n", "hooks.reload_seconds: expected `float` >= 0.0"),
+        ("[state]\nshared = false\n", "state.shared = false needs hooks.run_agents = false"),
+        (
+            "[state]\nshared = false\n[hooks]\nrun_agents = false\n[mcp]\nenabled = true\n",
+            "state.shared = false needs mcp.enabled = false",
+        ),
     ],
 )
 def test_errors_name_the_key_and_what_was_found(text: str, expected: str) -> None:

@@ -14,10 +14,11 @@ import structlog.testing
 from anyio.abc import TaskStatus
 
 from daemon.clock import ManualClock
-from daemon.config import Config, DaemonSection
+from daemon.config import Config, DaemonSection, StateSection
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
 from daemon.sdnotify import Notifier
 from daemon.service import Service
+from daemon.statedir import SNAPSHOT_FILE
 from daemon.status import Status, read_status
 from feeds.base import Feed, FeedHealth, Publish
 
@@ -223,6 +224,29 @@ async def test_state_cache_survives_a_restart(tmp_path: Path) -> None:
     await second.run()
     series = second.state.series("BTC-USD", "1m")
     assert series is not None and len(series.candles) == 25
+
+
+async def test_without_the_shared_state_nothing_is_kept_nor_warmed_from(tmp_path: Path) -> None:
+    """[state] shared = false: the daemon's own cache stays empty, and a snapshot an
+    earlier run left is removed at the stop (no later start warms up from it)."""
+    cfg = make_config(tmp_path)
+    await Service(cfg, lambda _: [ListFeed("a", [candle(i) for i in range(20)])]).run()
+    snapshot = tmp_path / "state" / SNAPSHOT_FILE
+    assert snapshot.exists()
+    alone = msgspec.structs.replace(
+        cfg,
+        state=StateSection(shared=False),
+        hooks=msgspec.structs.replace(cfg.hooks, run_agents=False),
+    )
+    second = Service(alone, lambda _: [ListFeed("b", [candle(i) for i in range(20, 25)])])
+    status = await second.run()
+    assert second.state.series("BTC-USD", "1m") is None and status.bus.published == 5
+    assert status.bus.delivered == 0  # no subscriber: the cache took nothing
+    assert not snapshot.exists()
+    third = Service(cfg, lambda _: [ListFeed("c", [candle(i) for i in range(25, 27)])])
+    await third.run()
+    series = third.state.series("BTC-USD", "1m")
+    assert series is not None and len(series.candles) == 2  # cold: only its own
 
 
 async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Loads agent workspaces, keeps one runtime per enabled agent, hot-reloads edits.
 
-Every ``reload_seconds`` the agents directory is rescanned:
+Every ``reload_seconds`` the agents directory is rescanned (0: only at start):
 
 * a hook file whose content changed is a new revision: it is recorded and
   compiled in the agent's worker first; if it compiles it replaces the old
@@ -182,7 +182,7 @@ class AgentManager:
                 self._loaded.set()
                 task_status.started()
                 with self._reload_scope:
-                    while True:
+                    while self.reload_seconds > 0:
                         await anyio.sleep(self.reload_seconds)
                         # Shielded: stopping never interrupts a half-applied scan.
                         with anyio.CancelScope(shield=True):

@@ -34,7 +34,7 @@ from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.writer import open_audit
 from daemon.backlog import open_backlog
 from daemon.bus import Bus, Subscription
-from daemon.config import CopytradeSection
+from daemon.config import Config, CopytradeSection
 from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LeaderRelay
 from daemon.errors import StoreError, WorkspaceFileError
@@ -173,6 +173,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
             tg.start_soon(manager.run)
             await manager.wait_loaded()
+            _free_route(cfg, route, broker)
             service.status_providers["hooks"] = manager.statistics
             service.status_providers["broker"] = route.statistics
             service.status_providers["delivery"] = checkpoints.statistics
@@ -233,6 +234,18 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 # were at the stop, without asking the stores closed below.
                 final = manager.statistics()
                 service.status_providers["hooks"] = lambda: final
+
+
+def _free_route(cfg: Config, route: MarketRoutes, broker: PaperBroker) -> None:
+    """On event time, start the shared (free) route unless no account can be without
+    an agent for the whole run: the agents are loaded once (no hot reload, so none
+    leaves or joins), MCP cannot trade, and every account with an order or a
+    position is an agent's."""
+    orphans = route.without_route(broker.accounts())
+    if cfg.hooks.reload_seconds > 0 or cfg.mcp.enabled or orphans:
+        route.free()
+    else:
+        log.info("every account is an agent's: no shared broker route")
 
 
 class _Tasks:

@@ -37,10 +37,17 @@ from daemon.backtest.report import (
     timer_baseline,
     trades_of,
 )
-from daemon.config import Config, DaemonSection, FeedsSection, HooksSection, TradingSection
+from daemon.config import (
+    Config,
+    DaemonSection,
+    FeedsSection,
+    HooksSection,
+    StateSection,
+    TradingSection,
+)
 from daemon.errors import ConfigError
 from daemon.events import MARKET_CANDLE_CLOSED, iso_ms, parse_iso_ms
-from daemon.service import Consumer
+from daemon.service import Component
 from daemon.trading.paper import Fees
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
@@ -145,7 +152,13 @@ def prepare(opts: BacktestOptions) -> Config:
             log_level="error",
             durable=False,  # a scratch dir: no fsync per paper order
         ),
-        hooks=HooksSection(agents_dir=str(out / "agents"), run_agents=opts.run_llm),
+        # The agents are loaded once; without LLM runs no tool reads the daemon's own
+        # market state (each agent keeps its own): no account is without an agent,
+        # and each candle is one indicator update and one broker delivery lighter.
+        hooks=HooksSection(
+            agents_dir=str(out / "agents"), run_agents=opts.run_llm, reload_seconds=0
+        ),
+        state=StateSection(shared=opts.run_llm),
         feeds=FeedsSection(replay=replay_section(opts)),
         trading=TradingSection(
             paper_maker_fee_bps=opts.fees.maker_bps, paper_taker_fee_bps=opts.fees.taker_bps
@@ -153,12 +166,12 @@ def prepare(opts: BacktestOptions) -> Config:
     )
 
 
-def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]] = ()) -> Report:
+def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) -> Report:
     """Run the agent over the data and write ``report.json`` and ``report.html`` into
-    ``opts.out``; ``consumers`` also read the bus (a progress bar)."""
+    ``opts.out``; ``components`` run beside the daemon's own (a progress bar)."""
     config = prepare(opts)
     started = time.perf_counter()
-    status = run_daemon(config, consumers=consumers)
+    status = run_daemon(config, components=components)
     seconds = time.perf_counter() - started
     out = opts.out.resolve()
     agent = opts.agent_dir.resolve().name
@@ -206,10 +219,9 @@ def run_backtest(opts: BacktestOptions, consumers: Sequence[tuple[str, Consumer]
 
 
 def count_events(opts: BacktestOptions) -> int:
-    """How many market events the replay will publish (for a progress bar)."""
+    """How many events the replay will publish (for a progress bar)."""
     check(opts)
-    selected = ReplayFeed(replay_section(opts)).selected()
-    return sum(1 for _, e in selected if e.topic.startswith("market."))
+    return sum(1 for _ in ReplayFeed(replay_section(opts)).selected())
 
 
 def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
@@ -239,11 +251,11 @@ def run_comparison(
     a: BacktestOptions,
     b: BacktestOptions,
     out: Path,
-    consumers: Callable[[], Sequence[tuple[str, Consumer]]] = tuple,
+    components: Callable[[], Sequence[Component]] = tuple,
 ) -> Comparison:
     """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
     differences, to ``out``/report.json."""
-    result = compare(run_backtest(a, consumers()), run_backtest(b, consumers()))
+    result = compare(run_backtest(a, components()), run_backtest(b, components()))
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
     return result
 

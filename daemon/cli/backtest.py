@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -9,14 +10,15 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from daemon.bus import Subscription
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES
 from daemon.logs import configure as configure_logging
 
 if TYPE_CHECKING:
     from daemon.backtest.run import DataFile
-from daemon.service import Consumer
+    from daemon.service import Component
+
+PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
 
 
 @click.command("backtest")
@@ -197,7 +199,7 @@ def backtest_command(
     try:
         total = count_events(opts)
         if compare_dir is None and not compare_revisions:
-            click.echo(render(run_backtest(opts, [("progress", progress_bar(total))])))
+            click.echo(render(run_backtest(opts, progress_bar(total))))
         else:
             a = msgspec.structs.replace(opts, out=out / "a")
             b = msgspec.structs.replace(
@@ -207,16 +209,22 @@ def backtest_command(
                 revisions={**opts.revisions, **_pairs(compare_revisions, "--compare-revision")},
             )
             labels = (_label(a.agent_dir, a.revisions), _label(b.agent_dir, b.revisions))
-            result = run_comparison(a, b, out, lambda: [("progress", progress_bar(total))])
+            result = run_comparison(a, b, out, lambda: progress_bar(total))
             click.echo(render_comparison(result, labels))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"report: {out / 'report.json'}")
 
 
-def progress_bar(total: int) -> Consumer:
-    """A bus consumer drawing candles replayed / total with an ETA on stderr (a
-    terminal only: nothing when stderr is a file or a pipe)."""
+def progress_bar(total: int) -> list[Component]:
+    """Events replayed / total with an ETA on stderr, in a terminal only (nothing
+    when stderr is a file or a pipe).
+
+    It polls the feeds' counters a few times a second rather than reading the bus:
+    a subscriber would cost every event a delivery and a task switch."""
+    from contextlib import asynccontextmanager
+
+    import anyio
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -227,9 +235,14 @@ def progress_bar(total: int) -> Consumer:
         TimeRemainingColumn,
     )
 
-    console = Console(stderr=True)
+    from daemon.service import Service
 
-    async def consume(sub: Subscription) -> None:
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return []
+
+    @asynccontextmanager
+    async def show(service: Service) -> AsyncIterator[None]:
         columns = (
             TextColumn("replaying"),
             BarColumn(),
@@ -238,17 +251,23 @@ def progress_bar(total: int) -> Consumer:
             TextColumn("ETA"),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        with Progress(*columns, console=console) as bar:
             task = bar.add_task("replay", total=total)
-            seen = 0
-            async for event in sub:
-                if event.topic.startswith("market."):
-                    seen += 1
-                    if not seen % 64 or not sub.depth:  # a redraw costs more than an event
-                        bar.update(task, completed=seen)
-            bar.update(task, completed=seen)
 
-    return consume
+            async def poll() -> None:
+                while True:
+                    bar.update(task, completed=service.published_by_feeds())
+                    await anyio.sleep(PROGRESS_SECONDS)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+            bar.update(task, completed=service.published_by_feeds())
+
+    return [show]
 
 
 def _when(text: str | None, option: str) -> int:

@@ -28,7 +28,7 @@ the broker on an event it will not see.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import anyio
 import structlog
@@ -204,6 +204,10 @@ class MarketRoutes:
     only, so a slow agent holds back its own account and no other, and a shared one,
     free, for the accounts no agent trades in (their resting orders still fill).
 
+    On event time the shared route runs only once :meth:`free` is called: the owner
+    knows when no account can be without an agent (a backtest's), and then each
+    market event is delivered to one route fewer.
+
     An account's route subscribes when its first agent joins (the same instant as
     the agent's own subscription) and gives the broker the account's own market
     cursor (``open_cursor``). Like its agents' subscriptions it keeps the exact
@@ -229,12 +233,25 @@ class MarketRoutes:
         self._apply = apply
         self._open_cursor = open_cursor
         self._start = start
-        self.shared = MarketRoute(
-            bus.subscribe(BROKER_TOPICS, name="broker"), self._applier(""), lockstep=False
-        )
-        start(self.shared.run)
+        self.shared: MarketRoute | None = None
+        if not lockstep:
+            self.free()
         self._accounts: dict[str, MarketRoute] = {}
         self._of_agent: dict[str, MarketRoute] = {}
+
+    def free(self) -> MarketRoute:
+        """The shared route, started now if it was not (it sees market events from
+        now on)."""
+        if self.shared is None:
+            sub = self.bus.subscribe(BROKER_TOPICS, name="broker")
+            self.shared = MarketRoute(sub, self._applier(""), lockstep=False)
+            self._start(self.shared.run)
+        return self.shared
+
+    def without_route(self, accounts: Iterable[str]) -> list[str]:
+        """Of ``accounts``, those no account route serves (on event time, the shared
+        route's business)."""
+        return [a for a in accounts if a not in self._accounts]
 
     def _applier(self, cursor: str) -> Callable[[FeedEvent], Awaitable[None]]:
         async def apply(event: FeedEvent) -> None:
@@ -244,7 +261,7 @@ class MarketRoutes:
 
     def join(self, agent_id: str, account: str, published: Mapping[str, FeedEvent]) -> None:
         """Register an agent of ``account`` (see :meth:`MarketRoute.join`)."""
-        route = self.shared if not self.lockstep else self._accounts.get(account)
+        route = self.free() if not self.lockstep else self._accounts.get(account)
         if route is None:
             sub = self.bus.subscribe(
                 BROKER_TOPICS,
@@ -274,15 +291,20 @@ class MarketRoutes:
 
     async def caught_up(self, agent_id: str, event: FeedEvent) -> None:
         """Until the agent's route has applied ``event``."""
-        await self._of_agent.get(agent_id, self.shared).caught_up(event)
+        route = self._of_agent.get(agent_id, self.shared)
+        if route is not None:
+            await route.caught_up(event)
 
     def done(self, agent_id: str, event: FeedEvent) -> None:
         """The agent has finished ``event``."""
-        self._of_agent.get(agent_id, self.shared).done(agent_id, event)
+        route = self._of_agent.get(agent_id, self.shared)
+        if route is not None:
+            route.done(agent_id, event)
 
     def routes(self) -> list[MarketRoute]:
-        """The shared route, then each account's."""
-        return [self.shared, *self._accounts.values()]
+        """The shared route (if it runs), then each account's."""
+        shared = [] if self.shared is None else [self.shared]
+        return [*shared, *self._accounts.values()]
 
     def close(self) -> None:
         """End every route after it applied what it holds (the drain; an account's

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import pytest
 
 from daemon.agents.pipeline import open_agents
 from daemon.app import build_feeds
@@ -151,8 +152,12 @@ def evaluate(event, state):
 """
 
 
-async def test_resting_orders_fill_with_no_agent_running(tmp_path: Path) -> None:
-    """An order left resting fills in a later run that has no agents at all."""
+@pytest.mark.parametrize("reload_seconds", [60.0, 0.0])
+async def test_resting_orders_fill_with_no_agent_running(
+    tmp_path: Path, reload_seconds: float
+) -> None:
+    """An order left resting fills in a later run that has no agents at all, with hot
+    reload or without (then the shared route runs because that account has no agent)."""
     agents = tmp_path / "agents"
     (agents / "alpha" / "hooks").mkdir(parents=True)
     (agents / "alpha" / "hooks" / "autotrade_rest.py").write_text(REST_LOW)
@@ -162,12 +167,42 @@ async def test_resting_orders_fill_with_no_agent_running(tmp_path: Path) -> None
     shutil.rmtree(agents / "alpha")
     falling = [msgspec.structs.replace(candle(i), payload={**candle(i).payload, "low": 90.0})
                for i in range(1, 3)]  # fmt: skip
+    hooks = {"agents_dir": str(agents), "reload_seconds": reload_seconds}
     cfg = msgspec.convert(
-        {"daemon": {"state_dir": str(tmp_path / "state")}, "hooks": {"agents_dir": str(agents)}},
-        Config,
+        {"daemon": {"state_dir": str(tmp_path / "state")}, "hooks": hooks}, Config
     )
     svc = Service(cfg, lambda _: [PacedFeed(falling)], components=[open_agents])
     with anyio.fail_after(60):
-        await svc.run()
+        status = await svc.run()
     orders = [(r["role"], r["status"]) for r in audit(tmp_path) if r["type"] == "order"]
     assert ("entry", "FILLED") in orders and ("stop_loss", "OPEN") in orders
+    assert status.components["broker"]["routes"] == 1  # the shared one, for that account
+
+
+async def test_without_hot_reload_and_every_account_an_agents_there_is_no_shared_route(
+    tmp_path: Path,
+) -> None:
+    """Agents loaded once and no account of their own-less: each candle goes to the
+    agent's account route only, and a hook file added while running is not loaded."""
+    agents = tmp_path / "agents"
+    (agents / "alpha" / "hooks").mkdir(parents=True)
+    (agents / "alpha" / "hooks" / "autotrade_rest.py").write_text(REST_LOW)
+    hooks = {"agents_dir": str(agents), "reload_seconds": 0}
+    cfg = msgspec.convert(
+        {"daemon": {"state_dir": str(tmp_path / "state")}, "hooks": hooks}, Config
+    )
+    feed = PacedFeed([candle(i) for i in range(6)], gap=0.05)
+    svc = Service(cfg, lambda _: [feed], components=[open_agents])
+
+    async def add_an_agent() -> None:
+        await feed.when(1).wait()
+        (agents / "beta" / "hooks").mkdir(parents=True)
+        (agents / "beta" / "hooks" / "autotrade_rest.py").write_text(REST_LOW)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(add_an_agent)
+            status = await svc.run()
+    broker = status.components["broker"]
+    assert broker["routes"] == 1 and broker["applied"] == 6
+    assert {r["agentId"] for r in audit(tmp_path) if r["type"] == "hook"} == {"alpha"}
