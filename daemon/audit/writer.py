@@ -81,6 +81,7 @@ class AuditWriter:
         self.deleted_files = 0
         self.compressed_files = 0
         self._pending: list[tuple[str, bytes]] = []
+        self._day = ""  # the last row's UTC day, once checked to be one
         self._wake: anyio.Event | None = None
         self._flushed: anyio.Event | None = None
         self._io_lock = threading.Lock()
@@ -96,7 +97,10 @@ class AuditWriter:
             record = msgspec.structs.replace(record, daemon_run=self.run_id)
         line = encode_line(record)
         self.accepted += 1
-        self._pending.append((day_of(record.ts) or now_ts()[:10], line))
+        day = record.ts[:10]
+        if day != self._day:  # the file a row goes to: checked once a day, not per row
+            self._day = day if day_of(record.ts) else ""
+        self._pending.append((self._day or now_ts()[:10], line))
         if self._closed:
             self.flush_sync()
         elif len(self._pending) >= self.max_pending:

@@ -15,7 +15,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -251,11 +251,11 @@ def run_comparison(
     a: BacktestOptions,
     b: BacktestOptions,
     out: Path,
-    components: Callable[[], Sequence[Component]] = tuple,
+    components: Sequence[Component] = (),
 ) -> Comparison:
     """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
     differences, to ``out``/report.json."""
-    result = compare(run_backtest(a, components()), run_backtest(b, components()))
+    result = compare(run_backtest(a, components), run_backtest(b, components))
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
     return result
 

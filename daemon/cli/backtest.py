@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -197,9 +197,9 @@ def backtest_command(
         fees=Fees(maker_bps=maker_fee_bps, taker_bps=taker_fee_bps),
     )
     try:
-        total = count_events(opts)
+        bar = progress_bar(lambda: count_events(opts))
         if compare_dir is None and not compare_revisions:
-            click.echo(render(run_backtest(opts, progress_bar(total))))
+            click.echo(render(run_backtest(opts, bar)))
         else:
             a = msgspec.structs.replace(opts, out=out / "a")
             b = msgspec.structs.replace(
@@ -209,16 +209,17 @@ def backtest_command(
                 revisions={**opts.revisions, **_pairs(compare_revisions, "--compare-revision")},
             )
             labels = (_label(a.agent_dir, a.revisions), _label(b.agent_dir, b.revisions))
-            result = run_comparison(a, b, out, lambda: progress_bar(total))
+            result = run_comparison(a, b, out, bar)
             click.echo(render_comparison(result, labels))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"report: {out / 'report.json'}")
 
 
-def progress_bar(total: int) -> list[Component]:
-    """Events replayed / total with an ETA on stderr, in a terminal only (nothing
-    when stderr is a file or a pipe).
+def progress_bar(count: Callable[[], int]) -> list[Component]:
+    """Events replayed / total (``count()``, asked once, only for a terminal: it reads
+    the data) with an ETA on stderr, in a terminal only (nothing when stderr is a file
+    or a pipe).
 
     It polls the feeds' counters a few times a second rather than reading the bus:
     a subscriber would cost every event a delivery and a task switch."""
@@ -240,6 +241,7 @@ def progress_bar(total: int) -> list[Component]:
     console = Console(stderr=True)
     if not console.is_terminal:
         return []
+    total = count()
 
     @asynccontextmanager
     async def show(service: Service) -> AsyncIterator[None]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import anyio
+import anyio.lowlevel
 import structlog
 
 from daemon.backlog import Backlog
@@ -123,10 +124,16 @@ class MarketRoute:
         first = self.sub.bus.first_published.get(event.partition)
         if first is None or want < _mark(first):
             return  # published in an earlier run (a backlog carried over): applied then
-        while not self._finished and not _covers(
-            self._broker.get(event.partition, _NEVER), want, tick
-        ):
-            await self._wait()
+        partition, waits = event.partition, 0
+        while not self._finished and not _covers(self._broker.get(partition, _NEVER), want, tick):
+            if waits == 0:
+                # In lockstep the broker's task is usually ready to run already (woken
+                # by done() for the previous event): one turn of the loop lets it apply
+                # this event, without an Event and a future for each market event.
+                await anyio.lowlevel.checkpoint()
+            else:
+                await self._wait()
+            waits += 1
 
     def done(self, agent_id: str, event: FeedEvent) -> None:
         """``agent_id`` has finished ``event`` (evaluated, audited, acted on)."""

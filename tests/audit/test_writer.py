@@ -216,3 +216,21 @@ def test_crash_leftovers_and_a_restart_on_a_compressed_day(tmp_path: Path) -> No
         "audit-2026-02-17.1.jsonl.gz", "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
     ]  # fmt: skip
     assert [r["reason"] for r in lines(tmp_path)] == ["one", "late", "two", "three"]
+
+
+def test_each_row_goes_to_its_days_file_and_a_bad_time_to_todays(tmp_path: Path) -> None:
+    """The writer checks a row's day only when it changes: rows of two days
+    interleaved, and a ts that is not a time (the same 10 characters twice), each land
+    where they belong."""
+    from daemon.audit.records import now_ts
+
+    w = AuditWriter(tmp_path, max_days=10_000)  # (today's file must not retire February's)
+    for reason, when in [("a", ts("2026-02-17")), ("b", ts("2026-02-18")), ("c", "soon-ish, maybe"),
+                         ("d", "soon-ish, maybe"), ("e", ts("2026-02-17"))]:  # fmt: skip
+        w.write(hook(ts=when, reason=reason))
+    w.close()
+    by_day: dict[str, list[object]] = {}
+    for f in list_files(tmp_path):
+        with open_lines(f.path) as fh:
+            by_day.setdefault(f.day, []).extend(json.loads(x)["reason"] for x in fh)
+    assert by_day == {"2026-02-17": ["a", "e"], "2026-02-18": ["b"], now_ts()[:10]: ["c", "d"]}
