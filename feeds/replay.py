@@ -102,6 +102,12 @@ class ReplayFeed:
 
     def events(self) -> Generator[FeedEvent, None, None]:
         """Every event of the file, in order; ReplayError (file:line) on bad input."""
+        for _, event in self._timed():
+            yield event
+
+    def _timed(self) -> Generator[tuple[int, FeedEvent], None, None]:
+        """(event ms, event) for every event of the file: each parser knows the time
+        it formatted or checked, so nothing parses ``ts`` again."""
         if not self.config.path:
             raise ReplayError("feeds.replay.path is not set")
         if self.format() == "jsonl":
@@ -140,8 +146,7 @@ class ReplayFeed:
 
     def _selected(self) -> Iterator[tuple[int, FeedEvent]]:
         lo, hi = self.config.from_ms, self.config.to_ms or None
-        for event in self.events():
-            ts = parse_iso_ms(event.ts)
+        for ts, event in self._timed():
             if ts >= lo and (hi is None or ts < hi):
                 yield ts, event
 
@@ -202,7 +207,7 @@ class ReplayFeed:
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise ReplayError(f"{self.path}:{lineno + 1}: cannot read: {exc}") from None
 
-    def _jsonl(self) -> Iterator[FeedEvent]:
+    def _jsonl(self) -> Iterator[tuple[int, FeedEvent]]:
         pending: tuple[int, str] | None = None
         for lineno, line in self._lines():
             if pending is not None:
@@ -219,15 +224,15 @@ class ReplayFeed:
             self.skipped += 1
             log.warning("replay.truncated_last_line", path=str(self.path), line=lineno)
 
-    def _jsonl_event(self, lineno: int, line: str) -> FeedEvent:
+    def _jsonl_event(self, lineno: int, line: str) -> tuple[int, FeedEvent]:
         try:
             event = decode(line)
-            parse_iso_ms(event.ts)
+            ms = parse_iso_ms(event.ts)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise ReplayError(f"{self.path}:{lineno}: not a FeedEvent: {exc}") from None
-        return msgspec.structs.replace(event, received_ts=event.ts)
+        return ms, msgspec.structs.replace(event, received_ts=event.ts)
 
-    def _csv(self) -> Iterator[FeedEvent]:
+    def _csv(self) -> Iterator[tuple[int, FeedEvent]]:
         symbol, timeframe = self.config.symbol, self.config.timeframe
         if not symbol:
             raise ReplayError(f"{self.path}: feeds.replay.symbol must be set to replay CSV candles")
@@ -246,12 +251,15 @@ class ReplayFeed:
             if candle.open_time_ms <= last:
                 raise ReplayError(f"{self.path}:{lineno}: open_time_ms not increasing")
             last = candle.open_time_ms
-            yield closed_event(
-                candle,
-                source=self.config.source,
-                symbol=symbol,
-                timeframe=timeframe,
-                received_ms=candle.close_time_ms,
+            yield (
+                candle.close_time_ms,
+                closed_event(
+                    candle,
+                    source=self.config.source,
+                    symbol=symbol,
+                    timeframe=timeframe,
+                    received_ms=candle.close_time_ms,
+                ),
             )
 
 

@@ -18,9 +18,11 @@ next interval; only beyond ``max_pending`` are the oldest records dropped
 Disk stays bounded: files are ``audit-YYYY-MM-DD[.N].jsonl`` (the day of the
 record's ``ts``); a part rolls over at ``max_file_bytes``; a part the writer
 has moved on from is gzip-compressed (``.jsonl.gz``, in the worker thread);
-after a write the oldest files are deleted while the total exceeds ``max_total_bytes`` or their
-day is more than ``max_days`` before the newest day. The file being written is
-never deleted, so the worst case is ``max_total_bytes + max_file_bytes``.
+after a write that opened a file, or once ``max_file_bytes / 16`` were written
+since the last check, the oldest files are deleted while the total exceeds
+``max_total_bytes`` or their day is more than ``max_days`` before the newest
+day. The file being written is never deleted, so the worst case is
+``max_total_bytes`` plus 17/16 of ``max_file_bytes`` (and one batch).
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class AuditWriter:
         self.max_total_bytes = max_total_bytes
         self.max_file_bytes = max_file_bytes or max(1, max_total_bytes // 8)
         self.max_days = max_days
+        # The bounds are checked (a directory listing) when a file was opened, else once
+        # this many bytes were written since the last check, not after every batch.
+        self.check_every_bytes = max(1, self.max_file_bytes // 16)
+        self._unchecked = 0
+        self._opened = False
         self.run_id = run_id  # stamped on every record that has none
         self.written = 0
         self.accepted = 0  # records given to write(), in order: a record's sequence number
@@ -204,7 +211,9 @@ class AuditWriter:
                         end += 1
                     self._append(day, b"".join(line for _, line in batch[start:end]))
                     start = end
-                self._enforce_bounds()
+                if self._opened or self._unchecked >= self.check_every_bytes:
+                    self._enforce_bounds()
+                    self._opened, self._unchecked = False, 0
             except OSError as exc:
                 raise StoreError(f"{self.directory}: cannot write audit log: {exc}") from None
         self.written += len(batch)
@@ -213,6 +222,7 @@ class AuditWriter:
         fh = self._open_for(day)
         fh.write(data)
         fh.flush()
+        self._unchecked += len(data)
 
     def _open_for(self, day: str) -> BinaryIO:
         """The handle to append ``day`` to, rolling to a new part when full."""
@@ -232,6 +242,7 @@ class AuditWriter:
             part += 1
         self._fh = open_append(path, "terminate")
         self._fh_key = (day, part)
+        self._opened = True
         return self._fh
 
     def _close_file(self) -> None:
