@@ -100,7 +100,12 @@ class AgentRuntime:
     over_budget: str = ""
     # Event time: the agent's state cache run ahead, for the market state of events
     # evaluated before their turn (``state`` itself never holds an event before its
-    # turn: a wake's context, the tools, everything else reads the past only).
+    # turn: a wake's context, the tools, everything else reads the past only). When
+    # nothing but the hooks reads the state (agents not run), both are one cache: the
+    # hooks get an event's market state from its lookahead entry, or, for an event
+    # not taken ahead, from this cache when the event is applied to it (queued events
+    # are taken ahead in order, so none after it is in yet; later ones may be by the
+    # time its hooks run, so its market state is taken then).
     ahead_state: StateCache | None = None
     # Queued events evaluated ahead of their turn (event time), by event id: each is
     # already in ``ahead_state`` (applied in order, right after the events before it).
@@ -251,19 +256,25 @@ class Dispatcher:
     async def handle(self, rt: AgentRuntime, event: FeedEvent) -> list[HookResult]:
         """Evaluate every hook of ``rt`` on ``event`` and act on the decisions."""
         early = rt.ahead.pop(event.event_id, None)
+        market = early.market if early is not None else None
         if early is None and rt.ahead_state is not None:
             # In order, before anything awaits (a lookahead request may start then).
             rt.ahead_state.apply(event)
+            if rt.state is rt.ahead_state:  # one cache: it may move on while we await
+                candles = rt.agent.config.state_candles
+                market = market_state(rt.state, event, candles, encoded=True)
         # The marks first: a re-delivered event they cover must not take a place in
         # the bounded ``recent`` window, which holds the evaluations the marks lag.
         if self.checkpoints.done_before(rt.agent_id, event) or not self._fresh(rt, event):
             # Re-delivered (a restart): the state cache takes what it lacks (it ignores
             # what it holds); the hooks never see an event twice.
-            rt.state.apply(event)
+            if rt.state is not rt.ahead_state:
+                rt.state.apply(event)
             self.checkpoints.skipped += 1
             return []
         now = await self._event_time(rt, event)
-        rt.state.apply(event)
+        if rt.state is not rt.ahead_state:
+            rt.state.apply(event)
         # Risk checks and fills see the market up to this event (lockstep: exactly).
         await self.route.caught_up(rt.agent_id, event)
         if not rt.agent.hooks or not rt.listens_to(event.topic) or not self._wants(rt, event):
@@ -286,7 +297,7 @@ class Dispatcher:
                     entry.results = None
                 early.results = None
         if early is None or early.results is None:
-            results = await self._evaluate(rt, event, hooks, now, early)
+            results = await self._evaluate(rt, event, hooks, now, market)
         if self.cpu is not None:
             self.cpu.record(rt.agent_id, sum(r.runtime_ms for r in results))
         self.evaluations += len(results)
@@ -307,10 +318,11 @@ class Dispatcher:
         event: FeedEvent,
         hooks: list[HookSpec],
         now: float | None,
-        early: Lookahead | None,
+        market: dict[str, Any] | None,
     ) -> list[HookResult]:
-        """One sandbox request: ``event``, and on event time the queued events after it."""
-        state = self.build_state(rt, event, early.market if early is not None else None)
+        """One sandbox request: ``event`` (``market``: its market state, when taken
+        earlier), and on event time the queued events after it."""
+        state = self.build_state(rt, event, market)
         looks = now is not None and rt.pacing.on
         ahead = [*itertools.islice(self._queued(rt), self.lookahead)] if looks else []
         for _, entry in ahead:
@@ -394,17 +406,18 @@ class Dispatcher:
             return  # a queued tick could still be replaced
         seen: set[str] = set()
         for e in rt.sub.peek(peek or self.lookahead):
-            if (
-                e.event_id in seen
-                or e.event_id in rt.recent
-                or not rt.listens_to(e.topic)
-                or not self._wants(rt, e)
+            entry = rt.ahead.get(e.event_id)
+            if e.event_id in seen or not rt.listens_to(e.topic) or not self._wants(rt, e):
+                return
+            # An event taken ahead passed the rest when it was (it is still queued: not
+            # evaluated yet, and no later event of its partition can be finished).
+            if entry is None and (
+                e.event_id in rt.recent
                 or self.checkpoints.done_before(rt.agent_id, e)
                 or not _timed(e)
             ):
                 return
             seen.add(e.event_id)
-            entry = rt.ahead.get(e.event_id)
             if entry is None:
                 ahead_state.apply(e)
                 candles = rt.agent.config.state_candles

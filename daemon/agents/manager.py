@@ -338,12 +338,16 @@ class AgentManager:
             if self.run_agents
             else _log_runner,
         )
+        ahead = self.state_factory() if self.event_time else None
         rt = AgentRuntime(
             agent=agent,
             sub=self._subscribe(agent),
             scheduler=scheduler,
-            state=self.state_factory(),
-            ahead_state=self.state_factory() if self.event_time else None,
+            # Runs that only log read no state (no tools, no context snapshot): the
+            # hooks' market state then comes from the lookahead cache alone, and each
+            # candle is one indicator update lighter (see AgentRuntime.ahead_state).
+            state=ahead if ahead is not None and not self.run_agents else self.state_factory(),
+            ahead_state=ahead,
         )
         self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk, agent.config.account)
         self.dispatcher.checkpoints.load(agent.agent_id)

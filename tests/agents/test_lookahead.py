@@ -120,13 +120,15 @@ def evaluate(event, state):
 """
 
 
+@pytest.mark.parametrize("run_agents", [True, False])
 def test_no_state_ever_runs_ahead_beside_a_slow_agent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_agents: bool
 ) -> None:
     """Two accounts, a slow agent beside a quick one, small queues (events wait on
     disk): every hook sees its own event's candle last, and the agent's state cache
     (what a wake's context and the tools read) never holds a candle past the event
-    being handled, however far lookahead has run."""
+    being handled, however far lookahead has run. When runs only log, nothing reads
+    that cache and it is the lookahead one: the hooks still see exactly their event."""
     data = tmp_path / "c.csv"
     generate_candles(data, seed=8, n=1500, timeframe="5m")
     agents = tmp_path / "agents"
@@ -137,6 +139,10 @@ def test_no_state_ever_runs_ahead_beside_a_slow_agent(
 
     async def checked(self: Dispatcher, rt: AgentRuntime, event: FeedEvent) -> object:
         results = await real(self, rt, event)
+        if (rt.state is rt.ahead_state) == run_agents:
+            ahead.append(f"{rt.agent_id}: one cache or two, with run_agents={run_agents}")
+        if not run_agents:
+            return results
         series = rt.state.series(event.symbol or "", event.timeframe or "")
         held = series.last_close_ms if series is not None else None
         if held != event.payload.get("closeTimeMs"):
@@ -148,7 +154,7 @@ def test_no_state_ever_runs_ahead_beside_a_slow_agent(
         {
             "daemon": {"state_dir": str(tmp_path / "state"), "clock": "event"},
             "bus": {"queue_size": 32},
-            "hooks": {"agents_dir": str(agents), "reload_seconds": 3600},
+            "hooks": {"agents_dir": str(agents), "reload_seconds": 3600, "run_agents": run_agents},
             "feeds": {"replay": {"enabled": True, "path": str(data), "symbol": "X",
                                  "timeframe": "5m", "speed": 0}},
         },
