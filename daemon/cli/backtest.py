@@ -217,9 +217,8 @@ def backtest_command(
 
 
 def progress_bar(count: Callable[[], int]) -> list[Component]:
-    """Events replayed / total (``count()``, asked once, only for a terminal: it reads
-    the data) with an ETA on stderr, in a terminal only (nothing when stderr is a file
-    or a pipe).
+    """Events replayed of ``count()`` with an ETA on stderr, for a terminal only:
+    nothing (and no ``count()``, which reads the data) when stderr is a file or a pipe.
 
     It polls the feeds' counters a few times a second rather than reading the bus:
     a subscriber would cost every event a delivery and a task switch."""
