@@ -182,8 +182,8 @@ async def test_resting_orders_fill_with_no_agent_running(
 async def test_without_hot_reload_and_every_account_an_agents_there_is_no_shared_route(
     tmp_path: Path,
 ) -> None:
-    """Agents loaded once and no account of their own-less: each candle goes to the
-    agent's account route only, and a hook file added while running is not loaded."""
+    """Agents loaded once and every account an agent's: each candle goes to the
+    agent's account route only, and an agent added while running is not loaded."""
     agents = tmp_path / "agents"
     (agents / "alpha" / "hooks").mkdir(parents=True)
     (agents / "alpha" / "hooks" / "autotrade_rest.py").write_text(REST_LOW)
