@@ -42,7 +42,9 @@ class HealthTracker:
         self, agent_id: str, hook_id: str, error_kind: str | None, error: str | None
     ) -> State:
         """One settled result (``error_kind`` None = a valid decision); the new state."""
-        c = self._hooks.setdefault((agent_id, hook_id), _Counters())
+        c = self._hooks.get((agent_id, hook_id))
+        if c is None:  # (not setdefault: that builds a _Counters for every result)
+            c = self._hooks[(agent_id, hook_id)] = _Counters()
         if error_kind == "backoff":
             c.backoffs += 1
             return c.state

@@ -50,9 +50,15 @@ class LogRunner:
 
     name = "log"
 
+    def __init__(self) -> None:
+        # Bound once (at an agent's start, after logging is configured): a backtest
+        # runs this for a quarter of its candles, and the module's lazy logger builds
+        # a new bound logger on every call.
+        self._log = log.bind()
+
     async def run(self, ctx: WakeContext) -> RunResult:
         """Log the run's reasons and succeed."""
-        log.info(
+        self._log.info(
             "agent run",
             agent=ctx.agent_id,
             run=ctx.run_id,
