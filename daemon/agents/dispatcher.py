@@ -126,6 +126,11 @@ class AgentRuntime:
     def agent_id(self) -> str:
         return self.agent.agent_id
 
+    def market(self, cache: StateCache, event: FeedEvent) -> dict[str, Any]:
+        """The market part of the hooks' state for ``event``, from ``cache`` (its own
+        or the lookahead one) as it is now: ``state_candles`` per series, encoded."""
+        return market_state(cache, event, self.agent.config.state_candles, encoded=True)
+
     def listens_to(self, topic: str) -> bool:
         """Whether the agent's hooks evaluate this topic (not just its state)."""
         patterns = self.agent.config.topics
@@ -261,8 +266,7 @@ class Dispatcher:
             # In order, before anything awaits (a lookahead request may start then).
             rt.ahead_state.apply(event)
             if rt.state is rt.ahead_state:  # one cache: it may move on while we await
-                candles = rt.agent.config.state_candles
-                market = market_state(rt.state, event, candles, encoded=True)
+                market = rt.market(rt.state, event)
         # The marks first: a re-delivered event they cover must not take a place in
         # the bounded ``recent`` window, which holds the evaluations the marks lag.
         if self.checkpoints.done_before(rt.agent_id, event) or not self._fresh(rt, event):
@@ -420,9 +424,7 @@ class Dispatcher:
             seen.add(e.event_id)
             if entry is None:
                 ahead_state.apply(e)
-                candles = rt.agent.config.state_candles
-                market = market_state(ahead_state, e, candles, encoded=True)
-                entry = rt.ahead[e.event_id] = Lookahead(market)
+                entry = rt.ahead[e.event_id] = Lookahead(rt.market(ahead_state, e))
             yield e, entry
 
     def _account(self, rt: AgentRuntime) -> Portfolio:
@@ -503,8 +505,7 @@ class Dispatcher:
         """The hooks' read-only view: candles, indicators, ticks, portfolio, last outputs
         (``market``: the market part, when it was taken earlier)."""
         if market is None:
-            candles = rt.agent.config.state_candles
-            market = market_state(rt.state, event, candles, encoded=True)
+            market = rt.market(rt.state, event)
         state = market | self._portfolio(rt)[0]
         state[LAST_OUTPUTS] = dict(rt.last_outputs)
         if rt.listens_to(COPYTRADE_SIGNALS + "opened"):
