@@ -177,8 +177,7 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
     agent = opts.agent_dir.resolve().name
     rows = read_rows(iter_lines(out / "state" / "audit"), agent)
     hooks, wakes, runs, suppressed = summarize_hooks(rows)
-    stamps = {r.event_ts for r in rows if r.type == "hook" and r.event_ts}  # (hooks x events)
-    times = sorted(parse_iso_ms(ts) for ts in stamps)
+    times = sorted({parse_iso_ms(r.event_ts) for r in rows if r.type == "hook" and r.event_ts})
     first, last = (times[0], times[-1]) if times else (0, 0)
     baseline = timer_baseline(first, last, opts.baseline_minutes, opts.cost)
     cost = opts.cost.cost(runs)
