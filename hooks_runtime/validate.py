@@ -74,7 +74,10 @@ def _scan(value: Any, depth: int, budget: int) -> int:
         for k, v in value.items():
             if type(k) is not str:
                 raise _Bad
-            budget = _scan(v, depth + 1, budget - len(k))
+            if type(v) is str and v.isascii():  # most values: no call
+                budget -= 8 + len(k) + len(v)
+            else:
+                budget = _scan(v, depth + 1, budget - len(k))
     elif t is list:
         if depth >= MAX_DEPTH:
             raise _Bad
@@ -98,8 +101,9 @@ def _scan(value: Any, depth: int, budget: int) -> int:
     return budget
 
 
-def validate_result(value: Any, kind: str, max_bytes: int) -> Decision:
-    """Return ``value`` as a typed Decision, or raise :exc:`HookResultInvalid`."""
+def check_result(value: Any, kind: str, max_bytes: int) -> dict[str, Any]:
+    """The exact-type and size checks of :func:`validate_result`, without building the
+    Decision: the worker's check (the daemon converts, and names a bad decision)."""
     if kind not in ALLOWED_DECISIONS:
         raise HookResultInvalid(f"unknown hook kind {kind!r}")
     if type(value) is not dict:
@@ -109,4 +113,9 @@ def validate_result(value: Any, kind: str, max_bytes: int) -> Decision:
     except (_Bad, UnicodeEncodeError, RecursionError):
         _check_json(value, 0, [max_bytes], "result")
         raise HookResultInvalid("result is not plain JSON data") from None
-    return to_decision(value, kind)
+    return value
+
+
+def validate_result(value: Any, kind: str, max_bytes: int) -> Decision:
+    """Return ``value`` as a typed Decision, or raise :exc:`HookResultInvalid`."""
+    return to_decision(check_result(value, kind, max_bytes), kind)

@@ -44,7 +44,7 @@ from hooks_runtime.protocol import (
     decode_to_worker,
     result_frame_cap,
 )
-from hooks_runtime.validate import validate_result
+from hooks_runtime.validate import check_result, validate_result
 
 try:  # optional layers: import now, before the filesystem is closed
     import landlock  # noqa: F401
@@ -267,12 +267,17 @@ class Evaluator:
         importer = policy.Importer(call.revision, event.get("eventId"))
         glb = policy.fresh_globals("hook", importer, out)
         decimal.setcontext(decimal.Context())  # every hook starts from the default context
-        exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
-        fn = glb.get("evaluate")
-        if type(fn) is not types.FunctionType:
-            raise HookCompileError("the hook defines no evaluate(event, state) function")
-        value = fn(dict(event), state)
-        validate_result(value, call.kind, self.cfg.max_result_bytes)
+        try:
+            exec(code, glb)  # noqa: S102 - restricted code object, fresh guarded globals
+            fn = glb.get("evaluate")
+            if type(fn) is not types.FunctionType:
+                raise HookCompileError("the hook defines no evaluate(event, state) function")
+            value = fn(dict(event), state)
+        finally:
+            # The hook's functions and its globals refer to each other: break that
+            # cycle so they go now, not in the collection after each hook.
+            glb.clear()
+        check_result(value, call.kind, self.cfg.max_result_bytes)  # the daemon converts
         return value, out.text()
 
     def run(self, batch: Batch, send: Any) -> None:

@@ -727,28 +727,30 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
 
 
 CHAIN = """
-from decimal import localcontext
-
-def holder():
-    with localcontext(prec=2):
-        yield 1
-
-def chain(depth):
-    try:
-        yield 1
-    finally:
-        if depth == 0:
-            g = chain(1)  # cleanup that leaves new cyclic garbage behind
-            next(g)
-            box = [g]
-            box.append(box)
-            h = holder()  # and a decimal context entered, not left
-            next(h)
-        else:
-            while True:
-                pass
-
 def evaluate(event, state):
+    # Closures, not module names: the worker empties a hook's globals once
+    # evaluate returns, and this cleanup runs after that.
+    from decimal import localcontext
+
+    def holder():
+        with localcontext(prec=2):
+            yield 1
+
+    def chain(depth):
+        try:
+            yield 1
+        finally:
+            if depth == 0:
+                g = chain(1)  # cleanup that leaves new cyclic garbage behind
+                next(g)
+                box = [g]
+                box.append(box)
+                h = holder()  # and a decimal context entered, not left
+                next(h)
+            else:
+                while True:
+                    pass
+
     g = chain(0)
     next(g)
     box = [g]
@@ -774,3 +776,32 @@ async def test_no_hook_code_runs_outside_its_own_window(pool: WorkerPool) -> Non
     results = await pool.evaluate("chain", [trap, innocent, third], EVENT, STATE)
     assert [r.error_kind for r in results] == ["timeout", None, None], results
     assert results[2].decision == Ignore(reason="0.3333333333333333333333333333")
+
+
+LEFTOVER = """
+def spin():
+    while True:
+        pass
+
+def later():
+    try:
+        yield 1
+    finally:
+        spin()  # a module name: gone by the time this cleanup runs
+
+def evaluate(event, state):
+    g = later()
+    next(g)
+    box = [g]
+    box.append(box)
+    return {"decision": "IGNORE", "reason": "left a cleanup behind"}
+"""
+
+
+async def test_a_leftover_cleanup_finds_the_hooks_globals_emptied(pool: WorkerPool) -> None:
+    """Once evaluate returns, the hook's globals are emptied: a cleanup collected
+    afterwards cannot reach the hook's module names (here, its spinning helper)."""
+    hook = spec_from_source("wake_leftover", "wake", LEFTOVER)
+    results = await pool.evaluate("leftover", [hook, _ok("wake_next")], EVENT, STATE)
+    assert [r.error_kind for r in results] == [None, None], results
+    assert results[0].decision == Ignore(reason="left a cleanup behind")
