@@ -70,6 +70,12 @@ class HookBreaker:
         self._tracks: dict[Key, _Track] = {}
         self._restarts: dict[str, deque[tuple[float, str]]] = {}
 
+    @property
+    def idle(self) -> bool:
+        """True while no hook has a failure on record: every gate is open and
+        recording a success changes nothing."""
+        return not self._tracks
+
     def gate(self, key: Key, revision: str, now: float | None = None) -> tuple[Gate, str] | None:
         """None when the hook may run; else why not (``backoff`` or ``paused``).
 

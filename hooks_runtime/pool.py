@@ -9,6 +9,7 @@ fresh worker. Every result is validated again here (the authoritative check).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -96,7 +97,8 @@ class WorkerPool:
         )
         self._tg = tg
         self._workers: dict[str, WorkerProcess] = {}
-        self._locks: dict[str, anyio.Lock] = {}
+        # asyncio's: a quarter of anyio's cost, on every batch (the daemon runs on asyncio)
+        self._locks: dict[str, asyncio.Lock] = {}
         self._spares: list[WorkerProcess] = []
         self._refilling = 0
         self._spare_error: Exception | None = None  # last failed spawn, with backoff
@@ -213,6 +215,13 @@ class WorkerPool:
         ahead: Sequence[Step] = (),
         candles: Sequence[msgspec.Raw] = (),
     ) -> tuple[list[HookResult], list[list[HookResult]]]:
+        if self.breaker.idle:  # nothing backs off or is paused: every hook runs
+            done, later = await self._run(
+                agent_id, hooks, event, state, compile_only, ahead, candles
+            )
+            if not all(r.error_kind is None for r in done):
+                self.record(agent_id, done, now)
+            return done, later
         gates = [self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks]
         runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
         if len(runnable) < len(hooks):
@@ -305,19 +314,25 @@ class WorkerPool:
         if speculative:
             spin_us = 0
         worker.spin_missed = False
+        # The worker still holds the state it was last sent: do not send it again.
+        same = state == worker.sent_state
+        sent = _NO_STATE if same else state
         try:
             linger = spin_us * WORKER_LINGER
             data = worker.encoder.encode(
                 Batch(
-                    batch_id, event, state, calls, compile_only, linger, [*ahead], speculative,
-                    [*candles],
+                    batch_id, event, sent, calls, compile_only, linger, [*ahead], speculative,
+                    [*candles], same,
                 )
             )  # fmt: skip
             if ahead and len(data) - 4 > self.config.max_frame_bytes:
                 ahead = ()  # the lookahead is only worth it if it fits
                 data = worker.encoder.encode(
-                    Batch(batch_id, event, state, calls, compile_only, linger, [], speculative)
-                )
+                    Batch(
+                        batch_id, event, sent, calls, compile_only, linger, [], speculative,
+                        [], same,
+                    )
+                )  # fmt: skip
             if len(data) - 4 > self.config.max_frame_bytes:
                 raise HookRequestTooLarge(len(data) - 4, self.config.max_frame_bytes)
             try:
@@ -325,6 +340,7 @@ class WorkerPool:
             except HookCrashed:  # died while idle (not a hook's doing): the caller retries
                 worker.kill()
                 return []
+            worker.sent_state = state
             return await self._collect(
                 worker, batch_id, hooks, calls, spin_us, compile_only, len(ahead)
             )
@@ -367,10 +383,11 @@ class WorkerPool:
     ) -> list[HookResult]:
         cfg = self.config
         worker.batches += 1
-        budgets = [
-            (cfg.timeout_ms + (cfg.compile_timeout_ms if c.source else 0)) / 1000 for c in calls
-        ]
-        budgets += [cfg.timeout_ms / 1000] * (len(calls) * steps)
+        budget = cfg.timeout_ms / 1000
+        budgets = [budget] * (len(calls) * (1 + steps))
+        for i, c in enumerate(calls):
+            if c.source:
+                budgets[i] += cfg.compile_timeout_ms / 1000
         try:
             results, failure, msg = await worker.collect(
                 batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone
@@ -378,14 +395,14 @@ class WorkerPool:
         except BaseException:  # cancelled mid-batch: its results would confuse the next one
             worker.kill()
             raise
-        out: list[HookResult] = []
         n = len(hooks)
-        for i, res in enumerate(results):
-            h = hooks[i % n]
-            if i < n and calls[i].source is not None:
-                worker.known[h.hook_id] = h.revision
-            worker.evaluations += 1
-            out.append(self._accept(worker, h, res, compile_only))
+        for c in calls[: len(results)]:
+            if c.source is not None:
+                worker.known[c.hook_id] = c.revision
+        worker.evaluations += len(results)
+        out = [
+            self._accept(worker, hooks[i % n], res, compile_only) for i, res in enumerate(results)
+        ]
         if failure is not None:
             worker.kill()
             culprit = hooks[len(results) % n]
@@ -412,10 +429,14 @@ class WorkerPool:
             decision = validate_result(res.value, h.kind, self.config.max_result_bytes)
         except HookResultInvalid as exc:
             return _error(h, "invalid_result", str(exc), ms)
+        if res.output or res.reads:
+            return HookResult(
+                hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
+                decision=decision, output=res.output, reads=tuple(res.reads[:_MAX_READS]),
+            )  # fmt: skip
         return HookResult(
-            hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
-            decision=decision, output=res.output, reads=tuple(res.reads[:_MAX_READS]),
-        )  # fmt: skip
+            hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms, decision=decision
+        )
 
     def _worn_out(self, worker: WorkerProcess) -> bool:
         if worker.evaluations >= self.config.recycle_after:
@@ -428,10 +449,10 @@ class WorkerPool:
 
     # --- workers ----------------------------------------------------------
 
-    def _lock(self, agent_id: str) -> anyio.Lock:
+    def _lock(self, agent_id: str) -> asyncio.Lock:
         lock = self._locks.get(agent_id)
         if lock is None:
-            lock = self._locks[agent_id] = anyio.Lock(fast_acquire=True)
+            lock = self._locks[agent_id] = asyncio.Lock()
         return lock
 
     async def _worker_for(self, agent_id: str) -> WorkerProcess:

@@ -25,6 +25,7 @@ from typing import Literal
 
 import anyio
 import anyio.lowlevel
+import msgspec
 
 from daemon.errors import HookCrashed, SandboxUnavailable
 from hooks_runtime.config import SandboxConfig
@@ -139,6 +140,8 @@ class WorkerProcess:
         self.known: dict[str, str] = {}  # hook_id -> revision compiled in this worker
         self.evaluations = 0
         self.batches = 0
+        # The first state of the last batch sent: one the worker still holds frozen.
+        self.sent_state: msgspec.Raw | None = None
         self.poisoned = False  # a MemoryError happened: replace after this batch
         self.spin_missed = False  # the last batch's poll ran out before the doorbell
         self.alive = True
@@ -237,9 +240,10 @@ class WorkerProcess:
         """
         results: list[Result] = []
         start = sent_at
+        rung = False  # this batch's doorbell byte has been read
         while True:
             try:
-                got = self._drain_results(batch_id, len(results))
+                got = self._drain_results(batch_id, len(results), len(budgets))
             except HookCrashed as exc:
                 return results, "crashed", str(exc)
             now = time.monotonic()
@@ -247,20 +251,24 @@ class WorkerProcess:
                 start = min(max(r.done_at, start), now)
             results.extend(got)
             if len(results) >= len(budgets):
-                self._drain_bell()
+                if not rung:
+                    self._drain_bell()
                 return results, None, ""
             deadline = start + budgets[len(results)]
             if now >= deadline:
                 ms = budgets[len(results)] * 1000
                 return results, "timeout", f"exceeded its {ms:.0f} ms budget"
-            if not (spin > 0 and await self._spin_bell(min(deadline, now + spin), alone)):
+            rung = spin > 0 and await self._spin_bell(min(deadline, now + spin), alone)
+            if not rung:
                 await wait_readable(self._bell, deadline - now)
+                rung = self._drain_bell()
             spin = 0.0
-            self._drain_bell()
 
-    def _drain_results(self, batch_id: int, have: int) -> list[Result]:
+    def _drain_results(self, batch_id: int, have: int, want: int) -> list[Result]:
+        """Results now readable, stopping once ``want`` are in (no read that would
+        only find the pipe empty)."""
         got: list[Result] = []
-        while True:
+        while have + len(got) < want:
             try:
                 data = os.read(self._r, 1 << 20)
             except BlockingIOError:
@@ -274,6 +282,7 @@ class WorkerProcess:
                 if frame.id != batch_id or frame.index != have + len(got):
                     raise HookCrashed("worker answered out of order")
                 got.append(frame)
+        return got
 
     async def _spin_bell(self, until: float, alone: Callable[[], bool]) -> bool:
         """Poll the doorbell until ``until``; True once it rang (or closed)."""
@@ -294,11 +303,13 @@ class WorkerProcess:
         self.spin_missed = True
         return False
 
-    def _drain_bell(self) -> None:
+    def _drain_bell(self) -> bool:
+        """Read what the doorbell holds; True if it had rung (or closed)."""
         try:
             os.read(self._bell, 4096)
         except BlockingIOError:
-            pass
+            return False
+        return True
 
     def _exit_reason(self) -> str:
         try:

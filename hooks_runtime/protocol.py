@@ -63,7 +63,9 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
 
     ``state`` is pre-encoded msgpack (see :func:`encode_state`): the worker decodes
     it per top-level key and reuses the frozen value of a key whose bytes did not
-    change since the previous batch (candles do not change between ticks).
+    change since the previous batch (candles do not change between ticks). With
+    ``same_state`` the first event's state is byte for byte the previous batch's
+    first state, which is not sent again (``state`` is then nil).
 
     ``ahead`` (event time only) are the events queued after this one, evaluated
     next in the same request (``track``: all of them are): the worker completes each one's state with the
@@ -86,6 +88,7 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
     # The steps' candles, each once (a window moves by one candle a step): a step's
     # ``candles`` series list indices into this instead of candles.
     candles: list[msgspec.Raw] = []
+    same_state: bool = False
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):

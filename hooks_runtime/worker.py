@@ -157,6 +157,9 @@ class Evaluator:
         # each candle of the last batch's series, by its encoded bytes: the window
         # moves by one candle an event, so the others are not decoded again
         self.candle_cache: dict[bytes, Any] = {}
+        # the last batch's first state (frozen) and its lastOutputs bytes, for a
+        # batch whose state is the same (Batch.same_state)
+        self.last: tuple[Any, msgspec.Raw | None] | None = None
 
     def state(self, raw: msgspec.Raw, table: list[Any] | None = None) -> Any:
         """Decode and freeze the batch state, reusing unchanged top-level values;
@@ -284,11 +287,18 @@ class Evaluator:
         """Evaluate every hook of ``batch``, sending one Result each, in order: the
         first event's, then each lookahead step's."""
         event = {k: policy.freeze(v) for k, v in batch.event.items()}
-        state = self.state(batch.state)
+        if batch.same_state:
+            if self.last is None:
+                raise HookCrashed("a batch reused a state this worker never had")
+            state, last_outputs = self.last
+        else:
+            state = self.state(batch.state)
+            hit = self.state_cache.get(LAST_OUTPUTS)
+            last_outputs = hit[0] if hit is not None else None
+            self.last = (state, last_outputs)
         outputs = None
         if batch.ahead:  # what the parent's state.lastOutputs will be after each step
-            hit = self.state_cache.get(LAST_OUTPUTS)
-            last = _ANY.decode(hit[0]) if hit is not None else None
+            last = _ANY.decode(last_outputs) if last_outputs is not None else None
             outputs = dict(last) if type(last) is dict else {}
         n = len(batch.hooks)
         first = dict(state) if batch.track else None

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from hooks_runtime import HookResult, SandboxConfig, WorkerPool, open_worker_pool
+from hooks_runtime.process import WorkerProcess
+from hooks_runtime.protocol import Batch, decode_to_worker
 
 SECRET_NAME = "HOOK_SANDBOX_CANARY_SECRET"
 SECRET_VALUE = "s3cr3t-canary-7f1c2a"
@@ -30,6 +32,22 @@ TEST_CONFIG = SandboxConfig(timeout_ms=400, compile_timeout_ms=2000, spare_worke
 def anyio_backend() -> str:
     """Module scope, so one pool serves every case of a module."""
     return "asyncio"
+
+
+@pytest.fixture
+def sent_batches(monkeypatch: pytest.MonkeyPatch) -> list[Batch]:
+    """Every Batch the pool sends to a worker from now on, decoded from the wire."""
+    seen: list[Batch] = []
+    send = WorkerProcess.send
+
+    async def spy(self: WorkerProcess, data: bytes, seconds: float = 10.0) -> None:
+        msg = decode_to_worker(data[4:])
+        if isinstance(msg, Batch):
+            seen.append(msg)
+        await send(self, data, seconds)
+
+    monkeypatch.setattr(WorkerProcess, "send", spy)
+    return seen
 
 
 @dataclass

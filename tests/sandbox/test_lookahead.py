@@ -10,7 +10,7 @@ import msgspec
 
 from hooks_runtime import WorkerPool, spec_from_source
 from hooks_runtime.decisions import to_builtins
-from hooks_runtime.protocol import READ_ALL, Step, encode_state
+from hooks_runtime.protocol import READ_ALL, Batch, Step, encode_state
 
 # Counts its own evaluations through lastOutputs, and says which close it saw.
 COUNTER = spec_from_source(
@@ -226,3 +226,37 @@ async def test_steps_may_list_their_candles_by_index_into_the_request(pool: Work
     assert [s[0].decision.reason for s in by_index if s[0].decision] == [
         f"close {float(i)}" for i in range(1, 6)
     ]
+
+
+async def test_a_state_the_worker_holds_is_not_sent_again(
+    pool: WorkerPool, sent_batches: list[Batch]
+) -> None:
+    """A batch whose state is byte for byte the one the worker was last sent carries
+    no state; the worker evaluates on the one it holds, lastOutputs included, even
+    after a lookahead request whose steps had other states."""
+    held = encode_state(_state(3, {"wake_counter": {"decision": "IGNORE", "data": {"n": 10}}}))
+    other = encode_state(_state(4, {}))
+    seen = []
+    for state in (held, held, other, held, held):
+        results = await pool.evaluate("same", [COUNTER], _event(0), state)
+        assert results[0].decision is not None, results
+        seen.append((results[0].decision.reason, results[0].decision.data))
+    assert (
+        seen
+        == [("close 3.0", {"n": 11})] * 2
+        + [("close 4.0", {"n": 1})]
+        + [("close 3.0", {"n": 11})] * 2
+    )
+    assert [b.same_state for b in sent_batches] == [False, True, False, False, True]
+    assert all(b.state == encode_state(None) for b in sent_batches if b.same_state)
+
+    sent_batches.clear()
+    answers = []
+    for _ in range(2):  # the second request reuses the first event's state, not a step's
+        first, later = await pool.evaluate_ahead(
+            "same", [COUNTER], _event(0), held, 0.0, _steps(5, 8)
+        )
+        answers.append([r.decision for r in [*first, *(s[0] for s in later)]])
+    assert [b.same_state for b in sent_batches] == [True, True]
+    assert answers[0] == answers[1]
+    assert [d.data for d in answers[0] if d is not None] == [{"n": n} for n in range(11, 15)]

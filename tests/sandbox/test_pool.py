@@ -21,6 +21,7 @@ from daemon.errors import SandboxUnavailable
 from hooks_runtime import HookBreaker, SandboxConfig, WorkerPool, open_worker_pool, spec_from_source
 from hooks_runtime.decisions import Ignore, Wake
 from hooks_runtime.process import WORKER_ENV, worker_sys_path
+from hooks_runtime.protocol import Batch, encode_state
 from tests.sandbox.conftest import SECRET_VALUE, TEST_CONFIG, Sentinels
 from tests.sandbox.test_hostile import CANARY, EVENT, STATE
 
@@ -805,3 +806,23 @@ async def test_a_leftover_cleanup_finds_the_hooks_globals_emptied(pool: WorkerPo
     results = await pool.evaluate("leftover", [hook, _ok("wake_next")], EVENT, STATE)
     assert [r.error_kind for r in results] == [None, None], results
     assert results[0].decision == Ignore(reason="left a cleanup behind")
+
+
+async def test_a_fresh_worker_is_sent_the_state_again(
+    pool: WorkerPool, sent_batches: list[Batch]
+) -> None:
+    """The state a killed worker held is not assumed held by its replacement: the
+    hooks re-run after a timeout get the whole state again."""
+    reader = spec_from_source(
+        "wake_reader",
+        "wake",
+        'def evaluate(e, s):\n    return {"decision": "IGNORE", "reason": s["tag"]}\n',
+    )
+    state = encode_state({"tag": "held"})
+    first = await pool.evaluate("refill", [reader], EVENT, state)
+    results = await pool.evaluate("refill", [LOOP, reader], EVENT, state)
+    assert first[0].decision == Ignore(reason="held")
+    assert [r.error_kind for r in results] == ["timeout", None]
+    assert results[1].decision == Ignore(reason="held")
+    assert [b.same_state for b in sent_batches] == [False, True, False]
+    assert [len(b.hooks) for b in sent_batches] == [1, 2, 1]

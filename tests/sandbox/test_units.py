@@ -315,6 +315,18 @@ def test_inplacevar_is_table_driven() -> None:
         guarded_inplacevar("@=", 1, 2)
 
 
+def test_a_worker_never_sent_a_state_refuses_to_reuse_one() -> None:
+    """``same_state`` on a worker's first batch is a protocol error (the worker exits)."""
+    from daemon.errors import HookCrashed
+    from hooks_runtime.protocol import Batch
+    from hooks_runtime.worker import Evaluator
+
+    with pytest.raises(HookCrashed):
+        Evaluator(SandboxConfig()).run(
+            Batch(1, {}, encode_state(None), [], same_state=True), lambda r: None
+        )
+
+
 def test_state_reuse_only_for_unchanged_keys() -> None:
     """The worker reuses a frozen top-level state value only when its bytes are unchanged."""
     from hooks_runtime.worker import Evaluator
