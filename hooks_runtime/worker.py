@@ -59,6 +59,7 @@ _SERIES = msgspec.msgpack.Decoder(dict[str, dict[str, list[msgspec.Raw]]])
 _SERIES_REFS = msgspec.msgpack.Decoder(dict[str, dict[str, list[int]]])
 _STATE_CACHE_KEYS = 64
 _SERIES_KEY = "candles"  # {symbol: {timeframe: [candle, ...]}}: one new candle per event
+_CANDLE_SLACK = 256  # candles the cache may hold beyond twice the series' own
 _FULL_GC_EVERY = 1024  # batches; per hook only the young generation is collected
 
 # datetime.strptime imports _strptime lazily (HA #132469): do it now, while the
@@ -154,9 +155,13 @@ class Evaluator:
         self.cache: dict[str, tuple[str, types.CodeType | str]] = {}
         # top-level state key -> (its encoded bytes, frozen value) from the last batch
         self.state_cache: dict[str, tuple[msgspec.Raw, Any]] = {}
-        # each candle of the last batch's series, by its encoded bytes: the window
-        # moves by one candle an event, so the others are not decoded again
+        # each candle of the last batch's series (and of the lookahead tables since),
+        # by its encoded bytes, so a candle is decoded once while it is in view
         self.candle_cache: dict[bytes, Any] = {}
+        # (symbol, timeframe) -> the last batch's candles of that series, as sent and
+        # frozen: a window that only moved on by one is then compared in C, not
+        # looked up candle by candle
+        self.windows: dict[tuple[str, str], tuple[list[msgspec.Raw], tuple[Any, ...]]] = {}
         # the last batch's first state (frozen) and its lastOutputs bytes, for a
         # batch whose state is the same (Batch.same_state)
         self.last: tuple[Any, msgspec.Raw | None] | None = None
@@ -219,25 +224,56 @@ class Evaluator:
         try:
             series = _SERIES.decode(raw)
         except msgspec.ValidationError:  # not the usual shape: no reuse
-            self.candle_cache = {}
+            self.candle_cache, self.windows = {}, {}
             return policy.freeze(_ANY.decode(raw))
-        old, seen = self.candle_cache, {}
+        last, windows = self.windows, {}
         out = {}
         for symbol, frames in series.items():
             by_tf = {}
             for tf, candles in frames.items():
-                row = []
-                for c in candles:
-                    b = bytes(c)
-                    value = old.get(b)
-                    if value is None:
-                        value = policy.freeze(_ANY.decode(c))
-                    seen[b] = value
-                    row.append(value)
-                by_tf[tf] = tuple(row)
+                key = (symbol, tf)
+                row = self._moved(last.get(key), candles)
+                if row is None:
+                    row = tuple([self._candle(c) for c in candles])
+                windows[key] = (candles, row)
+                by_tf[tf] = row
             out[symbol] = types.MappingProxyType(by_tf)
-        self.candle_cache = seen
+        self.windows = windows
+        held = sum(len(c) for c, _ in windows.values())
+        if len(self.candle_cache) > 2 * held + _CANDLE_SLACK:  # left over from jumps
+            self.candle_cache = {
+                bytes(c): v for cs, row in windows.values() for c, v in zip(cs, row, strict=True)
+            }
         return types.MappingProxyType(out)
+
+    def _moved(
+        self, last: tuple[list[msgspec.Raw], tuple[Any, ...]] | None, candles: list[msgspec.Raw]
+    ) -> tuple[Any, ...] | None:
+        """The series when ``candles`` are the last batch's unchanged, moved on by one,
+        grown by one or cut short (list comparisons run in C); else None."""
+        if last is None:
+            return None
+        old, row = last
+        n, m = len(candles), len(old)
+        if n == m:
+            if candles == old:
+                return row
+            if n and candles[:-1] == old[1:]:
+                self.candle_cache.pop(bytes(old[0]), None)
+                return (*row[1:], self._candle(candles[-1]))
+        elif n == m + 1 and candles[:-1] == old:
+            return (*row, self._candle(candles[-1]))
+        elif n < m and candles == old[:n]:
+            return row[:n]
+        return None
+
+    def _candle(self, raw: msgspec.Raw) -> Any:
+        """One candle, frozen: reused by its bytes while it is in view."""
+        b = bytes(raw)
+        value = self.candle_cache.get(b)
+        if value is None:
+            value = self.candle_cache[b] = policy.freeze(_ANY.decode(raw))
+        return value
 
     def _code(self, call: HookCall) -> types.CodeType:
         if call.source is not None:

@@ -305,6 +305,34 @@ def test_a_moving_candle_window_decodes_only_the_new_candle() -> None:
     assert [c["close"] for c in again] == [9.0, 10.0, 11.0, 12.0, 13.0]
 
 
+def test_every_change_of_a_window_gives_what_a_plain_decode_gives() -> None:
+    """Unchanged, moved on by one, grown, cut short, jumped, several series at once:
+    each state is exactly the plain decode, candles still in view are the same
+    objects, and candles long out of view do not stay in the worker's cache."""
+    import msgspec
+
+    from hooks_runtime import policy
+    from hooks_runtime.worker import Evaluator
+
+    def bars(lo: int, hi: int) -> list[dict[str, float]]:
+        return [{"close": float(i), "t": float(i)} for i in range(lo, hi)]
+
+    ev = Evaluator(SandboxConfig())
+    spans = [(0, 5), (0, 5), (1, 6), (1, 7), (1, 4), (50, 55), (51, 56), (0, 0), (0, 3)]
+    before: dict[float, object] = {}
+    for k, (lo, hi) in enumerate(spans):
+        plain = {"candles": {"X": {"5m": bars(lo, hi), "1h": bars(k, k + 2)}}}
+        got = ev.state(encode_state(plain))
+        assert got == policy.freeze(msgspec.msgpack.decode(encode_state(plain)))
+        row = got["candles"]["X"]["5m"]
+        if k in (1, 2, 3, 4, 6):  # the window kept candles it already had: reused
+            assert all(c is before[c["t"]] for c in row if c["t"] in before)
+        before = {c["t"]: c for c in row}
+    for k in range(2000):  # jump every event: nothing reusable, the cache stays small
+        ev.state(encode_state({"candles": {"X": {"5m": bars(k * 10, k * 10 + 5)}}}))
+    assert len(ev.candle_cache) <= 2 * 5 + 256
+
+
 def test_inplacevar_is_table_driven() -> None:
     """x op= y works on numbers, str and list, not on other types or unknown ops."""
     assert guarded_inplacevar("+=", 1, 2) == 3
