@@ -202,6 +202,7 @@ class Evaluator:
             if value is None:
                 value = cache[b] = policy.freeze(_ANY.decode(c))
             out.append(value)
+        self._bound_cache()
         return out
 
     @staticmethod
@@ -239,12 +240,19 @@ class Evaluator:
                 by_tf[tf] = row
             out[symbol] = types.MappingProxyType(by_tf)
         self.windows = windows
-        held = sum(len(c) for c, _ in windows.values())
-        if len(self.candle_cache) > 2 * held + _CANDLE_SLACK:  # left over from jumps
-            self.candle_cache = {
-                bytes(c): v for cs, row in windows.values() for c, v in zip(cs, row, strict=True)
-            }
+        self._bound_cache()
         return types.MappingProxyType(out)
+
+    def _bound_cache(self) -> None:
+        """Keep the candle cache near the candles in view: past twice those plus a
+        slack (windows that jumped, lookahead tables), keep only those in view."""
+        held = sum(len(c) for c, _ in self.windows.values())
+        if len(self.candle_cache) > 2 * held + _CANDLE_SLACK:
+            self.candle_cache = {
+                bytes(c): v
+                for cs, row in self.windows.values()
+                for c, v in zip(cs, row, strict=True)
+            }
 
     def _moved(
         self, last: tuple[list[msgspec.Raw], tuple[Any, ...]] | None, candles: list[msgspec.Raw]

@@ -331,6 +331,10 @@ def test_every_change_of_a_window_gives_what_a_plain_decode_gives() -> None:
     for k in range(2000):  # jump every event: nothing reusable, the cache stays small
         ev.state(encode_state({"candles": {"X": {"5m": bars(k * 10, k * 10 + 5)}}}))
     assert len(ev.candle_cache) <= 2 * 5 + 256
+    for k in range(200):  # lookahead tables of candles that never come into view
+        raws = [msgspec.Raw(msgspec.msgpack.encode(c)) for c in bars(k * 50, k * 50 + 50)]
+        assert ev.table(raws) == [policy.freeze(c) for c in bars(k * 50, k * 50 + 50)]
+    assert len(ev.candle_cache) <= 2 * 5 + 256
 
 
 def test_inplacevar_is_table_driven() -> None:
