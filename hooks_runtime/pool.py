@@ -429,14 +429,10 @@ class WorkerPool:
             decision = validate_result(res.value, h.kind, self.config.max_result_bytes)
         except HookResultInvalid as exc:
             return _error(h, "invalid_result", str(exc), ms)
-        if res.output or res.reads:
-            return HookResult(
-                hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
-                decision=decision, output=res.output, reads=tuple(res.reads[:_MAX_READS]),
-            )  # fmt: skip
         return HookResult(
-            hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms, decision=decision
-        )
+            hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=ms,
+            decision=decision, output=res.output, reads=tuple(res.reads[:_MAX_READS]),
+        )  # fmt: skip
 
     def _worn_out(self, worker: WorkerProcess) -> bool:
         if worker.evaluations >= self.config.recycle_after:
