@@ -826,3 +826,31 @@ async def test_a_fresh_worker_is_sent_the_state_again(
     assert results[1].decision == Ignore(reason="held")
     assert [b.same_state for b in sent_batches] == [False, True, False]
     assert [len(b.hooks) for b in sent_batches] == [1, 2, 1]
+
+
+HELD = """
+def hold():
+    try:
+        yield 1
+    finally:
+        while True:  # locals only: runs even once the globals are gone
+            pass
+
+KEPT = hold()
+next(KEPT)
+
+def evaluate(event, state):
+    return {"decision": "IGNORE", "reason": "holds a generator in a global"}
+"""
+
+
+async def test_a_cleanup_run_by_emptying_the_globals_is_that_hooks_timeout(
+    pool: WorkerPool,
+) -> None:
+    """Emptying a hook's globals frees what they held, and a cleanup that then spins
+    runs in that hook's window: it is the one that times out, the next hook is fine."""
+    held = spec_from_source("wake_held", "wake", HELD)
+    await pool.compile("held", [held])
+    results = await pool.evaluate("held", [held, _ok("wake_after")], EVENT, STATE)
+    assert [r.error_kind for r in results] == ["timeout", None], results
+    assert results[1].decision == Ignore(reason="ok")
