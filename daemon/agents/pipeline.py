@@ -86,7 +86,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             light: Literal["OFF", "NORMAL"] = "NORMAL" if cfg.daemon.durable else "OFF"
             broker = PaperBroker(
                 state_dir,
-                audited_publish(send.send, audit),
+                audited_publish(partial(_post, send), audit),
                 synchronous="FULL" if cfg.daemon.durable else "OFF",
                 max_participation=cfg.trading.paper_max_participation,
                 fees=Fees(
@@ -373,6 +373,15 @@ def _copy_state(state: StateCache) -> StateCache:
     copy = StateCache(state.max_candles)
     copy.load(state.dump())
     return copy
+
+
+async def _post(outbox: MemoryObjectSendStream[FeedEvent], event: FeedEvent) -> None:
+    """Put a broker event in the outbox; wait only when it is full. anyio's ``send``
+    gives the loop a turn before every item, one per order event in a backtest."""
+    try:
+        outbox.send_nowait(event)
+    except anyio.WouldBlock:
+        await outbox.send(event)
 
 
 async def _forward(receive: anyio.abc.ObjectReceiveStream[FeedEvent], service: Service) -> None:

@@ -509,3 +509,35 @@ async def test_a_transient_compile_failure_at_start_is_retried_not_skipped(
     rows = [r for r in audit(tmp_path) if r["type"] == "hook"]
     assert [r["eventId"] for r in rows] == [candle(i).event_id for i in range(5)]
     assert calls[:2] == [1, 1]
+
+
+async def test_the_broker_outbox_yields_only_when_full() -> None:
+    """An account event goes into the outbox without giving the loop a turn while
+    there is room (anyio's ``send`` gives one per item); a full outbox waits for
+    the forwarder, and order holds; a closed outbox raises as ``send`` does."""
+    from daemon.agents.pipeline import _post
+
+    send, receive = anyio.create_memory_object_stream[FeedEvent](2)
+    ran: list[str] = []
+    got: list[str] = []
+
+    async def forward() -> None:
+        async with receive:
+            async for e in receive:
+                got.append(e.event_id)
+
+    async def other() -> None:
+        ran.append("other task")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)  # runs at the loop's next turn
+        await _post(send, candle(0))
+        await _post(send, candle(1))
+        assert ran == [] and got == []  # no turn was given
+        tg.start_soon(forward)
+        await _post(send, candle(2))  # full: waits until the forwarder takes some
+        assert ran == ["other task"]
+        send.close()
+    assert got == [candle(i).event_id for i in range(3)]
+    with pytest.raises(anyio.ClosedResourceError):
+        await _post(send, candle(3))
