@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from daemon.audit.reader import iter_records
 from daemon.backtest.report import CostModel, read_rows, timer_baseline, trades_of
-from daemon.backtest.run import BacktestOptions, run_backtest
+from daemon.backtest.run import BacktestOptions, render, run_backtest
 from daemon.cli.main import cli
 from feeds.synthetic import generate_candles
 
@@ -87,6 +87,25 @@ def test_timer_baseline_and_cost_arithmetic() -> None:
     assert (hour.runs, hour.cost) == (21, model.cost(21))  # at 0, 3, ..., 60 minutes
     assert timer_baseline(0, 179_999, 3, model).runs == 1
     assert timer_baseline(5, 0, 3, model).runs == 0
+
+
+def test_an_empty_replay_and_a_silent_agent_say_so(tmp_path: Path) -> None:
+    """No candles in the range: the summary says nothing was replayed and the timer
+    agent is not charged a run. Candles the agent's hooks never evaluate (another
+    symbol): the summary says where to look."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=3, n=50, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    empty = run_backtest(
+        BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "empty", to_ms=1)
+    )
+    assert (empty.events, empty.baseline.runs, empty.cost_ratio) == (0, 0, None)
+    assert "nothing was replayed" in render(empty)
+    (alpha / "agent.toml").write_text('symbols = ["ETH-USD"]\n' + TOML)
+    silent = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "silent"))
+    assert silent.events == 50 and silent.baseline.runs == 0
+    text = render(silent)
+    assert "no hook evaluated any event" in text and " .. " not in text.splitlines()[0]
 
 
 def test_trades_from_the_fills() -> None:

@@ -178,7 +178,7 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
     rows = read_rows(iter_lines(out / "state" / "audit"), agent)
     hooks, wakes, runs, suppressed = summarize_hooks(rows)
     times = sorted({parse_iso_ms(r.event_ts) for r in rows if r.type == "hook" and r.event_ts})
-    first, last = (times[0], times[-1]) if times else (0, 0)
+    first, last = (times[0], times[-1]) if times else (0, -1)  # none: no timer period
     baseline = timer_baseline(first, last, opts.baseline_minutes, opts.cost)
     cost = opts.cost.cost(runs)
     account = load_agent_config(out / "agents" / agent / AGENT_FILE).account or agent
@@ -273,13 +273,20 @@ def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
 def render(report: Report) -> str:
     """The terminal summary."""
     b, t = report.baseline, report.trades
+    span = f"{report.first_event} .. {report.last_event} " if report.first_event else ""
     lines = [
         (
-            f"backtest of {report.agent} on {report.data}: {report.events} events, "
-            f"{report.first_event} .. {report.last_event} "
+            f"backtest of {report.agent} on {report.data}: {report.events} events, {span}"
             f"({report.seconds:.1f} s, {report.events_per_second:,.0f} events/s)"
         )
     ]
+    if not report.events:
+        lines.append("  nothing was replayed: the data has no candles (within --from/--to)")
+    elif not report.first_event:
+        lines.append(
+            "  no hook evaluated any event: compare the agent's topics and symbols "
+            "(agent.toml) with the data's (--symbol, --timeframe)"
+        )
     for h in report.hooks:
         decided = ", ".join(f"{k} {v}" for k, v in h.decisions.items()) or "none"
         held = ", ".join(f"{k} {v}" for k, v in h.suppressed.items())
