@@ -6,7 +6,9 @@ Five hooks (the three example hooks plus an RSI gate and a breakout check) see a
 closed-candle event and a state of ``--candles`` candles. Measured in one run:
 
 1. sandbox, 1 agent x 5 hooks: latency of one agent's batch round trip (p50/p99)
-   and hook evaluations/s, events sent one after another;
+   and hook evaluations/s, events sent one after another; with the same state
+   each time (ticks between candles) and with a new candle each time (every
+   close), with the candles as plain dicts and pre-encoded (the daemon's form);
 2. sandbox, 10 agents x 5 hooks: every event goes to all ten agents at once
    (ten workers on this box's cores); per-batch latency and total evaluations/s;
 3. baseline "in-process": the same compiled hooks run by the worker's own
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from hooks_runtime import HookSpec, SandboxConfig, WorkerPool, load_hook, open_worker_pool
 from hooks_runtime.config import SandboxConfig as _Cfg
@@ -84,6 +87,20 @@ def make_state(n: int) -> dict[str, Any]:
         )  # fmt: skip
     ind = {"count": n, "rsi14": 45.0, "ema20": 101.0, "macd": {"macd": 0.1, "signal": 0.05}}
     return {"candles": {"BTC-USD": {"5m": candles}}, "indicators": {"BTC-USD": {"5m": ind}}}
+
+
+def pre_encoded(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each candle as its msgpack, as the daemon's state cache exports
+    candles for a sandbox request (``encoded=True``): encoded once per close."""
+    enc = msgspec.msgpack.Encoder()
+    return state | {
+        "candles": {
+            symbol: {
+                tf: [msgspec.Raw(enc.encode(c)) for c in window] for tf, window in frames.items()
+            }
+            for symbol, frames in state["candles"].items()
+        }
+    }
 
 
 def event(i: int) -> dict[str, Any]:
@@ -222,6 +239,11 @@ async def main(n: int, candles: int, spin_us: int) -> None:
         r1 = line("sandbox 1x5, same state", lat1, n * len(hooks), secs1)
         lat1c, secs1c = await one_agent(pool, hooks, changing, n)
         r1c = line("sandbox 1x5, state changes", lat1c, n * len(hooks), secs1c)
+        # The daemon's own form: candles encoded once per close, not per request.
+        lat, secs = await one_agent(pool, hooks, [pre_encoded(state)], n)
+        line("  ... same, candles pre-encoded", lat, n * len(hooks), secs)
+        lat, secs = await one_agent(pool, hooks, [pre_encoded(s) for s in changing], n)
+        line("  ... changes, candles pre-encoded", lat, n * len(hooks), secs)
         m = max(n // 10, 100)
         lat10, secs10 = await ten_agents(pool, hooks, state, m)
         r10 = line("sandbox 10x5, same state", lat10, m * 10 * len(hooks), secs10)
