@@ -92,10 +92,14 @@ class ReplaySection(_Section, frozen=True):
     speed: float = 0.0
     source: str = "replay"
     # Only events with from_ms <= time < to_ms (epoch ms; 0 = no bound).
-    from_ms: int = 0
-    to_ms: int = 0
+    from_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+    to_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
     # More files, merged with ``path`` by event time (ties: in file order).
     files: list[ReplayFileSection] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.from_ms and self.to_ms and self.from_ms >= self.to_ms:
+            raise ValueError("from_ms must be before to_ms: no event lies between them")
 
 
 class MoversSection(_Section, frozen=True):

@@ -145,6 +145,8 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
                           ("--revision", "../x=abcdef12")]:  # fmt: skip
         bad = CliRunner().invoke(cli, [*args, option, value])
         assert bad.exit_code == 2 and option in bad.output, bad.output
+    backwards = CliRunner().invoke(cli, [*args, "--from", "2026-02-01", "--to", "2026-01-01"])
+    assert backwards.exit_code == 2 and "--from must be before --to" in backwards.output
 
 
 WAKE_RED = WAKE_GREEN.replace('c["close"] > c["open"]', 'c["close"] < c["open"]')

@@ -44,6 +44,11 @@ def test_empty_config_uses_defaults() -> None:
         ("[hooks]\nlookahead_events = 100000\n", "hooks.lookahead_events: expected `int` <= 256"),
         ("[hooks]\nlookahead_events = -1\n", "hooks.lookahead_events: expected `int` >= 0"),
         ("[hooks]\nreload_seconds = -1\n", "hooks.reload_seconds: expected `float` >= 0.0"),
+        ("[feeds.replay]\nfrom_ms = -5\n", "feeds.replay.from_ms: expected `int` >= 0"),
+        (
+            "[feeds.replay]\nfrom_ms = 1700000000000\nto_ms = 1600000000000\n",
+            "feeds.replay: from_ms must be before to_ms",
+        ),
         ("[state]\nshared = false\n", "state.shared = false needs hooks.run_agents = false"),
         (
             "[state]\nshared = false\n[hooks]\nrun_agents = false\n[mcp]\nenabled = true\n",

@@ -126,6 +126,8 @@ def check(opts: BacktestOptions) -> None:
     out = opts.out.resolve()
     if out == agent_dir or agent_dir in out.parents:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
+    if opts.from_ms and opts.to_ms and opts.from_ms >= opts.to_ms:
+        raise ConfigError("--from must be before --to: nothing lies between them")
 
 
 def prepare(opts: BacktestOptions) -> Config:
