@@ -55,11 +55,33 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     type=click.FloatRange(min=0.1),
     help="The timer agent compared against wakes every this many minutes.",
 )
-@click.option("--tokens-in", default=6000, show_default=True, help="Input tokens per run.")
-@click.option("--tokens-out", default=800, show_default=True, help="Output tokens per run.")
-@click.option("--price-in", default=3.0, show_default=True, help="Price per million input tokens.")
 @click.option(
-    "--price-out", default=15.0, show_default=True, help="Price per million output tokens."
+    "--tokens-in",
+    default=6000,
+    type=click.IntRange(min=0),
+    show_default=True,
+    help="Input tokens per run.",
+)
+@click.option(
+    "--tokens-out",
+    default=800,
+    type=click.IntRange(min=0),
+    show_default=True,
+    help="Output tokens per run.",
+)
+@click.option(
+    "--price-in",
+    default=3.0,
+    type=click.FloatRange(min=0),
+    show_default=True,
+    help="Price per million input tokens.",
+)
+@click.option(
+    "--price-out",
+    default=15.0,
+    type=click.FloatRange(min=0),
+    show_default=True,
+    help="Price per million output tokens.",
 )
 @click.option(
     "--cost-from",
