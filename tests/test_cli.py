@@ -38,6 +38,27 @@ def test_help_lists_commands() -> None:
         assert cmd in out
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["audit", "tail", "-n", "-3"], "--lines"),
+        (["copytrade", "status", "--last", "-1"], "--last"),
+        (["rag", "query", "--port", "99999"], "--port"),
+        (["rag", "query", "--port", "-1"], "--port"),
+        (["rag", "serve", "--port", "0"], "--port"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_naming_the_option(args: list[str], option: str) -> None:
+    """A negative count or an impossible port is a usage error (exit 2) that names the
+    option, not an empty answer or a connection error."""
+    from click.testing import CliRunner
+
+    from daemon.cli.main import cli
+
+    res = CliRunner().invoke(cli, args, input="{}")
+    assert res.exit_code == 2 and option in res.output, res.output
+
+
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
     """`config check` and `run` reject a typo with the key path, before starting anything."""
     bad = tmp_path / "bad.toml"

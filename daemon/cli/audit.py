@@ -55,7 +55,14 @@ def audit_group() -> None:
 
 @audit_group.command("tail")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing records as they are written.")
-@click.option("-n", "--lines", default=20, show_default=True, help="How many past records to show.")
+@click.option(
+    "-n",
+    "--lines",
+    default=20,
+    type=click.IntRange(min=0),
+    show_default=True,
+    help="How many past records to show.",
+)
 @click.option("--agent", help="Only this agent id.")
 @click.option("--hook", help="Only this hook id.")
 @click.option(

@@ -146,7 +146,13 @@ def _drift(
 
 @copytrade_group.command("status")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
-@click.option("--last", default=10, show_default=True, help="How many last signal answers.")
+@click.option(
+    "--last",
+    default=10,
+    type=click.IntRange(min=0),
+    show_default=True,
+    help="How many last signal answers.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def copytrade_status(config_path: Path | None, last: int, as_json: bool) -> None:
     """Leaders (signals, the newest one's lag), open leader positions with what each

@@ -113,7 +113,12 @@ def ingest_cmd(
 
 @rag_group.command("serve")
 @click.option("--host", default=None, help="Default: rag.server.host (127.0.0.1)")
-@click.option("--port", default=None, type=int, help="Default: rag.server.port (7879)")
+@click.option(
+    "--port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Default: rag.server.port (7879)",
+)
 @click.option("--config", "config_path", type=_FILE, help="config.toml ([rag] section)")
 @click.option(
     "--log-format",
@@ -174,7 +179,7 @@ def _send(host: str, port: int, request: dict[str, Any], timeout: float) -> dict
 )
 @click.option("--method", default="rag.query_patterns", show_default=True)
 @click.option("--host", default=None)
-@click.option("--port", default=None, type=int)
+@click.option("--port", default=None, type=click.IntRange(1, 65535))
 @click.option(
     "--api-key", default=None, help="Sent as params.api_key (default: rag.server.api_key)"
 )
