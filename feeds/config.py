@@ -89,7 +89,7 @@ class ReplaySection(_Section, frozen=True):
     symbol: str = ""
     timeframe: str = "1m"
     # 0 = as fast as possible; 1 = real time; 60 = a minute per second.
-    speed: float = 0.0
+    speed: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     source: str = "replay"
     # Only events with from_ms <= time < to_ms (epoch ms; 0 = no bound).
     from_ms: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -23,6 +23,7 @@ from feeds.synthetic import generate_candles
 
 EXE = [sys.executable, "-m", "daemon.cli"]
 ROOT = Path(__file__).resolve().parent.parent
+HOOK = ROOT / "agents" / "example" / "hooks" / "wake_two_green.py"
 
 
 def mw(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -46,6 +47,9 @@ def test_help_lists_commands() -> None:
         (["rag", "query", "--port", "99999"], "--port"),
         (["rag", "query", "--port", "-1"], "--port"),
         (["rag", "serve", "--port", "0"], "--port"),
+        (["hooks", "test", str(HOOK), "--timeout-ms", "-5"], "--timeout-ms"),
+        (["demo", "--candles", "5"], "--candles"),
+        (["demo", "--speed", "-3"], "--speed"),
     ],
 )
 def test_out_of_range_numbers_are_refused_naming_the_option(args: list[str], option: str) -> None:

@@ -19,10 +19,17 @@ from daemon.logs import configure as configure_logging
     show_default=True,
     help="Where the synthetic data, recording and state go.",
 )
-@click.option("--candles", default=720, show_default=True, help="Synthetic 1m candles to replay.")
+@click.option(
+    "--candles",
+    default=720,
+    type=click.IntRange(min=10),
+    show_default=True,
+    help="Synthetic 1m candles to replay.",
+)
 @click.option(
     "--speed",
     default=2400.0,
+    type=click.FloatRange(min=0),
     show_default=True,
     help="Replay speed (60 = a minute per second; 0 = as fast as possible).",
 )
@@ -57,8 +64,6 @@ def demo_command(
     """
     from daemon.demo import DemoOptions, run_demo
 
-    if candles < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--candles")
     configure_logging("console", "warning")
     opts = DemoOptions(directory, candles, speed, seed, quiet, agents_dir, copytrade)
     sys.exit(run_demo(opts))

@@ -182,7 +182,12 @@ def _live_decisions(audit_dir: Path, event_id: str) -> None:
     "beside what the live hooks decided (needs --config).",
 )
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
-@click.option("--timeout-ms", type=float, default=None, help="Per-hook budget (default 250).")
+@click.option(
+    "--timeout-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Per-hook budget (default 250).",
+)
 def test_command(
     path: Path,
     event_path: Path | None,
