@@ -50,6 +50,7 @@ def test_help_lists_commands() -> None:
         (["hooks", "test", str(HOOK), "--timeout-ms", "-5"], "--timeout-ms"),
         (["demo", "--candles", "5"], "--candles"),
         (["demo", "--speed", "-3"], "--speed"),
+        (["rag", "ingest", "--from-exchange", "--symbol", "BTCUSDT", "--days", "-3"], "--days"),
     ],
 )
 def test_out_of_range_numbers_are_refused_naming_the_option(args: list[str], option: str) -> None:

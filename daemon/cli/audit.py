@@ -89,7 +89,12 @@ def audit_group() -> None:
     help="Config file (TOML) for state_dir.",
 )
 @click.option(
-    "--poll", default=0.25, show_default=True, hidden=True, help="Follow poll interval (s)."
+    "--poll",
+    default=0.25,
+    type=click.FloatRange(min=0.01),
+    show_default=True,
+    hidden=True,
+    help="Follow poll interval (s).",
 )
 def tail_command(
     follow: bool,

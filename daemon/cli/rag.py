@@ -66,7 +66,11 @@ def _files(
 @click.option("--open-interest", "open_interest", type=_FILE, help="CSV(.gz), see docs/rag.md")
 @click.option("--from-exchange", is_flag=True, help="Fetch from Binance USD-M REST instead.")
 @click.option(
-    "--days", default=30.0, show_default=True, help="History to fetch with --from-exchange."
+    "--days",
+    default=30.0,
+    type=click.FloatRange(min=0, min_open=True),
+    show_default=True,
+    help="History to fetch with --from-exchange.",
 )
 @click.option("--config", "config_path", type=_FILE, help="config.toml ([rag] section)")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
