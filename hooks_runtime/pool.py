@@ -38,8 +38,18 @@ from hooks_runtime.protocol import (
     HookKind,
     Ready,
     Result,
+    SeriesDelta,
     Step,
     encode_state,
+)
+from hooks_runtime.series import (
+    Held,
+    SplitState,
+    Windows,
+    deltas,
+    deltas_size,
+    packed_size,
+    split,
 )
 from hooks_runtime.spin import WORKER_LINGER, SpinPolicy
 from hooks_runtime.validate import validate_result
@@ -168,7 +178,7 @@ class WorkerPool:
         gates = (self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks)
         if not hooks or any(g is not None for g in gates):
             return []
-        state_raw = state if isinstance(state, msgspec.Raw) else encode_state(state)
+        state_raw = _prepare(state)
         async with self._lock(agent_id):
             worker = await self._worker_for(agent_id)
             try:
@@ -251,7 +261,7 @@ class WorkerPool:
         later: list[list[HookResult]] = []
         if not hooks:
             return results, later
-        state_raw = state if isinstance(state, msgspec.Raw) else encode_state(state)
+        state_raw = _prepare(state)
         async with self._lock(agent_id):
             pending = list(hooks)
             n = len(pending)
@@ -289,7 +299,7 @@ class WorkerPool:
         worker: WorkerProcess,
         hooks: list[HookSpec],
         event: dict[str, Any],
-        state: msgspec.Raw,
+        state: msgspec.Raw | SplitState,
         compile_only: bool,
         ahead: Sequence[Step] = (),
         candles: Sequence[msgspec.Raw] = (),
@@ -301,46 +311,54 @@ class WorkerPool:
         and the caller re-runs the rest of the first event's hooks). A ``speculative``
         request tracks the first event's reads too, and its caller has other work:
         it sleeps on the doorbell instead of polling."""
+        rest, windows = (
+            (state.rest, state.windows) if isinstance(state, SplitState) else (state, None)
+        )
+        same, series, held, full = _plan(worker, rest, windows)
         calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
         if not compile_only and any(c.source for c in calls):
             # A fresh worker gets every source with the event: when that would not fit
             # one frame, the sources go first in compile-only requests that do.
-            size = len(worker.encoder.encode(Batch(0, event, state, calls, False, 0))) - 4
-            if size > self.config.max_frame_bytes and not await self._precompile(worker, hooks):
-                return []  # the worker died compiling: the caller retries on a fresh one
+            size = len(worker.encoder.encode(Batch(0, event, rest, calls, False, 0))) - 4
+            size += full - len(rest)
+            if size > self.config.max_frame_bytes:
+                if not await self._precompile(worker, hooks):
+                    return []  # the worker died compiling: the caller retries on a fresh one
+                same, series, held, full = _plan(worker, rest, windows)  # it holds no state
             calls = [HookCall(h.hook_id, h.revision, h.kind, _source_for(worker, h)) for h in hooks]
         batch_id = next(self._ids)
         spin_us, token = self._spin.start()
         if speculative:
             spin_us = 0
         worker.spin_missed = False
-        # The worker still holds the state it was last sent: do not send it again.
-        same = state == worker.sent_state
-        sent = _NO_STATE if same else state
+        sent = _NO_STATE if same else rest
+        # What the frame lacks of the whole state (as a fresh worker would be sent it).
+        hidden = full - (len(_NO_STATE) if same else len(rest)) + 1 - deltas_size(series)
         try:
             linger = spin_us * WORKER_LINGER
             data = worker.encoder.encode(
                 Batch(
                     batch_id, event, sent, calls, compile_only, linger, [*ahead], speculative,
-                    [*candles], same,
+                    [*candles], same, series,
                 )
             )  # fmt: skip
-            if ahead and len(data) - 4 > self.config.max_frame_bytes:
+            if ahead and len(data) - 4 + hidden > self.config.max_frame_bytes:
                 ahead = ()  # the lookahead is only worth it if it fits
                 data = worker.encoder.encode(
                     Batch(
                         batch_id, event, sent, calls, compile_only, linger, [], speculative,
-                        [], same,
+                        [], same, series,
                     )
                 )  # fmt: skip
-            if len(data) - 4 > self.config.max_frame_bytes:
-                raise HookRequestTooLarge(len(data) - 4, self.config.max_frame_bytes)
+            if len(data) - 4 + hidden > self.config.max_frame_bytes:
+                raise HookRequestTooLarge(len(data) - 4 + hidden, self.config.max_frame_bytes)
             try:
                 await worker.send(data, self.config.timeout_ms / 1000 + 1.0)
             except HookCrashed:  # died while idle (not a hook's doing): the caller retries
                 worker.kill()
                 return []
-            worker.sent_state = state
+            worker.sent_state, worker.sent_windows = rest, windows
+            worker.series = held
             return await self._collect(
                 worker, batch_id, hooks, calls, spin_us, compile_only, len(ahead)
             )
@@ -537,6 +555,35 @@ async def _reap(w: WorkerProcess) -> None:
 
 
 _NO_STATE = encode_state(None)  # what compile() sends
+
+
+def _plan(
+    worker: WorkerProcess, rest: msgspec.Raw, windows: Windows | None
+) -> tuple[bool, list[SeriesDelta] | None, Held, int]:
+    """What to send ``worker`` of a state (``rest``, and its candle ``windows`` when
+    they go apart): whether it holds that state already (nothing is sent), the
+    series deltas, what it holds after them, and the state's size encoded at once
+    (whatever this worker holds: the size checks do not depend on which worker
+    gets a request)."""
+    same = rest == worker.sent_state and windows == worker.sent_windows
+    series, held = None, worker.series
+    if windows is not None and not same:
+        series, held = deltas(held, windows)
+    full = len(rest) if windows is None else len(rest) - 1 + packed_size(held)
+    return same, series, held, full
+
+
+def _prepare(state: Any) -> msgspec.Raw | SplitState:
+    """``state`` encoded once per request: its candle series apart when they are in
+    the daemon's form (each worker is then sent what moved, see
+    :mod:`hooks_runtime.series`), else whole."""
+    if isinstance(state, msgspec.Raw):
+        return state
+    if type(state) is dict:
+        parts = split(state)
+        if parts is not None:
+            return parts
+    return encode_state(state)
 
 
 def _source_for(worker: WorkerProcess, h: HookSpec) -> str | None:

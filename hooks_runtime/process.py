@@ -40,6 +40,7 @@ from hooks_runtime.protocol import (
     decode_from_worker,
     result_frame_cap,
 )
+from hooks_runtime.series import Held, Windows
 from hooks_runtime.worker import BOOT
 
 F_SETPIPE_SZ = 1031
@@ -142,6 +143,11 @@ class WorkerProcess:
         self.batches = 0
         # The first state of the last batch sent: one the worker still holds frozen.
         self.sent_state: msgspec.Raw | None = None
+        # ... and its candle windows, when they went apart (as deltas, see
+        # :mod:`hooks_runtime.series`): None when that state went whole.
+        self.sent_windows: Windows | None = None
+        # The candle windows the worker holds from its last batch with deltas.
+        self.series: Held = {}
         self.poisoned = False  # a MemoryError happened: replace after this batch
         self.spin_missed = False  # the last batch's poll ran out before the doorbell
         self.alive = True

@@ -58,6 +58,17 @@ class Step(msgspec.Struct, frozen=True, array_like=True):
     state: msgspec.Raw
 
 
+class SeriesDelta(msgspec.Struct, frozen=True, array_like=True):
+    """How one candle series moved since the worker's last batch with deltas: of the
+    ``held`` candles it has, drop the first ``drop``, then append ``new``."""
+
+    symbol: str
+    timeframe: str
+    held: int
+    drop: int
+    new: list[msgspec.Raw]
+
+
 class Batch(msgspec.Struct, tag="batch", frozen=True):
     """Evaluate ``hooks`` in order on one event; ``compile_only`` just compiles them.
 
@@ -89,6 +100,10 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
     # ``candles`` series list indices into this instead of candles.
     candles: list[msgspec.Raw] = []
     same_state: bool = False
+    # The first state's candle series as deltas (see :mod:`hooks_runtime.series`):
+    # ``state`` then has an empty map at its ``candles`` key, and the worker builds
+    # the series there from the windows it holds; a series not listed is gone.
+    series: list[SeriesDelta] | None = None
 
 
 class Ready(msgspec.Struct, tag="ready", frozen=True):
@@ -119,6 +134,7 @@ class Result(msgspec.Struct, tag="result", frozen=True, omit_defaults=True):
 
 READ_ALL = "*"
 LAST_OUTPUTS = "lastOutputs"  # the state key of each hook's last decision
+SERIES_KEY = "candles"  # the state key of the candle series: {symbol: {timeframe: [...]}}
 
 
 def result_frame_cap(cfg: SandboxConfig) -> int:

@@ -33,6 +33,7 @@ from hooks_runtime.decisions import to_builtins
 from hooks_runtime.protocol import (
     LAST_OUTPUTS,
     READ_ALL,
+    SERIES_KEY,
     Batch,
     Fatal,
     FrameEncoder,
@@ -40,10 +41,12 @@ from hooks_runtime.protocol import (
     HookCall,
     Ready,
     Result,
+    SeriesDelta,
     Setup,
     decode_to_worker,
     result_frame_cap,
 )
+from hooks_runtime.series import check
 from hooks_runtime.validate import check_result, validate_result
 
 try:  # optional layers: import now, before the filesystem is closed
@@ -58,8 +61,8 @@ _ANY_ENC = msgspec.msgpack.Encoder()
 _SERIES = msgspec.msgpack.Decoder(dict[str, dict[str, list[msgspec.Raw]]])
 _SERIES_REFS = msgspec.msgpack.Decoder(dict[str, dict[str, list[int]]])
 _STATE_CACHE_KEYS = 64
-_SERIES_KEY = "candles"  # {symbol: {timeframe: [candle, ...]}}: one new candle per event
 _CANDLE_SLACK = 256  # candles the cache may hold beyond twice the series' own
+_NO_WINDOW: tuple[list[msgspec.Raw], tuple[Any, ...]] = ([], ())
 _FULL_GC_EVERY = 1024  # batches; per hook only the young generation is collected
 
 # datetime.strptime imports _strptime lazily (HA #132469): do it now, while the
@@ -162,13 +165,23 @@ class Evaluator:
         # frozen: a window that only moved on by one is then compared in C, not
         # looked up candle by candle
         self.windows: dict[tuple[str, str], tuple[list[msgspec.Raw], tuple[Any, ...]]] = {}
+        # the same, for the windows the last batch with series deltas left (the parent
+        # holds the same ones: each delta is against these)
+        self.deltas: dict[tuple[str, str], tuple[list[msgspec.Raw], tuple[Any, ...]]] = {}
         # the last batch's first state (frozen) and its lastOutputs bytes, for a
         # batch whose state is the same (Batch.same_state)
         self.last: tuple[Any, msgspec.Raw | None] | None = None
 
-    def state(self, raw: msgspec.Raw, table: list[Any] | None = None) -> Any:
+    def state(
+        self,
+        raw: msgspec.Raw,
+        table: list[Any] | None = None,
+        series: list[SeriesDelta] | None = None,
+    ) -> Any:
         """Decode and freeze the batch state, reusing unchanged top-level values;
-        ``table``: a lookahead step's candles, which its series list by index."""
+        ``table``: a lookahead step's candles, which its series list by index;
+        ``series``: the candle series as deltas, in place of the state's own."""
+        built = None if series is None else self._apply(series)
         try:
             parts = _RAW_MAP.decode(raw)
         except msgspec.ValidationError:  # not a str-keyed map: no reuse
@@ -176,14 +189,17 @@ class Evaluator:
             return policy.freeze(_ANY.decode(raw))
         old, new, values = self.state_cache, {}, {}
         for key, part in parts.items():
-            if table is not None and key == _SERIES_KEY:
+            if built is not None and key == SERIES_KEY:
+                values[key] = built  # its bytes (a placeholder) mean nothing: not cached
+                continue
+            if table is not None and key == SERIES_KEY:
                 # Indices mean something only with this table: never reused by bytes.
                 values[key] = self._series_refs(part, table)
                 continue
             hit = old.get(key)
             if hit is not None and hit[0] == part:
                 value = hit[1]
-            elif key == _SERIES_KEY:
+            elif key == SERIES_KEY:
                 value = self._series(part)
             else:
                 value = policy.freeze(_ANY.decode(part))
@@ -243,15 +259,36 @@ class Evaluator:
         self._bound_cache()
         return types.MappingProxyType(out)
 
+    def _apply(self, series: list[SeriesDelta]) -> Any:
+        """The candle series: each window held moved as its delta says (a delta that
+        does not fit what is held ends the worker, see :func:`series.check`)."""
+        held, windows = self.deltas, {}
+        out: dict[str, dict[str, tuple[Any, ...]]] = {}
+        for d in series:
+            key = (d.symbol, d.timeframe)
+            raws, row = held.get(key, _NO_WINDOW)
+            check(d, len(raws))
+            if d.drop or d.new:
+                fresh = [self._candle(c) for c in d.new]
+                raws, row = raws[d.drop :] + d.new, (*row[d.drop :], *fresh)
+            windows[key] = (raws, row)
+            out.setdefault(d.symbol, {})[d.timeframe] = row
+        self.deltas = windows
+        self._bound_cache()
+        return types.MappingProxyType(
+            {symbol: types.MappingProxyType(frames) for symbol, frames in out.items()}
+        )
+
     def _bound_cache(self) -> None:
         """Keep the candle cache near the candles in view: past twice those plus a
         slack (windows that jumped, lookahead tables), keep only those in view."""
-        held = sum(len(c) for c, _ in self.windows.values())
+        if len(self.candle_cache) <= _CANDLE_SLACK:
+            return
+        views = [*self.windows.values(), *self.deltas.values()]
+        held = sum(len(c) for c, _ in views)
         if len(self.candle_cache) > 2 * held + _CANDLE_SLACK:
             self.candle_cache = {
-                bytes(c): v
-                for cs, row in self.windows.values()
-                for c, v in zip(cs, row, strict=True)
+                bytes(c): v for cs, row in views for c, v in zip(cs, row, strict=True)
             }
 
     def _moved(
@@ -336,7 +373,7 @@ class Evaluator:
                 raise HookCrashed("a batch reused a state this worker never had")
             state, last_outputs = self.last
         else:
-            state = self.state(batch.state)
+            state = self.state(batch.state, series=batch.series)
             hit = self.state_cache.get(LAST_OUTPUTS)
             last_outputs = hit[0] if hit is not None else None
             self.last = (state, last_outputs)
