@@ -48,7 +48,6 @@ from hooks_runtime.series import (
     Windows,
     deltas,
     deltas_size,
-    packed_size,
     split,
 )
 from hooks_runtime.spin import WORKER_LINGER, SpinPolicy
@@ -358,7 +357,7 @@ class WorkerPool:
                 worker.kill()
                 return []
             worker.sent_state, worker.sent_windows = rest, windows
-            worker.series = held
+            worker.series, worker.sent_size = held, full
             return await self._collect(
                 worker, batch_id, hooks, calls, spin_us, compile_only, len(ahead)
             )
@@ -566,11 +565,12 @@ def _plan(
     (whatever this worker holds: the size checks do not depend on which worker
     gets a request)."""
     same = rest == worker.sent_state and windows == worker.sent_windows
-    series, held = None, worker.series
-    if windows is not None and not same:
-        series, held = deltas(held, windows)
-    full = len(rest) if windows is None else len(rest) - 1 + packed_size(held)
-    return same, series, held, full
+    if windows is None:
+        return same, None, worker.series, len(rest)
+    if same:
+        return same, None, worker.series, worker.sent_size
+    series, held, candles = deltas(worker.series, windows)
+    return same, series, held, len(rest) - 1 + candles
 
 
 def _prepare(state: Any) -> msgspec.Raw | SplitState:

@@ -146,6 +146,7 @@ class WorkerProcess:
         # ... and its candle windows, when they went apart (as deltas, see
         # :mod:`hooks_runtime.series`): None when that state went whole.
         self.sent_windows: Windows | None = None
+        self.sent_size = 0  # that state's bytes, encoded whole
         # The candle windows the worker holds from its last batch with deltas.
         self.series: Held = {}
         self.poisoned = False  # a MemoryError happened: replace after this batch

@@ -102,7 +102,7 @@ class Batch(msgspec.Struct, tag="batch", frozen=True):
     same_state: bool = False
     # The first state's candle series as deltas (see :mod:`hooks_runtime.series`):
     # ``state`` then has an empty map at its ``candles`` key, and the worker builds
-    # the series there from the windows it holds; a series not listed is gone.
+    # the series listed here from the windows it holds (it keeps the others).
     series: list[SeriesDelta] | None = None
 
 

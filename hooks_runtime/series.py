@@ -3,10 +3,15 @@ a batch carries the candles that came in, not the whole window (sans-I/O).
 
 A closed candle moves a window of ``state_candles`` candles on by one: sent
 whole, every batch would re-send (and the worker re-scan) some 50 candles to
-change one. Here the parent keeps, per worker, the windows it last sent as
+change one. Here the parent keeps, per worker, the windows it has sent as
 deltas (:attr:`WorkerProcess.series`); the worker keeps the same windows, and
-a :class:`~hooks_runtime.protocol.SeriesDelta` says how each one moved. Both
-sides start empty with a fresh worker, so the first batch carries every candle.
+a :class:`~hooks_runtime.protocol.SeriesDelta` says how each series of the
+state moved. A series the state does not list stays held (an event's state
+has its own symbol's series only: events of several symbols take turns), up
+to :data:`MAX_HELD_SERIES` windows and :data:`MAX_HELD_CANDLES` candles (~16 MB
+frozen in the worker), the least recently listed going first; both sides
+apply that same rule to the same batches (:func:`forget_oldest`). Both start
+empty with a fresh worker, so the first batch carries every candle.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import msgspec
 
 from daemon.errors import HookCrashed
 from hooks_runtime.protocol import SERIES_KEY, SeriesDelta, encode_state
+
+MAX_HELD_SERIES = 64  # candle windows a worker keeps between batches
+MAX_HELD_CANDLES = 20_000  # and candles in them
 
 Windows = dict[tuple[str, str], list[msgspec.Raw]]
 # The windows a worker holds, each with its candles' bytes (kept as they move).
@@ -51,12 +59,15 @@ def split(state: dict[str, Any]) -> SplitState | None:
     return SplitState(encode_state(state | {SERIES_KEY: {}}), windows)
 
 
-def deltas(held: Held, now: Windows) -> tuple[list[SeriesDelta], Held]:
-    """How each window of ``now`` moved from the one the worker holds (``held``; a
-    series missing from ``now`` is dropped by the worker), and what it holds after.
-    Lists compare in C. Every candle is checked to be msgpack as it comes in (one
-    equal to a held candle is: a Raw equals only a Raw); TypeError otherwise."""
-    out, after = [], {}
+def deltas(held: Held, now: Windows) -> tuple[list[SeriesDelta], Held, int]:
+    """How each window of ``now`` moved from the one the worker holds (``held``), what
+    it holds after, and the msgpack size of ``now`` as a ``{symbol: {timeframe:
+    [candle, ...]}}`` map. Lists compare in C. Every candle is checked to be
+    msgpack as it comes in (one equal to a held candle is: a Raw equals only a
+    Raw); TypeError otherwise."""
+    out, after = [], dict(held)
+    frames: dict[str, int] = {}  # timeframes per symbol
+    packed = 0
     for key, window in now.items():
         old, size = held.get(key, _NONE)
         n, m = len(window), len(old)
@@ -74,8 +85,23 @@ def deltas(held: Held, now: Windows) -> tuple[list[SeriesDelta], Held]:
         if new and set(map(type, new)) != {msgspec.Raw}:
             raise TypeError(f"series {key[0]} {key[1]} mixes encoded and plain candles")
         out.append(SeriesDelta(key[0], key[1], m, drop, new))
+        after.pop(key, None)  # the most recently listed last
         after[key] = (window, size)
-    return out, after
+        frames[key[0]] = frames.get(key[0], 0) + 1
+        packed += _str_size(key[1]) + _header(n, 15) + size
+    forget_oldest(after)
+    packed += _header(len(frames), 15)
+    packed += sum(_str_size(symbol) + _header(k, 15) for symbol, k in frames.items())
+    return out, after, packed
+
+
+def forget_oldest(held: dict[tuple[str, str], tuple[list[Any], Any]]) -> None:
+    """Keep at most :data:`MAX_HELD_SERIES` windows of :data:`MAX_HELD_CANDLES`
+    candles in all: the least recently listed go (a dict keeps the order its keys
+    were last inserted in)."""
+    total = sum(len(window) for window, _ in held.values())
+    while held and (len(held) > MAX_HELD_SERIES or total > MAX_HELD_CANDLES):
+        total -= len(held.pop(next(iter(held)))[0])
 
 
 _NONE: tuple[list[msgspec.Raw], int] = ([], 0)
@@ -89,17 +115,6 @@ def check(delta: SeriesDelta, held: int) -> None:
             f"series {delta.symbol} {delta.timeframe}: a delta for {delta.held} candles "
             f"(drop {delta.drop}), the worker holds {held}"
         )
-
-
-def packed_size(held: Held) -> int:
-    """The msgpack size of ``{symbol: {timeframe: [candle, ...]}}`` for ``held``."""
-    frames: dict[str, int] = {}  # timeframes per symbol
-    size = 0
-    for (symbol, tf), (window, candles) in held.items():
-        frames[symbol] = frames.get(symbol, 0) + 1
-        size += _str_size(tf) + _header(len(window), 15) + candles
-    size += _header(len(frames), 15)
-    return size + sum(_str_size(symbol) + _header(n, 15) for symbol, n in frames.items())
 
 
 def deltas_size(series: list[SeriesDelta] | None) -> int:

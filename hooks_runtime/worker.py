@@ -46,7 +46,7 @@ from hooks_runtime.protocol import (
     decode_to_worker,
     result_frame_cap,
 )
-from hooks_runtime.series import check
+from hooks_runtime.series import check, forget_oldest
 from hooks_runtime.validate import check_result, validate_result
 
 try:  # optional layers: import now, before the filesystem is closed
@@ -165,8 +165,8 @@ class Evaluator:
         # frozen: a window that only moved on by one is then compared in C, not
         # looked up candle by candle
         self.windows: dict[tuple[str, str], tuple[list[msgspec.Raw], tuple[Any, ...]]] = {}
-        # the same, for the windows the last batch with series deltas left (the parent
-        # holds the same ones: each delta is against these)
+        # the same, for the windows batches with series deltas left (the parent holds
+        # the same ones: each delta is against these), the most recently listed last
         self.deltas: dict[tuple[str, str], tuple[list[msgspec.Raw], tuple[Any, ...]]] = {}
         # the last batch's first state (frozen) and its lastOutputs bytes, for a
         # batch whose state is the same (Batch.same_state)
@@ -262,18 +262,18 @@ class Evaluator:
     def _apply(self, series: list[SeriesDelta]) -> Any:
         """The candle series: each window held moved as its delta says (a delta that
         does not fit what is held ends the worker, see :func:`series.check`)."""
-        held, windows = self.deltas, {}
+        held = self.deltas
         out: dict[str, dict[str, tuple[Any, ...]]] = {}
         for d in series:
             key = (d.symbol, d.timeframe)
-            raws, row = held.get(key, _NO_WINDOW)
+            raws, row = held.pop(key, _NO_WINDOW)  # put back last: the most recent
             check(d, len(raws))
             if d.drop or d.new:
                 fresh = [self._candle(c) for c in d.new]
                 raws, row = raws[d.drop :] + d.new, (*row[d.drop :], *fresh)
-            windows[key] = (raws, row)
+            held[key] = (raws, row)
             out.setdefault(d.symbol, {})[d.timeframe] = row
-        self.deltas = windows
+        forget_oldest(held)
         self._bound_cache()
         return types.MappingProxyType(
             {symbol: types.MappingProxyType(frames) for symbol, frames in out.items()}

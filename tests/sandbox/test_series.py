@@ -12,7 +12,14 @@ from daemon.errors import HookCrashed, HookRequestTooLarge
 from hooks_runtime import SandboxConfig, WorkerPool, open_worker_pool, spec_from_source
 from hooks_runtime.policy import freeze
 from hooks_runtime.protocol import Batch, SeriesDelta, encode_state
-from hooks_runtime.series import Held, deltas, deltas_size, packed_size, split
+from hooks_runtime.series import (
+    MAX_HELD_CANDLES,
+    MAX_HELD_SERIES,
+    Held,
+    deltas,
+    deltas_size,
+    split,
+)
 from hooks_runtime.worker import Evaluator
 from tests.sandbox.test_hostile import EVENT
 from tests.sandbox.test_pool import LOOP
@@ -60,7 +67,7 @@ def test_split_keeps_the_key_order_and_only_takes_the_daemons_form() -> None:
 def test_deltas_send_only_what_moved_and_keep_the_byte_count() -> None:
     held: Held = {}
     a = candles(0, 5)
-    series, held = deltas(held, {("BTC-USD", "1m"): a})
+    series, held, _ = deltas(held, {("BTC-USD", "1m"): a})
     assert [(d.held, d.drop, len(d.new)) for d in series] == [(0, 0, 5)]
     steps = [
         (candles(1, 5), (5, 1, 1)),  # moved on by one
@@ -70,18 +77,50 @@ def test_deltas_send_only_what_moved_and_keep_the_byte_count() -> None:
         ([], (3, 3, 0)),  # emptied
     ]
     for window, expected in steps:
-        series, held = deltas(held, {("BTC-USD", "1m"): window})
+        series, held, _ = deltas(held, {("BTC-USD", "1m"): window})
         assert [(d.held, d.drop, len(d.new)) for d in series] == [expected]
         assert series[0].new == window[len(window) - expected[2] :]
         assert held[("BTC-USD", "1m")] == (window, sum(map(len, window)))
-    series, held = deltas(held, {("ETH-USD", "5m"): candles(0, 2, "ETH-USD")})
+    series, held, _ = deltas(held, {("ETH-USD", "5m"): candles(0, 2, "ETH-USD")})
     assert [(d.symbol, d.held) for d in series] == [("ETH-USD", 0)]
-    assert list(held) == [("ETH-USD", "5m")]  # the series not sent is gone
+    assert list(held) == [("BTC-USD", "1m"), ("ETH-USD", "5m")]  # kept, latest last
+    series, held, _ = deltas(held, {("BTC-USD", "1m"): [*candles(1, 6)[1:], *candles(9, 1)]})
+    assert [(d.held, d.drop, len(d.new)) for d in series] == [(0, 0, 6)]  # held, empty
+    assert list(held) == [("ETH-USD", "5m"), ("BTC-USD", "1m")]
+
+
+def test_the_oldest_windows_go_first_on_both_sides() -> None:
+    """Symbols taking turns each cost one candle a batch while their windows are
+    held; beyond the caps the least recently listed window is forgotten, by the
+    parent and the worker alike."""
+    ev, held = Evaluator(SandboxConfig()), {}
+
+    def turn(symbol: str, first: int) -> list[int]:
+        nonlocal held
+        whole = state({symbol: {"1m": candles(first, 5, symbol)}})
+        parts = split(whole)
+        assert parts is not None
+        sent, held, _ = deltas(held, parts.windows)
+        assert ev.state(parts.rest, series=sent) == plain(whole)
+        assert list(ev.deltas) == list(held)
+        return [len(d.new) for d in sent]
+
+    symbols = [f"S{i}" for i in range(MAX_HELD_SERIES)]
+    for step in range(3):
+        for symbol in symbols:
+            assert turn(symbol, step) == [5 if step == 0 else 1]
+    assert turn("NEW", 0) == [5]
+    assert ("S0", "1m") not in held and ("S1", "1m") in held
+    assert turn("S0", 3) == [5]  # forgotten: sent whole
+    assert turn("S2", 3) == [1]
+    big = {(f"B{i}", "1m"): candles(0, MAX_HELD_CANDLES // 3, f"B{i}") for i in range(4)}
+    _, held, _ = deltas(held, big)
+    assert list(held) == [("B1", "1m"), ("B2", "1m"), ("B3", "1m")]  # within the cap
 
 
 def test_a_plain_candle_among_encoded_ones_is_refused() -> None:
     window: list[Any] = candles(0, 3)
-    _, held = deltas({}, {("BTC-USD", "1m"): window})
+    _, held, _ = deltas({}, {("BTC-USD", "1m"): window})
     moved = [*window[1:], {"close": 1.0}]
     with pytest.raises(TypeError, match="mixes encoded and plain"):
         deltas(held, {("BTC-USD", "1m"): moved})
@@ -93,11 +132,11 @@ def test_sizes_are_the_msgpack_sizes(n: int) -> None:
     many = [msgspec.Raw(b"\x01")] * n
     windows = {("BTC-USD", "1m"): many, ("BTC-USD", "x" * 40): candles(0, 2)}
     windows |= {(f"S{i}", "1h"): candles(i, 1) for i in range(17)}
-    _, held = deltas({}, windows)
+    _, _, size = deltas({("X", "1m"): (candles(0, 3), 99)}, windows)  # X: not listed
     nested: dict[str, dict[str, list[msgspec.Raw]]] = {}
     for (symbol, tf), window in windows.items():
         nested.setdefault(symbol, {})[tf] = window
-    assert packed_size(held) == len(_enc.encode(nested))
+    assert size == len(_enc.encode(nested))
     series = [SeriesDelta("BTC-USD", "1m", n, n, many), SeriesDelta("E", "5m", 300, 1, [])]
     assert deltas_size(series) == len(_enc.encode(series))
     assert deltas_size(None) == len(_enc.encode(None))
@@ -118,7 +157,7 @@ def test_the_worker_builds_what_the_whole_state_would_give() -> None:
         whole = state(series, tag=str(i))
         parts = split(whole)
         assert parts is not None
-        sent, held = deltas(held, parts.windows)
+        sent, held, _ = deltas(held, parts.windows)
         got = ev.state(parts.rest, series=sent)
         assert got == plain(whole)
         assert list(got) == list(whole)
@@ -134,14 +173,14 @@ def test_whole_and_delta_batches_interleave() -> None:
     ev = Evaluator(SandboxConfig())
     first = split(state({"BTC-USD": {"1m": candles(0, 3)}}))
     assert first is not None
-    sent, held = deltas({}, first.windows)
+    sent, held, _ = deltas({}, first.windows)
     ev.state(first.rest, series=sent)
     other = state({"BTC-USD": {"1m": candles(50, 3)}}, tag="whole")
     assert ev.state(encode_state(other)) == plain(other)
     moved = state({"BTC-USD": {"1m": candles(1, 3)}})
     parts = split(moved)
     assert parts is not None
-    sent, held = deltas(held, parts.windows)
+    sent, held, _ = deltas(held, parts.windows)
     assert [(d.held, d.drop) for d in sent] == [(3, 1)]
     assert ev.state(parts.rest, series=sent) == plain(moved)
 
@@ -207,3 +246,30 @@ async def test_the_size_limit_counts_the_whole_state_on_any_worker() -> None:
         with pytest.raises(HookRequestTooLarge):
             await p.evaluate("fresh", [WINDOW_READER], EVENT, window(refused))
         assert (await p.evaluate("fresh", [WINDOW_READER], EVENT, window(refused - 1)))[0].ok
+
+
+LAST_CLOSES = spec_from_source(
+    "wake_last_closes",
+    "wake",
+    """
+def evaluate(event, state):
+    seen = [s + ":" + str(len(f["1m"])) + ":" + str(int(f["1m"][-1]["close"]))
+            for s, f in state["candles"].items()]
+    return {"decision": "IGNORE", "reason": " ".join(seen)}
+""",
+)
+
+
+async def test_symbols_taking_turns_cost_a_candle_each(
+    pool: WorkerPool, sent_batches: list[Batch]
+) -> None:
+    """An event's state has its own symbol's series only: with two symbols taking
+    turns, each keeps its window in the worker and each batch carries one candle."""
+    for i in range(3):
+        for symbol in ("BTC-USD", "ETH-USD"):
+            whole = state({symbol: {"1m": candles(i, 4, symbol)}})
+            results = await pool.evaluate("turns", [LAST_CLOSES], EVENT, whole)
+            decision = results[0].decision
+            assert decision is not None and decision.reason == f"{symbol}:4:{100 + i + 3}"
+    sizes = [[len(d.new) for d in b.series or []] for b in sent_batches]
+    assert sizes == [[4], [4], [1], [1], [1], [1]]
