@@ -99,6 +99,8 @@ def forget_oldest(held: dict[tuple[str, str], tuple[list[Any], Any]]) -> None:
     """Keep at most :data:`MAX_HELD_SERIES` windows of :data:`MAX_HELD_CANDLES`
     candles in all: the least recently listed go (a dict keeps the order its keys
     were last inserted in)."""
+    if len(held) == 1 and len(next(iter(held.values()))[0]) <= MAX_HELD_CANDLES:
+        return  # one series (an agent on one symbol): nothing to count
     total = sum(len(window) for window, _ in held.values())
     while held and (len(held) > MAX_HELD_SERIES or total > MAX_HELD_CANDLES):
         total -= len(held.pop(next(iter(held)))[0])
@@ -140,5 +142,15 @@ def _header(n: int, fix: int) -> int:
 
 
 def _str_size(s: str) -> int:
-    n = len(s.encode())
-    return n + (1 if n < 32 else 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5)
+    """Bytes of a msgpack str (symbols and timeframes: a few, asked every batch)."""
+    size = _STR_SIZES.get(s)
+    if size is None:
+        n = len(s.encode())
+        size = n + (1 if n < 32 else 2 if n < 1 << 8 else 3 if n < 1 << 16 else 5)
+        if len(_STR_SIZES) >= 4096:
+            _STR_SIZES.clear()
+        _STR_SIZES[s] = size
+    return size
+
+
+_STR_SIZES: dict[str, int] = {}
