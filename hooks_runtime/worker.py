@@ -186,7 +186,10 @@ class Evaluator:
             parts = _RAW_MAP.decode(raw)
         except msgspec.ValidationError:  # not a str-keyed map: no reuse
             self.state_cache = {}
-            return policy.freeze(_ANY.decode(raw))
+            whole = _ANY.decode(raw)
+            if built is not None and type(whole) is dict and SERIES_KEY in whole:
+                whole[SERIES_KEY] = built
+            return policy.freeze(whole)
         old, new, values = self.state_cache, {}, {}
         for key, part in parts.items():
             if built is not None and key == SERIES_KEY:

@@ -167,6 +167,18 @@ def test_the_worker_builds_what_the_whole_state_would_give() -> None:
         ev.state(parts.rest, series=[stale])
 
 
+def test_a_state_with_other_keys_than_strings_still_gets_its_series() -> None:
+    """The worker decodes such a state whole (no reuse by key); the series built
+    from the deltas still take the candles' place."""
+    ev = Evaluator(SandboxConfig())
+    whole: dict[Any, Any] = {"candles": {"BTC-USD": {"1m": candles(0, 3)}}, 7: "seven"}
+    parts = split(whole)
+    assert parts is not None
+    sent, _, _ = deltas({}, parts.windows)
+    got = ev.state(parts.rest, series=sent)
+    assert got == plain(whole)
+
+
 def test_whole_and_delta_batches_interleave() -> None:
     """A state sent whole in between (a shared pre-encoded state) leaves the windows
     the deltas are against as they were."""
