@@ -405,39 +405,43 @@ class WorkerPool:
         for i, c in enumerate(calls):
             if c.source:
                 budgets[i] += cfg.compile_timeout_ms / 1000
+        n = len(hooks)
+        out: list[HookResult] = []
+
+        def accept(res: Result) -> None:  # as each arrives: while the worker runs the next
+            out.append(self._accept(hooks[len(out) % n], res, compile_only))
+
         try:
             results, failure, msg = await worker.collect(
-                batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone
+                batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone, accept
             )
         except BaseException:  # cancelled mid-batch: its results would confuse the next one
             worker.kill()
             raise
-        n = len(hooks)
         for c in calls[: len(results)]:
             if c.source is not None:
                 worker.known[c.hook_id] = c.revision
         worker.evaluations += len(results)
-        out = [
-            self._accept(worker, hooks[i % n], res, compile_only) for i, res in enumerate(results)
-        ]
+        for res in results:
+            if res.error_kind == "memory":
+                worker.poisoned = True
+            elif res.error_kind and res.error_kind not in _WORKER_ERROR_KINDS:
+                worker.kill()  # a worker that reports what it cannot have seen
         if failure is not None:
             worker.kill()
             culprit = hooks[len(results) % n]
             out.append(_error(culprit, failure, msg, budgets[len(results)] * 1000))
         return out
 
-    def _accept(
-        self, worker: WorkerProcess, h: HookSpec, res: Result, compile_only: bool
-    ) -> HookResult:
+    def _accept(self, h: HookSpec, res: Result, compile_only: bool) -> HookResult:
+        """The daemon's view of one result (what it means for the worker is
+        :meth:`_collect`'s to act on)."""
         ms = res.runtime_us / 1000
         if res.error_kind:
             if res.error_kind not in _WORKER_ERROR_KINDS:
-                worker.kill()
                 return _error(
                     h, "crashed", f"worker reported unknown error kind {res.error_kind!r}"
                 )
-            if res.error_kind == "memory":
-                worker.poisoned = True
             msg = res.error[: self.config.max_error_chars]
             return _error(h, res.error_kind, msg, ms)  # type: ignore[arg-type]
         if compile_only:

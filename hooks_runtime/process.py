@@ -44,7 +44,7 @@ from hooks_runtime.series import Held, Windows
 from hooks_runtime.worker import BOOT
 
 F_SETPIPE_SZ = 1031
-_SPIN_SLICE = 25e-6  # longest stretch the doorbell poll holds the event loop
+_SPIN_SLICE = 25e-6  # longest stretch the result poll holds the event loop
 WORKER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -236,11 +236,17 @@ class WorkerProcess:
         sent_at: float,
         spin: float = 0.0,
         alone: Callable[[], bool] = lambda: False,
+        on_result: Callable[[Result], object] | None = None,
     ) -> tuple[list[Result], Literal["timeout", "crashed"] | None, str]:
         """Results of a batch of ``len(budgets)`` hooks, each held to its own budget
-        (seconds, counted from the previous hook's finish). With ``spin`` > 0 it first
-        polls the doorbell that long, yielding to the loop between polls, while
-        ``alone()`` says no other batch is in flight (waking up costs more).
+        (seconds, counted from the previous hook's finish), each handed to
+        ``on_result`` as soon as it is read.
+
+        With ``spin`` > 0 it first polls the result pipe that long, yielding to the
+        loop every few microseconds, while ``alone()`` says no other batch is in
+        flight (waking up costs more): the caller checks each result while the
+        worker runs the next hook, and only the last one's check is left when the
+        batch ends. Past the spin it sleeps on the doorbell, rung once per batch.
 
         Returns (results so far, failure kind or None, message). On a failure the
         hook at ``len(results)`` is the culprit and the worker must be killed.
@@ -248,6 +254,8 @@ class WorkerProcess:
         results: list[Result] = []
         start = sent_at
         rung = False  # this batch's doorbell byte has been read
+        spin_end = time.monotonic() + spin if spin > 0 else 0.0
+        slice_end = 0.0
         while True:
             try:
                 got = self._drain_results(batch_id, len(results), len(budgets))
@@ -256,20 +264,28 @@ class WorkerProcess:
             now = time.monotonic()
             for r in got:  # a lying worker can only move each start between prev and now
                 start = min(max(r.done_at, start), now)
-            results.extend(got)
+                results.append(r)
+                if on_result is not None:
+                    on_result(r)
             if len(results) >= len(budgets):
-                if not rung:
+                if not rung:  # (a ring still to come is read with a later batch)
                     self._drain_bell()
                 return results, None, ""
             deadline = start + budgets[len(results)]
             if now >= deadline:
                 ms = budgets[len(results)] * 1000
                 return results, "timeout", f"exceeded its {ms:.0f} ms budget"
-            rung = spin > 0 and await self._spin_bell(min(deadline, now + spin), alone)
-            if not rung:
-                await wait_readable(self._bell, deadline - now)
-                rung = self._drain_bell()
-            spin = 0.0
+            if spin_end:
+                if now < spin_end and alone():
+                    if now >= slice_end:  # tight polls for one slice, then let others run
+                        if slice_end:
+                            await anyio.lowlevel.checkpoint()
+                        slice_end = time.monotonic() + _SPIN_SLICE
+                    continue
+                self.spin_missed = True
+                spin_end = 0.0
+            await wait_readable(self._bell, deadline - now)
+            rung = self._drain_bell()
 
     def _drain_results(self, batch_id: int, have: int, want: int) -> list[Result]:
         """Results now readable, stopping once ``want`` are in (no read that would
@@ -290,25 +306,6 @@ class WorkerProcess:
                     raise HookCrashed("worker answered out of order")
                 got.append(frame)
         return got
-
-    async def _spin_bell(self, until: float, alone: Callable[[], bool]) -> bool:
-        """Poll the doorbell until ``until``; True once it rang (or closed)."""
-        bell = self._bell
-        while alone():
-            now = time.monotonic()
-            if now >= until:
-                break
-            slice_end = min(until, now + _SPIN_SLICE)
-            while True:  # tight polls for one slice, then let other tasks run
-                try:
-                    os.read(bell, 4096)
-                    return True
-                except BlockingIOError:
-                    if time.monotonic() >= slice_end:
-                        break
-            await anyio.lowlevel.checkpoint()
-        self.spin_missed = True
-        return False
 
     def _drain_bell(self) -> bool:
         """Read what the doorbell holds; True if it had rung (or closed)."""

@@ -20,8 +20,8 @@ from daemon.cli.main import cli
 from daemon.errors import SandboxUnavailable
 from hooks_runtime import HookBreaker, SandboxConfig, WorkerPool, open_worker_pool, spec_from_source
 from hooks_runtime.decisions import Ignore, Wake
-from hooks_runtime.process import WORKER_ENV, worker_sys_path
-from hooks_runtime.protocol import Batch, encode_state
+from hooks_runtime.process import WORKER_ENV, WorkerProcess, worker_sys_path
+from hooks_runtime.protocol import Batch, HookCall, encode_state
 from tests.sandbox.conftest import SECRET_VALUE, TEST_CONFIG, Sentinels
 from tests.sandbox.test_hostile import CANARY, EVENT, STATE
 
@@ -584,6 +584,40 @@ async def test_worker_command_is_isolated_python(pool: WorkerPool) -> None:
     assert cmd[:7] == [sys.executable, "-I", "-S", "-B", "-X", "int_max_str_digits=4300", "-c"]
     assert cmd[8] == "9" and all(map(os.path.isdir, cmd[9:]))
     assert pool.ready is not None and pool.ready.python == sys.version.split()[0]
+
+
+async def test_polling_hands_each_result_over_as_the_worker_writes_it() -> None:
+    """While the parent polls, it gets each hook's result as soon as the worker writes
+    it, so it checks one result while the worker runs the next hook: the fast hook's
+    result is handed over a slow hook's runtime before the slow one's."""
+    fast = _ok("wake_fast")
+    slow = spec_from_source(
+        "wake_slow",
+        "wake",
+        "def evaluate(e, s):\n    n = 0\n    for i in range(300000):\n        n += i\n"
+        '    return {"decision": "IGNORE", "reason": str(n)}\n',
+    )
+    worker = await WorkerProcess.start(TEST_CONFIG)
+    seen: list[tuple[int, float]] = []
+    try:
+        calls = [HookCall(h.hook_id, h.revision, h.kind, h.source) for h in (fast, slow)]
+        await worker.send(worker.encoder.encode(Batch(1, EVENT, encode_state(STATE), calls)))
+        results, failure, _ = await worker.collect(
+            1,
+            [5.0, 5.0],
+            time.monotonic(),
+            spin=5.0,
+            alone=lambda: True,
+            on_result=lambda r: seen.append((r.index, time.monotonic())),
+        )
+    finally:
+        worker.kill()
+        worker.proc.wait()
+    assert failure is None and [r.error_kind for r in results] == ["", ""]
+    assert [i for i, _ in seen] == [0, 1]
+    slow_s = results[1].runtime_us / 1e6
+    assert slow_s > 0.01  # the loop is long enough to tell the two apart
+    assert seen[1][1] - seen[0][1] > slow_s / 2
 
 
 @pytest.mark.parametrize("spin_us", [0, 2000])
