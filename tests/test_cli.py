@@ -39,6 +39,42 @@ def test_help_lists_commands() -> None:
         assert cmd in out
 
 
+@pytest.mark.parametrize("args", [["status", "--help"], ["why", "--help"], ["audit", "tail", "-h"]])
+def test_operator_commands_load_only_what_they_use(args: list[str]) -> None:
+    """A command imports its own module only: `status` or `why` in a terminal does not
+    pay for the LLM runner, its tools and their HTTP stack (~0.3 s each start)."""
+    probe = (
+        "import sys\n"
+        "from daemon.cli.main import main\n"
+        f"sys.argv = ['marketwake', *{args!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('aiohttp', 'daemon.tools', 'daemon.llm.runner') "
+        "if m in sys.modules]\n"
+        "print('heavy:', heavy)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "heavy: []" in res.stdout, res.stdout
+
+
+def test_every_command_loads() -> None:
+    """Each listed command imports and is a click command with help."""
+    from click.testing import CliRunner
+
+    from daemon.cli.main import COMMANDS, cli
+
+    for name in COMMANDS:
+        res = CliRunner().invoke(cli, [name, "--help"])
+        assert res.exit_code == 0 and "Usage:" in res.output, (name, res.output)
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [

@@ -1,25 +1,52 @@
-"""Entry point: ``marketwake <command>``. Commands live in small sibling modules."""
+"""Entry point: ``marketwake <command>``. Commands live in small sibling modules,
+imported when their command runs: ``status`` or ``why`` do not load the LLM
+runner, its tools and their HTTP stack (~0.3 s at every start)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from daemon import __version__
-from daemon.cli.agent import agent_group
-from daemon.cli.audit import audit_group, why_command
-from daemon.cli.backtest import backtest_command
-from daemon.cli.copytrade import copytrade_group
-from daemon.cli.demo import demo_command
-from daemon.cli.hooks import hooks_group
-from daemon.cli.mcp import mcp_command
-from daemon.cli.rag import rag_group
-from daemon.cli.run import config_group, run_command, status_command
 from daemon.errors import MarketwakeError
 
+# Command name -> (module, attribute).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("daemon.cli.agent", "agent_group"),
+    "audit": ("daemon.cli.audit", "audit_group"),
+    "backtest": ("daemon.cli.backtest", "backtest_command"),
+    "config": ("daemon.cli.run", "config_group"),
+    "copytrade": ("daemon.cli.copytrade", "copytrade_group"),
+    "demo": ("daemon.cli.demo", "demo_command"),
+    "hooks": ("daemon.cli.hooks", "hooks_group"),
+    "mcp": ("daemon.cli.mcp", "mcp_command"),
+    "rag": ("daemon.cli.rag", "rag_group"),
+    "run": ("daemon.cli.run", "run_command"),
+    "status": ("daemon.cli.run", "status_command"),
+    "why": ("daemon.cli.audit", "why_command"),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Commands(click.Group):
+    """A group whose commands are imported on first use (``--help`` imports them all,
+    for their one-line descriptions)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command = getattr(importlib.import_module(where[0]), where[1])
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{where[0]}.{where[1]} is not a click command")
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="marketwake")
 def cli() -> None:
     """marketwake watches markets so your LLM trading agent does not have to.
@@ -27,20 +54,6 @@ def cli() -> None:
     Feeds put events on a bus; sandboxed hooks decide whether to wake the
     agent, alert, or propose a trade; everything is audit-logged.
     """
-
-
-cli.add_command(run_command)
-cli.add_command(status_command)
-cli.add_command(config_group)
-cli.add_command(demo_command)
-cli.add_command(audit_group)
-cli.add_command(why_command)
-cli.add_command(hooks_group)
-cli.add_command(rag_group)
-cli.add_command(mcp_command)
-cli.add_command(agent_group)
-cli.add_command(backtest_command)
-cli.add_command(copytrade_group)
 
 
 def _deliberate(exc: BaseException) -> MarketwakeError | None:
