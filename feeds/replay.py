@@ -50,7 +50,14 @@ import structlog
 from anyio.abc import TaskStatus
 
 from daemon.errors import ReplayError
-from daemon.events import TIMEFRAMES, Candle, FeedEvent, decode, parse_iso_ms
+from daemon.events import (
+    MARKET_CANDLE_CLOSED,
+    TIMEFRAMES,
+    Candle,
+    FeedEvent,
+    decode,
+    parse_iso_ms,
+)
 from feeds.base import FeedHealth, Publish
 from feeds.candles.protocol import closed_event
 from feeds.config import ReplaySection
@@ -143,6 +150,38 @@ class ReplayFeed:
         if not self.config.files:
             return self._selected()
         return heapq.merge(*(part._selected() for part in self.parts()), key=lambda te: te[0])
+
+    def closes(self, symbol: str) -> Iterator[tuple[int, float]]:
+        """(close time ms, close) of ``symbol``'s closed candles within ``from_ms`` ..
+        ``to_ms``, in order, over every file: what a backtest report draws. A CSV's
+        time and close columns are read alone (~6x faster than building the events:
+        a replay has checked every row), a JSONL recording's candles from its events."""
+        parts = [part._closes(symbol) for part in self.parts()]
+        return heapq.merge(*parts, key=lambda tc: tc[0]) if len(parts) > 1 else parts[0]
+
+    def _closes(self, symbol: str) -> Iterator[tuple[int, float]]:
+        if self.format() == "jsonl":
+            for t, event in self._selected():
+                if event.topic != MARKET_CANDLE_CLOSED or event.symbol != symbol:
+                    continue
+                close = event.payload.get("close") if isinstance(event.payload, dict) else None
+                if isinstance(close, int | float):
+                    yield t, float(close)
+            return
+        if self.config.symbol != symbol or self.config.timeframe not in TIMEFRAMES:
+            return
+        tf_ms = TIMEFRAMES[self.config.timeframe] * 1000
+        lo, hi = self.config.from_ms, self.config.to_ms or None
+        lines = self._lines()
+        next(lines, None)  # the header
+        for _, line in lines:
+            fields = line.split(",", 5)
+            try:
+                t, close = int(fields[0]) + tf_ms, float(fields[4])
+            except (ValueError, IndexError):
+                continue  # a blank line (a bad row fails the replay itself)
+            if t >= lo and (hi is None or t < hi):
+                yield t, close
 
     def _selected(self) -> Iterator[tuple[int, FeedEvent]]:
         lo, hi = self.config.from_ms, self.config.to_ms or None

@@ -46,7 +46,7 @@ from daemon.config import (
     TradingSection,
 )
 from daemon.errors import ConfigError
-from daemon.events import MARKET_CANDLE_CLOSED, iso_ms, parse_iso_ms
+from daemon.events import iso_ms, parse_iso_ms
 from daemon.service import Component
 from daemon.trading.paper import Fees
 from daemon.trading.paper_store import PaperStore
@@ -228,13 +228,7 @@ def count_events(opts: BacktestOptions) -> int:
 
 def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
     """The replayed candle closes of ``symbol`` (what the price plot draws)."""
-    out = []
-    for t, event in ReplayFeed(config.feeds.replay).selected():
-        if event.topic == MARKET_CANDLE_CLOSED and event.symbol == symbol:
-            close = event.payload.get("close") if isinstance(event.payload, dict) else None
-            if isinstance(close, int | float):
-                out.append((t, float(close)))
-    return out
+    return list(ReplayFeed(config.feeds.replay).closes(symbol))
 
 
 def _times(rows: list[AuditRow], decision: str) -> list[int]:

@@ -259,3 +259,26 @@ async def test_several_files_merge_by_time_ties_in_file_order(tmp_path: Path) ->
     # a bad file among several fails before the feed starts, naming it
     with pytest.raises(ReplayError, match=r"bad\.csv"):
         await replay(feed_for(btc, files=[ReplayFileSection(path=str(bad))]))
+
+
+@pytest.mark.parametrize("bounds", [{}, {"from_ms": T0 + 2 * M1, "to_ms": T0 + 4 * M1}])
+def test_closes_are_the_replayed_candle_closes(tmp_path: Path, bounds: dict[str, int]) -> None:
+    """What a report draws, read from the close column alone, is exactly what the replay
+    publishes: per symbol over several files (one gzipped, one JSONL), within the range."""
+    btc = write_csv(tmp_path / "btc.csv.gz")
+    eth = write_csv(tmp_path / "eth.csv", [(T0 + M1 // 2, "10", "11", "9", "10.5", "1")])
+    rec = write_jsonl(tmp_path / "rec.jsonl", recording())
+    files = [
+        ReplayFileSection(path=str(eth), symbol="ETH-USD", timeframe="1m"),
+        ReplayFileSection(path=str(rec), format="jsonl"),
+    ]
+    feed = feed_for(btc, timeframe="1m", files=files, **bounds)
+    for symbol in ("BTC-USD", "ETH-USD", "SOL-USD"):
+        want = [
+            (t, float(e.payload["close"]))
+            for t, e in feed.selected()
+            if e.topic == MARKET_CANDLE_CLOSED and e.symbol == symbol
+        ]
+        assert list(feed.closes(symbol)) == want
+        if symbol == "BTC-USD":  # the CSV's and the recording's candles, merged by time
+            assert len(want) == (6 if not bounds else 2)
