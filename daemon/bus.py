@@ -36,6 +36,7 @@ lag (age of the oldest waiting event) per subscriber, via :meth:`statistics`.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections import deque
@@ -85,8 +86,10 @@ class Subscription:
         # Items are [event, enqueue_ns]; lists so a pending tick can be replaced in place.
         self._queue: deque[list[object]] = deque()
         self._pending_tick: dict[str, list[object]] = {}
-        self._readable: anyio.Event | None = None
-        self._writable: anyio.Event | None = None
+        # asyncio's own events (the daemon runs on asyncio): one is made per wait, and
+        # anyio's looks up the running backend each time it is made.
+        self._readable: asyncio.Event | None = None
+        self._writable: asyncio.Event | None = None
         self._closed = False
         self.delivered = 0
         self.coalesced = 0
@@ -158,7 +161,7 @@ class Subscription:
         self.blocked_publishes += 1
         while not self._closed:
             if self._writable is None:
-                self._writable = anyio.Event()
+                self._writable = asyncio.Event()
             await self._writable.wait()
             if self._offer(event, now_ns):
                 return
@@ -259,7 +262,7 @@ class Subscription:
                 if self.overflow is not None:  # drained to the end: nothing left on disk
                     self.overflow.close()
                 raise anyio.EndOfStream
-            self._readable = anyio.Event()
+            self._readable = asyncio.Event()
             await self._readable.wait()
             self._readable = None
 

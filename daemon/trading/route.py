@@ -28,6 +28,7 @@ the broker on an event it will not see.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import anyio
@@ -84,7 +85,8 @@ class MarketRoute:
         self._left: dict[str, Mark] = {}  # what agents that stopped had finished
         self._stopping = False
         self._idle: dict[str, bool] = {}
-        self._changed: anyio.Event | None = None  # made by the first waiter only
+        # Made by the first waiter only; asyncio's own, as the bus's (daemon/bus.py).
+        self._changed: asyncio.Event | None = None
         self._finished = False
         self.applied = 0
         self.failures = 0
@@ -196,7 +198,7 @@ class MarketRoute:
 
     async def _wait(self) -> None:
         if self._changed is None:
-            self._changed = anyio.Event()
+            self._changed = asyncio.Event()
         await self._changed.wait()
 
     def _notify(self) -> None:
