@@ -594,7 +594,7 @@ async def test_polling_hands_each_result_over_as_the_worker_writes_it() -> None:
     slow = spec_from_source(
         "wake_slow",
         "wake",
-        "def evaluate(e, s):\n    n = 0\n    for i in range(300000):\n        n += i\n"
+        "def evaluate(e, s):\n    n = 0\n    for i in range(2000000):\n        n += i\n"
         '    return {"decision": "IGNORE", "reason": str(n)}\n',
     )
     worker = await WorkerProcess.start(TEST_CONFIG)
@@ -616,7 +616,7 @@ async def test_polling_hands_each_result_over_as_the_worker_writes_it() -> None:
     assert failure is None and [r.error_kind for r in results] == ["", ""]
     assert [i for i, _ in seen] == [0, 1]
     slow_s = results[1].runtime_us / 1e6
-    assert slow_s > 0.01  # the loop is long enough to tell the two apart
+    assert slow_s > 0.05  # long enough that a stall of the test itself cannot hide it
     assert seen[1][1] - seen[0][1] > slow_s / 2
 
 
