@@ -282,3 +282,13 @@ def test_closes_are_the_replayed_candle_closes(tmp_path: Path, bounds: dict[str,
         assert list(feed.closes(symbol)) == want
         if symbol == "BTC-USD":  # the CSV's and the recording's candles, merged by time
             assert len(want) == (6 if not bounds else 2)
+
+
+def test_closes_skip_blank_lines_as_the_replay_does(tmp_path: Path) -> None:
+    """Blank lines (the replay skips them) are not points of the price plot either."""
+    path = write_csv(tmp_path / "gaps.csv")
+    text = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*text[:3], "\n", "   \n", *text[3:], "\n"]))
+    feed = feed_for(path, timeframe="1m")
+    want = [(t, float(e.payload["close"])) for t, e in feed.selected()]
+    assert list(feed.closes("BTC-USD")) == want and len(want) == len(ROWS)
