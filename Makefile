@@ -41,7 +41,7 @@ bench: $(STAMP)
 REAL_5M := ../shared/data/normalized/binance_spot_BTCUSDT_5m.csv.gz
 backtest: $(STAMP)
 	@if [ -f $(REAL_5M) ]; then data=$(REAL_5M); else \
-	  data=backtest-out/synthetic-5m.csv; mkdir -p backtest-out; \
+	  data=build/synthetic-5m.csv; mkdir -p build; \
 	  $(BIN)/python -m feeds.synthetic $$data --timeframe 5m --n 8640; fi; \
 	$(BIN)/marketwake backtest --agent agents/example --data $$data --timeframe 5m --out backtest-out
 

@@ -15,6 +15,7 @@ from daemon.audit.reader import iter_records
 from daemon.backtest.report import CostModel, read_rows, timer_baseline, trades_of
 from daemon.backtest.run import BacktestOptions, render, run_backtest
 from daemon.cli.main import cli
+from daemon.errors import ConfigError
 from feeds.synthetic import generate_candles
 
 WAKE_GREEN = """
@@ -148,6 +149,44 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
         assert bad.exit_code == 2 and option in bad.output, bad.output
     backwards = CliRunner().invoke(cli, [*args, "--from", "2026-02-01", "--to", "2026-01-01"])
     assert backwards.exit_code == 2 and "--from must be before --to" in backwards.output
+
+
+def test_out_is_refused_unless_a_backtest_made_it(tmp_path: Path) -> None:
+    """A run replaces agents/ and state/ in --out: a directory of anything else (the
+    project root, a live state dir) is refused and left as it was."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=4, n=30, timeframe="5m")
+    root = tmp_path / "project"
+    alpha = agent(root / "agents")
+    (root / "state").mkdir()
+    (root / "state" / "paper.sqlite3").write_bytes(b"live")
+    args = ["backtest", "--agent", str(alpha), "--data", str(data), "--out"]
+    for out in (root, root / "state"):
+        res = CliRunner().invoke(cli, [*args, str(out)])
+        assert res.exit_code == 2 and "no backtest wrote" in res.output, res.output
+    compared = CliRunner().invoke(cli, [*args, str(root), "--compare", str(alpha)])
+    assert compared.exit_code == 2 and "no backtest wrote" in compared.output
+    assert (root / "state" / "paper.sqlite3").read_bytes() == b"live"
+    assert sorted(p.name for p in root.iterdir()) == ["agents", "state"]
+    assert (alpha / "hooks" / "wake_green.py").exists()
+    # A new or empty directory becomes a backtest's, and the next run may replace it.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (tmp_path / "new", empty, empty):
+        res = CliRunner().invoke(cli, [*args, str(out)])
+        assert res.exit_code == 0, res.output
+        assert (out / ".marketwake-backtest").is_file() and (out / "report.json").is_file()
+    # What the run would replace cannot also be its input.
+    copy = empty / "agents" / "alpha"
+    inside = CliRunner().invoke(cli, ["backtest", "--agent", str(copy), "--data", str(data),
+                                      "--out", str(empty)])  # fmt: skip
+    assert inside.exit_code == 2 and "--agent" in inside.output and "inside --out" in inside.output
+    assert (copy / "hooks" / "wake_green.py").exists()
+    (tmp_path / "file").write_text("x")
+    res = CliRunner().invoke(cli, [*args, str(tmp_path / "file")])
+    assert res.exit_code == 2 and "is a file" in res.output
+    with pytest.raises(ConfigError, match="not a directory"):
+        run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "file"))
 
 
 WAKE_RED = WAKE_GREEN.replace('c["close"] > c["open"]', 'c["close"] < c["open"]')

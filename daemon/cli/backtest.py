@@ -46,7 +46,10 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("backtest-out"),
     show_default=True,
-    help="Where the agent copy, the run's state and report.json go (replaced each run).",
+    help=(
+        "Where the agent copy, the run's state and report.json go (replaced each run): "
+        "a new or empty directory, or an earlier backtest's."
+    ),
 )
 @click.option(
     "--baseline-minutes",
