@@ -29,6 +29,7 @@ from daemon.bus import Subscription
 from daemon.config import Config, CopytradeSection, DaemonSection, FeedsSection, HooksSection
 from daemon.errors import ConfigError
 from daemon.events import MARKET_CANDLE_CLOSED
+from daemon.scratchdir import Scratch
 from daemon.state import StateCache
 from daemon.status import BusStatus
 from daemon.trading.paper_store import PaperStore
@@ -37,6 +38,15 @@ from feeds.synthetic import generate_candles
 
 DEMO_SYMBOL = "BTC-USD"
 DEMO_TIMEFRAME = "1m"
+DATA_FILE = f"synthetic_{DEMO_SYMBOL}_{DEMO_TIMEFRAME}.csv"
+REPLACED = ("state", "copytrade-agents")  # in --dir, by each demo
+DEMO_DIR = Scratch(
+    option="--dir",
+    marker=".marketwake-demo",
+    note="marketwake demo's directory: each demo replaces what is in it.\n",
+    required=DATA_FILE,
+    known=frozenset({*REPLACED, DATA_FILE, "recording.jsonl"}),
+)
 
 
 @dataclass
@@ -213,9 +223,14 @@ def demo_config(opts: DemoOptions, csv_path: Path) -> Config:
 def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     """Generate data, run the daemon on it, print a summary. Returns an exit code."""
     console = console or Console()
-    opts.directory.mkdir(parents=True, exist_ok=True)
+    agents = opts.agents_dir.resolve()
+    for sub in REPLACED:
+        replaced = opts.directory.resolve() / sub
+        if agents == replaced or replaced in agents.parents:
+            raise ConfigError(f"--agents {opts.agents_dir} is inside what --dir replaces ({sub}/)")
+    DEMO_DIR.claim(opts.directory)
     shutil.rmtree(opts.directory / "state", ignore_errors=True)  # every demo starts fresh
-    csv_path = opts.directory / f"synthetic_{DEMO_SYMBOL}_{DEMO_TIMEFRAME}.csv"
+    csv_path = opts.directory / DATA_FILE
     generate_candles(csv_path, seed=opts.seed, n=opts.candles, timeframe=DEMO_TIMEFRAME)
     record_path = opts.directory / "recording.jsonl"
     record_path.unlink(missing_ok=True)

@@ -163,9 +163,9 @@ def test_out_is_refused_unless_a_backtest_made_it(tmp_path: Path) -> None:
     args = ["backtest", "--agent", str(alpha), "--data", str(data), "--out"]
     for out in (root, root / "state"):
         res = CliRunner().invoke(cli, [*args, str(out)])
-        assert res.exit_code == 2 and "no backtest wrote" in res.output, res.output
+        assert res.exit_code == 2 and "did not write" in res.output, res.output
     compared = CliRunner().invoke(cli, [*args, str(root), "--compare", str(alpha)])
-    assert compared.exit_code == 2 and "no backtest wrote" in compared.output
+    assert compared.exit_code == 2 and "did not write" in compared.output
     assert (root / "state" / "paper.sqlite3").read_bytes() == b"live"
     assert sorted(p.name for p in root.iterdir()) == ["agents", "state"]
     assert (alpha / "hooks" / "wake_green.py").exists()
@@ -176,6 +176,11 @@ def test_out_is_refused_unless_a_backtest_made_it(tmp_path: Path) -> None:
         res = CliRunner().invoke(cli, [*args, str(out)])
         assert res.exit_code == 0, res.output
         assert (out / ".marketwake-backtest").is_file() and (out / "report.json").is_file()
+    # An older version's output (no marker) is recognized by its layout.
+    older = tmp_path / "older"
+    (older / "state").mkdir(parents=True)
+    (older / "report.json").write_text("{}")
+    assert CliRunner().invoke(cli, [*args, str(older)]).exit_code == 0
     # What the run would replace cannot also be its input.
     copy = empty / "agents" / "alpha"
     inside = CliRunner().invoke(cli, ["backtest", "--agent", str(copy), "--data", str(data),

@@ -216,6 +216,16 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     assert all(e.topic.startswith(("market.", "account.")) for e in recorded)
 
 
+def test_demo_refuses_a_dir_it_did_not_make(tmp_path: Path) -> None:
+    """Each demo replaces state/ in --dir: --dir . beside a live daemon's state is
+    refused, not emptied."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "paper.sqlite3").write_bytes(b"live")
+    res = mw("demo", "--dir", str(tmp_path), "--candles", "20", "--speed", "0", "--quiet")
+    assert res.returncode == 2 and "did not write (state)" in res.stderr, res.stderr
+    assert (tmp_path / "state" / "paper.sqlite3").read_bytes() == b"live"
+
+
 @pytest.mark.parametrize("speed", ["1200", "0"])
 def test_demo_copytrade_shows_a_follower_at_half_the_leaders_size(
     tmp_path: Path, speed: str

@@ -47,6 +47,7 @@ from daemon.config import (
 )
 from daemon.errors import ConfigError
 from daemon.events import iso_ms, parse_iso_ms
+from daemon.scratchdir import Scratch
 from daemon.service import Component
 from daemon.trading.paper import Fees
 from daemon.trading.paper_store import PaperStore
@@ -54,10 +55,14 @@ from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
 from hooks_runtime.hookfile import HOOK_NAME
 
-# In --out: the file that marks it as a backtest's, and what each run replaces.
-OUT_MARKER = ".marketwake-backtest"
-MARKER_TEXT = "A marketwake backtest's output: each run replaces agents/, state/ and the reports.\n"
-REPLACED = ("agents", "state")
+REPLACED = ("agents", "state")  # in --out, by each run
+OUT = Scratch(
+    option="--out",
+    marker=".marketwake-backtest",
+    note="A marketwake backtest's output: each run replaces agents/, state/ and the reports.\n",
+    required="report.json",
+    known=frozenset({*REPLACED, "report.json", "report.html", "a", "b", "synthetic-5m.csv"}),
+)
 
 
 class DataFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,7 +136,7 @@ def check(opts: BacktestOptions) -> None:
     out = opts.out.resolve()
     if out == agent_dir or agent_dir in out.parents:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
-    check_out(opts.out)
+    OUT.check(opts.out)
     inputs = [("--agent", agent_dir)]
     inputs += [("--data", f.resolve()) for f in (opts.data, *(m.path for m in opts.more_data))]
     if opts.revisions:  # read (after the replacing) only for them
@@ -147,44 +152,11 @@ def check(opts: BacktestOptions) -> None:
         raise ConfigError("--from must be before --to: nothing lies between them")
 
 
-def check_out(out: Path) -> None:
-    """ConfigError unless a backtest may write into ``out``: it does not exist yet,
-    is an empty directory, or holds an earlier backtest's marker. A run replaces
-    what it finds there, so a directory of anything else (the project root, the
-    live daemon's state) is refused rather than emptied."""
-    try:
-        entries = os.listdir(out)
-    except FileNotFoundError:
-        return
-    except NotADirectoryError:
-        raise ConfigError(f"--out {out} is not a directory") from None
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot read it: {exc.strerror}") from None
-    if entries and OUT_MARKER not in entries:
-        shown = ", ".join(sorted(entries)[:4]) + (", ..." if len(entries) > 4 else "")
-        raise ConfigError(
-            f"--out {out} already holds files no backtest wrote ({shown}); name a new "
-            f"or empty directory (a backtest output of an older version has no "
-            f"{OUT_MARKER} file: remove it first)"
-        )
-
-
-def claim_out(out: Path) -> None:
-    """Make ``out`` a backtest's directory (after :func:`check_out`): created, with
-    the marker that lets later runs replace what is inside."""
-    check_out(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / OUT_MARKER).write_text(MARKER_TEXT, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write there: {exc.strerror}") from None
-
-
 def prepare(opts: BacktestOptions) -> Config:
     """A fresh ``out`` with a copy of the agent, and the daemon config that runs it."""
     check(opts)
     agent_dir, out = opts.agent_dir.resolve(), opts.out.resolve()
-    claim_out(out)
+    OUT.claim(out)
     for stale in REPLACED:
         shutil.rmtree(out / stale, ignore_errors=True)
     copy = out / "agents" / agent_dir.name
@@ -302,7 +274,7 @@ def run_comparison(
 ) -> Comparison:
     """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
     differences, to ``out``/report.json."""
-    claim_out(out.resolve())
+    OUT.claim(out.resolve())
     result = compare(run_backtest(a, components), run_backtest(b, components))
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
     return result

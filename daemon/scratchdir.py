@@ -1,0 +1,63 @@
+"""Directories a command owns and replaces at every run (a backtest's ``--out``, the
+demo's ``--dir``).
+
+Such a command deletes what it finds there, so it works only in a directory
+that is new, empty, or its own: marked by an earlier run, or laid out exactly
+as a run of a version before the marker leaves it. Anything else (the project
+root, a live daemon's state dir) is refused with a :exc:`ConfigError` and left
+untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from daemon.errors import ConfigError
+
+
+class Scratch(msgspec.Struct, frozen=True, kw_only=True):
+    """What marks a command's directory, and how an unmarked one of its own looks."""
+
+    option: str  # the command's option naming the directory, for messages
+    marker: str  # the file a run leaves in it
+    note: str  # the marker's text
+    # An unmarked directory is the command's own (an older version's run) when it
+    # holds ``required`` and nothing but ``known`` names.
+    required: str
+    known: frozenset[str]
+
+    def check(self, directory: Path) -> None:
+        """ConfigError unless a run may replace what is in ``directory``."""
+        try:
+            entries = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:
+            raise ConfigError(f"{self.option} {directory} is not a directory") from None
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.option} {directory}: cannot read it: {exc.strerror}"
+            ) from None
+        if not entries or self.marker in entries:
+            return
+        if self.required in entries and self.known.issuperset(entries):
+            return
+        shown = ", ".join(sorted(entries)[:4]) + (", ..." if len(entries) > 4 else "")
+        raise ConfigError(
+            f"{self.option} {directory} already holds files this command did not write "
+            f"({shown}), which a run would replace: name a new or empty directory"
+        )
+
+    def claim(self, directory: Path) -> None:
+        """Check ``directory``, create it if need be and mark it as the command's."""
+        self.check(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / self.marker).write_text(self.note, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.option} {directory}: cannot write there: {exc.strerror}"
+            ) from None
