@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from daemon.rag.store import F32, Coverage, Hit, QueryFilter, Range
 
 _FILTERABLE = ("t_ms", "oi_delta_pct", "funding_rate")
 _RECHECK_SECONDS = 0.25
+_GENERATION = re.compile(r"gen-[0-9]{6,}")  # what CURRENT may name
 _MAX_PARTITIONS = 64
 _OPS = {
     "gt": np.greater,
@@ -152,11 +154,15 @@ class EmbeddedStore:
 
     def _current(self) -> str:
         try:
-            return (self._dir / "CURRENT").read_text().strip()
+            gen = (self._dir / "CURRENT").read_text().strip()
         except FileNotFoundError:
             return ""
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise StoreError(f"{self._dir}: cannot read CURRENT: {exc}") from None
+        if not _GENERATION.fullmatch(gen):
+            # Never a path: the next write deletes the generation it names.
+            raise StoreError(f"{self._dir}: CURRENT names no generation ({gen[:40]!r})")
+        return gen
 
     def _reload(self, force: bool = False) -> _Snapshot:
         """The current snapshot, loading a newer generation if one was written."""

@@ -400,6 +400,13 @@ def test_corrupt_store_is_store_error(tmp_path: Path, collection: Collection) ->
     (tmp_path / "x" / "CURRENT").write_text("gen-000009")
     svc = RagService(RagConfig(store=StoreSection(path=str(tmp_path))), store)
     assert _code(svc, params_from(_query_point(collection), 1)).code == -32003
+    # A CURRENT naming a path is refused as such (a write deletes what it names).
+    (tmp_path / "keep").mkdir()
+    for bad in ("../keep", "gen-1/../../keep", "\xff"):
+        (tmp_path / "x" / "CURRENT").write_text(bad, encoding="utf-8", errors="surrogateescape")
+        err = _code(svc, params_from(_query_point(collection), 1))
+        assert err.code == -32003, bad
+    assert (tmp_path / "keep").is_dir()
 
 
 def test_embedding_mismatch(collection: Collection) -> None:
