@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,19 @@ def test_missing_file(tmp_path: Path) -> None:
     """A missing file is a ConfigError naming the path."""
     with pytest.raises(ConfigError, match="config file not found"):
         config.load(tmp_path / "nope.toml")
+
+
+def test_only_a_regular_file_of_sane_size_is_read(tmp_path: Path) -> None:
+    """A FIFO, a directory or a huge file named as the config is an error at once (a
+    FIFO would block the start forever); a symbolic link to a config is fine."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.toml"
+    huge.write_bytes(b"#" * (config.MAX_CONFIG_BYTES + 1))
+    for path, why in [(fifo, "not a regular file"), (tmp_path, "a directory"),
+                      (huge, "larger than"), (Path("/dev/zero"), "not a regular file")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=why):
+            config.load(path)
+    link = tmp_path / "link.toml"
+    link.symlink_to(ROOT / "config.toml")
+    assert config.load(link) == config.load(ROOT / "config.toml")
