@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,6 +19,7 @@ import msgspec
 import msgspec.inspect
 
 from daemon.errors import ConfigError
+from daemon.inputfile import read_input
 from daemon.rag.config import RagConfig
 from daemon.secret import Secret
 from feeds.config import (
@@ -405,31 +405,11 @@ def parse(text: str, source: str = "<config>") -> Config:
         raise ConfigError(describe_error(expanded, exc, source)) from None
 
 
-def _read_config(path: Path) -> bytes:
-    """The bytes of a config file: a regular file (links are fine: config management
-    keeps them) of at most ``MAX_CONFIG_BYTES``; opened without blocking, so a FIFO
-    or a device named by mistake is an error rather than a daemon that never starts."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else f"mode {stat.filemode(mode)}"
-            raise OSError(f"not a regular file ({kind})")
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as fh:
-        data = fh.read(MAX_CONFIG_BYTES + 1)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise OSError(f"larger than {MAX_CONFIG_BYTES} bytes; is this a config file?")
-    return data
-
-
 def load(path: Path | str | None = None) -> Config:
     """Read and decode a config file (``config.toml`` by default)."""
     p = Path(path) if path is not None else DEFAULT_CONFIG_PATH
     try:
-        text = _read_config(p).decode("utf-8")
+        text = read_input(p, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
     except (OSError, UnicodeDecodeError) as exc:

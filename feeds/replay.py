@@ -34,7 +34,6 @@ parse: that is a recording cut off by a crash, so it is skipped and counted.
 
 from __future__ import annotations
 
-import gzip
 import heapq
 import itertools
 import math
@@ -58,6 +57,7 @@ from daemon.events import (
     decode,
     parse_iso_ms,
 )
+from daemon.inputfile import open_text
 from feeds.base import FeedHealth, Publish
 from feeds.candles.protocol import closed_event
 from feeds.config import ReplaySection
@@ -230,9 +230,7 @@ class ReplayFeed:
 
     def _open(self) -> IO[str]:
         try:
-            if self.path.name.endswith(".gz"):
-                return gzip.open(self.path, "rt", encoding="utf-8", newline="")
-            return self.path.open("r", encoding="utf-8", newline="")
+            return open_text(self.path, newline="")  # a FIFO is an error, never a wait
         except OSError as exc:
             raise ReplayError(f"{self.path}: cannot open replay file: {exc.strerror}") from None
 

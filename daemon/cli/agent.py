@@ -18,10 +18,11 @@ import msgspec
 
 from daemon import logs
 from daemon.agents.workspace import load_agent_config
-from daemon.cli.common import load_config_or_defaults
+from daemon.cli.common import MAX_EVENT_FILE_BYTES, load_config_or_defaults
 from daemon.config import Config
 from daemon.errors import StoreError
 from daemon.events import decode, iso_ms, now_ms
+from daemon.inputfile import read_input
 from daemon.llm.runner import LlmRunner, RegistryToolBox, Step
 from daemon.state import StateCache, read_snapshot
 from daemon.statedir import SNAPSHOT_FILE
@@ -78,7 +79,7 @@ def _reason(event_path: Path | None) -> WakeReason:
             symbol=None, topic=None, ts=None,
         )  # fmt: skip
     try:
-        event = decode(event_path.read_bytes())
+        event = decode(read_input(event_path, MAX_EVENT_FILE_BYTES))
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise click.ClickException(f"{event_path}: not a FeedEvent: {exc}") from None
     return WakeReason(

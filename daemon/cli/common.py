@@ -7,6 +7,9 @@ from pathlib import Path
 from daemon import config as config_mod
 from daemon.config import Config
 
+# An event or state JSON file a command reads (a state holds a few series of candles).
+MAX_EVENT_FILE_BYTES = 16 * 1024 * 1024
+
 
 def load_config_or_defaults(config_path: Path | None) -> Config:
     """``--config`` if given; else ./config.toml if present; else the built-in defaults."""

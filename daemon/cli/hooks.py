@@ -15,9 +15,10 @@ from daemon.agents.dispatcher import market_state
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
-from daemon.cli.common import load_config_or_defaults, resolve_state_dir
+from daemon.cli.common import MAX_EVENT_FILE_BYTES, load_config_or_defaults, resolve_state_dir
 from daemon.errors import ConfigError, HookCompileError
 from daemon.events import FeedEvent, decode, to_dict
+from daemon.inputfile import open_input, read_input
 from daemon.state import StateCache
 from daemon.trading.ledger import Ledger
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
@@ -30,7 +31,7 @@ def hooks_group() -> None:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_input(path, MAX_EVENT_FILE_BYTES).decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise click.BadParameter(f"{path}: cannot read {what} JSON: {exc}") from None
 
@@ -93,7 +94,7 @@ def replay_state(
     cache = StateCache(max_candles=max(candles, 1))
     ledger = Ledger(account)
     try:
-        fh = recording.open("rb")
+        fh = open_input(recording)
     except OSError as exc:
         raise click.BadParameter(f"{recording}: cannot read the recording: {exc}") from None
     with fh:

@@ -15,6 +15,9 @@ import msgspec
 import structlog
 
 from daemon.cli.common import load_config_or_defaults
+from daemon.inputfile import read_input
+
+MAX_PARAMS_BYTES = 1024 * 1024  # the server's default max_request_bytes
 from daemon.events import now_ms
 from daemon.rag.config import RagConfig
 from daemon.rag.features import DAY_MS, TIMEFRAME_MS, Bars, Observations
@@ -204,7 +207,15 @@ def query_cmd(
         click.echo(
             "reading params JSON from stdin (end with Ctrl-D; or pass --params FILE)", err=True
         )
-    text = sys.stdin.read() if params_file == "-" else Path(params_file).read_text()
+    if params_file == "-":
+        text = sys.stdin.read(MAX_PARAMS_BYTES + 1)
+    else:
+        try:
+            text = read_input(Path(params_file), MAX_PARAMS_BYTES).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.ClickException(f"{params_file}: cannot read params: {exc}") from None
+    if len(text) > MAX_PARAMS_BYTES:
+        raise click.ClickException(f"params: larger than {MAX_PARAMS_BYTES} bytes")
     try:
         params = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:

@@ -13,8 +13,6 @@ Accepted formats (header row required, extra columns ignored):
 
 from __future__ import annotations
 
-import gzip
-import io
 import warnings
 from pathlib import Path
 from typing import IO
@@ -23,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from daemon.errors import DataFileError
+from daemon.inputfile import open_text
 from daemon.rag.features import DAY_MS, Bars, Observations
 
 CANDLE_COLUMNS = ("open_time_ms", "open", "high", "low", "close", "volume")
@@ -30,9 +29,7 @@ CANDLE_COLUMNS = ("open_time_ms", "open", "high", "low", "close", "volume")
 
 def _open(path: Path) -> IO[str]:
     try:
-        if path.suffix == ".gz":
-            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-        return path.open(encoding="utf-8")
+        return open_text(path)  # a FIFO or device is an error, never a wait
     except OSError as exc:
         raise DataFileError(f"{path}: cannot open: {exc}") from None
 

@@ -1,0 +1,70 @@
+"""Files the operator names are read only if regular: a FIFO or device is an error at
+once, never a wait (or /dev/zero read until memory runs out)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import ReplayError
+from daemon.inputfile import open_text, read_input
+from feeds.config import ReplaySection
+from feeds.replay import ReplayFeed
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def test_only_regular_files_within_the_cap(tmp_path: Path, fifo: Path) -> None:
+    for path, why in [(fifo, "not a regular file (mode p"), (tmp_path, "(a directory)"),
+                      (Path("/dev/zero"), "not a regular file (mode c")]:  # fmt: skip
+        with pytest.raises(OSError) as err:
+            read_input(path, 100)
+        assert why in str(err.value) and str(path) not in str(err.value)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 101)
+    with pytest.raises(OSError, match="larger than 100 bytes"):
+        read_input(big, 100)
+    assert read_input(big, 101) == b"x" * 101
+    link = tmp_path / "link"
+    link.symlink_to(big)  # an operator's link is fine
+    assert read_input(link, 200) == b"x" * 101
+
+
+def test_text_plain_and_gzipped_close_what_they_open(tmp_path: Path) -> None:
+    """(pytest turns an unclosed file's ResourceWarning into an error)"""
+    plain, packed = tmp_path / "a.csv", tmp_path / "a.csv.gz"
+    plain.write_text("1,2\n3,4\n")
+    packed.write_bytes(gzip.compress(b"1,2\n3,4\n"))
+    for path in (plain, packed):
+        with open_text(path) as fh:
+            assert fh.read() == "1,2\n3,4\n"
+
+
+def test_a_replay_of_a_fifo_fails_at_once(fifo: Path) -> None:
+    feed = ReplayFeed(ReplaySection(enabled=True, path=str(fifo)))
+    with pytest.raises(ReplayError, match="not a regular file"):
+        list(feed.selected())
+
+
+def test_commands_refuse_a_fifo_instead_of_waiting(fifo: Path) -> None:
+    exe = [sys.executable, "-m", "daemon.cli"]
+    for args in (["config", "check", str(fifo)],
+                 ["hooks", "test", "agents/example", "--event", str(fifo)],
+                 ["hooks", "test", "agents/example", "--recording", str(fifo), "--event-id", "x"],
+                 ["rag", "query", "--params", str(fifo)]):  # fmt: skip
+        done = subprocess.run(
+            [*exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode in (1, 2) and "not a regular file" in done.stderr, (args, done)
