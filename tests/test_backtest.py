@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import struct
 import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 from click.testing import CliRunner
 
 from daemon.audit.reader import iter_records
-from daemon.backtest.report import CostModel, read_rows, timer_baseline, trades_of
-from daemon.backtest.run import BacktestOptions, render, run_backtest
+from daemon.backtest.report import (
+    INTERRUPTED,
+    CostModel,
+    Report,
+    read_rows,
+    timer_baseline,
+    trades_of,
+)
+from daemon.backtest.run import BacktestOptions, render, run_backtest, run_comparison
 from daemon.cli.main import cli
 from daemon.errors import ConfigError
+from daemon.service import Component, Service
 from feeds.synthetic import generate_candles
 
 WAKE_GREEN = """
@@ -428,3 +442,71 @@ def test_the_report_reader_skips_what_is_not_an_audit_row() -> None:
         ("hook", "wake_a", "WAKE", None),
         ("run", None, None, "ok"),
     ]
+
+
+def stop_after(published: int) -> Component:
+    """A component that stops the daemon as a signal would, once ``published``
+    events are on the bus."""
+
+    @asynccontextmanager
+    async def component(service: Service) -> AsyncIterator[None]:
+        async def watch() -> None:
+            while True:  # polled, as the progress bar does: no subscriber to slow it
+                if service.bus.published >= published:
+                    service.request_stop()
+                    return
+                await anyio.sleep(0.002)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            yield
+            tg.cancel_scope.cancel()
+
+    return component
+
+
+def test_a_stopped_backtest_says_its_report_is_partial(tmp_path: Path) -> None:
+    """Ctrl-C / SIGTERM: the report of what was replayed is written, marked
+    incomplete (json, terminal, html), and a comparison does not start B."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=20_000, timeframe="5m")
+    opts = BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=data, out=tmp_path / "out")
+    report = run_backtest(opts, [stop_after(300)])
+    assert not report.complete and 300 <= report.events < 20_000
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["complete"] is False
+    assert "INTERRUPTED" in render(report)
+    assert INTERRUPTED in (tmp_path / "out" / "report.html").read_text()
+    whole = run_backtest(BacktestOptions(agent_dir=opts.agent_dir, data=data, out=tmp_path / "w",
+                                         to_ms=1_704_067_200_000 + 400 * 300_000))  # fmt: skip
+    assert whole.complete and "INTERRUPTED" not in render(whole)
+
+    out = tmp_path / "cmp"
+    a = BacktestOptions(agent_dir=opts.agent_dir, data=data, out=out / "a")
+    b = BacktestOptions(agent_dir=opts.agent_dir, data=data, out=out / "b")
+    got = run_comparison(a, b, out, [stop_after(300)])
+    assert isinstance(got, Report) and not got.complete
+    assert not (out / "b").exists()
+    assert json.loads((out / "report.json").read_text())["complete"] is False
+
+
+def test_ctrl_c_exits_130_after_the_partial_report(tmp_path: Path) -> None:
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=60_000, timeframe="5m")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "daemon.cli", "backtest", "--agent", str(agent(tmp_path / "a")),
+           "--data", str(data), "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list((out / "state" / "audit").glob("audit-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "INTERRUPTED" in stdout and "report:" in stdout

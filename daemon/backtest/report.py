@@ -92,6 +92,9 @@ class Baseline(msgspec.Struct, frozen=True, kw_only=True):
     cost: float
 
 
+INTERRUPTED = "the replay was stopped before the end of the data; these figures cover only its events up to the last one shown"
+
+
 class Report(msgspec.Struct, frozen=True, kw_only=True):
     """The backtest's findings (``report.json``)."""
 
@@ -111,6 +114,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     trades: Trades
     seconds: float = 0.0
     events_per_second: float = 0.0
+    # False: the replay was stopped (Ctrl-C, SIGTERM) before the data's end; the
+    # figures cover first_event .. last_event only.
+    complete: bool = True
 
 
 class AuditRow(msgspec.Struct, frozen=True, rename="camel"):

@@ -26,6 +26,7 @@ from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
 from daemon.backtest.html import Series, render_html
 from daemon.backtest.report import (
+    INTERRUPTED,
     AuditRow,
     Comparison,
     CostModel,
@@ -231,8 +232,9 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
         trades=trades,
         seconds=round(seconds, 3),
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
+        complete=all(f.finished for f in status.feeds),
     )
-    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    _write_json(out / "report.json", report)
     series = Series(
         prices=_closes(config, opts.symbol),
         wakes=_times(rows, "WAKE"),
@@ -271,13 +273,24 @@ def run_comparison(
     b: BacktestOptions,
     out: Path,
     components: Sequence[Component] = (),
-) -> Comparison:
+) -> Comparison | Report:
     """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
-    differences, to ``out``/report.json."""
+    differences, to ``out``/report.json. A run stopped before the data's end (a
+    signal) ends the comparison, B not started after an interrupted A: that run's
+    report is returned, and is ``out``/report.json."""
     OUT.claim(out.resolve())
-    result = compare(run_backtest(a, components), run_backtest(b, components))
-    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+    first = run_backtest(a, components)
+    second = run_backtest(b, components) if first.complete else first
+    if not second.complete:
+        _write_json(out / "report.json", second)
+        return second
+    result = compare(first, second)
+    _write_json(out / "report.json", result)
     return result
+
+
+def _write_json(path: Path, report: Report | Comparison) -> None:
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
 
 
 def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
@@ -300,6 +313,8 @@ def render(report: Report) -> str:
             f"({report.seconds:.1f} s, {report.events_per_second:,.0f} events/s)"
         )
     ]
+    if not report.complete:
+        lines.append(f"  INTERRUPTED: {INTERRUPTED}")
     if not report.events:
         lines.append("  nothing was replayed: the data has no candles (within --from/--to)")
     elif not report.first_event:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from daemon.backtest.run import DataFile
     from daemon.service import Component
 
+INTERRUPTED_EXIT = 130  # a backtest stopped by a signal (as a shell reports SIGINT)
 PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
 
 
@@ -173,7 +175,7 @@ def backtest_command(
     --compare-revision, a second run B goes beside it (OUT/a, OUT/b) and
     OUT/report.json holds both and their differences.
     """
-    from daemon.backtest.report import CostModel
+    from daemon.backtest.report import Comparison, CostModel, Report
     from daemon.backtest.run import (
         BacktestOptions,
         count_events,
@@ -224,7 +226,7 @@ def backtest_command(
     try:
         bar = progress_bar(lambda: count_events(opts))
         if compare_dir is None and not compare_revisions:
-            click.echo(render(run_backtest(opts, bar)))
+            result: Report | Comparison = run_backtest(opts, bar)
         else:
             a = msgspec.structs.replace(opts, out=out / "a")
             b = msgspec.structs.replace(
@@ -235,10 +237,15 @@ def backtest_command(
             )
             labels = (_label(a.agent_dir, a.revisions), _label(b.agent_dir, b.revisions))
             result = run_comparison(a, b, out, bar)
-            click.echo(render_comparison(result, labels))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    if isinstance(result, Comparison):
+        click.echo(render_comparison(result, labels))
+    else:
+        click.echo(render(result))
     click.echo(f"report: {out / 'report.json'}")
+    if isinstance(result, Report) and not result.complete:
+        sys.exit(INTERRUPTED_EXIT)  # the report covers the part replayed
 
 
 def progress_bar(count: Callable[[], int]) -> list[Component]:
