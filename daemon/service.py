@@ -255,14 +255,18 @@ class Service:
         *,
         task_status: TaskStatus[None],
     ) -> None:
+        started = False
         try:
             with scope:
                 async with anyio.create_task_group() as tg:
                     for feed in feeds:
                         await tg.start(self._run_feed, feed)
                     task_status.started()
+                    started = True
         finally:
             done.set()
+        if not started:  # a stop during the start cancelled ``scope`` (a failure raised)
+            task_status.started()
 
     async def _start_feeds(self, config: Config) -> None:
         """Build and start every feed of ``config``; raises if one fails to start."""
@@ -356,7 +360,7 @@ class Service:
                     self._feeds_tg.start_soon(self._reload_once)
             else:
                 log.info("signal received; draining", signal=name, **self.bus.held())
-                self._stop.set()
+                self.request_stop()
 
     async def _reload_once(self) -> None:
         async with self._reload_lock:
@@ -500,18 +504,22 @@ class Service:
         """Feeds and the periodic tasks, until a stop is requested."""
         async with anyio.create_task_group() as ftg:
             self._feeds_tg = ftg
-            await self._start_feeds(self.config)
-            # Up before READY: `status` right after READY asks the daemon itself.
-            await ftg.start(serve_control, self.state_dir / CONTROL_SOCKET, self._live_status)
-            names = ", ".join(self.health) or "none"
-            log.info("daemon ready", feeds=names)
-            self.notifier.ready(f"feeds: {names}")
-            self.ready.set()
-            if self.notifier.watchdog_interval:
-                ftg.start_soon(self._watchdog, self.notifier.watchdog_interval)
-            ftg.start_soon(self._status_loop)
-            ftg.start_soon(self._stall_monitor)
-            ftg.start_soon(self._wait_for_finish)
+            if not self._stop.is_set():
+                await self._start_feeds(self.config)
+            if self._stop.is_set():  # stopped while starting: never READY
+                log.info("stopped during the start")
+            else:
+                # Up before READY: `status` right after READY asks the daemon itself.
+                await ftg.start(serve_control, self.state_dir / CONTROL_SOCKET, self._live_status)
+                names = ", ".join(self.health) or "none"
+                log.info("daemon ready", feeds=names)
+                self.notifier.ready(f"feeds: {names}")
+                self.ready.set()
+                if self.notifier.watchdog_interval:
+                    ftg.start_soon(self._watchdog, self.notifier.watchdog_interval)
+                ftg.start_soon(self._status_loop)
+                ftg.start_soon(self._stall_monitor)
+                ftg.start_soon(self._wait_for_finish)
             await self._stop.wait()
             self.notifier.stopping()
             self.bus.hurry()  # a feed waiting on a slow agent's queue stops at its next event
@@ -545,5 +553,9 @@ class Service:
                 return
 
     def request_stop(self) -> None:
-        """Begin a graceful stop (used by embedding code and tests)."""
+        """Begin a graceful stop (signals, embedding code, tests). Before READY, the
+        feeds still starting are given up at once: Ctrl-C does not wait out a feed's
+        start (Coinbase unreachable waits up to its startup timeout)."""
         self._stop.set()
+        if not self.ready.is_set() and self._feeds_scope is not None:
+            self._feeds_scope.cancel()

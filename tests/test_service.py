@@ -51,6 +51,19 @@ class SilentFeed:
         await anyio.sleep_forever()
 
 
+class NeverStartsFeed:
+    """A feed waiting for its source before it reports started (Coinbase unreachable
+    waits up to its startup timeout)."""
+
+    name = "never"
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        await anyio.sleep_forever()
+        task_status.started()  # pragma: no cover
+
+
 def candle(i: int) -> FeedEvent:
     close_ms = 1_700_000_000_000 + 60_000 * (i + 1)
     return FeedEvent(
@@ -281,3 +294,25 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
         svc.request_stop()
     assert not path.exists()
     assert ask_status(path) is None
+
+
+async def test_a_stop_during_the_start_does_not_wait_for_a_feed_to_start(
+    tmp_path: Path, notify_socket: tuple[socket.socket, dict[str, str]]
+) -> None:
+    """Ctrl-C while a feed is still starting: the daemon stops at once, and is never
+    announced READY (to the log or to systemd)."""
+    sock, env = notify_socket
+
+    def feeds(_: Config) -> Sequence[Feed]:
+        return [SilentFeed(), NeverStartsFeed()]
+
+    svc = Service(make_config(tmp_path), feeds, notifier=Notifier(env))
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(3):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            await anyio.sleep(0.3)
+            assert "silent" in svc.health and not svc.ready.is_set()
+            svc.request_stop()
+    events = [entry["event"] for entry in logs]
+    assert "stopped during the start" in events and "daemon ready" not in events
+    assert not any(m.startswith("READY=1") for m in drain(sock))
