@@ -128,6 +128,7 @@ class Service:
         # resumable feeds fast-forward through it.
         self.resume_points: Callable[[], Mapping[str, int]] = dict
         self._feeds_scope: anyio.CancelScope | None = None
+        self._held_back = False  # the last publish waited on a full queue
         self._feeds_done = anyio.Event()  # set once the running feed group has ended
         self._all_finished = anyio.Event()
         self._expected: set[str] = set()  # the names of the feeds started
@@ -209,6 +210,12 @@ class Service:
     # -- feeds ---------------------------------------------------------------
 
     async def _publish(self, event: FeedEvent) -> None:
+        if self._held_back:
+            # The last event waited for a slow agent: a stop ends the feed here, before
+            # this event, not hundreds later (and not after delivering the last one,
+            # which the feed could then not count).
+            self._held_back = False
+            await anyio.lowlevel.checkpoint_if_cancelled()
         if self.settle is not None and event.topic in SETTLED_TOPICS:
             await self.settle()  # (not shielded: a stop may cut the wait)
         rest = self.bus.offer(event)  # the usual case: every queue takes it at once
@@ -219,8 +226,7 @@ class Service:
         # keep draining while feeds stop, so a blocked publish always completes.
         with anyio.CancelScope(shield=True):
             await self.bus.deliver(event, rest)
-        # A feed held back by a slow agent stops at the next event, not hundreds later.
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._held_back = True
 
     async def _run_feed(self, feed: Feed, *, task_status: TaskStatus[None]) -> None:
         """Run one feed. Failing to start propagates (startup fails fast, a reload rolls

@@ -13,8 +13,9 @@ import structlog
 import structlog.testing
 from anyio.abc import TaskStatus
 
+from daemon.bus import Subscription
 from daemon.clock import ManualClock
-from daemon.config import Config, DaemonSection, StateSection
+from daemon.config import BusSection, Config, DaemonSection, StateSection
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
 from daemon.sdnotify import Notifier
 from daemon.service import Service
@@ -316,3 +317,43 @@ async def test_a_stop_during_the_start_does_not_wait_for_a_feed_to_start(
     events = [entry["event"] for entry in logs]
     assert "stopped during the start" in events and "daemon ready" not in events
     assert not any(m.startswith("READY=1") for m in drain(sock))
+
+
+class EndlessFeed:
+    """Publishes candles until stopped, counting what each publish returned from."""
+
+    name = "endless"
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        for i in range(1_000_000):
+            health.beat()
+            await publish(candle(i))
+            self.sent += 1
+
+
+async def test_a_stop_while_held_back_leaves_no_delivered_event_uncounted(tmp_path: Path) -> None:
+    """A feed stopped while a slow subscriber holds it back has counted every event
+    that subscriber got (a backtest's report counts the replay's events)."""
+    feed = EndlessFeed()
+    got = 0
+
+    async def slow(sub: Subscription) -> None:
+        nonlocal got
+        async for _ in sub:
+            got += 1
+            await anyio.sleep(0.002)
+
+    cfg = msgspec.structs.replace(make_config(tmp_path), bus=BusSection(queue_size=4))
+    svc = Service(cfg, lambda _: [feed], consumers=[("slow", slow)])
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(svc.run)
+            await anyio.sleep(0.2)
+            svc.request_stop()
+    assert feed.sent > 8 and got == feed.sent
