@@ -118,6 +118,7 @@ class Service:
         self.feeds: dict[str, Feed] = {}
         self.finished: set[str] = set()
         self.failed: set[str] = set()
+        self.errors: dict[str, str] = {}  # why each failed feed failed
         self._feeds_tg: TaskGroup | None = None
         self._consumers_done = anyio.Event()
         self.started_at = time.time()
@@ -244,7 +245,8 @@ class Service:
             if not status.is_started:
                 raise
             self.failed.add(feed.name)
-            log.error("feed failed", feed=feed.name, error=str(exc) or type(exc).__name__)
+            self.errors[feed.name] = str(exc) or type(exc).__name__
+            log.error("feed failed", feed=feed.name, error=self.errors[feed.name])
         else:
             log.info("feed finished", feed=feed.name)
             self.finished.add(feed.name)
@@ -283,7 +285,7 @@ class Service:
             if isinstance(feed, Resumable):
                 feed.resume_after(marks)
         self.health, self.feeds = {}, {}
-        self.finished, self.failed = set(), set()
+        self.finished, self.failed, self.errors = set(), set(), {}
         # All of them, before any starts: a replay that ends before the next feed has
         # registered must not look like "every feed finished".
         self._expected = {feed.name for feed in feeds}
@@ -418,6 +420,7 @@ class Service:
                 name not in self.finished and h.silent_for() > limit,
                 self._feed_stats(name),
                 name in self.failed,
+                self.errors.get(name, "") if name in self.failed else "",
             )
             for name, h in self.health.items()
         ]

@@ -52,6 +52,7 @@ class FeedStatus(msgspec.Struct, frozen=True):
     stalled: bool
     stats: dict[str, Any] = {}
     failed: bool = False
+    error: str = ""  # why it failed
 
 
 class HookHealth(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,7 +19,6 @@ from click.testing import CliRunner
 
 from daemon.audit.reader import iter_records
 from daemon.backtest.report import (
-    INTERRUPTED,
     CostModel,
     Report,
     read_rows,
@@ -476,7 +475,8 @@ def test_a_stopped_backtest_says_its_report_is_partial(tmp_path: Path) -> None:
     assert all(h.evaluations == report.events for h in report.hooks)  # what was replayed
     assert json.loads((tmp_path / "out" / "report.json").read_text())["complete"] is False
     assert "INTERRUPTED" in render(report)
-    assert INTERRUPTED in (tmp_path / "out" / "report.html").read_text()
+    assert report.stopped_by == "signal"
+    assert "INTERRUPTED" in (tmp_path / "out" / "report.html").read_text()
     whole = run_backtest(BacktestOptions(agent_dir=opts.agent_dir, data=data, out=tmp_path / "w",
                                          to_ms=1_704_067_200_000 + 400 * 300_000))  # fmt: skip
     assert whole.complete and "INTERRUPTED" not in render(whole)
@@ -511,3 +511,22 @@ def test_ctrl_c_exits_130_after_the_partial_report(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 130, stderr
     assert "INTERRUPTED" in stdout and "report:" in stdout
+
+
+def test_a_data_error_part_way_is_reported_not_hidden(tmp_path: Path) -> None:
+    """A bad row in the middle of the data ends the replay there: the report covers
+    the rows before it, says why (the file and line), and the command exits 1."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=300, timeframe="5m")
+    lines = data.read_text().splitlines()
+    lines[151] = lines[151].split(",", 1)[0] + ",abc,1,1,1,1"
+    data.write_text("\n".join(lines) + "\n")
+    alpha = agent(tmp_path / "agents")
+    report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "out"))
+    assert not report.complete and report.events == 150
+    assert "c.csv:152" in report.stopped_by and "abc" in report.stopped_by
+    assert "DATA ERROR: the replay failed: " in render(report)
+    res = CliRunner().invoke(
+        cli, ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
+    )
+    assert res.exit_code == 1 and "DATA ERROR" in res.output and "c.csv:152" in res.output

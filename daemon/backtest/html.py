@@ -14,7 +14,7 @@ from html import escape
 
 import msgspec
 
-from daemon.backtest.report import INTERRUPTED, Report
+from daemon.backtest.report import Report
 from daemon.events import iso_ms
 
 W, H, PAD = 1000, 260, 40
@@ -171,7 +171,7 @@ def render_html(report: Report, series: Series) -> str:
     b, t = report.baseline, report.trades
     summary = [
         ("agent", report.agent),
-        *([] if report.complete else [("INTERRUPTED", INTERRUPTED)]),
+        *([] if (note := report.incomplete()) is None else [note]),
         (
             "data",
             f"{report.data}: {report.events} events, {report.first_event} .. {report.last_event}",

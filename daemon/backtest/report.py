@@ -92,7 +92,7 @@ class Baseline(msgspec.Struct, frozen=True, kw_only=True):
     cost: float
 
 
-INTERRUPTED = "the replay was stopped before the end of the data; these figures cover only its events up to the last one shown"
+COVERS = "these figures cover only the events up to the last one shown"
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,9 +114,18 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     trades: Trades
     seconds: float = 0.0
     events_per_second: float = 0.0
-    # False: the replay was stopped (Ctrl-C, SIGTERM) before the data's end; the
-    # figures cover first_event .. last_event only.
+    # False: the replay ended before the data's end, for ``stopped_by``: "signal"
+    # (Ctrl-C, SIGTERM) or the data's error; the figures cover first .. last_event.
     complete: bool = True
+    stopped_by: str = ""
+
+    def incomplete(self) -> tuple[str, str] | None:
+        """(heading, explanation) of a report that covers part of the data only."""
+        if self.complete:
+            return None
+        if self.stopped_by == "signal":
+            return "INTERRUPTED", f"the replay was stopped before the end of the data; {COVERS}"
+        return "DATA ERROR", f"the replay failed: {self.stopped_by}; {COVERS}"
 
 
 class AuditRow(msgspec.Struct, frozen=True, rename="camel"):

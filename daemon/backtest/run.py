@@ -26,7 +26,6 @@ from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
 from daemon.backtest.html import Series, render_html
 from daemon.backtest.report import (
-    INTERRUPTED,
     AuditRow,
     Comparison,
     CostModel,
@@ -50,6 +49,7 @@ from daemon.errors import ConfigError
 from daemon.events import iso_ms, parse_iso_ms
 from daemon.scratchdir import Scratch
 from daemon.service import Component
+from daemon.status import FeedStatus
 from daemon.trading.paper import Fees
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
@@ -233,6 +233,7 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
         seconds=round(seconds, 3),
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
         complete=all(f.finished for f in status.feeds),
+        stopped_by=_stopped_by(status.feeds),
     )
     _write_json(out / "report.json", report)
     series = Series(
@@ -243,6 +244,15 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
     )
     (out / "report.html").write_text(render_html(report, series), encoding="utf-8")
     return report
+
+
+def _stopped_by(feeds: list[FeedStatus]) -> str:
+    """Why the replay ended before its data did ("" when it did not): a feed's error,
+    else a signal."""
+    if all(f.finished for f in feeds):
+        return ""
+    errors = [f.error or f"{f.name} failed" for f in feeds if f.failed]
+    return "; ".join(errors) or "signal"
 
 
 def count_events(opts: BacktestOptions) -> int:
@@ -313,8 +323,9 @@ def render(report: Report) -> str:
             f"({report.seconds:.1f} s, {report.events_per_second:,.0f} events/s)"
         )
     ]
-    if not report.complete:
-        lines.append(f"  INTERRUPTED: {INTERRUPTED}")
+    note = report.incomplete()
+    if note is not None:
+        lines.append(f"  {note[0]}: {note[1]}")
     if not report.events:
         lines.append("  nothing was replayed: the data has no candles (within --from/--to)")
     elif not report.first_event:

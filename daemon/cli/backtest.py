@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from daemon.service import Component
 
 INTERRUPTED_EXIT = 130  # a backtest stopped by a signal (as a shell reports SIGINT)
+DATA_ERROR_EXIT = 1  # a replay that failed part way (the report covers the part before)
 PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
 
 
@@ -244,8 +245,8 @@ def backtest_command(
     else:
         click.echo(render(result))
     click.echo(f"report: {out / 'report.json'}")
-    if isinstance(result, Report) and not result.complete:
-        sys.exit(INTERRUPTED_EXIT)  # the report covers the part replayed
+    if isinstance(result, Report) and not result.complete:  # the report covers a part
+        sys.exit(INTERRUPTED_EXIT if result.stopped_by == "signal" else DATA_ERROR_EXIT)
 
 
 def progress_bar(count: Callable[[], int]) -> list[Component]:

@@ -54,9 +54,9 @@ def run_command(
     cfg = config_mod.load(path)
     configure_logging(log_format or cfg.daemon.log_format, cfg.daemon.log_level)
     status = run_daemon(cfg, config_path=path, record_path=record, from_start=from_start)
-    failed = [f.name for f in status.feeds if f.failed]
+    failed = [f"{f.name} ({f.error})" if f.error else f.name for f in status.feeds if f.failed]
     if failed:
-        raise click.ClickException(f"feed(s) failed: {', '.join(failed)} (see the log)")
+        raise click.ClickException(f"feed(s) failed: {'; '.join(failed)} (see the log)")
 
 
 @click.group("config")
@@ -122,7 +122,8 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
         )
     for feed in st.feeds:
         state = (
-            "FAILED" if feed.failed
+            f"FAILED ({feed.error})" if feed.failed and feed.error
+            else "FAILED" if feed.failed
             else "finished" if feed.finished
             else "STALLED" if feed.stalled
             else "live"
