@@ -138,6 +138,9 @@ class HooksSection(Base, frozen=True):
     # false: WAKEs are scheduled, budgeted and audited as usual, but each run only
     # logs (no LLM, no command): what `marketwake backtest` counts by default.
     run_agents: bool = True
+    # true: agents whose agent.toml says enabled = false run too (`marketwake
+    # backtest` of an agent not enabled live yet).
+    include_disabled: bool = False
     # Event time only (replays, backtests): an agent evaluates up to this many of its
     # queued events in the same sandbox request as the current one, ahead of their
     # turn. A result is used only if every part of the state its hook read (the

@@ -530,3 +530,14 @@ def test_a_data_error_part_way_is_reported_not_hidden(tmp_path: Path) -> None:
         cli, ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
     )
     assert res.exit_code == 1 and "DATA ERROR" in res.output and "c.csv:152" in res.output
+
+
+def test_an_agent_not_enabled_live_is_backtested_all_the_same(tmp_path: Path) -> None:
+    """`enabled = false` keeps an agent out of the live daemon; a backtest that names
+    it runs it (trying an agent before enabling it is what a backtest is for)."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=60, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    (alpha / "agent.toml").write_text("enabled = false\n" + TOML)
+    report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "out"))
+    assert report.complete and {h.evaluations for h in report.hooks} == {60}

@@ -75,6 +75,7 @@ class AgentManager:
         backlog_dir: Path | None = None,
         backlog_max_bytes: int = 256 * 1024 * 1024,
         run_agents: bool = True,
+        include_disabled: bool = False,
         revisions: RevisionStore | None = None,
     ) -> None:
         self.agents_dir = agents_dir
@@ -100,6 +101,7 @@ class AgentManager:
         self.backlog_max_bytes = backlog_max_bytes
         # False: runs only log (a backtest counts wakes without calling any model).
         self.run_agents = run_agents
+        self.include_disabled = include_disabled
         # Where each new revision's source is kept (backtest --revision).
         self.revisions = revisions
         self.runtimes: dict[str, AgentRuntime] = {}
@@ -243,7 +245,7 @@ class AgentManager:
                 seen.add(path.name)
                 continue
             self._config_errors.pop(path.name, None)
-            if not fresh.config.enabled:
+            if not fresh.config.enabled and not self.include_disabled:
                 continue
             seen.add(fresh.agent_id)
             rt = self.runtimes.get(fresh.agent_id)

@@ -163,6 +163,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 backlog_dir=backlog_dir,
                 backlog_max_bytes=backlog_bytes,
                 run_agents=cfg.hooks.run_agents,
+                include_disabled=cfg.hooks.include_disabled,
                 revisions=RevisionStore(state_dir / "revisions"),
             )
             if service.tools is not None:  # and over MCP, for the agent [mcp] names

@@ -182,7 +182,10 @@ def prepare(opts: BacktestOptions) -> Config:
         # market state (each agent keeps its own): no account is without an agent,
         # and each candle is one indicator update and one broker delivery lighter.
         hooks=HooksSection(
-            agents_dir=str(out / "agents"), run_agents=opts.run_llm, reload_seconds=0
+            agents_dir=str(out / "agents"),
+            run_agents=opts.run_llm,
+            reload_seconds=0,
+            include_disabled=True,  # the agent named, even if not enabled live yet
         ),
         state=StateSection(shared=opts.run_llm),
         feeds=FeedsSection(replay=replay_section(opts)),
