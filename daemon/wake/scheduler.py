@@ -126,6 +126,7 @@ class _PendingRun:
     due_at: float
     wakes: deque[WakeRequest] = field(default_factory=deque)
     earlier: Counter[str] = field(default_factory=Counter)
+    stored: bool = False  # in the store's pending rows (to be dropped when it starts)
 
     def add(self, wake: WakeRequest, cap: int) -> None:
         """Keep the newest ``cap`` wakes; count older ones by hook."""
@@ -192,7 +193,9 @@ class WakeScheduler:
                 self._persist(self.store.drop_pending, run_id)
                 continue
             self._pending.append(
-                _PendingRun(run_id, "wake", due_at, deque(saved.wakes), Counter(saved.earlier))
+                _PendingRun(
+                    run_id, "wake", due_at, deque(saved.wakes), Counter(saved.earlier), stored=True
+                )
             )
         if self._pending:
             self.counters["restored"] += len(self._pending)
@@ -257,9 +260,19 @@ class WakeScheduler:
         self._save(run)
         return WakeOutcome(outcome="woke" if starts_now else "queued", run_id=run.run_id)
 
-    def _save(self, run: _PendingRun) -> None:
+    def _save(self, run: _PendingRun, *, stopping: bool = False) -> None:
+        """Keep ``run`` in the store for a restart: as it queues (or grows) when the
+        store is durable, else only at a clean stop."""
+        if not (self.store.durable or stopping):
+            return
         body = msgspec.json.encode(_Saved(list(run.wakes), dict(run.earlier)))
         self._persist(self.store.save_pending, self.agent_id, run.run_id, run.due_at, body)
+        run.stored = True
+
+    def _forget(self, run: _PendingRun) -> None:
+        if run.stored:
+            self._persist(self.store.drop_pending, run.run_id)
+            run.stored = False
 
     def _new_run_id(self) -> str:
         return f"{self.agent_id}-{secrets.token_hex(8)}"  # 64 random bits, as uuid4's first 16
@@ -337,7 +350,7 @@ class WakeScheduler:
     async def _start(self, run: _PendingRun) -> None:
         # Forgotten first: a crash after this loses the run, never pays for it twice.
         if run.kind == "wake":
-            self._persist(self.store.drop_pending, run.run_id)
+            self._forget(run)
         now = self.clock.now()
         blocked = self._blocked(run, now)
         if blocked != "none":
@@ -402,11 +415,15 @@ class WakeScheduler:
         runs = list(self._pending)
         self._pending.clear()
         if keep:
+            if not self.store.durable:  # (a durable store has them as they are)
+                for run in runs:
+                    if run.kind == "wake":
+                        self._save(run, stopping=True)
             if runs:
                 log.info("queued runs kept for the next start", agent=self.agent_id, runs=len(runs))
             return len(runs)
         for run in runs:
-            self._persist(self.store.drop_pending, run.run_id)
+            self._forget(run)
             self._drop(run, "shutdown", now)
         return len(runs)
 

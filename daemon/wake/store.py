@@ -61,6 +61,9 @@ class RunStore:
     ) -> None:
         self.path = Path(path)
         self.keep_seconds = keep_seconds
+        # Not durable (a backtest's scratch dir): queued runs are written at a clean
+        # stop only, not as they queue and start (a crash may lose them anyway).
+        self.durable = synchronous != "OFF"
         self._lock = threading.Lock()
         self._pruned_at = float("-inf")  # history is dropped at most once per PRUNE_EVERY
         self._db = open_sqlite(

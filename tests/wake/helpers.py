@@ -92,7 +92,8 @@ class Harness:
         self.clock = kw.pop("clock", None) or ManualClock()
         self.records: list[AuditRecord] = []
         self.runner = runner or GateRunner()
-        self.store = RunStore(tmp / "wake.sqlite3")
+        durable = kw.pop("durable", True)
+        self.store = RunStore(tmp / "wake.sqlite3", synchronous="NORMAL" if durable else "OFF")
         self.sched = WakeScheduler(
             "a1",
             pol,

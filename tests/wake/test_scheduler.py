@@ -388,6 +388,33 @@ async def test_pending_runs_survive_a_restart_and_a_removed_agent_drops_them(
     assert gone.store.pending("a1") == []
 
 
+async def test_a_scratch_store_keeps_queued_runs_at_a_clean_stop_only(tmp_path: Path) -> None:
+    """Not durable (a backtest): no pending row is written as runs queue and start
+    (two statements a run), but a clean stop still keeps what is queued, the next
+    start runs it, and once started it is not restored again."""
+    pol = policy(debounce_seconds=5, max_collected=2)
+    h = Harness(tmp_path, pol, durable=False)
+    async with h.running():
+        for i in (1, 2, 3):
+            h.sched.submit(wake(i))
+        assert h.store.pending("a1") == []  # queued, not written
+        assert h.sched.abandon_pending(keep=True) == 1
+    assert len(h.store.pending("a1")) == 1  # written at the stop
+    h.store.close()
+
+    again = Harness(tmp_path, pol, clock=h.clock, durable=False)
+    assert again.sched.counters["restored"] == 1
+    async with again.running():
+        again.sched.submit(wake(4))  # joins the restored run (collect)
+        await again.advance(5.1)
+    (ctx,) = again.runner.contexts
+    assert [r.event_id for r in ctx.reasons] == ["ev3", "ev4"] and ctx.earlier_count == 2
+    assert again.store.pending("a1") == []  # dropped when it started
+    again.store.close()
+    third = Harness(tmp_path, pol, clock=h.clock, durable=False)
+    assert third.sched.counters["restored"] == 0
+
+
 class PricedRunner:
     """Each run 'costs' a fixed amount, as an LLM run reports it."""
 
