@@ -608,12 +608,12 @@ class Dispatcher:
         event_ms = parse_iso_ms(event.ts)
         scope = event.symbol or "*"
         key = d.dedupe_key
-        if key is not None and self.store.seen(rt.agent_id, key):
-            return "dedupe"
+        # Dedupe is the reason when both hold; a key is marked only when acting. The
+        # cooldown is known in memory, so acting costs one statement for the key.
         if self.store.cooling(rt.agent_id, hook, scope, event_ms):
-            return "cooldown"
-        if key is not None:
-            self.store.mark(rt.agent_id, key, event_ms)
+            return "dedupe" if key is not None and self.store.seen(rt.agent_id, key) else "cooldown"
+        if key is not None and not self.store.claim(rt.agent_id, key, event_ms):
+            return "dedupe"
         cooldown = d.cooldown_seconds
         if cooldown:
             until = event_ms + int(min(cooldown, MAX_COOLDOWN_SECONDS) * 1000)

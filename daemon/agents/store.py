@@ -67,6 +67,10 @@ class HookStore:
         self.dedupe_ms = int(dedupe_days * 86_400_000)
         self.dedupe_max_keys = dedupe_max_keys
         self._marks = 0
+        # Cooldowns as the table holds them (0: none), read once per (agent, hook,
+        # scope) and written through: the daemon is their only writer (the state
+        # dir's lock), and one is asked about every decision that would act.
+        self._cooldowns: dict[tuple[str, str, str], int] = {}
 
     def close(self) -> None:
         """Close the database."""
@@ -101,12 +105,21 @@ class HookStore:
         return row.fetchone() is not None
 
     def mark(self, agent: str, key: str, event_ms: int) -> None:
-        """Record that the agent acted on ``key``; now and then prunes: keys past
-        retention first, then the oldest beyond ``dedupe_max_keys`` for this agent."""
-        self._db.execute("INSERT OR IGNORE INTO dedupe VALUES (?, ?, ?)", (agent, key, event_ms))
+        """Record that the agent acted on ``key`` (see :meth:`claim`)."""
+        self.claim(agent, key, event_ms)
+
+    def claim(self, agent: str, key: str, event_ms: int) -> bool:
+        """Record that the agent acts on ``key``: False if it already had (nothing
+        written), in one statement where ``seen`` then ``mark`` took two. Now and then
+        prunes: keys past retention first, then the oldest beyond ``dedupe_max_keys``
+        for this agent."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO dedupe VALUES (?, ?, ?)", (agent, key, event_ms)
+        )
         self._marks += 1
         if self._marks % PRUNE_EVERY == 1:
             self.prune_dedupe(agent, event_ms)
+        return cur.rowcount == 1
 
     def prune_dedupe(self, agent: str, event_ms: int) -> int:
         """Apply retention and the per-agent key cap; returns how many keys were dropped."""
@@ -129,17 +142,21 @@ class HookStore:
 
     def cooling(self, agent: str, hook: str, scope: str, event_ms: int) -> bool:
         """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``."""
-        row = self._db.execute(
-            "SELECT until_ms FROM cooldown WHERE agent=? AND hook=? AND scope=?",
-            (agent, hook, scope),
-        ).fetchone()
-        return row is not None and event_ms < row[0]
+        at = (agent, hook, scope)
+        until = self._cooldowns.get(at)
+        if until is None:
+            row = self._db.execute(
+                "SELECT until_ms FROM cooldown WHERE agent=? AND hook=? AND scope=?", at
+            ).fetchone()
+            until = self._cooldowns[at] = int(row[0]) if row is not None else 0
+        return event_ms < until
 
     def start_cooldown(self, agent: str, hook: str, scope: str, until_ms: int) -> None:
         """Suppress this hook's actions for ``scope`` until ``until_ms`` (event time)."""
         self._db.execute(
             "INSERT OR REPLACE INTO cooldown VALUES (?, ?, ?, ?)", (agent, hook, scope, until_ms)
         )
+        self._cooldowns[agent, hook, scope] = until_ms
 
     # -- pauses ----------------------------------------------------------------
 

@@ -541,3 +541,22 @@ async def test_the_broker_outbox_yields_only_when_full() -> None:
     assert got == [candle(i).event_id for i in range(3)]
     with pytest.raises(anyio.ClosedResourceError):
         await _post(send, candle(3))
+
+
+KEYED_COOL = f"""
+KEYS = ["a", "b", "b", "b"]
+
+def evaluate(event, state):
+    i = (event["payload"]["closeTimeMs"] - {T0}) // 60000 - 1
+    return {{"decision": "ALERT", "reason": "k", "dedupeKey": KEYS[i], "cooldownSeconds": 90}}
+"""
+
+
+async def test_a_key_suppressed_by_a_cooldown_is_not_spent(tmp_path: Path) -> None:
+    """A new key met during a cooldown is suppressed by the cooldown and not marked
+    (it acts once the cooldown is over); a key already acted on is a dedupe, even
+    during a cooldown."""
+    agents = workspace(tmp_path, {"wake_keyed.py": KEYED_COOL})
+    await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(4)]))
+    got = [r["suppressedBy"] for r in audit(tmp_path) if r["type"] == "hook"]
+    assert got == ["none", "cooldown", "none", "dedupe"]

@@ -32,6 +32,24 @@ def test_cooldown_is_per_hook_and_scope(tmp_path: Path) -> None:
     assert not store.cooling("a", "h2", "BTC-USD", 500)
 
 
+def test_a_claim_is_one_write_and_cooldowns_are_read_once(tmp_path: Path) -> None:
+    """claim = seen + mark in one statement; a cooldown is read from the file once
+    per (agent, hook, scope) and written through, and survives a reopen."""
+    store = HookStore(tmp_path / "h.sqlite3")
+    assert store.claim("a", "k", 5) and not store.claim("a", "k", 6) and store.seen("a", "k")
+    assert store.claim("b", "k", 5)  # per agent
+    assert not store.cooling("a", "h1", "*", 10)  # read once: none
+    store.start_cooldown("a", "h1", "*", until_ms=100)
+    assert store.cooling("a", "h1", "*", 99)  # the write went through the cache
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    assert store.cooling("a", "h1", "*", 50) and not store.cooling("a", "h1", "*", 100)
+    assert statements == []  # answered from memory
+    store.close()
+    again = HookStore(tmp_path / "h.sqlite3")
+    assert again.cooling("a", "h1", "*", 99) and again.seen("a", "k")
+
+
 def test_pause_resume_round_trip(tmp_path: Path) -> None:
     """A CLI resume deletes the pause and leaves one request for the daemon."""
     store = HookStore(tmp_path / "h.sqlite3")
