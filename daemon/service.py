@@ -79,6 +79,35 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(2).hex()
 
 
+class _Publisher:
+    """One feed's ``publish``: an event onto the bus. After an event that waited for
+    a slow subscriber, a stop ends the feed before its next event (not hundreds
+    later), never between delivering an event and the feed counting it."""
+
+    __slots__ = ("_held_back", "_service")
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self._held_back = False
+
+    async def __call__(self, event: FeedEvent) -> None:
+        if self._held_back:
+            self._held_back = False
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        service = self._service
+        if service.settle is not None and event.topic in SETTLED_TOPICS:
+            await service.settle()  # (not shielded: a stop may cut the wait)
+        rest = service.bus.offer(event)  # the usual case: every queue takes it at once
+        if rest is None:
+            return
+        # Shielded: stopping a feed never leaves an event delivered to some
+        # subscribers (the recorder) and not to others (an agent). Subscribers
+        # keep draining while feeds stop, so a blocked publish always completes.
+        with anyio.CancelScope(shield=True):
+            await service.bus.deliver(event, rest)
+        self._held_back = True
+
+
 class Service:
     """Owns the bus, the state cache, the feeds and the consumers of one daemon run."""
 
@@ -129,7 +158,6 @@ class Service:
         # resumable feeds fast-forward through it.
         self.resume_points: Callable[[], Mapping[str, int]] = dict
         self._feeds_scope: anyio.CancelScope | None = None
-        self._held_back = False  # the last publish waited on a full queue
         self._feeds_done = anyio.Event()  # set once the running feed group has ended
         self._all_finished = anyio.Event()
         self._expected: set[str] = set()  # the names of the feeds started
@@ -210,25 +238,6 @@ class Service:
 
     # -- feeds ---------------------------------------------------------------
 
-    async def _publish(self, event: FeedEvent) -> None:
-        if self._held_back:
-            # The last event waited for a slow agent: a stop ends the feed here, before
-            # this event, not hundreds later (and not after delivering the last one,
-            # which the feed could then not count).
-            self._held_back = False
-            await anyio.lowlevel.checkpoint_if_cancelled()
-        if self.settle is not None and event.topic in SETTLED_TOPICS:
-            await self.settle()  # (not shielded: a stop may cut the wait)
-        rest = self.bus.offer(event)  # the usual case: every queue takes it at once
-        if rest is None:
-            return
-        # Shielded: stopping a feed never leaves an event delivered to some
-        # subscribers (the recorder) and not to others (an agent). Subscribers
-        # keep draining while feeds stop, so a blocked publish always completes.
-        with anyio.CancelScope(shield=True):
-            await self.bus.deliver(event, rest)
-        self._held_back = True
-
     async def _run_feed(self, feed: Feed, *, task_status: TaskStatus[None]) -> None:
         """Run one feed. Failing to start propagates (startup fails fast, a reload rolls
         back); failing later is contained: the feed is marked failed, which withholds
@@ -240,7 +249,7 @@ class Service:
         status = _StartFlag(task_status)
         log.info("feed starting", feed=feed.name)
         try:
-            await feed.run(self._publish, health, task_status=status)
+            await feed.run(_Publisher(self), health, task_status=status)
         except Exception as exc:
             if not status.is_started:
                 raise

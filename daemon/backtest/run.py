@@ -142,8 +142,8 @@ def check(opts: BacktestOptions) -> None:
     inputs += [("--data", f.resolve()) for f in (opts.data, *(m.path for m in opts.more_data))]
     if opts.revisions:  # read (after the replacing) only for them
         inputs.append(("--state-dir", opts.state_dir.resolve()))
+    replaced = [out / sub for sub in REPLACED]
     for option, path in inputs:
-        replaced = [out / sub for sub in REPLACED]
         if any(path == r or r in path.parents for r in replaced):
             raise ConfigError(
                 f"{option} {path} is inside --out {opts.out}, whose agents/ and state/ "

@@ -15,12 +15,12 @@ import msgspec
 import structlog
 
 from daemon.cli.common import load_config_or_defaults
-from daemon.inputfile import read_input
-
-MAX_PARAMS_BYTES = 1024 * 1024  # the server's default max_request_bytes
 from daemon.events import now_ms
+from daemon.inputfile import read_input
 from daemon.rag.config import RagConfig
 from daemon.rag.features import DAY_MS, TIMEFRAME_MS, Bars, Observations
+
+MAX_PARAMS_BYTES = 1024 * 1024  # the server's default max_request_bytes
 
 _SYMBOL = re.compile(r"^[A-Z]+USDT$")
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
