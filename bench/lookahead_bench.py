@@ -26,7 +26,7 @@ from candles import head  # bench/ is the script's directory, first on sys.path
 
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_records
-from daemon.backtest.run import BacktestOptions, prepare
+from daemon.backtest.run import OUT, BacktestOptions, prepare
 from daemon.logs import configure
 from feeds.synthetic import generate_candles
 
@@ -60,12 +60,13 @@ def evaluate(event, state):
 
 
 def run(opts: BacktestOptions, lookahead: int) -> tuple[float, list[dict[str, Any]]]:
-    config = prepare(opts)
-    hooks = msgspec.structs.replace(config.hooks, lookahead_events=lookahead)
-    config = msgspec.structs.replace(config, hooks=hooks)
-    started = time.perf_counter()
-    run_daemon(config)
-    seconds = time.perf_counter() - started
+    with OUT.claim(opts.out):  # as run_backtest holds it
+        config = prepare(opts)
+        hooks = msgspec.structs.replace(config.hooks, lookahead_events=lookahead)
+        config = msgspec.structs.replace(config, hooks=hooks)
+        started = time.perf_counter()
+        run_daemon(config)
+        seconds = time.perf_counter() - started
     rows = [
         {k: v for k, v in r.items() if k not in VOLATILE}
         for r in iter_records(opts.out / "state" / "audit")

@@ -43,7 +43,6 @@ REPLACED = ("state", "copytrade-agents")  # in --dir, by each demo
 DEMO_DIR = Scratch(
     option="--dir",
     marker=".marketwake-demo",
-    note="marketwake demo's directory: each demo replaces what is in it.\n",
     required=DATA_FILE,
     known=frozenset({*REPLACED, DATA_FILE, "recording.jsonl"}),
 )
@@ -228,7 +227,11 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
         replaced = opts.directory.resolve() / sub
         if agents == replaced or replaced in agents.parents:
             raise ConfigError(f"--agents {opts.agents_dir} is inside what --dir replaces ({sub}/)")
-    DEMO_DIR.claim(opts.directory)
+    with DEMO_DIR.claim(opts.directory):  # held for the run: a second demo is refused
+        return _run_demo(opts, console)
+
+
+def _run_demo(opts: DemoOptions, console: Console) -> int:
     shutil.rmtree(opts.directory / "state", ignore_errors=True)  # every demo starts fresh
     csv_path = opts.directory / DATA_FILE
     generate_candles(csv_path, seed=opts.seed, n=opts.candles, timeframe=DEMO_TIMEFRAME)

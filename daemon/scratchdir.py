@@ -11,19 +11,21 @@ untouched.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 
 from daemon.errors import ConfigError
+from daemon.statedir import StateDirLock
 
 
 class Scratch(msgspec.Struct, frozen=True, kw_only=True):
     """What marks a command's directory, and how an unmarked one of its own looks."""
 
     option: str  # the command's option naming the directory, for messages
-    marker: str  # the file a run leaves in it
-    note: str  # the marker's text
+    marker: str  # the file a run leaves in it: locked while it runs, with its pid
     # An unmarked directory is the command's own (an older version's run) when it
     # holds ``required`` and nothing but ``known`` names.
     required: str
@@ -51,13 +53,17 @@ class Scratch(msgspec.Struct, frozen=True, kw_only=True):
             f"({shown}), which a run would replace: name a new or empty directory"
         )
 
-    def claim(self, directory: Path) -> None:
-        """Check ``directory``, create it if need be and mark it as the command's."""
+    @contextmanager
+    def claim(self, directory: Path) -> Iterator[None]:
+        """While open: ``directory`` checked, created if need be, marked as the
+        command's and locked (a second run on it is refused: it would replace the
+        files this one is writing; StateDirInUse names the holder)."""
         self.check(directory)
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / self.marker).write_text(self.note, encoding="utf-8")
         except OSError as exc:
             raise ConfigError(
                 f"{self.option} {directory}: cannot write there: {exc.strerror}"
             ) from None
+        with StateDirLock(directory, self.marker, f"{self.option} {directory}"):
+            yield

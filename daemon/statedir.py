@@ -35,9 +35,9 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _open(state_dir: Path) -> int:
+def _open(state_dir: Path, name: str) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / LOCK_FILE
+    path = state_dir / name
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
@@ -45,15 +45,19 @@ def _open(state_dir: Path) -> int:
 
 
 class StateDirLock:
-    """Held while the daemon runs; use as a context manager or acquire/release."""
+    """Held while the daemon runs; use as a context manager or acquire/release.
+    (``name`` and ``what``: the same lock on another directory a run owns, e.g. a
+    backtest's ``--out``.)"""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, name: str = LOCK_FILE, what: str = "") -> None:
         self.state_dir = Path(state_dir)
+        self.name = name
+        self.what = what or f"state dir {self.state_dir}"
         self._fd: int | None = None
 
     def acquire(self) -> None:
         """Take the lock or raise :exc:`StateDirInUse` naming the holder's pid."""
-        fd = _open(self.state_dir)
+        fd = _open(self.state_dir, self.name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -62,7 +66,7 @@ class StateDirLock:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StoreError(f"cannot lock {self.state_dir}: {exc.strerror}") from None
             who = f"pid {pid}" if pid is not None else "another process"
-            raise StateDirInUse(f"state dir {self.state_dir} is in use by {who}") from None
+            raise StateDirInUse(f"{self.what} is in use by {who}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

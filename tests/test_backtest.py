@@ -25,9 +25,9 @@ from daemon.backtest.report import (
     timer_baseline,
     trades_of,
 )
-from daemon.backtest.run import BacktestOptions, render, run_backtest, run_comparison
+from daemon.backtest.run import OUT, BacktestOptions, render, run_backtest, run_comparison
 from daemon.cli.main import cli
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, StateDirInUse
 from daemon.service import Component, Service
 from feeds.synthetic import generate_candles
 
@@ -200,6 +200,11 @@ def test_out_is_refused_unless_a_backtest_made_it(tmp_path: Path) -> None:
                                       "--out", str(empty)])  # fmt: skip
     assert inside.exit_code == 2 and "--agent" in inside.output and "inside --out" in inside.output
     assert (copy / "hooks" / "wake_green.py").exists()
+    # One run at a time: a second one would replace what the first is writing.
+    with OUT.claim(empty.resolve()):
+        busy = CliRunner().invoke(cli, [*args, str(empty)])
+    assert isinstance(busy.exception, StateDirInUse)  # exit 2 from `marketwake`
+    assert "is in use by pid" in str(busy.exception)
     (tmp_path / "file").write_text("x")
     res = CliRunner().invoke(cli, [*args, str(tmp_path / "file")])
     assert res.exit_code == 2 and "is a file" in res.output

@@ -1,5 +1,5 @@
 """A command's own directory: new, empty, marked, or an older run's layout; never
-anything else."""
+anything else; one run at a time."""
 
 from __future__ import annotations
 
@@ -7,32 +7,46 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, StateDirInUse
 from daemon.scratchdir import Scratch
 
 OWN = Scratch(
     option="--out",
     marker=".mine",
-    note="mine\n",
     required="report.json",
     known=frozenset({"state", "report.json"}),
 )
 
 
 def test_new_empty_marked_and_an_older_runs_layout_are_the_commands(tmp_path: Path) -> None:
-    OWN.claim(tmp_path / "new" / "deeper")
-    assert (tmp_path / "new" / "deeper" / ".mine").read_text() == "mine\n"
+    with OWN.claim(tmp_path / "new" / "deeper"):
+        pass
+    assert (tmp_path / "new" / "deeper" / ".mine").is_file()
     (tmp_path / "empty").mkdir()
-    OWN.claim(tmp_path / "empty")
+    with OWN.claim(tmp_path / "empty"):
+        pass
     marked = tmp_path / "marked"
-    OWN.claim(marked)
-    (marked / "anything").write_text("x")
+    with OWN.claim(marked):
+        (marked / "anything").write_text("x")
     OWN.check(marked)  # the marker makes it the command's, whatever else is inside
     older = tmp_path / "older"
     (older / "state").mkdir(parents=True)
     (older / "report.json").write_text("{}")
-    OWN.claim(older)
-    assert (older / ".mine").is_file()
+    with OWN.claim(older):
+        assert (older / ".mine").is_file()
+
+
+def test_one_run_at_a_time(tmp_path: Path) -> None:
+    """A second run on a directory in use is refused before it touches anything (it
+    would replace the files the first one is writing)."""
+    with (
+        OWN.claim(tmp_path),
+        pytest.raises(StateDirInUse, match=r"--out .* is in use by pid \d+"),
+        OWN.claim(tmp_path),
+    ):
+        pass
+    with OWN.claim(tmp_path):  # free again once the first has finished
+        pass
 
 
 @pytest.mark.parametrize(
@@ -42,8 +56,8 @@ def test_new_empty_marked_and_an_older_runs_layout_are_the_commands(tmp_path: Pa
 def test_anything_else_is_refused_and_left_alone(tmp_path: Path, entries: list[str]) -> None:
     for name in entries:
         (tmp_path / name).write_text("keep")
-    with pytest.raises(ConfigError, match="did not write") as err:
-        OWN.claim(tmp_path)
+    with pytest.raises(ConfigError, match="did not write") as err, OWN.claim(tmp_path):
+        pass
     assert entries[0] in str(err.value) and "--out" in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(entries)
     assert all((tmp_path / name).read_text() == "keep" for name in entries)

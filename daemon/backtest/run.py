@@ -60,7 +60,6 @@ REPLACED = ("agents", "state")  # in --out, by each run
 OUT = Scratch(
     option="--out",
     marker=".marketwake-backtest",
-    note="A marketwake backtest's output: each run replaces agents/, state/ and the reports.\n",
     required="report.json",
     known=frozenset({*REPLACED, "report.json", "report.html", "a", "b", "synthetic-5m.csv"}),
 )
@@ -157,7 +156,6 @@ def prepare(opts: BacktestOptions) -> Config:
     """A fresh ``out`` with a copy of the agent, and the daemon config that runs it."""
     check(opts)
     agent_dir, out = opts.agent_dir.resolve(), opts.out.resolve()
-    OUT.claim(out)
     for stale in REPLACED:
         shutil.rmtree(out / stale, ignore_errors=True)
     copy = out / "agents" / agent_dir.name
@@ -197,7 +195,13 @@ def prepare(opts: BacktestOptions) -> Config:
 
 def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) -> Report:
     """Run the agent over the data and write ``report.json`` and ``report.html`` into
-    ``opts.out``; ``components`` run beside the daemon's own (a progress bar)."""
+    ``opts.out``, which it holds for the run (see :data:`OUT`); ``components`` run
+    beside the daemon's own (a progress bar)."""
+    with OUT.claim(opts.out.resolve()):
+        return _run(opts, components)
+
+
+def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     config = prepare(opts)
     started = time.perf_counter()
     status = run_daemon(config, components=components)
@@ -291,15 +295,15 @@ def run_comparison(
     differences, to ``out``/report.json. A run stopped before the data's end (a
     signal) ends the comparison, B not started after an interrupted A: that run's
     report is returned, and is ``out``/report.json."""
-    OUT.claim(out.resolve())
-    first = run_backtest(a, components)
-    second = run_backtest(b, components) if first.complete else first
-    if not second.complete:
-        _write_json(out / "report.json", second)
-        return second
-    result = compare(first, second)
-    _write_json(out / "report.json", result)
-    return result
+    with OUT.claim(out.resolve()):
+        first = run_backtest(a, components)
+        second = run_backtest(b, components) if first.complete else first
+        if not second.complete:
+            _write_json(out / "report.json", second)
+            return second
+        result = compare(first, second)
+        _write_json(out / "report.json", result)
+        return result
 
 
 def _write_json(path: Path, report: Report | Comparison) -> None:
