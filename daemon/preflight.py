@@ -38,10 +38,22 @@ class Report:
 def check(cfg: Config) -> Report:
     """Everything ``cfg`` needs from the filesystem. Blocking (reads files)."""
     report = Report()
+    _check_dirs(cfg, report)
     _check_feeds(cfg, report)
     if cfg.hooks.enabled:
         _check_agents(cfg, report)
     return report
+
+
+def _check_dirs(cfg: Config, report: Report) -> None:
+    """The directories the daemon creates must not be something else (agents_dir:
+    :func:`_check_agents`)."""
+    dirs = [("daemon.state_dir", Path(cfg.daemon.state_dir))]
+    if cfg.audit.dir:
+        dirs.append(("audit.dir", Path(cfg.audit.dir)))
+    for key, path in dirs:
+        if path.exists() and not path.is_dir():
+            report.problems.append(f"{key}: {str(path)!r} exists and is not a directory")
 
 
 def _check_feeds(cfg: Config, report: Report) -> None:

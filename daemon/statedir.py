@@ -36,9 +36,9 @@ def _read_pid(fd: int) -> int | None:
 
 
 def _open(state_dir: Path, name: str) -> int:
-    state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / name
     try:
+        state_dir.mkdir(parents=True, exist_ok=True)
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise StoreError(f"cannot open the state dir lock {path}: {exc.strerror}") from None

@@ -160,3 +160,22 @@ def test_copytrade_leader_agents_must_be_agents_of_the_workspace(tmp_path: Path)
     assert problems(config(tmp_path, '[copytrade]\nleader_agents = ["alpah"]\n')) == [
         f"copytrade.leader_agents: no agent 'alpah' in {str(tmp_path / 'agents')!r}"
     ]
+
+
+def test_a_directory_setting_naming_a_file_is_one_clear_line(tmp_path: Path) -> None:
+    """state_dir / audit.dir / agents_dir naming a file: a problem each, and `run`
+    stops on it (it raised FileExistsError from deep in the start)."""
+    (tmp_path / "f").write_text("x")
+    f = tmp_path / "f"
+    cfg = parse(
+        f'[daemon]\nstate_dir = "{f}"\n[audit]\ndir = "{f}"\n[hooks]\nagents_dir = "{f}"\n',
+        "c.toml",
+    )
+    found = problems(cfg)
+    assert found[:2] == [
+        f"{key}: {str(f)!r} exists and is not a directory"
+        for key in ("daemon.state_dir", "audit.dir")
+    ]
+    assert found[2].startswith("hooks.agents_dir:")
+    with pytest.raises(ConfigError, match=r"daemon\.state_dir"):
+        run_daemon(cfg)
