@@ -36,6 +36,7 @@ MARKET_SESSION_CLOSE: Final = "market.session.close"
 # A product moved at least [feeds.movers] min_change_pct % in 24 h (the scanner).
 MARKET_MOVERS_DETECTED: Final = "market.movers.detected"
 
+ACCOUNT_PREFIX: Final = "account."  # every broker event: a run's output, not its input
 ACCOUNT_POSITION_OPENED: Final = "account.position.opened"
 ACCOUNT_POSITION_CLOSED: Final = "account.position.closed"
 ACCOUNT_ORDER_PLACED: Final = "account.order.placed"

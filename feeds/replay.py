@@ -3,7 +3,9 @@
 Two formats (``.gz`` suffix = gzip):
 
 * **JSONL**: one FeedEvent per line, exactly as the recorder writes them
-  (``daemon.events.encode``). Events are published as recorded, in file order.
+  (``daemon.events.encode``). Events are published as recorded, in file order,
+  but the ``account.*`` ones (the recorded run's broker output; this run's
+  broker makes its own) are left out and counted.
 * **CSV**: OHLCV candles with the exact header
   ``open_time_ms,open,high,low,close,volume``, one row per candle, open times
   strictly increasing. Each row becomes the same ``market.candle.closed`` event
@@ -50,6 +52,7 @@ from anyio.abc import TaskStatus
 
 from daemon.errors import ReplayError
 from daemon.events import (
+    ACCOUNT_PREFIX,
     MARKET_CANDLE_CLOSED,
     TIMEFRAMES,
     Candle,
@@ -76,6 +79,7 @@ class ReplayFeed:
         self.config = config
         self.path = Path(config.path)
         self.skipped = 0  # truncated trailing JSONL lines
+        self.outputs = 0  # recorded broker events left out (see _jsonl)
         self.published = 0
         self.fast_forwarded = 0
         self._resume: dict[str, int] = {}
@@ -91,6 +95,7 @@ class ReplayFeed:
             "published": self.published,
             "fast_forwarded": self.fast_forwarded,
             "skipped_lines": sum(part.skipped for part in self.parts()),
+            "account_events_left_out": sum(part.outputs for part in self.parts()),
         }
 
     def format(self) -> str:
@@ -245,6 +250,16 @@ class ReplayFeed:
             raise ReplayError(f"{self.path}:{lineno + 1}: cannot read: {exc}") from None
 
     def _jsonl(self) -> Iterator[tuple[int, FeedEvent]]:
+        """The recording's events but its ``account.*`` ones: those are what the
+        recorded run's paper broker did, and this run's broker makes its own (replayed,
+        they would show the agents and the copy-trade relay orders and fills twice)."""
+        for ms, event in self._jsonl_all():
+            if event.topic.startswith(ACCOUNT_PREFIX):
+                self.outputs += 1
+                continue
+            yield ms, event
+
+    def _jsonl_all(self) -> Iterator[tuple[int, FeedEvent]]:
         pending: tuple[int, str] | None = None
         for lineno, line in self._lines():
             if pending is not None:

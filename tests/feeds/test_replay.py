@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from daemon.errors import ReplayError
 from daemon.events import (
+    ACCOUNT_ORDER_FILLED,
     MARKET_CANDLE_CLOSED,
     MARKET_PRICE_TICK,
     FeedEvent,
@@ -147,6 +149,20 @@ async def test_jsonl_replays_recorded_events_with_received_equal_ts(tmp_path: Pa
     assert [e.payload for e in events] == [e.payload for e in recorded]
     assert all(e.received_ts == e.ts for e in events)
     assert events[1].partition_key == "coinbase:BTC-USD:5m"
+
+
+async def test_a_recordings_broker_events_are_left_out_and_counted(tmp_path: Path) -> None:
+    """account.* lines are what the recorded run's paper broker did; this run's broker
+    makes its own, so replaying them would show every order and fill twice."""
+    tick, close = recording()
+    fill = msgspec.structs.replace(
+        tick, event_id="paper:fill:1", topic=ACCOUNT_ORDER_FILLED, source="paper", symbol=None
+    )
+    feed = feed_for(write_jsonl(tmp_path / "r.jsonl", [tick, fill, close]))
+    events, _ = await replay(feed)
+    assert [e.event_id for e in events] == [tick.event_id, close.event_id]
+    assert feed.statistics()["account_events_left_out"] == 1
+    assert feed.statistics()["published"] == 2
 
 
 async def test_speed_factor_divides_event_time_gaps(tmp_path: Path) -> None:
