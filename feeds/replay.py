@@ -325,8 +325,11 @@ def _csv_candle(line: str, tf_ms: int, where: str) -> Candle:
         o, h, lo, c, v = (float(f) for f in fields[1:])
     except ValueError as exc:
         raise ReplayError(f"{where}: {exc}") from None
-    if not all(math.isfinite(x) and x >= 0 for x in (o, h, lo, c, v)) or start < 0:
-        raise ReplayError(f"{where}: values must be finite and non-negative")
+    if not (all(math.isfinite(x) and x > 0 for x in (o, h, lo, c)) and 0 <= v < math.inf):
+        # A price of 0 is a gap in the data, not a price: the broker would fill at it.
+        raise ReplayError(f"{where}: prices must be finite and above 0, the volume not negative")
+    if start < 0:
+        raise ReplayError(f"{where}: open_time_ms must not be negative")
     if lo > min(o, c) or h < max(o, c, lo):
         raise ReplayError(f"{where}: high/low do not contain open and close")
     return Candle(

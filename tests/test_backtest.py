@@ -28,6 +28,7 @@ from daemon.backtest.report import (
 from daemon.backtest.run import OUT, BacktestOptions, render, run_backtest, run_comparison
 from daemon.cli.main import cli
 from daemon.errors import ConfigError, StateDirInUse
+from daemon.events import iso_ms
 from daemon.service import Component, Service
 from feeds.synthetic import generate_candles
 
@@ -531,6 +532,9 @@ def test_a_data_error_part_way_is_reported_not_hidden(tmp_path: Path) -> None:
     assert not report.complete and report.events == 150
     assert "c.csv:152" in report.stopped_by and "abc" in report.stopped_by
     assert "DATA ERROR: the replay failed: " in render(report)
+    page = (tmp_path / "out" / "report.html").read_text()
+    data_end = iso_ms(int(lines[-1].split(",", 1)[0]) + 300_000)[:16]
+    assert report.last_event[:16] in page and data_end not in page  # the plot stops there too
     res = CliRunner().invoke(
         cli, ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
     )

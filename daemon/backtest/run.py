@@ -243,8 +243,11 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         stopped_by=_stopped_by(status.feeds),
     )
     _write_json(out / "report.json", report)
+    prices = _closes(config, opts.symbol)
+    if not report.complete:  # the plot covers what the figures do
+        prices = [(t, c) for t, c in prices if t <= last]
     series = Series(
-        prices=_closes(config, opts.symbol),
+        prices=prices,
         wakes=_times(rows, "WAKE"),
         alerts=_times(rows, "ALERT"),
         fills=fills,

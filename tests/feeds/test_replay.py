@@ -196,6 +196,8 @@ async def test_bad_csv_header_fails_before_started_naming_file_and_line(tmp_path
         ((T0 + 9 * M1, "1", "1", "1"), "expected 6 fields"),
         ((T0 + 9 * M1, "1", "0.5", "1", "1", "1"), "high/low"),
         ((T0 + 9 * M1, "1", "1", "1", "1", "nan"), "finite"),
+        ((T0 + 9 * M1, "0", "0", "0", "0", "0"), "above 0"),
+        ((T0 + 9 * M1, "1", "1", "1", "1", "-1"), "volume not negative"),
         ((T0, "1", "1", "1", "1", "1"), "not increasing"),
     ],
 )
