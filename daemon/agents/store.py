@@ -88,6 +88,10 @@ class HookStore:
         )
         return cur.rowcount == 1
 
+    def agents(self) -> list[str]:
+        """Every agent some hook revision was recorded for (the agents that ran)."""
+        return [str(a) for (a,) in self._db.execute("SELECT DISTINCT agent FROM revisions")]
+
     def revisions(self, agent: str, hook: str) -> list[tuple[str, float, str | None]]:
         """(revision, first_seen, compile_error) of one hook, oldest first."""
         rows = self._db.execute(

@@ -22,6 +22,7 @@ from daemon.inputfile import open_input, read_input
 from daemon.state import StateCache
 from daemon.trading.ledger import Ledger
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
+from hooks_runtime.hookfile import HOOK_NAME
 
 
 @click.group("hooks")
@@ -273,6 +274,11 @@ def resume_command(
     """
     store = _hook_store(config_path, state_dir)
     try:
+        known = store.agents()
+        if agent not in known:
+            hint = f"; usage: hooks resume AGENT {agent}" if HOOK_NAME.match(f"{agent}.py") else ""
+            names = ", ".join(sorted(known)) or "none yet"
+            raise click.ClickException(f"unknown agent {agent!r} (agents that ran: {names}){hint}")
         if hook and not store.revisions(agent, hook):
             raise click.ClickException(f"unknown hook {agent}/{hook} (no revision recorded)")
         was_paused = store.request_resume(agent, hook or AGENT_WIDE)

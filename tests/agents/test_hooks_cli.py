@@ -33,6 +33,10 @@ def test_resume_needs_a_store_and_a_known_hook(tmp_path: Path) -> None:
     store.record_revision("a", "wake_x", "r1", "p", None)
     store.pause("a", "wake_x", "boom")
     store.close()
+    # A hook's name where the agent goes: an unknown agent, and the usage.
+    res = runner.invoke(hooks_group, ["resume", "wake_x", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 1 and "unknown agent 'wake_x' (agents that ran: a)" in res.output
+    assert "usage: hooks resume AGENT wake_x" in res.output
     res = runner.invoke(hooks_group, ["resume", "a", "wake_nope", "--state-dir", str(tmp_path)])
     assert res.exit_code == 1 and "unknown hook a/wake_nope" in res.output
     res = runner.invoke(hooks_group, ["paused", "--state-dir", str(tmp_path)])
