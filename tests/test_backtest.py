@@ -550,3 +550,25 @@ def test_an_agent_not_enabled_live_is_backtested_all_the_same(tmp_path: Path) ->
     (alpha / "agent.toml").write_text("enabled = false\n" + TOML)
     report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "out"))
     assert report.complete and {h.evaluations for h in report.hooks} == {60}
+
+
+def test_hooks_that_fail_or_never_compile_are_in_the_report(tmp_path: Path) -> None:
+    """A hook that fails every evaluation shows its first error; one that does not
+    compile is listed as never run (it used to be absent from the report)."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=40, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    hooks = alpha / "hooks"
+    (hooks / "wake_imports.py").write_text("import os\ndef evaluate(e, s):\n    return None\n")
+    (hooks / "wake_broken.py").write_text("def evaluate(event, state)\n    return None\n")
+    out = tmp_path / "out"
+    report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=out))
+    failing = next(h for h in report.hooks if h.hook == "wake_imports")
+    assert failing.errors == failing.evaluations == 40
+    assert "import of 'os' is not allowed" in failing.first_error
+    (broken,) = report.broken
+    assert broken.hook == "wake_broken" and "SyntaxError" in broken.error
+    assert "wake_broken" not in {h.hook for h in report.hooks}
+    text = render(report)
+    assert "wake_broken @" in text and "did not compile, never ran" in text
+    assert "(first: " in text and "did not compile" in (out / "report.html").read_text()

@@ -92,6 +92,15 @@ class HookStore:
         """Every agent some hook revision was recorded for (the agents that ran)."""
         return [str(a) for (a,) in self._db.execute("SELECT DISTINCT agent FROM revisions")]
 
+    def compile_errors(self, agent: str) -> list[tuple[str, str, str]]:
+        """(hook, revision, error) of the agent's revisions that did not compile."""
+        rows = self._db.execute(
+            "SELECT hook, revision, compile_error FROM revisions"
+            " WHERE agent=? AND compile_error IS NOT NULL ORDER BY hook, first_seen",
+            (agent,),
+        )
+        return [(str(h), str(r), str(e)) for h, r, e in rows]
+
     def revisions(self, agent: str, hook: str) -> list[tuple[str, float, str | None]]:
         """(revision, first_seen, compile_error) of one hook, oldest first."""
         rows = self._db.execute(

@@ -188,9 +188,13 @@ def render_html(report: Report, series: Series) -> str:
     hooks = "".join(
         f"<tr><td>{escape(h.hook)}</td><td>{escape(h.revision)}</td><td>{h.evaluations}</td>"
         f"<td>{escape(', '.join(f'{k} {v}' for k, v in h.decisions.items()))}</td>"
-        f"<td>{h.errors}</td>"
+        f"<td>{h.errors}{escape(f' (first: {h.first_error})' if h.first_error else '')}</td>"
         f"<td>{escape(', '.join(f'{k} {v}' for k, v in h.suppressed.items()))}</td></tr>"
         for h in report.hooks
+    ) + "".join(
+        f"<tr><td>{escape(b.hook)}</td><td>{escape(b.revision)}</td><td>0</td>"
+        f"<td>did not compile, never ran</td><td>{escape(b.error)}</td><td></td></tr>"
+        for b in report.broken
     )
     shown = min(len(series.wakes), MAX_MARKERS)
     return "\n".join(

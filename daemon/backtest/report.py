@@ -69,6 +69,15 @@ class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
     decisions: dict[str, int]
     errors: int
     suppressed: dict[str, int]
+    first_error: str = ""  # the first failed evaluation's error, as audited
+
+
+class BrokenHook(msgspec.Struct, frozen=True, kw_only=True):
+    """A hook revision that never ran: it did not compile."""
+
+    hook: str
+    revision: str
+    error: str
 
 
 class Trades(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,6 +121,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     baseline: Baseline
     cost_ratio: float | None
     trades: Trades
+    broken: list[BrokenHook] = []  # hook revisions that did not compile (never ran)
     seconds: float = 0.0
     events_per_second: float = 0.0
     # False: the replay ended before the data's end, for ``stopped_by``: "signal"
@@ -138,6 +148,7 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     revision: str | None = None
     decision: str | None = None
     suppressed_by: str | None = None
+    error: str | None = None
     status: str | None = None
     event_ts: str | None = None
 
@@ -167,6 +178,7 @@ def summarize_hooks(
     evals: Counter[tuple[str, str]] = Counter()
     decisions: dict[tuple[str, str], Counter[str]] = {}
     errors: Counter[tuple[str, str]] = Counter()
+    first_errors: dict[tuple[str, str], str] = {}
     suppressed: dict[tuple[str, str], Counter[str]] = {}
     wakes = runs = 0
     wakes_suppressed: Counter[str] = Counter()
@@ -178,6 +190,7 @@ def summarize_hooks(
             decision = rec.decision
             if decision is None:
                 errors[key] += 1
+                first_errors.setdefault(key, rec.error or "")
                 continue
             decisions.setdefault(key, Counter())[decision] += 1
             by = rec.suppressed_by or "none"
@@ -197,6 +210,7 @@ def summarize_hooks(
             decisions=dict(sorted(decisions.get((hook, revision), Counter()).items())),
             errors=errors[(hook, revision)],
             suppressed=dict(sorted(suppressed.get((hook, revision), Counter()).items())),
+            first_error=first_errors.get((hook, revision), ""),
         )
         for (hook, revision), n in sorted(evals.items())
     ]

@@ -21,12 +21,14 @@ from pathlib import Path
 import msgspec
 
 from daemon.agents.revisions import RevisionStore
+from daemon.agents.store import HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
 from daemon.backtest.html import Series, render_html
 from daemon.backtest.report import (
     AuditRow,
+    BrokenHook,
     Comparison,
     CostModel,
     Report,
@@ -221,6 +223,13 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     finally:
         store.close()
     trades = trades_of(fills, first, last)
+    hook_store = HookStore(out / "state" / "hooks.sqlite3")
+    try:
+        broken = [
+            BrokenHook(hook=h, revision=r, error=e) for h, r, e in hook_store.compile_errors(agent)
+        ]
+    finally:
+        hook_store.close()
     events = sum(f.stats.get("published", 0) for f in status.feeds)
     report = Report(
         agent=agent,
@@ -237,6 +246,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         baseline=baseline,
         cost_ratio=round(cost / baseline.cost, 6) if baseline.cost else None,
         trades=trades,
+        broken=broken,
         seconds=round(seconds, 3),
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
         complete=all(f.finished for f in status.feeds),
@@ -346,11 +356,14 @@ def render(report: Report) -> str:
     for h in report.hooks:
         decided = ", ".join(f"{k} {v}" for k, v in h.decisions.items()) or "none"
         held = ", ".join(f"{k} {v}" for k, v in h.suppressed.items())
+        first = f" (first: {h.first_error})" if h.first_error else ""
         lines.append(
             f"  {h.hook} @{h.revision[:8]}: {h.evaluations} evaluations: {decided}"
-            + (f"; {h.errors} errors" if h.errors else "")
+            + (f"; {h.errors} errors{first}" if h.errors else "")
             + (f"; suppressed: {held}" if held else "")
         )
+    for bad in report.broken:
+        lines.append(f"  {bad.hook} @{bad.revision[:8]}: did not compile, never ran: {bad.error}")
     why = ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items())
     lines.append(
         f"  {report.wakes} WAKE decisions -> {report.runs} agent runs"
