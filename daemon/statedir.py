@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 from typing import Self
 
@@ -36,12 +37,19 @@ def _read_pid(fd: int) -> int | None:
 
 
 def _open(state_dir: Path, name: str) -> int:
+    """The lock file, opened without following a link or blocking on a FIFO; a
+    regular file only (the pid is written into it)."""
     path = state_dir / name
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags, 0o644)
     except OSError as exc:
         raise StoreError(f"cannot open the state dir lock {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StoreError(f"cannot open the state dir lock {path}: not a regular file")
+    return fd
 
 
 class StateDirLock:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import StateDirInUse
+from daemon.errors import StateDirInUse, StoreError
 from daemon.statedir import StateDirLock, holder
 
 HOLD = """
@@ -64,3 +64,13 @@ def test_a_symlinked_lock_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="cannot open the state dir lock"):
         StateDirLock(tmp_path / "s").acquire()
     assert target.read_text() == "keep me"
+
+
+def test_a_lock_file_that_is_a_fifo_or_a_directory_is_a_clear_error(tmp_path: Path) -> None:
+    """(a FIFO raised OSError from ftruncate: a traceback from `run` and `backtest`)"""
+    os.mkfifo(tmp_path / "lock")
+    with pytest.raises(StoreError, match="not a regular file"):
+        StateDirLock(tmp_path).acquire()
+    (tmp_path / "d" / "lock").mkdir(parents=True)
+    with pytest.raises(StoreError, match="cannot open the state dir lock"):
+        StateDirLock(tmp_path / "d").acquire()
