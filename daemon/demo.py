@@ -42,6 +42,7 @@ DATA_FILE = f"synthetic_{DEMO_SYMBOL}_{DEMO_TIMEFRAME}.csv"
 REPLACED = ("state", "copytrade-agents")  # in --dir, by each demo
 DEMO_DIR = Scratch(
     option="--dir",
+    replaced=REPLACED,
     marker=".marketwake-demo",
     required=DATA_FILE,
     known=frozenset({*REPLACED, DATA_FILE, "recording.jsonl"}),
@@ -222,11 +223,7 @@ def demo_config(opts: DemoOptions, csv_path: Path) -> Config:
 def run_demo(opts: DemoOptions, console: Console | None = None) -> int:
     """Generate data, run the daemon on it, print a summary. Returns an exit code."""
     console = console or Console()
-    agents = opts.agents_dir.resolve()
-    for sub in REPLACED:
-        replaced = opts.directory.resolve() / sub
-        if agents == replaced or replaced in agents.parents:
-            raise ConfigError(f"--agents {opts.agents_dir} is inside what --dir replaces ({sub}/)")
+    DEMO_DIR.refuse_inside(opts.directory, [("--agents", opts.agents_dir)])
     with DEMO_DIR.claim(opts.directory):  # held for the run: a second demo is refused
         return _run_demo(opts, console)
 

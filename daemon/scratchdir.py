@@ -25,6 +25,7 @@ class Scratch(msgspec.Struct, frozen=True, kw_only=True):
     """What marks a command's directory, and how an unmarked one of its own looks."""
 
     option: str  # the command's option naming the directory, for messages
+    replaced: tuple[str, ...]  # the entries each run deletes and makes again
     marker: str  # the file a run leaves in it: locked while it runs, with its pid
     # An unmarked directory is the command's own (an older version's run) when it
     # holds ``required`` and nothing but ``known`` names.
@@ -52,6 +53,20 @@ class Scratch(msgspec.Struct, frozen=True, kw_only=True):
             f"{self.option} {directory} already holds files this command did not write "
             f"({shown}), which a run would replace: name a new or empty directory"
         )
+
+    def refuse_inside(self, directory: Path, inputs: list[tuple[str, Path]]) -> None:
+        """ConfigError if an input (option, path) lies in what a run in ``directory``
+        replaces: the run would delete it before reading it."""
+        out = directory.resolve()
+        gone = [out / sub for sub in self.replaced]
+        for option, path in inputs:
+            path = path.resolve()
+            if any(path == g or g in path.parents for g in gone):
+                subs = " and ".join(f"{sub}/" for sub in self.replaced)
+                raise ConfigError(
+                    f"{option} {path} is inside {self.option} {directory}, whose {subs} "
+                    "each run replaces: copy it elsewhere first"
+                )
 
     @contextmanager
     def claim(self, directory: Path) -> Iterator[None]:

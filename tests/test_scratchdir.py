@@ -12,6 +12,7 @@ from daemon.scratchdir import Scratch
 
 OWN = Scratch(
     option="--out",
+    replaced=("state",),
     marker=".mine",
     required="report.json",
     known=frozenset({"state", "report.json"}),
@@ -67,3 +68,10 @@ def test_a_file_is_not_a_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
         OWN.check(tmp_path / "f")
+
+
+def test_an_input_inside_what_a_run_replaces_is_refused(tmp_path: Path) -> None:
+    inside = tmp_path / "state" / "data.csv"
+    with pytest.raises(ConfigError, match=r"--data .*data\.csv is inside --out .*state/"):
+        OWN.refuse_inside(tmp_path, [("--agent", tmp_path / "elsewhere"), ("--data", inside)])
+    OWN.refuse_inside(tmp_path, [("--data", tmp_path / "beside.csv")])  # not replaced: fine

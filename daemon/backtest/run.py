@@ -61,6 +61,7 @@ from hooks_runtime.hookfile import HOOK_NAME
 REPLACED = ("agents", "state")  # in --out, by each run
 OUT = Scratch(
     option="--out",
+    replaced=REPLACED,
     marker=".marketwake-backtest",
     required="report.json",
     known=frozenset({*REPLACED, "report.json", "report.html", "a", "b", "synthetic-5m.csv"}),
@@ -140,16 +141,10 @@ def check(opts: BacktestOptions) -> None:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
     OUT.check(opts.out)
     inputs = [("--agent", agent_dir)]
-    inputs += [("--data", f.resolve()) for f in (opts.data, *(m.path for m in opts.more_data))]
+    inputs += [("--data", f) for f in (opts.data, *(m.path for m in opts.more_data))]
     if opts.revisions:  # read (after the replacing) only for them
-        inputs.append(("--state-dir", opts.state_dir.resolve()))
-    replaced = [out / sub for sub in REPLACED]
-    for option, path in inputs:
-        if any(path == r or r in path.parents for r in replaced):
-            raise ConfigError(
-                f"{option} {path} is inside --out {opts.out}, whose agents/ and state/ "
-                "each run replaces: copy it elsewhere first"
-            )
+        inputs.append(("--state-dir", opts.state_dir))
+    OUT.refuse_inside(opts.out, inputs)
     if opts.from_ms and opts.to_ms and opts.from_ms >= opts.to_ms:
         raise ConfigError("--from must be before --to: nothing lies between them")
 
@@ -231,6 +226,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     finally:
         hook_store.close()
     events = sum(f.stats.get("published", 0) for f in status.feeds)
+    stopped_by = _stopped_by(status.feeds)
     report = Report(
         agent=agent,
         data=" + ".join([opts.data.name, *(f.path.name for f in opts.more_data)]),
@@ -249,8 +245,8 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         broken=broken,
         seconds=round(seconds, 3),
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
-        complete=all(f.finished for f in status.feeds),
-        stopped_by=_stopped_by(status.feeds),
+        complete=not stopped_by,
+        stopped_by=stopped_by,
     )
     _write_json(out / "report.json", report)
     prices = _closes(config, opts.symbol)
