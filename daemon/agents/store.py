@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS resume_requests (
 
 AGENT_WIDE = "*"  # the hook name of an agent-wide pause
 PRUNE_EVERY = 512  # marks between retention sweeps
+MAX_COOLDOWNS_CACHED = 65_536  # (agent, hook, scope) cooldowns held in memory
 
 
 class HookStore:
@@ -158,6 +159,8 @@ class HookStore:
         at = (agent, hook, scope)
         until = self._cooldowns.get(at)
         if until is None:
+            if len(self._cooldowns) >= MAX_COOLDOWNS_CACHED:  # symbols from a signal feed
+                self._cooldowns.clear()  # a cache of the table: read again as needed
             row = self._db.execute(
                 "SELECT until_ms FROM cooldown WHERE agent=? AND hook=? AND scope=?", at
             ).fetchone()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from daemon.agents.store import AGENT_WIDE, PRUNE_EVERY, HookStore
 
 DAY = 86_400_000
@@ -77,3 +79,15 @@ def test_dedupe_keys_are_bounded_per_agent_oldest_first(tmp_path: Path) -> None:
     assert not store.seen("flood", "k0") and store.seen("flood", f"k{PRUNE_EVERY + 1}")
     assert store.seen("calm", "keep-me")
     store.close()
+
+
+def test_the_cooldown_cache_is_bounded_and_stays_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("daemon.agents.store.MAX_COOLDOWNS_CACHED", 4)
+    store = HookStore(tmp_path / "h.sqlite3")
+    store.start_cooldown("a", "h", "S0", until_ms=100)
+    for i in range(1, 10):  # scopes a signal feed could invent
+        assert not store.cooling("a", "h", f"S{i}", 50)
+        assert len(store._cooldowns) <= 4
+    assert store.cooling("a", "h", "S0", 50)  # read again from the table
