@@ -71,12 +71,17 @@ class CandlesSection(_Section, frozen=True):
                 )
 
 
+# jsonl: FeedEvents (marketwake run --record); csv: OHLCV candles; coinbase: raw
+# Coinbase Advanced Trade messages (ticker ones become ticks); auto: by name, then content.
+ReplayFormat = Literal["auto", "jsonl", "csv", "coinbase"]
+
+
 class ReplayFileSection(_Section, frozen=True):
     """One more file of a replay: its path, format, and (CSV) symbol and timeframe
     (empty: the replay's)."""
 
     path: str
-    format: Literal["auto", "jsonl", "csv"] = "auto"
+    format: ReplayFormat = "auto"
     symbol: str = ""
     timeframe: str = ""
 
@@ -84,7 +89,7 @@ class ReplayFileSection(_Section, frozen=True):
 class ReplaySection(_Section, frozen=True):
     enabled: bool = False
     path: str = ""
-    format: Literal["auto", "jsonl", "csv"] = "auto"
+    format: ReplayFormat = "auto"
     # For CSV candles: which symbol/timeframe they are.
     symbol: str = ""
     timeframe: str = "1m"

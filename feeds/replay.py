@@ -1,11 +1,16 @@
 """Replay a recording or a candle CSV as the events a live feed would publish.
 
-Two formats (``.gz`` suffix = gzip):
+Three formats (``.gz`` suffix = gzip):
 
 * **JSONL**: one FeedEvent per line, exactly as the recorder writes them
   (``daemon.events.encode``). Events are published as recorded, in file order,
   but the ``account.*`` ones (the recorded run's broker output; this run's
   broker makes its own) are left out and counted.
+* **Coinbase**: raw Coinbase Advanced Trade WebSocket messages, one per line
+  (bare, or ``{"recv_ts": ..., "raw": "..."}``). Each ticker message gives the
+  ticks the live ``coinbase_ws`` feed publishes for it, same ids
+  (:mod:`feeds.coinbase_ws.recording`); other messages are left out and counted.
+  ``auto`` tells it from a FeedEvent recording by its first line.
 * **CSV**: OHLCV candles with the exact header
   ``open_time_ms,open,high,low,close,volume``, one row per candle, open times
   strictly increasing. Each row becomes the same ``market.candle.closed`` event
@@ -40,7 +45,8 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import closing
 from pathlib import Path
 from typing import IO
 
@@ -50,10 +56,11 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from daemon.errors import ReplayError
+from daemon.errors import FeedProtocolError, ReplayError
 from daemon.events import (
     ACCOUNT_PREFIX,
     MARKET_CANDLE_CLOSED,
+    MARKET_PRICE_TICK,
     TIMEFRAMES,
     Candle,
     FeedEvent,
@@ -68,7 +75,6 @@ from feeds.config import ReplaySection
 log = structlog.get_logger("feeds.replay")
 
 CSV_HEADER = "open_time_ms,open,high,low,close,volume"
-_JSONL_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 
 
 class ReplayFeed:
@@ -80,10 +86,12 @@ class ReplayFeed:
         self.path = Path(config.path)
         self.skipped = 0  # truncated trailing JSONL lines
         self.outputs = 0  # recorded broker events left out (see _jsonl)
+        self.other_messages = 0  # recorded Coinbase messages without ticks
         self.published = 0
         self.fast_forwarded = 0
         self._resume: dict[str, int] = {}
         self._parts: list[ReplayFeed] | None = None
+        self._format: str | None = None  # auto: what the file turned out to be
 
     def resume_after(self, marks: Mapping[str, int]) -> None:
         """Fast-forward (no pacing) through events at or before ``marks[partition]``."""
@@ -96,21 +104,32 @@ class ReplayFeed:
             "fast_forwarded": self.fast_forwarded,
             "skipped_lines": sum(part.skipped for part in self.parts()),
             "account_events_left_out": sum(part.outputs for part in self.parts()),
+            "other_messages_left_out": sum(part.other_messages for part in self.parts()),
         }
 
     def format(self) -> str:
-        """``jsonl`` or ``csv``: the configured one, else by suffix, else by first byte."""
+        """``jsonl``, ``coinbase`` or ``csv``: the configured one, else ``csv`` by
+        suffix, else by the first line (JSON: a FeedEvent or a Coinbase message)."""
         if self.config.format != "auto":
             return self.config.format
+        if self._format is None:
+            self._format = self._sniff()
+        return self._format
+
+    def _sniff(self) -> str:
         name = self.path.name.removesuffix(".gz")
-        suffix = Path(name).suffix.lower()
-        if suffix in _JSONL_SUFFIXES:
-            return "jsonl"
-        if suffix == ".csv":
+        if Path(name).suffix.lower() == ".csv":
             return "csv"
-        with self._open() as fh:
-            head = fh.read(64).lstrip("\ufeff \t\r\n")
-        return "jsonl" if head.startswith("{") else "csv"
+        first = ""
+        with closing(self._lines()) as lines:
+            for _, line in lines:
+                if first := line.strip().lstrip("\ufeff"):
+                    break
+        if not first.startswith("{"):
+            return "csv"
+        from feeds.coinbase_ws.recording import is_coinbase_message  # websockets: lazily
+
+        return "coinbase" if is_coinbase_message(first) else "jsonl"
 
     def events(self) -> Generator[FeedEvent, None, None]:
         """Every event of the file, in order; ReplayError (file:line) on bad input."""
@@ -122,10 +141,13 @@ class ReplayFeed:
         it formatted or checked, so nothing parses ``ts`` again."""
         if not self.config.path:
             raise ReplayError("feeds.replay.path is not set")
-        if self.format() == "jsonl":
-            yield from self._jsonl()
-        else:
-            yield from self._csv()
+        match self.format():
+            case "jsonl":
+                yield from self._jsonl()
+            case "coinbase":
+                yield from self._coinbase()
+            case _:
+                yield from self._csv()
 
     def parts(self) -> list[ReplayFeed]:
         """This file, then one feed per ``files`` entry (with the replay's settings)."""
@@ -160,18 +182,14 @@ class ReplayFeed:
         """(close time ms, close) of ``symbol``'s closed candles within ``from_ms`` ..
         ``to_ms``, in order, over every file: what a backtest report draws. A CSV's
         time and close columns are read alone (~6x faster than building the events:
-        a replay has checked every row), a JSONL recording's candles from its events."""
+        a replay has checked every row), a recording's from its events (its ticks'
+        prices when it has no candles of ``symbol``)."""
         parts = [part._closes(symbol) for part in self.parts()]
         return heapq.merge(*parts, key=lambda tc: tc[0]) if len(parts) > 1 else parts[0]
 
     def _closes(self, symbol: str) -> Iterator[tuple[int, float]]:
-        if self.format() == "jsonl":
-            for t, event in self._selected():
-                if event.topic != MARKET_CANDLE_CLOSED or event.symbol != symbol:
-                    continue
-                close = event.payload.get("close") if isinstance(event.payload, dict) else None
-                if isinstance(close, int | float):
-                    yield t, float(close)
+        if self.format() != "csv":
+            yield from _prices(self._selected(), symbol)
             return
         if self.config.symbol != symbol or self.config.timeframe not in TIMEFRAMES:
             return
@@ -239,7 +257,7 @@ class ReplayFeed:
         except OSError as exc:
             raise ReplayError(f"{self.path}: cannot open replay file: {exc.strerror}") from None
 
-    def _lines(self) -> Iterator[tuple[int, str]]:
+    def _lines(self) -> Generator[tuple[int, str], None, None]:
         """(line number, text) pairs; read and decode errors become ReplayError."""
         lineno = 0
         try:
@@ -260,29 +278,51 @@ class ReplayFeed:
             yield ms, event
 
     def _jsonl_all(self) -> Iterator[tuple[int, FeedEvent]]:
+        for events in self._json_lines(self._jsonl_event):
+            yield from events
+
+    def _json_lines(
+        self, parse: Callable[[int, str], list[tuple[int, FeedEvent]]]
+    ) -> Iterator[list[tuple[int, FeedEvent]]]:
+        """``parse`` of each non-blank line; a last line without its newline that does
+        not parse is a recording cut off by a crash: skipped and counted."""
         pending: tuple[int, str] | None = None
         for lineno, line in self._lines():
             if pending is not None:
-                yield self._jsonl_event(*pending)
+                yield parse(*pending)
             pending = (lineno, line) if line.strip() else None
         if pending is None:
             return
         lineno, line = pending
         try:
-            yield self._jsonl_event(lineno, line)
+            yield parse(lineno, line)
         except ReplayError:
             if line.endswith("\n"):
                 raise
             self.skipped += 1
             log.warning("replay.truncated_last_line", path=str(self.path), line=lineno)
 
-    def _jsonl_event(self, lineno: int, line: str) -> tuple[int, FeedEvent]:
+    def _jsonl_event(self, lineno: int, line: str) -> list[tuple[int, FeedEvent]]:
         try:
             event = decode(line)
             ms = parse_iso_ms(event.ts)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise ReplayError(f"{self.path}:{lineno}: not a FeedEvent: {exc}") from None
-        return ms, msgspec.structs.replace(event, received_ts=event.ts)
+        return [(ms, msgspec.structs.replace(event, received_ts=event.ts))]
+
+    def _coinbase(self) -> Iterator[tuple[int, FeedEvent]]:
+        from feeds.coinbase_ws.recording import parse_recorded  # websockets: lazily
+
+        def ticks(lineno: int, line: str) -> list[tuple[int, FeedEvent]]:
+            try:
+                recorded = parse_recorded(line)
+            except FeedProtocolError as exc:
+                raise ReplayError(f"{self.path}:{lineno}: {exc}") from None
+            self.other_messages += recorded.other
+            return recorded.ticks
+
+        for events in self._json_lines(ticks):
+            yield from events
 
     def _csv(self) -> Iterator[tuple[int, FeedEvent]]:
         symbol, timeframe = self.config.symbol, self.config.timeframe
@@ -313,6 +353,25 @@ class ReplayFeed:
                     received_ms=candle.close_time_ms,
                 ),
             )
+
+
+def _prices(events: Iterator[tuple[int, FeedEvent]], symbol: str) -> list[tuple[int, float]]:
+    """``symbol``'s candle closes among ``events``, or its tick prices when it has no
+    closed candle (a recording of ticks only)."""
+    closes: list[tuple[int, float]] = []
+    ticks: list[tuple[int, float]] = []
+    for t, event in events:
+        if event.symbol != symbol or not isinstance(event.payload, dict):
+            continue
+        if event.topic == MARKET_CANDLE_CLOSED:
+            value, into = event.payload.get("close"), closes
+        elif event.topic == MARKET_PRICE_TICK and not closes:
+            value, into = event.payload.get("price"), ticks
+        else:
+            continue
+        if isinstance(value, int | float):
+            into.append((t, float(value)))
+    return closes or ticks
 
 
 def _csv_candle(line: str, tf_ms: int, where: str) -> Candle:

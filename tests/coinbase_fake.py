@@ -52,6 +52,7 @@ class FakeCoinbase:
         self.received_at: list[list[float]] = []
         self.prices: dict[str, str] = {}
         self.seq: list[int] = []
+        self.frames: list[str] = []  # every message sent, in order (a raw recording)
         self._changed = anyio.Event()
 
     def _bump(self) -> None:
@@ -108,7 +109,9 @@ class FakeCoinbase:
             "sequence_num": self.seq[index],
             "events": events,
         }
-        await self.connections[index].send(json.dumps(frame))
+        text = json.dumps(frame)
+        self.frames.append(text)
+        await self.connections[index].send(text)
 
     async def update(self, index: int, *prices: tuple[str, str], skip: int = 0) -> None:
         """One ``update`` event with a ticker per (product, price)."""

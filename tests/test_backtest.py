@@ -572,3 +572,44 @@ def test_hooks_that_fail_or_never_compile_are_in_the_report(tmp_path: Path) -> N
     text = render(report)
     assert "wake_broken @" in text and "did not compile, never ran" in text
     assert "(first: " in text and "did not compile" in (out / "report.html").read_text()
+
+
+WAKE_HIGH_TICK = """
+def evaluate(event, state):
+    if event["payload"]["price"] > 102:
+        return {"decision": "WAKE", "reason": "high", "dedupeKey": event["eventId"]}
+    return {"decision": "IGNORE", "reason": "low"}
+"""
+
+
+def test_a_raw_coinbase_recording_is_backtested_on_its_ticks(tmp_path: Path) -> None:
+    """Raw Advanced Trade messages (a heartbeat between tickers) as --data: the hooks
+    evaluate the ticks, the report counts what it left out and plots the tick prices."""
+    root = tmp_path / "agents" / "ticker"
+    (root / "hooks").mkdir(parents=True)
+    (root / "agent.toml").write_text(
+        'topics = ["market.price.tick"]\n[wake]\ncooldown_after_run_seconds = 0\n'
+        "debounce_seconds = 0\n"
+    )
+    (root / "hooks" / "wake_high.py").write_text(WAKE_HIGH_TICK)
+    lines = []
+    for i in range(40):
+        ts = iso_ms(1_778_051_289_000 + 60_000 * i)
+        price = str(100 + (i % 4))
+        tick = {"type": "ticker", "product_id": "BTC-USD", "price": price}
+        events = [{"type": "update", "tickers": [tick]}]
+        lines.append(
+            {"channel": "ticker", "timestamp": ts, "sequence_num": 2 * i, "events": events}
+        )
+        beat = [{"current_time": ts, "heartbeat_counter": str(i)}]
+        lines.append({"channel": "heartbeats", "timestamp": ts, "sequence_num": 2 * i + 1,
+                      "events": beat})  # fmt: skip
+    data = tmp_path / "session.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = run_backtest(BacktestOptions(agent_dir=root, data=data, out=tmp_path / "out"))
+    assert (report.events, report.left_out) == (40, 40)
+    (hook,) = report.hooks
+    assert hook.evaluations == 40 and hook.decisions == {"IGNORE": 30, "WAKE": 10}
+    assert report.runs == 10 and "40 recorded lines left out" in render(report)
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "No prices" not in page and page.count('class="wake"') == 10

@@ -25,7 +25,7 @@ MAX_MARKERS = 1500
 class Series(msgspec.Struct, frozen=True, kw_only=True):
     """What the plots draw, in event time (ms)."""
 
-    prices: list[tuple[int, float]]  # candle closes
+    prices: list[tuple[int, float]]  # candle closes (tick prices for a recording of ticks)
     wakes: list[int]  # times of WAKEs that ran (not suppressed)
     alerts: list[int]
     fills: list[tuple[int, float, float, float, float]]  # ts, price, signed qty, realized, fee
@@ -79,7 +79,7 @@ def _frame(title: str, s: _Scale, lo_label: str, hi_label: str) -> list[str]:
 def _price_plot(series: Series) -> str:
     pts = thin(series.prices)
     if not pts:
-        return "<p>No candles in the data.</p>"
+        return "<p>No prices of the symbol in the data (candles, or ticks).</p>"
     s = _Scale(pts[0][0], pts[-1][0], min(p for _, p in pts), max(p for _, p in pts))
     out = _frame("Price, with wakes (blue), alerts (orange) and fills (green buy, red sell)",
                  s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")  # fmt: skip

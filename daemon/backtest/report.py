@@ -128,6 +128,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     # (Ctrl-C, SIGTERM) or the data's error; the figures cover first .. last_event.
     complete: bool = True
     stopped_by: str = ""
+    # Recorded lines not replayed: a recording's account events (this run's broker
+    # makes its own) and Coinbase messages that carry no tick (heartbeats, candles...).
+    left_out: int = 0
 
     def incomplete(self) -> tuple[str, str] | None:
         """(heading, explanation) of a report that covers part of the data only."""

@@ -226,6 +226,11 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     finally:
         hook_store.close()
     events = sum(f.stats.get("published", 0) for f in status.feeds)
+    left_out = sum(
+        f.stats.get(k, 0)
+        for f in status.feeds
+        for k in ("account_events_left_out", "other_messages_left_out")
+    )
     stopped_by = _stopped_by(status.feeds)
     report = Report(
         agent=agent,
@@ -247,6 +252,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
         complete=not stopped_by,
         stopped_by=stopped_by,
+        left_out=left_out,
     )
     _write_json(out / "report.json", report)
     prices = _closes(config, opts.symbol)
@@ -343,7 +349,12 @@ def render(report: Report) -> str:
     if note is not None:
         lines.append(f"  {note[0]}: {note[1]}")
     if not report.events:
-        lines.append("  nothing was replayed: the data has no candles (within --from/--to)")
+        lines.append("  nothing was replayed: the data has no events (within --from/--to)")
+    if report.left_out:
+        lines.append(
+            f"  {report.left_out} recorded lines left out: account events (this run's broker "
+            "makes its own) or Coinbase messages without a ticker"
+        )
     elif not report.first_event:
         lines.append(
             "  no hook evaluated any event: compare the agent's topics and symbols "

@@ -1,0 +1,142 @@
+"""Recorded Coinbase Advanced Trade messages replay as the ticks the live feed published."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from daemon.errors import FeedProtocolError, ReplayError
+from daemon.events import FeedEvent, iso_ms
+from feeds.base import FeedHealth
+from feeds.coinbase_ws.feed import CoinbaseWsFeed
+from feeds.coinbase_ws.recording import is_coinbase_message, parse_recorded
+from tests.coinbase_fake import TS, WAIT, fake_server, ticker
+from tests.feeds.test_coinbase_ws_pool import settings
+from tests.feeds.test_replay import feed_for, recording, replay, write_jsonl
+
+
+def message(seq: int, *prices: tuple[str, str], ts: str = TS, kind: str = "update") -> str:
+    tickers = [ticker(p, price) for p, price in prices]
+    events = [{"type": kind, "tickers": tickers}]
+    body = {"channel": "ticker", "timestamp": ts, "sequence_num": seq, "events": events}
+    return json.dumps(body)
+
+
+def without_receive_time(events: list[FeedEvent]) -> list[FeedEvent]:
+    return [msgspec.structs.replace(e, received_ts=None) for e in events]
+
+
+async def test_a_recording_of_the_wire_replays_as_the_live_feed_published_it(
+    tmp_path: Path,
+) -> None:
+    """Ticks taken live from a loopback Coinbase, then its messages replayed from a file:
+    the same events (ids, times, payloads), the heartbeats and acks left out."""
+    live: list[FeedEvent] = []
+    async with fake_server() as (fake, url):
+        feed = CoinbaseWsFeed(settings(url, ["BTC-USD", "ETH-USD"]))
+        send, receive = anyio.create_memory_object_stream[FeedEvent](100)
+        async with send, receive, anyio.create_task_group() as tg:
+            with anyio.fail_after(WAIT):
+                await tg.start(feed.run, send.send, FeedHealth("coinbase_ws"))
+                await fake.wait_for(lambda: len(fake.sent_by(0)) == 2)
+                await fake.heartbeat(0, 7)
+                await fake.update(0, ("BTC-USD", "65001.5"), ("ETH-USD", "1900.25"))
+                await fake.update(0, ("BTC-USD", "65002"))
+                while len(live) < 5:  # the snapshot's two, then three updates
+                    live.append(await receive.receive())
+            tg.cancel_scope.cancel()
+    path = tmp_path / "coinbase.jsonl"
+    path.write_text("".join(f + "\n" for f in fake.frames))
+    replayed_feed = feed_for(path)
+    assert replayed_feed.format() == "coinbase"
+    replayed, _ = await replay(replayed_feed)
+    assert without_receive_time(replayed) == without_receive_time(live)
+    assert [e.symbol for e in replayed] == ["BTC-USD", "ETH-USD", "BTC-USD", "ETH-USD", "BTC-USD"]
+    # two subscription acks and the heartbeat carry no tick
+    assert replayed_feed.statistics()["other_messages_left_out"] == 3
+    assert all(e.received_ts == e.ts for e in replayed)  # no receive time recorded
+
+
+def test_a_wrapped_line_keeps_its_receive_time() -> None:
+    """``{"recv_ts", "raw"}`` lines (cryptofeed-style) give the same tick, received then."""
+    raw = message(6, ("BTC-USD", "65086.18"), kind="snapshot")
+    bare = parse_recorded(raw).ticks
+    wrapped = parse_recorded(json.dumps({"recv_ts": 1_778_051_289.5, "raw": raw})).ticks
+    assert [t for t, _ in bare] == [t for t, _ in wrapped]
+    (at, event), (_, again) = bare[0], wrapped[0]
+    assert event.event_id == f"coinbase:tick:BTC-USD:{TS}:6:0"
+    assert event.ts == iso_ms(at) == "2026-05-06T07:08:09.123Z"
+    assert again.received_ts == "2026-05-06T07:08:09.500Z"
+    assert msgspec.structs.replace(again, received_ts=event.received_ts) == event
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("{not json", "not a Coinbase message"),
+        ('{"type": "ticker", "product_id": "BTC-USD", "price": "1"}', "older Exchange feed"),
+        ('{"recv_ts": 1e15, "raw": "{}"}', "not epoch seconds"),
+        ('{"channel": "ticker", "events": [{"type": "update", "tickers": []}]}', ""),
+        ('{"foo": 1}', "without channel"),
+    ],
+)
+def test_lines_that_are_not_advanced_trade_messages_are_named(line: str, error: str) -> None:
+    if not error:  # a ticker message with no tickers and no time: nothing, not an error
+        assert parse_recorded(line).ticks == []
+        return
+    with pytest.raises(FeedProtocolError, match=error):
+        parse_recorded(line)
+
+
+def test_a_ticker_without_any_time_is_an_error() -> None:
+    untimed = json.loads(message(1, ("BTC-USD", "1")))
+    del untimed["timestamp"]
+    with pytest.raises(FeedProtocolError, match="without a timestamp"):
+        parse_recorded(json.dumps(untimed))
+    wrapped = parse_recorded(json.dumps({"recv_ts": 1_778_051_289.0, "raw": json.dumps(untimed)}))
+    assert [e.ts for _, e in wrapped.ticks] == ["2026-05-06T07:08:09.000Z"]
+
+
+def test_the_formats_are_told_apart_by_their_first_line(tmp_path: Path) -> None:
+    assert is_coinbase_message(message(1, ("BTC-USD", "1")))
+    assert is_coinbase_message('{"recv_ts": 1.0, "raw": "{}"}')
+    assert not is_coinbase_message(msgspec.json.encode(recording()[0]))
+    assert not is_coinbase_message("open_time_ms,open")
+    ours = write_jsonl(tmp_path / "ours.jsonl", recording())
+    theirs = tmp_path / "theirs.jsonl.gz"
+    theirs.write_bytes(gzip.compress(("\n" + message(1, ("BTC-USD", "1")) + "\n").encode()))
+    assert feed_for(ours).format() == "jsonl"
+    assert feed_for(theirs).format() == "coinbase"
+
+
+async def test_a_bad_line_names_its_place_and_a_cut_off_last_line_is_skipped(
+    tmp_path: Path,
+) -> None:
+    good = message(1, ("BTC-USD", "100"))
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(good + "\n" + good[:30])
+    feed = feed_for(cut)
+    events, _ = await replay(feed)
+    assert len(events) == 1 and feed.statistics()["skipped_lines"] == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good + "\n" + '{"type": "ticker", "time": "x"}\n' + good + "\n")
+    with pytest.raises(ReplayError, match=rf"{bad}:2: .*older Exchange feed"):
+        await replay(feed_for(bad))
+
+
+def test_a_recording_of_ticks_plots_their_prices(tmp_path: Path) -> None:
+    """Without candles, the report's price line is the symbol's tick prices."""
+    path = tmp_path / "ticks.jsonl"
+    lines = [
+        message(1, ("BTC-USD", "100"), ("ETH-USD", "5")),
+        message(2, ("BTC-USD", "101.5"), ts="2026-05-06T07:08:10Z"),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    got = list(feed_for(path).closes("BTC-USD"))
+    assert [p for _, p in got] == [100.0, 101.5]
+    assert got[1][0] - got[0][0] == 877  # .123 -> 10.000
