@@ -152,6 +152,10 @@ class OrderRecord(_Record, frozen=True, kw_only=True, tag="order"):
     price: float | None = None
     reason: str = ""
     filled: float | None = None  # filled so far, on PARTIALLY_FILLED
+    # The broker's time of the change: on a replay, the event time of the candle or
+    # tick that filled it (``ts`` is when the row was written, seconds apart in a
+    # backtest of a year).
+    event_ts: str | None = None
 
 
 class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):

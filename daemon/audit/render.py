@@ -87,13 +87,17 @@ def _hook(rec: Record, line: Text) -> None:
         line.append(f" {rec['reason']}")
     if rec.get("error"):
         line.append(f" error: {rec['error']}", style="red")
-    event_ts = _s(rec, "eventTs")
-    at = f" event {event_ts[:10]} {event_ts[11:19]}" if len(event_ts) >= 19 else ""
     line.append(
-        f"  {_s(rec, 'symbol', '-')} {_s(rec, 'topic')}{at} "
+        f"  {_s(rec, 'symbol', '-')} {_s(rec, 'topic')}{_event_time(rec)} "
         f"{float(rec.get('runtimeMs') or 0):.2f}ms",
         style="dim",
     )
+
+
+def _event_time(rec: Record) -> str:
+    """' event DATE TIME' from the row's ``eventTs`` (its market time), or ''."""
+    event_ts = _s(rec, "eventTs")
+    return f" event {event_ts[:10]} {event_ts[11:19]}" if len(event_ts) >= 19 else ""
 
 
 def _wake(rec: Record, line: Text) -> None:
@@ -155,6 +159,8 @@ def _order(rec: Record, line: Text) -> None:
         f" {_s(rec, 'side')} {size} {_s(rec, 'symbol')}{at} "
         f"({_s(rec, 'orderType')}, {_s(rec, 'role')}) {_s(rec, 'clientOrderId')}"
     )
+    if when := _event_time(rec):
+        line.append(f" {when.strip()}", style="dim")
 
 
 def _signal(rec: Record, line: Text) -> None:

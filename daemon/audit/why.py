@@ -112,7 +112,7 @@ def _other_line(r: Record) -> str:
         price = f" @ {r['price']}" if r.get("price") is not None else ""
         return (
             f"order {r.get('clientOrderId')} {r.get('status')} {r.get('side')} {r.get('volume')} "
-            f"{r.get('symbol')}{price} ({r.get('role')})"
+            f"{r.get('symbol')}{price} ({r.get('role')}){_at(r)}"
         )
     return f"{kind} record"
 
@@ -127,8 +127,14 @@ def _trade_summary(orders: list[Record]) -> str:
         r for r in orders if r is not last and r.get("status") == "FILLED" and r not in entries
     ]
     if exits:
-        text += f"; closed by {exits[-1].get('role')} @ {exits[-1].get('price')}"
+        text += f"; closed by {exits[-1].get('role')} @ {exits[-1].get('price')}{_at(exits[-1])}"
     return text
+
+
+def _at(r: Record) -> str:
+    """' at <market time>' of an order row (the broker's time of the change), or ''."""
+    when = r.get("eventTs")
+    return f" at {when[:10]} {when[11:19]}" if isinstance(when, str) and len(when) >= 19 else ""
 
 
 def _judge(recs: list[Record]) -> tuple[Outcome, str]:

@@ -46,9 +46,11 @@ def risk_record(
     )
 
 
-def order_record(order: Order, broker: str, *, part: bool = False) -> OrderRecord:
+def order_record(
+    order: Order, broker: str, *, part: bool = False, event_ts: str | None = None
+) -> OrderRecord:
     """The audit record of ``order``'s current state at ``broker``; ``part``: a fill
-    of part of it (the rest still working)."""
+    of part of it (the rest still working); ``event_ts``: the broker's time of it."""
     return OrderRecord(
         ts=now_ts(),
         agent_id=order.agent_id,
@@ -64,6 +66,7 @@ def order_record(order: Order, broker: str, *, part: bool = False) -> OrderRecor
         price=order.fill_price or order.limit_price or order.stop_price,
         reason=order.reason,
         filled=order.filled_volume if part else None,
+        event_ts=event_ts,
     )
 
 
@@ -84,4 +87,4 @@ def order_record_from_event(event: FeedEvent) -> OrderRecord | None:
     except msgspec.ValidationError:
         return None
     part = event.topic == ACCOUNT_ORDER_FILLED and order.status != "FILLED"
-    return order_record(order, event.source, part=part)
+    return order_record(order, event.source, part=part, event_ts=event.ts)

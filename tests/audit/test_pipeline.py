@@ -118,6 +118,11 @@ async def test_replayed_stream_tail_and_why(tmp_path: Path) -> None:
     assert closed, outcomes  # a doji's trace reaches its entry fill and its bracket exit
     placed = [d for eid in closed for d in outcomes[eid][1] if "OPEN" in d and "(entry)" in d]
     assert len(placed) == len(closed)  # each state change audited once
+    # each order line says when, in market time, it happened: an exit after its entry
+    for eid in closed:
+        times = [d.rsplit(" at ", 1)[1] for d in outcomes[eid][1] if d.startswith("order ")]
+        entry_at = next(d for d in outcomes[eid][1] if "FILLED" in d and "(entry)" in d)
+        assert all(len(t) == 19 for t in times) and max(times) > entry_at.rsplit(" at ", 1)[1]
     assert {o for o, _ in outcomes.values()} <= {"TRADED", "TRADE_REJECTED"}
     text = CliRunner().invoke(why_command, [ignored[0], "--dir", str(logdir)]).output
     assert "agent example: NO_WAKE" in text and "no doji" in text

@@ -69,4 +69,8 @@ async def test_broker_events_become_order_records(
     records = [order_record_from_event(e) for e in events]
     statuses = [(r.role, r.status) for r in records if r is not None]
     assert statuses == [("entry", "OPEN"), ("entry", "FILLED"), ("stop_loss", "OPEN")]
+    # the broker's time of each change (the market's, on a replay), not the row's
+    assert [r.event_ts for r in records if r is not None] == [
+        e.ts for e, r in zip(events, records, strict=True) if r is not None
+    ]
     assert records[2] is None  # account.position.opened
