@@ -318,6 +318,12 @@ def expand_env(value: Any, path: str, *, keep_missing: bool = False) -> Any:
     return value
 
 
+def unexpanded(value: str) -> list[str]:
+    """The ``${VAR}`` names left in ``value``: variables that were not set when it was
+    loaded with ``keep_missing`` (a disabled agent's key)."""
+    return _VAR.findall(value)
+
+
 def decode_hook(type_: type, obj: Any) -> Any:
     """msgspec ``dec_hook``: a string where a :class:`Secret` is expected becomes one."""
     if type_ is Secret and isinstance(obj, str):

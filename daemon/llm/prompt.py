@@ -57,7 +57,8 @@ def render_context(ctx: WakeContext) -> str:
         lines.append("## Why you were woken (oldest first)")
         for r in ctx.reasons:
             where = " ".join(x for x in (r.symbol, r.topic, r.ts) if x)
-            lines.append(f"- {r.hook_id}: {r.reason} ({where}; event {r.event_id})")
+            about = "; ".join(x for x in (where, r.event_id and f"event {r.event_id}") if x)
+            lines.append(f"- {r.hook_id}: {r.reason}" + (f" ({about})" if about else ""))
     else:
         lines.append("No hook woke you: this is a periodic audit run. Review and report.")
     if ctx.earlier:

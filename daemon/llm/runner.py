@@ -32,6 +32,8 @@ import msgspec
 import structlog
 
 from daemon.audit.records import LlmReport, ToolCallReport
+from daemon.config import unexpanded
+from daemon.errors import ConfigError
 from daemon.llm.conversation import (
     Conversation,
     ToolCall,
@@ -158,6 +160,12 @@ class LlmRunner:
         conv: Conversation | None = None
         with anyio.move_on_after(cfg.deadline_seconds) as scope:
             try:
+                if missing := unexpanded(cfg.api_key.reveal()):
+                    # Loaded while the agent was disabled; never send the literal as a key.
+                    raise ConfigError(
+                        f"runner.api_key reads ${{{missing[0]}}}, which is not set in the "
+                        "environment"
+                    )
                 system, user = await system_prompt(self.agent_dir), render_context(ctx)
                 self._observe(Step("system", system))
                 self._observe(Step("user", user))

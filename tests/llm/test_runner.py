@@ -11,7 +11,9 @@ import anyio
 import msgspec
 import pytest
 
+from daemon.agents.workspace import load_agent_config
 from daemon.errors import ConfigError
+from daemon.llm.prompt import render_context
 from daemon.llm.runner import LlmRunner, RegistryToolBox, args_digest
 from daemon.secret import Secret
 from daemon.tools.base import Registry, Tool
@@ -175,6 +177,33 @@ async def test_an_api_error_fails_the_run_with_the_reason() -> None:
         result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
     assert result.status == "failed" and "bad key" in (result.error or "")
     assert len(fake.requests) == 1
+
+
+async def test_a_key_whose_variable_was_never_set_is_not_sent(tmp_path: Path) -> None:
+    """A disabled agent's ``${VAR}`` stays as written when VAR is unset; run anyway (a
+    backtest with --run-llm, ``agent run``), it fails naming VAR, the provider untouched."""
+    toml = tmp_path / "agent.toml"
+    toml.write_text(
+        'enabled = false\n[wake.runner]\nkind = "llm"\nprovider = "anthropic"\n'
+        'model = "m"\napi_key = "${MW_TEST_SURELY_UNSET}"\n'
+    )
+    runner = load_agent_config(toml).wake.runner
+    async with fake_anthropic([(200, anthropic_turn("hi"))]) as (fake, url):
+        runner = msgspec.structs.replace(runner, base_url=url)
+        result = await LlmRunner(runner, tools=TOOLS).run(CTX)
+    assert result.status == "failed" and fake.requests == []
+    assert "${MW_TEST_SURELY_UNSET}, which is not set" in (result.error or "")
+
+
+def test_a_manual_wake_reads_as_one_without_an_event() -> None:
+    manual = WakeReason(hook_id="manual", reason="manual run", event_id=None, trace_id=None,
+                        symbol=None, topic=None, ts=None)  # fmt: skip
+    text = render_context(msgspec.structs.replace(CTX, reasons=[manual, *CTX.reasons]))
+    assert "- manual: manual run\n" in text
+    assert (
+        "- wake_rsi: RSI14 23.0 (BTC-USD market.candle.closed 2026-11-25T00:00:00.000Z; "
+        "event ev1)" in text
+    )
 
 
 def test_llm_runner_settings_fail_with_one_clear_line(
