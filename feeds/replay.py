@@ -136,14 +136,20 @@ class ReplayFeed:
         for _, event in self._timed():
             yield event
 
-    def _timed(self) -> Generator[tuple[int, FeedEvent], None, None]:
+    def recorded(self) -> Generator[FeedEvent, None, None]:
+        """Every event of the file as recorded, in order: a recording's ``account.*``
+        events and ``receivedTs`` kept (what rebuilds the state its hooks saw)."""
+        for _, event in self._timed(as_recorded=True):
+            yield event
+
+    def _timed(self, as_recorded: bool = False) -> Generator[tuple[int, FeedEvent], None, None]:
         """(event ms, event) for every event of the file: each parser knows the time
         it formatted or checked, so nothing parses ``ts`` again."""
         if not self.config.path:
             raise ReplayError("feeds.replay.path is not set")
         match self.format():
             case "jsonl":
-                yield from self._jsonl()
+                yield from self._jsonl_all() if as_recorded else self._jsonl()
             case "coinbase":
                 yield from self._coinbase()
             case _:
@@ -275,7 +281,7 @@ class ReplayFeed:
             if event.topic.startswith(ACCOUNT_PREFIX):
                 self.outputs += 1
                 continue
-            yield ms, event
+            yield ms, msgspec.structs.replace(event, received_ts=event.ts)
 
     def _jsonl_all(self) -> Iterator[tuple[int, FeedEvent]]:
         for events in self._json_lines(self._jsonl_event):
@@ -308,7 +314,7 @@ class ReplayFeed:
             ms = parse_iso_ms(event.ts)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise ReplayError(f"{self.path}:{lineno}: not a FeedEvent: {exc}") from None
-        return [(ms, msgspec.structs.replace(event, received_ts=event.ts))]
+        return [(ms, event)]
 
     def _coinbase(self) -> Iterator[tuple[int, FeedEvent]]:
         from feeds.coinbase_ws.recording import parse_recorded  # websockets: lazily

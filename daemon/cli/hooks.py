@@ -16,11 +16,13 @@ from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
 from daemon.cli.common import MAX_EVENT_FILE_BYTES, load_config_or_defaults, resolve_state_dir
-from daemon.errors import ConfigError, HookCompileError
-from daemon.events import FeedEvent, decode, to_dict
-from daemon.inputfile import open_input, read_input
+from daemon.errors import ConfigError, HookCompileError, ReplayError
+from daemon.events import FeedEvent, to_dict
+from daemon.inputfile import read_input
 from daemon.state import StateCache
 from daemon.trading.ledger import Ledger
+from feeds.config import ReplaySection
+from feeds.replay import ReplayFeed
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 from hooks_runtime.hookfile import HOOK_NAME
 
@@ -89,29 +91,27 @@ def replay_state(
     recording: Path, event_id: str, candles: int, account: str = ""
 ) -> tuple[FeedEvent, dict[str, Any]]:
     """The event ``event_id`` of a recording (JSONL FeedEvents, as ``--record``
-    writes them) and the state a hook saw for it: every event up to it applied
-    to a state cache (exported as the dispatcher does) and to ``account``'s
-    ledger (its working orders and positions)."""
+    writes them, or raw Coinbase messages; gzip or not) and the state a hook saw
+    for it: every event up to it applied to a state cache (exported as the
+    dispatcher does) and to ``account``'s ledger (its working orders and positions)."""
     cache = StateCache(max_candles=max(candles, 1))
     ledger = Ledger(account)
+    feed = ReplayFeed(ReplaySection(path=str(recording)))
     try:
-        fh = open_input(recording)
-    except OSError as exc:
-        raise click.BadParameter(f"{recording}: cannot read the recording: {exc}") from None
-    with fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                event = decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise click.BadParameter(f"{recording}:{n}: not a FeedEvent: {exc}") from None
+        if feed.format() == "csv":
+            raise click.BadParameter(
+                f"{recording}: not a recording (CSV candles?): --recording takes what "
+                "`marketwake run --record` writes, or raw Coinbase messages"
+            )
+        for event in feed.recorded():
             cache.apply(event)
             if event.event_id == event_id:
                 state = market_state(cache, event, candles)
                 state.update(ledger.state(), lastOutputs={})
                 return event, state
             ledger.apply(event)
+    except ReplayError as exc:
+        raise click.BadParameter(str(exc)) from None
     raise click.BadParameter(f"{recording}: no event with id {event_id!r}")
 
 
@@ -173,7 +173,8 @@ def _live_decisions(audit_dir: Path, event_id: str) -> None:
 @click.option(
     "--recording",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A recording (--record JSONL): take the event and rebuild its state from it.",
+    help="A recording (--record JSONL, or raw Coinbase messages; .gz or not): take the "
+    "event and rebuild its state from it.",
 )
 @click.option("--event-id", help="With --recording: which event to test.")
 @click.option(

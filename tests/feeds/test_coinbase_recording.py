@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import anyio
+import click
 import msgspec
 import pytest
 
@@ -140,3 +141,29 @@ def test_a_recording_of_ticks_plots_their_prices(tmp_path: Path) -> None:
     got = list(feed_for(path).closes("BTC-USD"))
     assert [p for _, p in got] == [100.0, 101.5]
     assert got[1][0] - got[0][0] == 877  # .123 -> 10.000
+
+
+def test_hooks_test_takes_its_event_and_state_from_a_raw_or_gzipped_recording(
+    tmp_path: Path,
+) -> None:
+    """``hooks test --recording`` reads what the replay reads: raw Coinbase messages
+    (the ticks before the event in its state) and a gzipped ``--record`` JSONL."""
+    from daemon.cli.hooks import replay_state
+
+    raw = tmp_path / "coinbase.jsonl"
+    raw.write_text(
+        message(1, ("BTC-USD", "100"), kind="snapshot")
+        + "\n"
+        + message(2, ("BTC-USD", "101.5"), ts="2026-05-06T07:08:10Z")
+        + "\n"
+    )
+    event, state = replay_state(raw, "coinbase:tick:BTC-USD:2026-05-06T07:08:10Z:2:0", 50)
+    assert event.payload["price"] == 101.5
+    assert state["ticks"]["BTC-USD"]["price"] == 101.5
+    packed = write_jsonl(tmp_path / "rec.jsonl.gz", recording())
+    event, _ = replay_state(packed, recording()[1].event_id, 50)
+    assert event == recording()[1]  # as recorded: its own receivedTs
+    csv = tmp_path / "candles.csv"
+    csv.write_text("open_time_ms,open,high,low,close,volume\n")
+    with pytest.raises(click.BadParameter, match="not a recording"):
+        replay_state(csv, "x", 50)
