@@ -99,8 +99,21 @@ def build_points(
     return pts, derived
 
 
-def ensure_collection(store: Store, derived: F64, cfg: RagConfig) -> CollectionMeta:
-    """The collection's metadata, creating it (with frozen stats) on first ingest."""
+def lacking(pts: NDArray[np.void]) -> str:
+    """What keeps the bars past warm-up from being complete: how many have no funding
+    rate and no open interest known at their time (what a too-small first ingest says)."""
+    funding = int((~np.isfinite(pts["funding_rate"])).sum())
+    oi = int((~np.isfinite(pts["open_interest_latest"])).sum())
+    return (
+        f"{len(pts)} bars past the warm-up: {funding} without a funding rate known at "
+        f"their time, {oi} without open interest (each file's time range must cover the "
+        "candles')"
+    )
+
+
+def ensure_collection(store: Store, derived: F64, cfg: RagConfig, why: str = "") -> CollectionMeta:
+    """The collection's metadata, creating it (with frozen stats) on first ingest;
+    ``why``: what the bars lack, for the error when too few are complete."""
     meta = store.meta()
     model = cfg.embedding.model
     if meta is None:
@@ -110,6 +123,7 @@ def ensure_collection(store: Store, derived: F64, cfg: RagConfig) -> CollectionM
                 f"the first ingest creates the collection and freezes its normalization "
                 f"statistics, so it needs at least {MIN_COMPLETE_TO_CREATE} complete bars "
                 f"(past the ~200 h warm-up, with funding and open interest); got {complete}"
+                + (f" of {why}" if why else "")
             )
         mean, std = norm_stats(derived)
         probe = make_embedder(model, mean, std, cfg.embedding)
@@ -190,7 +204,7 @@ def ingest(
     started = time.perf_counter()
     check_spacing(bars, timeframe)
     pts, derived = build_points(symbol, timeframe, bars, funding, oi, cfg)
-    meta = ensure_collection(store, derived, cfg)
+    meta = ensure_collection(store, derived, cfg, lacking(pts))
     embedder = make_embedder(meta.embedding_model, meta.norm_mean, meta.norm_std, cfg.embedding)
     known = store.revisions(symbol, timeframe)
     ids, revs = pts["id"].tolist(), pts["rev"].tolist()

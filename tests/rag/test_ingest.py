@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +62,12 @@ def test_first_ingest_needs_complete_bars(tmp_path: Path) -> None:
     rows = synth.candles(1200, tf=TF_MS)
     store = EmbeddedStore(str(tmp_path), "t")
     cfg = RagConfig(store=StoreSection(path=str(tmp_path)))
-    with pytest.raises(DataFileError, match="at least 50 complete bars"):
+    with pytest.raises(DataFileError, match="at least 50 complete bars") as err:
         ingest(store, "BTCUSDT", "15m", Bars.from_rows(rows), None, None, cfg)
+    # the error says what the bars past the warm-up lack
+    past = int(re.search(r"of (\d+) bars past the warm-up", str(err.value)).group(1))  # type: ignore[union-attr]
+    assert 0 < past < 1200 and f"{past} without a funding rate" in str(err.value)
+    assert f"{past} without open interest" in str(err.value)
     with pytest.raises(DataFileError, match="got 0"):
         ingest(store, "BTCUSDT", "15m", Bars.from_rows(rows[:100]), None, None, cfg)
     assert store.meta() is None
