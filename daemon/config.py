@@ -59,6 +59,9 @@ class DaemonSection(Base, frozen=True):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Append every bus event to this JSONL file ("" = off).
     record: str = ""
+    # Past this size the recording moves to <record>.1 (replacing the one there) and a
+    # new file starts: at most twice this on disk (0 = no bound).
+    record_max_mb: Annotated[float, msgspec.Meta(ge=0)] = 1024.0
     # A feed that has produced nothing for this long is considered stalled and
     # the systemd watchdog stops being pinged.
     stall_seconds: float = 120.0

@@ -176,7 +176,8 @@ class Service:
         path = record_path or (Path(config.daemon.record) if config.daemon.record else None)
         if path is not None:
             sub = self.bus.subscribe(">", name="recorder")
-            self._subs.append((lambda s: record(s, path), sub))
+            cap = int(config.daemon.record_max_mb * 1024 * 1024)
+            self._subs.append((lambda s: record(s, path, cap), sub))
         for name, consumer in consumers:
             self._subs.append((consumer, self.bus.subscribe(">", name=name)))
 

@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 from daemon.bus import Subscription
 from daemon.clock import ManualClock
 from daemon.config import BusSection, Config, DaemonSection, StateSection
-from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode
+from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode, encode
 from daemon.sdnotify import Notifier
 from daemon.service import Service
 from daemon.statedir import SNAPSHOT_FILE
@@ -134,6 +134,28 @@ async def test_finite_feeds_run_to_end_record_and_notify(
     assert status.bus.published == 30 and not status.running
     on_disk = read_status(tmp_path / "state")  # the typed reader `marketwake status` uses
     assert on_disk.feeds[0].finished is True and on_disk.bus == status.bus
+
+
+async def test_a_recording_past_its_bound_moves_aside_and_a_new_one_starts(
+    tmp_path: Path,
+) -> None:
+    """``[daemon] record_max_mb``: the full file becomes ``<name>.1`` (the one before
+    it dropped), so the disk holds at most twice the bound; the two replay in order."""
+    events = [candle(i) for i in range(60)]
+    size = len(encode(events[0])) + 1  # the shortest line (the others are a byte longer)
+    rec = tmp_path / "rec.jsonl"
+
+    def feeds(_: Config) -> Sequence[Feed]:
+        return [ListFeed("list", events)]
+
+    cfg = make_config(tmp_path, record_max_mb=25 * size / 1024 / 1024)
+    with anyio.fail_after(5):
+        await Service(cfg, feeds, record_path=rec).run()
+    kept = tmp_path / "rec.jsonl.1"
+    lines = kept.read_bytes().splitlines() + rec.read_bytes().splitlines()
+    # 25 lines a file: the first 25 were dropped at the second move, 25..49 kept, then 10
+    assert [decode(line) for line in lines] == events[25:]
+    assert 25 * size <= kept.stat().st_size < 26 * size  # moved once it reached the bound
 
 
 async def test_a_finite_feed_ending_first_does_not_stop_a_daemon_with_a_live_feed(

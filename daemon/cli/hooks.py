@@ -88,31 +88,34 @@ async def _run(
 
 
 def replay_state(
-    recording: Path, event_id: str, candles: int, account: str = ""
+    recordings: list[Path], event_id: str, candles: int, account: str = ""
 ) -> tuple[FeedEvent, dict[str, Any]]:
-    """The event ``event_id`` of a recording (JSONL FeedEvents, as ``--record``
-    writes them, or raw Coinbase messages; gzip or not) and the state a hook saw
-    for it: every event up to it applied to a state cache (exported as the
-    dispatcher does) and to ``account``'s ledger (its working orders and positions)."""
+    """The event ``event_id`` of the recordings, read one after the other (JSONL
+    FeedEvents as ``--record`` writes them, or raw Coinbase messages; gzip or not),
+    and the state a hook saw for it: every event up to it applied to a state cache
+    (exported as the dispatcher does) and to ``account``'s ledger (its working
+    orders and positions)."""
     cache = StateCache(max_candles=max(candles, 1))
     ledger = Ledger(account)
-    feed = ReplayFeed(ReplaySection(path=str(recording)))
-    try:
-        if feed.format() == "csv":
-            raise click.BadParameter(
-                f"{recording}: not a recording (CSV candles?): --recording takes what "
-                "`marketwake run --record` writes, or raw Coinbase messages"
-            )
-        for event in feed.recorded():
-            cache.apply(event)
-            if event.event_id == event_id:
-                state = market_state(cache, event, candles)
-                state.update(ledger.state(), lastOutputs={})
-                return event, state
-            ledger.apply(event)
-    except ReplayError as exc:
-        raise click.BadParameter(str(exc)) from None
-    raise click.BadParameter(f"{recording}: no event with id {event_id!r}")
+    for recording in recordings:
+        feed = ReplayFeed(ReplaySection(path=str(recording)))
+        try:
+            if feed.format() == "csv":
+                raise click.BadParameter(
+                    f"{recording}: not a recording (CSV candles?): --recording takes what "
+                    "`marketwake run --record` writes, or raw Coinbase messages"
+                )
+            for event in feed.recorded():
+                cache.apply(event)
+                if event.event_id == event_id:
+                    state = market_state(cache, event, candles)
+                    state.update(ledger.state(), lastOutputs={})
+                    return event, state
+                ledger.apply(event)
+        except ReplayError as exc:
+            raise click.BadParameter(str(exc)) from None
+    names = " or ".join(str(r) for r in recordings)
+    raise click.BadParameter(f"{names}: no event with id {event_id!r}")
 
 
 def _agent_dir(path: Path) -> Path:
@@ -227,10 +230,15 @@ def test_command(
             )
         recording, event_id = Path(cfg.daemon.record), audit_event
         _live_decisions(cfg.audit_dir, audit_event)
+        # What the recorder keeps: the file it moved aside when it was full, then this one.
+        earlier = recording.with_name(recording.name + ".1")
+        recordings = [earlier, recording] if earlier.exists() else [recording]
+    elif recording is not None:
+        recordings = [recording]
     if recording is not None:
         if event_id is None or event_path is not None or state_path is not None:
             raise click.UsageError("--recording takes --event-id, and no --event or --state")
-        live, state = replay_state(recording, event_id, *_agent_of(path))
+        live, state = replay_state(recordings, event_id, *_agent_of(path))
         if audit_event is not None:
             state["lastOutputs"] = audit_outputs(cfg.audit_dir, _agent_dir(path).name, event_id)
         event = to_dict(live)

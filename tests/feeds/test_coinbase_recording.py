@@ -157,13 +157,13 @@ def test_hooks_test_takes_its_event_and_state_from_a_raw_or_gzipped_recording(
         + message(2, ("BTC-USD", "101.5"), ts="2026-05-06T07:08:10Z")
         + "\n"
     )
-    event, state = replay_state(raw, "coinbase:tick:BTC-USD:2026-05-06T07:08:10Z:2:0", 50)
+    event, state = replay_state([raw], "coinbase:tick:BTC-USD:2026-05-06T07:08:10Z:2:0", 50)
     assert event.payload["price"] == 101.5
     assert state["ticks"]["BTC-USD"]["price"] == 101.5
     packed = write_jsonl(tmp_path / "rec.jsonl.gz", recording())
-    event, _ = replay_state(packed, recording()[1].event_id, 50)
+    event, _ = replay_state([packed], recording()[1].event_id, 50)
     assert event == recording()[1]  # as recorded: its own receivedTs
     csv = tmp_path / "candles.csv"
     csv.write_text("open_time_ms,open,high,low,close,volume\n")
     with pytest.raises(click.BadParameter, match="not a recording"):
-        replay_state(csv, "x", 50)
+        replay_state([csv], "x", 50)

@@ -729,7 +729,7 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
     closes = [99.0] * 8 + [101.0, 102.0] + [99.0] * 5  # the 2nd green bar is event t:9
     rec = tmp_path / "rec.jsonl"
     rec.write_bytes(b"".join(msgspec.json.encode(bar(i, c)) + b"\n" for i, c in enumerate(closes)))
-    event, state = replay_state(rec, "t:9", 50)
+    event, state = replay_state([rec], "t:9", 50)
     assert event.event_id == "t:9"
     series = state["candles"]["BTC-USD"]["1m"]
     assert [c["close"] for c in series] == closes[:10]  # nothing after the event
@@ -758,6 +758,17 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
     audited = invoke(["hooks", "test", str(agent), "--from-audit", "t:9", "--config", str(cfg)])
     assert audited.exit_code == 0, audited.output
     assert "live: example/wake_two_green decided WAKE: live reason" in audited.stderr
+    # the recorder moved its first part aside (record_max_mb): the green bar before t:9
+    # is only in rec.jsonl.1, and two green bars are still found
+    lines = rec.read_bytes().splitlines(keepends=True)
+    (tmp_path / "rec.jsonl.1").write_bytes(b"".join(lines[:9]))
+    rec.write_bytes(b"".join(lines[9:]))
+    split = invoke(["hooks", "test", str(agent), "--from-audit", "t:9", "--config", str(cfg)])
+    assert split.exit_code == 0, split.output
+    decided = {
+        ln["hook"]: ln["decision"]["decision"] for ln in map(json.loads, split.stdout.splitlines())
+    }
+    assert decided["wake_two_green"] == "WAKE"
     assert '"decision": "WAKE"' in audited.stdout
 
 
