@@ -22,7 +22,7 @@ import msgspec
 
 from daemon.tools.base import Problem, Tool, ToolError
 from daemon.tools.context import ToolContext
-from daemon.tools.market_watch import MarketWatch, WaitRequest, check_products
+from daemon.tools.market_watch import MarketWatch, WaitRequest, check_products, unwatched
 from daemon.tools.waitboard import WaitBoard, Waiter
 
 
@@ -61,7 +61,7 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
             message=f"too many waits parked ({board.parked}): try again shortly",
             suggestion="wait on fewer products or conditions at once",
         )
-    started = time.monotonic()
+    started, before = time.monotonic(), ctx.pool.statistics()
     waiter = Waiter(watch)
     with board.park(waiter):
         if waiter.hit is None:
@@ -70,7 +70,8 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
         if waiter.hit is not None:
             return waiter.hit
         last = board.last_ticks(watch.products)
-    return watch.timed_out(time.monotonic() - started, last)
+    warning = unwatched(before, ctx.pool.statistics())
+    return watch.timed_out(time.monotonic() - started, last, warning)
 
 
 DESCRIPTION = """\
@@ -88,8 +89,10 @@ operators: gt, gte, lt, lte, crossAbove, crossBelow (a cross needs a previous ti
 the other side of the value; use gt/lt for "already beyond").
 
 Returns {status: "triggered", productId, triggeredConditions[{field, operator, threshold, \
-actualValue}], ticker, timestamp} or {status: "timeout", lastTickers, duration, timestamp}. \
-On a timeout, decide whether to wait again; nothing is lost between calls."""
+actualValue}], ticker, timestamp} or {status: "timeout", lastTickers, duration, timestamp, \
+warning}. On a timeout, decide whether to wait again; nothing is lost between calls. A \
+non-null warning means the market was not watched for the whole wait (connection down or \
+dropped): do not read that timeout as "nothing happened"."""
 
 TOOL: Tool[WaitRequest, ToolContext] = Tool(
     name="wait_for_market_event",

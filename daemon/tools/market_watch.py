@@ -22,7 +22,7 @@ import msgspec
 
 from daemon.events import iso_ms
 from daemon.tools.base import Problem, ToolError
-from feeds.coinbase_ws.pool import Tick
+from feeds.coinbase_ws.pool import PoolStatistics, Tick
 
 MAX_TIMEOUT = 55.0
 _PRODUCT = re.compile(r"^[A-Z0-9]{1,20}-[A-Z0-9]{1,20}$")
@@ -126,6 +126,9 @@ class TimedOut(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     last_tickers: dict[str, TickerOut]
     duration: float
     timestamp: str
+    # Set when the market was not watched for the whole wait (the connection was
+    # down, or dropped and came back): "nothing happened" is then not known.
+    warning: str | None = None
 
 
 # --- sans-I/O condition logic ---------------------------------------------------
@@ -230,7 +233,9 @@ class MarketWatch:
                 )
         return None
 
-    def timed_out(self, duration: float, last: Mapping[str, Tick] | None = None) -> TimedOut:
+    def timed_out(
+        self, duration: float, last: Mapping[str, Tick] | None = None, warning: str | None = None
+    ) -> TimedOut:
         """The timeout answer: the last ticker of every product that sent one
         (``last``, or the ticks :meth:`observe` saw)."""
         ticks = self.last if last is None else last
@@ -238,7 +243,26 @@ class MarketWatch:
             last_tickers={p: ticker_out(t) for p, t in sorted(ticks.items())},
             duration=round(duration, 3),
             timestamp=iso_ms(int(time.time() * 1000)),
+            warning=warning,
         )
+
+
+def unwatched(before: PoolStatistics, after: PoolStatistics) -> str | None:
+    """Why a wait that timed out did not watch the market the whole time (the pool's
+    counters at its start and end), or None when it did."""
+    if not after.connected:
+        return (
+            "the Coinbase market-data connection is down (reconnecting): the market was "
+            "not watched during this wait and lastTickers may be stale; do not read the "
+            "timeout as 'nothing happened'"
+        )
+    # An idle pool connects for the wait (lazily): that first connection is the wait's.
+    if after.connections > before.connections + (0 if before.connected else 1):
+        return (
+            "the Coinbase connection dropped and came back during this wait: ticks in "
+            "between were not seen, and a cross needs a fresh tick on each side"
+        )
+    return None
 
 
 def _met(sub: Subscription, tick: Tick, prev: Mapping[Field, float]) -> list[TriggeredCondition]:

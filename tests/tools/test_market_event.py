@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -304,8 +305,38 @@ async def test_times_out_with_the_last_tickers_and_releases_the_products() -> No
         assert set(data["lastTickers"]) == {"BTC-EUR", "ETH-EUR"}  # the snapshots
         assert data["lastTickers"]["ETH-EUR"]["price"] == 100.0
         assert 1.0 <= data["duration"] < 2.0
+        assert data["warning"] is None  # watched the whole time
         await fake.wait_for(unsubscribed(fake, "ETH-EUR"))
         assert ctx.pool is not None and ctx.pool.statistics().subscribers == 0
+
+
+async def test_a_timeout_says_when_the_market_was_not_watched() -> None:
+    """A wait that ends with Coinbase unreachable, or across a reconnect, does not read
+    as "nothing happened": its answer carries a warning."""
+    args = {**COMPLEX, "timeout": 1}
+    async with context() as (fake, ctx):
+        async with anyio.create_task_group() as tg:
+            results: list[msgspec.Struct] = []
+
+            async def call() -> None:
+                results.append(await registry().call(ctx, "wait_for_market_event", args))
+
+            tg.start_soon(call)
+            await fake.wait_for(ticker_sent(fake, "ETH-EUR"))
+            fake.drop(0)  # the pool reconnects within the second
+        (dropped,) = results
+        assert isinstance(dropped, TimedOut) and "dropped and came back" in (dropped.warning or "")
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = CoinbaseWsSection(url=f"ws://127.0.0.1:{port}", backoff_initial_seconds=0.05)
+    pool = CoinbaseWsPool(settings, lazy=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        down = await registry().call(ToolContext(pool=pool), "wait_for_market_event", args)
+        tg.cancel_scope.cancel()
+    assert isinstance(down, TimedOut) and down.last_tickers == {}
+    assert "connection is down" in (down.warning or "")
 
 
 async def test_a_cancelled_wait_releases_its_subscription_at_once() -> None:
