@@ -271,8 +271,8 @@ def _accounts_summary(console: Console, state_dir: Path) -> None:
         for account in ("leader", "follower"):
             fills = store.fills(account)
             rows["fills"].append(str(len(fills)))
-            rows["bought"].append(f"{sum(q for _, _, q, *_ in fills if q > 0):g}")
-            rows["realized PnL"].append(f"{sum(r - fee for *_, r, fee in fills):,.2f}")
+            rows["bought"].append(f"{sum(f.qty for f in fills if f.qty > 0):g}")
+            rows["realized PnL"].append(f"{sum(f.realized - f.fee for f in fills):,.2f}")
             held = positions.get(account, {}).get(DEMO_SYMBOL)
             rows["open"].append(f"{held.quantity:g}" if held else "flat")
         for label, (lead, follow) in rows.items():

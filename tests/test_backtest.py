@@ -9,11 +9,13 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -30,6 +32,7 @@ from daemon.cli.main import cli
 from daemon.errors import ConfigError, StateDirInUse
 from daemon.events import iso_ms
 from daemon.service import Component, Service
+from daemon.trading.paper_store import FillRow
 from feeds.synthetic import generate_candles
 
 WAKE_GREEN = """
@@ -127,7 +130,7 @@ def test_trades_from_the_fills() -> None:
     # (ts, price, signed qty, realized): open, close +5, open, close -3, ..., then one
     # left open at the end
     pnl = [0, 5, 0, -3, 0, -4, 0, 10, 0]
-    fills = [(i * 10, 100.0, 1.0 if i % 2 == 0 else -1.0, float(p), 0.0) for i, p in enumerate(pnl)]
+    fills = [fill(i * 10, 1.0 if i % 2 == 0 else -1.0, p) for i, p in enumerate(pnl)]
     t = trades_of(fills, 0, 100)
     assert (t.fills, t.closing_fills, t.wins) == (9, 4, 2)
     assert (t.realized_pnl, t.max_drawdown, t.win_rate) == (8, 7, 0.5)
@@ -135,9 +138,21 @@ def test_trades_from_the_fills() -> None:
     assert t.fees == 0.0
     assert trades_of([]).win_rate == 0.0 and trades_of([]).exposure == 0.0
     # a fee of 1 a fill: PnL net of 9, the +5 close still a win, drawdown deeper by fees
-    paid = trades_of([(ts, px, q, p, 1.0) for ts, px, q, p, _ in fills], 0, 100)
+    paid = trades_of([msgspec.structs.replace(f, fee=1.0) for f in fills], 0, 100)
     assert (paid.fees, paid.realized_pnl, paid.wins) == (9.0, -1.0, 2)
     assert paid.max_drawdown == 12.0  # from +3 (after the +5 close) down to -9 (before +10)
+
+
+def fill(ts: int, qty: float, realized: float = 0.0, symbol: str = "BTC-USD") -> FillRow:
+    return FillRow(ts_ms=ts, symbol=symbol, price=100.0, qty=qty, realized=realized, fee=0.0)
+
+
+def test_exposure_counts_each_symbols_position_on_its_own() -> None:
+    """A long in one symbol and a short of the same size in another are two open
+    positions, not a flat book: exposed from the first fill until both close."""
+    fills = [fill(0, 1.0), fill(10, -1.0, symbol="ETH-USD"), fill(30, -1.0, 2.0),
+             fill(60, 1.0, 1.0, symbol="ETH-USD")]  # fmt: skip
+    assert trades_of(fills, 0, 100).exposure == 0.6
 
 
 def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) -> None:
@@ -426,6 +441,18 @@ def test_several_data_files_are_merged_by_time(tmp_path: Path) -> None:
     evaluated = [(r["symbol"], r["eventTs"]) for r in rows if r["type"] == "hook"]
     assert {s for s, _ in evaluated} == {"BTC-USD", "ETH-USD"}
     assert [t for _, t in evaluated] == sorted(t for _, t in evaluated)  # one time line
+    # a price plot per symbol, each with its own wakes and fills (not the other's)
+    page = (tmp_path / "out" / "report.html").read_text()
+    plots = page.split("<svg viewBox")[1:3]
+    assert [p.split('class="title">')[1].split(":")[0] for p in plots] == ["BTC-USD", "ETH-USD"]
+    ran = Counter(r["symbol"] for r in rows if r["type"] == "hook" and r["decision"] == "WAKE"
+                  and r["suppressedBy"] == "none")  # fmt: skip
+    assert [p.count('class="wake"') for p in plots] == [ran["BTC-USD"], ran["ETH-USD"]]
+    fills = Counter(r["symbol"] for r in rows if r["type"] == "order" and r["status"] == "FILLED")
+    assert [p.count('class="buy"') + p.count('class="sell"') for p in plots] == [
+        fills["BTC-USD"],
+        fills["ETH-USD"],
+    ]
     bad = CliRunner().invoke(cli, [*args[:5], "--data", f"{eth}=ETH-USD:7m"])
     assert bad.exit_code == 2 and "timeframe must be one of" in bad.output
 

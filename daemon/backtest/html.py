@@ -1,7 +1,7 @@
 """``report.html``: the backtest as one self-contained page (inline SVG, no scripts).
 
-Three plots: the price with WAKE, ALERT and fill markers, the realized equity
-curve, and wakes per day; then the report's tables. Long series are thinned
+The plots: the price of each symbol (up to six) with its WAKE, ALERT and fill
+markers, the realized equity curve, and wakes per day; then the report's tables. Long series are thinned
 to what a page can draw: the price keeps each bucket's low and high, markers
 are sampled evenly (the page says how many of how many are shown).
 """
@@ -16,19 +16,22 @@ import msgspec
 
 from daemon.backtest.report import Report
 from daemon.events import iso_ms
+from daemon.trading.paper_store import FillRow
 
 W, H, PAD = 1000, 260, 40
 MAX_POINTS = 1500
 MAX_MARKERS = 1500
+MAX_PRICE_PLOTS = 6  # one per symbol, in the order the hooks first met them
 
 
 class Series(msgspec.Struct, frozen=True, kw_only=True):
-    """What the plots draw, in event time (ms)."""
+    """What the plots draw, in event time (ms): per symbol its prices (candle closes,
+    or tick prices for a recording of ticks); the markers of every symbol."""
 
-    prices: list[tuple[int, float]]  # candle closes (tick prices for a recording of ticks)
-    wakes: list[int]  # times of WAKEs that ran (not suppressed)
-    alerts: list[int]
-    fills: list[tuple[int, float, float, float, float]]  # ts, price, signed qty, realized, fee
+    prices: dict[str, list[tuple[int, float]]]
+    wakes: list[tuple[int, str]]  # (time, symbol) of WAKEs that ran (not suppressed)
+    alerts: list[tuple[int, str]]
+    fills: list[FillRow]
 
 
 def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple[int, float]]:
@@ -76,40 +79,48 @@ def _frame(title: str, s: _Scale, lo_label: str, hi_label: str) -> list[str]:
     ]
 
 
-def _price_plot(series: Series) -> str:
-    pts = thin(series.prices)
+def _price_plots(series: Series) -> str:
+    """One price plot per symbol, each with that symbol's markers only."""
+    if not any(series.prices.values()):
+        return "<p>No prices in the data (candles, or ticks).</p>"
+    plots = [_price_plot(series, symbol) for symbol in list(series.prices)[:MAX_PRICE_PLOTS]]
+    if len(series.prices) > MAX_PRICE_PLOTS:
+        plots.append(f"<p>{len(series.prices) - MAX_PRICE_PLOTS} more symbols not drawn.</p>")
+    return "\n".join(plots)
+
+
+def _price_plot(series: Series, symbol: str) -> str:
+    pts = thin(series.prices[symbol])
     if not pts:
-        return "<p>No prices of the symbol in the data (candles, or ticks).</p>"
+        return f"<p>No prices of {escape(symbol)} in the data (candles, or ticks).</p>"
     s = _Scale(pts[0][0], pts[-1][0], min(p for _, p in pts), max(p for _, p in pts))
-    out = _frame("Price, with wakes (blue), alerts (orange) and fills (green buy, red sell)",
-                 s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")  # fmt: skip
+    title = f"{symbol}: price, with wakes (blue), alerts (orange) and fills (green buy, red sell)"
+    out = _frame(title, s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")
     line = " ".join(f"{s.x(t)},{s.y(p)}" for t, p in pts)
     out.append(f'<polyline points="{line}" class="price"/>')
-    closes = dict(series.prices)
-    for cls, times in (("wake", series.wakes), ("alert", series.alerts)):
-        for t in sample(times):
+    closes = dict(series.prices[symbol])
+    for cls, marks in (("wake", series.wakes), ("alert", series.alerts)):
+        for t in sample([t for t, sym in marks if sym == symbol]):
             if t in closes:
                 out.append(f'<circle cx="{s.x(t)}" cy="{s.y(closes[t])}" r="2" class="{cls}"/>')
-    for t, price, qty, *_ in (series.fills[int(i)] for i in _sample_index(len(series.fills))):
-        cls = "buy" if qty > 0 else "sell"
+    fills = [f for f in series.fills if f.symbol == symbol]
+    for f in (fills[i] for i in sample(range(len(fills)))):
+        cls = "buy" if f.qty > 0 else "sell"
         out.append(
-            f'<rect x="{s.x(t) - 2}" y="{s.y(price) - 2}" width="4" height="4" class="{cls}"/>'
+            f'<rect x="{s.x(f.ts_ms) - 2}" y="{s.y(f.price) - 2}" width="4" height="4" '
+            f'class="{cls}"/>'
         )
     out.append("</svg>")
     return "\n".join(out)
 
 
-def _sample_index(n: int) -> list[int]:
-    return sample(list(range(n)))
-
-
 def _equity_plot(series: Series) -> str:
     curve: list[tuple[int, float]] = []
     equity = 0.0
-    for t, _, _, realized, fee in series.fills:
-        if realized or fee:
-            equity += realized - fee
-            curve.append((t, equity))
+    for f in series.fills:
+        if f.realized or f.fee:
+            equity += f.realized - f.fee
+            curve.append((f.ts_ms, equity))
     if not curve:
         return "<p>No closed trades: no equity curve.</p>"
     pts = thin(curve)
@@ -127,7 +138,7 @@ def _equity_plot(series: Series) -> str:
 
 
 def _wakes_plot(series: Series) -> str:
-    per_day = Counter(iso_ms(t)[:10] for t in series.wakes)
+    per_day = Counter(iso_ms(t)[:10] for t, _ in series.wakes)
     if not per_day:
         return "<p>No wakes ran.</p>"
     days = sorted(per_day)
@@ -196,7 +207,11 @@ def render_html(report: Report, series: Series) -> str:
         f"<td>did not compile, never ran</td><td>{escape(b.error)}</td><td></td></tr>"
         for b in report.broken
     )
-    shown = min(len(series.wakes), MAX_MARKERS)
+    plotted = list(series.prices)[:MAX_PRICE_PLOTS]
+    wakes = Counter(sym for _, sym in series.wakes)
+    fills = Counter(f.symbol for f in series.fills)
+    shown = sum(min(wakes[sym], MAX_MARKERS) for sym in plotted)
+    shown_fills = sum(min(fills[sym], MAX_MARKERS) for sym in plotted)
     return "\n".join(
         [
             "<!doctype html>",
@@ -204,10 +219,10 @@ def render_html(report: Report, series: Series) -> str:
             f"<title>Backtest: {escape(report.agent)}</title><style>{STYLE}</style></head><body>",
             f"<h1>Backtest of {escape(report.agent)}</h1>",
             _table(summary),
-            _price_plot(series),
+            _price_plots(series),
             (
                 f"<p>{shown} of {len(series.wakes)} wakes and "
-                f"{min(len(series.fills), MAX_MARKERS)} of {len(series.fills)} fills drawn.</p>"
+                f"{shown_fills} of {len(series.fills)} fills drawn.</p>"
             ),
             _equity_plot(series),
             _wakes_plot(series),

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from daemon.trading.paper_store import FillRow
+
 
 class CostModel(msgspec.Struct, frozen=True, kw_only=True):
     """How a run is priced: tokens in and out per run at prices per million tokens,
@@ -154,6 +156,7 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     error: str | None = None
     status: str | None = None
     event_ts: str | None = None
+    symbol: str | None = None
 
 
 _row = msgspec.json.Decoder(AuditRow)
@@ -220,23 +223,26 @@ def summarize_hooks(
     return hooks, wakes, runs, dict(sorted(wakes_suppressed.items()))
 
 
-Fill = tuple[int, float, float, float, float]  # ts_ms, price, signed qty, realized PnL, fee
-
-
-def trades_of(fills: Sequence[Fill], first_ms: int = 0, last_ms: int = 0) -> Trades:
+def trades_of(fills: Sequence[FillRow], first_ms: int = 0, last_ms: int = 0) -> Trades:
     """Fill statistics, in fill order; ``exposure`` is the share of [first, last]
-    with a position open. PnL, drawdown and wins are net of the fills' fees (an
-    opening fill's fee is a loss of its own)."""
+    with a position open in any symbol (each symbol's quantity on its own: a long
+    in one and a short in another are two positions, not none). PnL, drawdown and
+    wins are net of the fills' fees (an opening fill's fee is a loss of its own)."""
     closing = wins = 0
     equity = peak = drawdown = fees = 0.0
-    position = 0.0
+    positions: dict[str, float] = {}
     opened_at: int | None = None
     exposed = 0
-    for ts, _, qty, pnl, fee in fills:
+    for fill in fills:
+        ts, pnl, fee = fill.ts_ms, fill.realized, fill.fee
         fees += fee
-        was_open = abs(position) > 1e-12
-        position += qty
-        now_open = abs(position) > 1e-12
+        was_open = bool(positions)
+        held = positions.get(fill.symbol, 0.0) + fill.qty
+        if abs(held) > 1e-12:
+            positions[fill.symbol] = held
+        else:
+            positions.pop(fill.symbol, None)
+        now_open = bool(positions)
         if now_open and not was_open:
             opened_at = ts
         elif was_open and not now_open and opened_at is not None:

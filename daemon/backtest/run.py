@@ -255,13 +255,13 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         left_out=left_out,
     )
     _write_json(out / "report.json", report)
-    prices = _closes(config, opts.symbol)
-    if not report.complete:  # the plot covers what the figures do
-        prices = [(t, c) for t, c in prices if t <= last]
+    prices = {symbol: _closes(config, symbol) for symbol in _symbols(rows, opts.symbol)}
+    if not report.complete:  # the plots cover what the figures do
+        prices = {s: [(t, c) for t, c in p if t <= last] for s, p in prices.items()}
     series = Series(
         prices=prices,
-        wakes=_times(rows, "WAKE"),
-        alerts=_times(rows, "ALERT"),
+        wakes=_markers(rows, "WAKE"),
+        alerts=_markers(rows, "ALERT"),
         fills=fills,
     )
     (out / "report.html").write_text(render_html(report, series), encoding="utf-8")
@@ -288,10 +288,17 @@ def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
     return list(ReplayFeed(config.feeds.replay).closes(symbol))
 
 
-def _times(rows: list[AuditRow], decision: str) -> list[int]:
-    """Event times of the decisions that acted (not suppressed)."""
+def _symbols(rows: list[AuditRow], first: str) -> list[str]:
+    """The symbols to plot: those the hooks evaluated, in the order they first met
+    them, ``first`` (the first data file's) ahead; ``first`` alone when none was."""
+    seen = {r.symbol: None for r in rows if r.type == "hook" and r.symbol}
+    return sorted(seen, key=lambda s: s != first) if seen else [first]
+
+
+def _markers(rows: list[AuditRow], decision: str) -> list[tuple[int, str]]:
+    """(event time, symbol) of the decisions that acted (not suppressed)."""
     return sorted(
-        parse_iso_ms(r.event_ts)
+        (parse_iso_ms(r.event_ts), r.symbol or "")
         for r in rows
         if r.type == "hook"
         and r.decision == decision

@@ -93,6 +93,18 @@ _pos_dec = msgspec.json.Decoder(Position)
 _enc = msgspec.json.Encoder()
 
 
+class FillRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One fill as the store keeps it: ``qty`` signed (a sell is negative),
+    ``realized`` the PnL it closed before fees, ``fee`` what it paid."""
+
+    ts_ms: int
+    symbol: str
+    price: float
+    qty: float
+    realized: float
+    fee: float
+
+
 class PaperStore:
     """The paper broker's database at ``path`` (created if missing)."""
 
@@ -217,15 +229,18 @@ class PaperStore:
         ).fetchone()
         return float(row[0] or 0.0)
 
-    def fills(self, account: str) -> list[tuple[int, float, float, float, float]]:
-        """(ts_ms, price, signed quantity, realized PnL before fees, fee) of each fill,
-        oldest first (backtest reports)."""
+    def fills(self, account: str) -> list[FillRow]:
+        """The account's fills, oldest first (backtest reports, the demo's summary)."""
         rows = self._exec(
-            "SELECT ts_ms, price, signed_qty, realized, fee FROM fills WHERE account = ?"
+            "SELECT ts_ms, symbol, price, signed_qty, realized, fee FROM fills WHERE account = ?"
             " ORDER BY id",
             (account,),
         )
-        return [(int(t), float(p), float(q), float(r), float(f)) for t, p, q, r, f in rows]
+        return [
+            FillRow(ts_ms=int(t), symbol=str(s), price=float(p), qty=float(q),
+                    realized=float(r), fee=float(f))
+            for t, s, p, q, r, f in rows
+        ]  # fmt: skip
 
     def positions(self) -> dict[str, dict[str, Position]]:
         """Open positions by account, then symbol."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from daemon.trading.paper import Fees, PaperBroker
-from daemon.trading.paper_store import RECENT_ORDERS, SCHEMA_VERSION, PaperStore
+from daemon.trading.paper_store import RECENT_ORDERS, SCHEMA_VERSION, FillRow, PaperStore
 from tests.trading.test_paper import MIN, T0, Sink, bar, request
 
 
@@ -60,7 +60,9 @@ def test_a_version_1_store_gains_the_fee_column(tmp_path: Path) -> None:
     store = PaperStore(path)
     try:
         assert store.realized_since("a", 0) == 10.0
-        assert store.fills("a") == [(5, 110.0, -1.0, 10.0, 0.0)]
+        assert store.fills("a") == [
+            FillRow(ts_ms=5, symbol="BTC", price=110.0, qty=-1.0, realized=10.0, fee=0.0)
+        ]
         (version,) = store._db.execute("PRAGMA user_version").fetchone()
         assert version == SCHEMA_VERSION == 2
     finally:
