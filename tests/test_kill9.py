@@ -17,7 +17,7 @@ from feeds.synthetic import generate_candles
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 5000
-KILLS = 20
+KILLS = 12  # half of them once the daemon is ready (in the replay itself)
 WAKE = """
 def evaluate(event, state):
     return {"decision": "WAKE", "reason": "w", "dedupeKey": "k:" + event["eventId"]}
@@ -70,7 +70,7 @@ def wait_ready(log: Path, proc: subprocess.Popen[bytes], limit: float = 30.0) ->
         time.sleep(0.02)
 
 
-def test_kill_9_at_20_random_moments_evaluates_every_close_once(tmp_path: Path) -> None:
+def test_kill_9_at_12_random_moments_evaluates_every_close_once(tmp_path: Path) -> None:
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=9, n=N, timeframe="1m")
     hooks = tmp_path / "agents" / "a" / "hooks"
