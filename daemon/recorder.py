@@ -57,7 +57,7 @@ async def record(sub: Subscription, path: Path, max_bytes: int = 0) -> int:
                     fh.flush()
                     dirty, last_flush = False, time.monotonic()
                 if max_bytes and size >= max_bytes:
-                    fh, size, dirty = _rotate(fh, path), 0, False
+                    fh, size, dirty = _rotate(fh, path, size)
             now = time.monotonic()
             if dirty and now - last_flush >= FLUSH_SECONDS:
                 fh.flush()
@@ -72,10 +72,18 @@ def _open(path: Path) -> BinaryIO:
     return open_append(path, "truncate", buffering=1 << 16)
 
 
-def _rotate(fh: BinaryIO, path: Path) -> BinaryIO:
-    """Close the full recording, keep it as ``<name>.1``, and start ``path`` anew."""
-    fh.close()
+def _rotate(fh: BinaryIO, path: Path, size: int) -> tuple[BinaryIO, int, bool]:
+    """Keep the full recording as ``<name>.1`` and start ``path`` anew: the new file,
+    the bytes counted towards the bound, and whether it has unflushed lines. A rename
+    that fails (permissions) is logged and the recording goes on in the same file,
+    tried again once as much more is written (one error per bound, not per line)."""
+    fh.flush()
     kept = path.with_name(path.name + ".1")
-    os.replace(path, kept)
+    try:
+        os.replace(path, kept)  # the open file moves with its name
+    except OSError as exc:
+        log.error("recording not rotated", path=str(path), error=str(exc), size=size)
+        return fh, 0, False
+    fh.close()
     log.info("recording rotated", path=str(path), kept=str(kept))
-    return _open(path)
+    return _open(path), 0, False

@@ -119,6 +119,7 @@ def test_an_empty_replay_and_a_silent_agent_say_so(tmp_path: Path) -> None:
     )
     assert (empty.events, empty.baseline.runs, empty.cost_ratio) == (0, 0, None)
     assert "nothing was replayed" in render(empty)
+    assert "no hook evaluated" not in render(empty)  # one reason, the first
     (alpha / "agent.toml").write_text('symbols = ["ETH-USD"]\n' + TOML)
     silent = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "silent"))
     assert silent.events == 50 and silent.baseline.runs == 0

@@ -156,6 +156,13 @@ async def test_a_recording_past_its_bound_moves_aside_and_a_new_one_starts(
     # 25 lines a file: the first 25 were dropped at the second move, 25..49 kept, then 10
     assert [decode(line) for line in lines] == events[25:]
     assert 25 * size <= kept.stat().st_size < 26 * size  # moved once it reached the bound
+    # where it cannot be moved aside (a directory in the way), it records on, all kept
+    rec.unlink()
+    kept.unlink()
+    kept.mkdir()
+    with anyio.fail_after(5):
+        await Service(cfg, feeds, record_path=rec).run()
+    assert [decode(line) for line in rec.read_bytes().splitlines()] == events
 
 
 async def test_a_finite_feed_ending_first_does_not_stop_a_daemon_with_a_live_feed(

@@ -1,9 +1,10 @@
 """``report.html``: the backtest as one self-contained page (inline SVG, no scripts).
 
 The plots: the price of each symbol (up to six) with its WAKE, ALERT and fill
-markers, the realized equity curve, and wakes per day; then the report's tables. Long series are thinned
-to what a page can draw: the price keeps each bucket's low and high, markers
-are sampled evenly (the page says how many of how many are shown).
+markers, the realized equity curve, and wakes per day; then the report's
+tables. Long series are thinned to what a page can draw: the price keeps each
+bucket's low and high, markers are sampled evenly (the page says how many of
+how many are shown).
 """
 
 from __future__ import annotations

@@ -355,13 +355,13 @@ def render(report: Report) -> str:
     note = report.incomplete()
     if note is not None:
         lines.append(f"  {note[0]}: {note[1]}")
-    if not report.events:
-        lines.append("  nothing was replayed: the data has no events (within --from/--to)")
     if report.left_out:
         lines.append(
             f"  {report.left_out} recorded lines left out: account events (this run's broker "
             "makes its own) or Coinbase messages without a ticker"
         )
+    if not report.events:
+        lines.append("  nothing was replayed: the data has no events (within --from/--to)")
     elif not report.first_event:
         lines.append(
             "  no hook evaluated any event: compare the agent's topics and symbols "
