@@ -50,23 +50,22 @@ class RecordedLine(msgspec.Struct, frozen=True, kw_only=True):
     other: bool = False
 
 
-def is_coinbase_message(line: str | bytes) -> bool:
-    """Whether ``line`` looks like a recorded Coinbase message (bare or wrapped)
-    rather than a marketwake FeedEvent; for telling the formats apart."""
-    try:
-        head = _line_decoder.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return False
-    if head.event_id is not None:
-        return False
-    return head.raw is not None or head.channel is not None or head.type is not None
-
-
 def _head(line: str | bytes) -> _Line:
     try:
         return _line_decoder.decode(line)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"not a Coinbase message: {exc}") from None
+
+
+def is_coinbase_message(line: str | bytes) -> bool:
+    """Whether ``line`` looks like a recorded Coinbase message (bare or wrapped)
+    rather than a marketwake FeedEvent; for telling the formats apart."""
+    try:
+        head = _head(line)
+    except FeedProtocolError:
+        return False
+    named = head.raw is not None or head.channel is not None or head.type is not None
+    return head.event_id is None and named
 
 
 def parse_recorded(line: str | bytes) -> RecordedLine:
