@@ -23,15 +23,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import anyio
 import mcp_types as types
 import msgspec
+import pydantic
 import structlog
 import uvicorn
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 
 from daemon import __version__
 from daemon.config import McpSection
@@ -141,7 +143,61 @@ async def serve_stdio(server: Server[Any]) -> None:
     with _claim_stdout() as wire:
         out = cast("anyio.AsyncFile[str]", _PipeOut(wire))
         async with stdio_server(stdout=out) as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+            inbox = _Answering(read, write)
+            await server.run(inbox, write, server.create_initialization_options())
+
+
+class _Answering:
+    """The host's messages off the stdio wire; a line that is none is answered on the
+    spot with JSON-RPC 2.0's error (-32700 for text that is not JSON, -32600 for JSON
+    that is not a message; ``id`` null, as the request's cannot be known), where the
+    SDK would only log it and leave the host waiting."""
+
+    def __init__(self, inner: Any, write: Any) -> None:
+        self._inner, self._write = inner, write
+
+    @property
+    def last_context(self) -> Any:  # the SDK reads the sender's context from its stream
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return item
+            await self._write.send(SessionMessage(_unreadable(item)))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _unreadable(exc: Exception) -> types.JSONRPCError:
+    """The error reply to a line the SDK could not read as a JSON-RPC message."""
+    errors = exc.errors() if isinstance(exc, pydantic.ValidationError) else []
+    bad_json = [e["msg"] for e in errors if e["type"] == "json_invalid"]
+    if bad_json:
+        code, message, detail = types.PARSE_ERROR, "Parse error", bad_json[0]
+    else:
+        code, message = types.INVALID_REQUEST, "Invalid Request"
+        detail = "not a JSON-RPC 2.0 request, notification or response"
+    log.warning("mcp line not understood", code=code, detail=detail)
+    error = types.ErrorData(code=code, message=message, data=detail[:200])
+    return types.JSONRPCError(jsonrpc="2.0", id=None, error=error)
 
 
 def require_bearer(app: ASGIApp, token: str) -> ASGIApp:

@@ -76,3 +76,34 @@ async def test_cancelling_a_wait_over_stdio_releases_the_subscription(tmp_path: 
                 await fake.wait_for(unsubscribed(fake, "ETH-EUR"))
                 again = await client.call_tool("wait_for_market_event", {**args, "timeout": 1})
                 assert again.structured_content["status"] == "timeout"
+
+
+async def test_a_line_that_is_not_a_message_is_answered_and_the_next_served(
+    tmp_path: Path,
+) -> None:
+    """JSON-RPC 2.0 on the stdio wire: bad JSON gets -32700, JSON that is no message
+    -32600 (id null both), where the SDK alone left the host waiting; the session
+    goes on."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\n')
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    lines = [json.dumps(init).encode(), b"{not json", b"\xff\xfe", b'{"hello": 1}',
+             b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}']  # fmt: skip
+    cmd = [sys.executable, "-m", "daemon.cli", "mcp", "--config", str(cfg)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    answers: list[dict[str, object]] = []
+    with anyio.fail_after(30):
+        async with await anyio.open_process(cmd, cwd=ROOT, env=env) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            await proc.stdin.send(b"\n".join(lines) + b"\n")
+            buffered = b""
+            while not any(a.get("id") == 2 for a in answers):
+                buffered += await proc.stdout.receive()
+                *done, buffered = buffered.split(b"\n")
+                answers += [json.loads(line) for line in done if line.strip()]
+            await proc.stdin.aclose()
+    errors = [(a["id"], a["error"]["code"]) for a in answers if "error" in a]  # type: ignore[index]
+    assert errors == [(None, -32700), (None, -32700), (None, -32600)]
+    assert [a["id"] for a in answers if "result" in a] == [1, 2]
