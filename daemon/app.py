@@ -111,7 +111,7 @@ def run_daemon(
     left last (after the agents drained).
 
     What ``config check`` would reject stops the start here (ConfigError, exit 2)."""
-    preflight.check(config).raise_for_problems()
+    preflight.check(config, record_path).raise_for_problems()
     own: list[Component] = [open_agents] if config.hooks.enabled else []
     pool = shared_pool(config)
     if pool is not None:

@@ -35,10 +35,12 @@ class Report:
             raise ConfigError("\n  ".join([self.problems[0] + more, *self.problems[1:]]))
 
 
-def check(cfg: Config) -> Report:
-    """Everything ``cfg`` needs from the filesystem. Blocking (reads files)."""
+def check(cfg: Config, record: Path | None = None) -> Report:
+    """Everything ``cfg`` needs from the filesystem (``record``: ``run --record``'s
+    file, else ``[daemon] record``). Blocking (reads files)."""
     report = Report()
     _check_dirs(cfg, report)
+    _check_record(record or (Path(cfg.daemon.record) if cfg.daemon.record else None), report)
     _check_feeds(cfg, report)
     if cfg.hooks.enabled:
         _check_agents(cfg, report)
@@ -54,6 +56,19 @@ def _check_dirs(cfg: Config, report: Report) -> None:
     for key, path in dirs:
         if path.exists() and not path.is_dir():
             report.problems.append(f"{key}: {str(path)!r} exists and is not a directory")
+
+
+def _check_record(path: Path | None, report: Report) -> None:
+    """The recording is appended to: a regular file or none yet, in a directory (a
+    FIFO there would hold the start until something read it)."""
+    if path is None:
+        return
+    if path.exists() and not path.is_file():
+        report.problems.append(
+            f"daemon.record: {str(path)!r} exists and is not a regular file (name a file)"
+        )
+    elif not path.parent.is_dir() and path.parent.exists():
+        report.problems.append(f"daemon.record: {str(path.parent)!r} exists and is not a directory")
 
 
 def _check_feeds(cfg: Config, report: Report) -> None:

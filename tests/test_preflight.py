@@ -179,3 +179,20 @@ def test_a_directory_setting_naming_a_file_is_one_clear_line(tmp_path: Path) -> 
     assert found[2].startswith("hooks.agents_dir:")
     with pytest.raises(ConfigError, match=r"daemon\.state_dir"):
         run_daemon(cfg)
+
+
+def test_a_record_file_that_is_a_directory_or_a_fifo_stops_the_start(tmp_path: Path) -> None:
+    """[daemon] record (or run --record) naming a directory raised IsADirectoryError
+    out of the recorder; a FIFO would hold the start until something read it."""
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    cfg = parse(f'[daemon]\nstate_dir = "{tmp_path / "s"}"\nrecord = "{tmp_path / "dir"}"\n', "c")
+    assert problems(cfg) == [
+        f"daemon.record: {str(tmp_path / 'dir')!r} exists and is not a regular file (name a file)"
+    ]
+    with pytest.raises(ConfigError, match=r"daemon\.record: .*fifo"):
+        run_daemon(cfg, record_path=tmp_path / "fifo")
+    fine = parse(
+        f'[daemon]\nstate_dir = "{tmp_path / "s"}"\nrecord = "{tmp_path / "r.jsonl"}"\n', "c"
+    )
+    assert problems(fine) == []
