@@ -272,7 +272,7 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
 
 def test_the_html_report_draws_what_the_audit_holds(tmp_path: Path) -> None:
     """report.html is one self-contained page (no scripts, no external links): the price
-    line, a marker per wake that ran and per fill, the equity curve, runs per day."""
+    line, a marker per wake that ran and per fill, the equity curve, wakes that ran per day."""
     from collections import Counter
     from html.parser import HTMLParser
 

@@ -146,7 +146,10 @@ def _wakes_plot(series: Series) -> str:
     top = max(per_day.values())
     out = [
         f'<svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="Wakes per day">',
-        f'<text x="{PAD}" y="{PAD - 8}" class="title">Agent runs per day (max {top})</text>',
+        (
+            f'<text x="{PAD}" y="{PAD - 8}" class="title">WAKEs that ran per day (max {top}; '
+            "collected ones share a run)</text>"
+        ),
     ]
     width = (W - 2 * PAD) / len(days)
     for i, day in enumerate(days):
