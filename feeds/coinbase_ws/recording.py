@@ -72,6 +72,11 @@ def parse_recorded(line: str | bytes) -> RecordedLine:
     """The ticks of one recorded line; FeedProtocolError if it is not a Coinbase
     Advanced Trade message."""
     head = message = _head(line)
+    if head.event_id is not None:
+        raise FeedProtocolError(
+            "a marketwake FeedEvent (it has an eventId), not a Coinbase message: "
+            "replay it as format jsonl"
+        )
     received: int | None = None
     if head.raw is not None:
         message = _head(head.raw)

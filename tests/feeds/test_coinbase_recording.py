@@ -84,6 +84,7 @@ def test_a_wrapped_line_keeps_its_receive_time() -> None:
         ('{"recv_ts": 1e15, "raw": "{}"}', "not epoch seconds"),
         ('{"channel": "ticker", "events": [{"type": "update", "tickers": []}]}', ""),
         ('{"foo": 1}', "without channel"),
+        ('{"eventId": "e", "topic": "market.price.tick"}', "replay it as format jsonl"),
     ],
 )
 def test_lines_that_are_not_advanced_trade_messages_are_named(line: str, error: str) -> None:
