@@ -75,6 +75,9 @@ from feeds.config import ReplaySection
 log = structlog.get_logger("feeds.replay")
 
 CSV_HEADER = "open_time_ms,open,high,low,close,volume"
+# Far above any event or candle line (the feeds' messages are kilobytes); a file
+# with no newline at all (binary, or not a recording) stops here, not in memory.
+MAX_LINE_CHARS = 4 * 1024 * 1024
 
 
 class ReplayFeed:
@@ -264,11 +267,20 @@ class ReplayFeed:
             raise ReplayError(f"{self.path}: cannot open replay file: {exc.strerror}") from None
 
     def _lines(self) -> Generator[tuple[int, str], None, None]:
-        """(line number, text) pairs; read and decode errors become ReplayError."""
+        """(line number, text) pairs; read and decode errors, and a line longer than
+        :data:`MAX_LINE_CHARS` (a file with no newlines would be read whole into
+        memory), become ReplayError."""
         lineno = 0
         try:
             with self._open() as fh:
-                for lineno, line in enumerate(fh, start=1):
+                read = fh.readline
+                while line := read(MAX_LINE_CHARS + 1):
+                    lineno += 1
+                    if len(line) > MAX_LINE_CHARS:
+                        raise ReplayError(
+                            f"{self.path}:{lineno}: a line longer than {MAX_LINE_CHARS:,} "
+                            "characters: not a recording or candle file"
+                        )
                     yield lineno, line
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise ReplayError(f"{self.path}:{lineno + 1}: cannot read: {exc}") from None

@@ -310,3 +310,18 @@ def test_closes_skip_blank_lines_as_the_replay_does(tmp_path: Path) -> None:
     feed = feed_for(path, timeframe="1m")
     want = [(t, float(e.payload["close"])) for t, e in feed.selected()]
     assert list(feed.closes("BTC-USD")) == want and len(want) == len(ROWS)
+
+
+async def test_a_file_without_newlines_is_refused_at_the_line_bound(tmp_path: Path) -> None:
+    """A line past MAX_LINE_CHARS (a binary file, a huge blob) is a ReplayError naming
+    the line, read no further than the bound, not a whole file held in memory."""
+    from feeds.replay import MAX_LINE_CHARS
+
+    blob = tmp_path / "blob.jsonl"
+    blob.write_text(encode(recording()[0]).decode() + "\n" + "x" * (MAX_LINE_CHARS + 10))
+    with pytest.raises(ReplayError, match=rf"{blob}:2: a line longer than"):
+        await replay(feed_for(blob))
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(encode(recording()[0]).decode() + "\n" + " " * (MAX_LINE_CHARS - 1) + "\n")
+    got, _ = await replay(feed_for(ok))
+    assert len(got) == 1  # a line at the bound is read (here: blank, skipped)
