@@ -25,6 +25,7 @@ from daemon.inputfile import open_text
 from daemon.rag.features import DAY_MS, Bars, Observations
 
 CANDLE_COLUMNS = ("open_time_ms", "open", "high", "low", "close", "volume")
+MAX_HEADER_CHARS = 64 * 1024
 
 
 def _open(path: Path) -> IO[str]:
@@ -34,11 +35,21 @@ def _open(path: Path) -> IO[str]:
         raise DataFileError(f"{path}: cannot open: {exc}") from None
 
 
+def _read_header(f: IO[str], path: Path) -> list[str]:
+    """The header's column names; a first line past MAX_HEADER_CHARS (a file with no
+    newlines) is an error, not read whole."""
+    line = f.readline(MAX_HEADER_CHARS + 1)
+    if len(line) > MAX_HEADER_CHARS:
+        raise DataFileError(f"{path}: the first line is longer than {MAX_HEADER_CHARS:,} "
+                            "characters: not a CSV with a header")  # fmt: skip
+    return [h.strip() for h in line.strip().split(",")]
+
+
 def _table(path: Path, wanted: tuple[str, ...]) -> NDArray[np.float64]:
     """The wanted columns as an (n, len(wanted)) float array."""
     with _open(path) as f:
         try:
-            header = [h.strip() for h in f.readline().strip().split(",")]
+            header = _read_header(f, path)
             missing = [w for w in wanted if w not in header]
             if missing:
                 raise DataFileError(
@@ -58,7 +69,7 @@ def _table(path: Path, wanted: tuple[str, ...]) -> NDArray[np.float64]:
 def _header(path: Path) -> list[str]:
     with _open(path) as f:
         try:
-            return [h.strip() for h in f.readline().strip().split(",")]
+            return _read_header(f, path)
         except (OSError, EOFError, UnicodeDecodeError) as exc:
             raise DataFileError(f"{path}: cannot read header: {exc}") from None
 

@@ -169,6 +169,7 @@ def test_csv_formats_and_gzip(tmp_path: Path) -> None:
         ("open_time_ms,open,high,low,close,volume\n1,1,x,1,1,1\n", "malformed"),
         ("open_time_ms,open,high,low,close,volume\n", "no candles"),
         ("open_time_ms,open,high,low,close,volume\n1,1,1,0,1,1\n", "positive"),
+        ("x" * 70_000, "first line is longer than"),  # no newline: never read whole
     ],
 )
 def test_bad_candle_files(tmp_path: Path, content: str, fragment: str) -> None:
