@@ -7,6 +7,9 @@ import aiohttp
 from daemon.errors import FeedError
 
 CHUNK_BYTES = 64 * 1024
+# A REST answer we parse whole (candle pages, a product, an exchange page): far
+# above any real one (Binance's 1,500 klines are ~250 KB).
+MAX_REST_BYTES = 16 * 1024 * 1024
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:

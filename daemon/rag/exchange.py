@@ -9,6 +9,7 @@ base URL is configurable so tests point it at a loopback server.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from daemon.errors import FeedError, FeedProtocolError
 from daemon.rag.features import DAY_MS, TIMEFRAME_MS, Bars, Observations
+from feeds.http import MAX_REST_BYTES, read_capped
 
 _OI_PERIODS: Final = {"5m", "15m", "30m", "1h"}
 _MAX_PAGES: Final = 10_000
@@ -32,7 +34,7 @@ async def _get(session: aiohttp.ClientSession, url: str, params: dict[str, Any])
 async def _get_once(session: aiohttp.ClientSession, url: str, params: dict[str, Any]) -> Any:
     async with session.get(url, params=params) as resp:
         if resp.status != 200:
-            body = (await resp.text())[:200]
+            body = (await resp.content.read(200)).decode(errors="replace")
             hint = (
                 f" (retry after {resp.headers.get('Retry-After')} s)"
                 if resp.status in (418, 429)
@@ -40,7 +42,7 @@ async def _get_once(session: aiohttp.ClientSession, url: str, params: dict[str, 
             )
             raise FeedError(f"GET {url} -> HTTP {resp.status}{hint}: {body}")
         try:
-            return await resp.json(content_type=None)
+            return json.loads(await read_capped(resp, MAX_REST_BYTES, f"GET {url}"))
         except ValueError as exc:
             raise FeedProtocolError(f"GET {url}: not JSON: {exc}") from None
 

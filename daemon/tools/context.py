@@ -18,10 +18,12 @@ import anyio
 import structlog
 
 from daemon.config import Config, DflowSection, SentimentSection
+from daemon.errors import FeedError
 from daemon.rag.config import RagConfig
 from daemon.state import StateCache
 from daemon.trading.desk import TradeDesk
 from feeds.coinbase_ws.pool import CoinbaseWsPool
+from feeds.http import MAX_REST_BYTES, read_capped
 
 if TYPE_CHECKING:
     from daemon.rag.service import RagService
@@ -80,7 +82,7 @@ class ProductCatalog:
         if self.session is None:
             raise LookupError("no REST session")
         async with self.session.get(self.base_url.rstrip("/") + path, params=params) as resp:
-            return resp.status, await resp.read()
+            return resp.status, await read_capped(resp, MAX_REST_BYTES, f"GET {path}")
 
     async def _check(self, product: str) -> None:
         self.remember(product, await self._ask(product))
@@ -92,7 +94,7 @@ class ProductCatalog:
             with anyio.fail_after(self.timeout_seconds):
                 status, _ = await self.get(f"/market/products/{quote(product, safe='-')}", {})
                 return product_status(status)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, FeedError) as exc:
             log.info("product check skipped", product=product, error=f"{type(exc).__name__}")
             return None
 

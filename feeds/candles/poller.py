@@ -40,6 +40,7 @@ from feeds.base import FeedHealth, Publish
 from feeds.candles import protocol as p
 from feeds.candles.store import HighWaterStore
 from feeds.config import CandlesSection
+from feeds.http import MAX_REST_BYTES, read_capped
 
 log = structlog.get_logger("feeds.candles")
 
@@ -272,6 +273,8 @@ class CandlesFeed:
                 status, retry_header, body = await self._fetch(path, params)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last = f"GET {path}: {type(exc).__name__}: {exc}"
+            except FeedError as exc:  # an answer past MAX_REST_BYTES: not read further
+                last = str(exc)
             else:
                 if status == 200:
                     return body
@@ -290,7 +293,7 @@ class CandlesFeed:
             raise FeedError("candles feed used outside open()")
         url = self.config.base_url.rstrip("/") + path
         async with self._session.get(url, params=params) as resp:
-            body = await resp.read()
+            body = await read_capped(resp, MAX_REST_BYTES, f"GET {path}")
             return resp.status, resp.headers.get("Retry-After"), body
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:

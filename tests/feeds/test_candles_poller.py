@@ -112,6 +112,8 @@ class FakeCoinbase:
             return _error(int(arg), "RATE_LIMITED" if arg == "429" else "INTERNAL", arg, headers)
         if kind == "malformed":
             return web.Response(body=b"not json at all", content_type="application/json")
+        if kind == "huge":
+            return web.json_response({"candles": [], "pad": "x" * 4096})
         if kind == "short":
             return web.Response(
                 body=b'{"candles": [{"start": "17755', content_type="application/json"
@@ -321,6 +323,25 @@ async def test_bad_bodies_are_recorded_errors_and_feed_keeps_going(
     async with make_feed(url, tmp_path).open() as feed:
         assert await feed.poll_once(sink, health) == 0
         assert health.errors == 1
+        assert await feed.poll_once(sink, health) == 1
+    assert sink.closed == [T0]
+
+
+async def test_an_answer_past_the_size_bound_is_not_read_further(
+    exchange: tuple[FakeCoinbase, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body over MAX_REST_BYTES (here 1 KiB) costs that much memory at most: the
+    attempt fails like a transport error (retried, recorded) and the next poll is fine."""
+    from feeds.candles import poller
+
+    monkeypatch.setattr(poller, "MAX_REST_BYTES", 1024)
+    fake, url = exchange
+    fake.now_ms = T0 + 10_000
+    fake.faults = [("huge", "")] * 4
+    sink, health = Sink(), FeedHealth("candles")
+    async with make_feed(url, tmp_path).open() as feed:
+        assert await feed.poll_once(sink, health) == 0
+        assert health.errors == 4
         assert await feed.poll_once(sink, health) == 1
     assert sink.closed == [T0]
 

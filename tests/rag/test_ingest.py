@@ -251,6 +251,20 @@ async def test_fetch_history_pages_and_drops_open_kline() -> None:
     assert len(o.time_ms) == int(((oi[:, 0] >= rows[0, 0] - 24 * H) & (oi[:, 0] <= now)).sum())
 
 
+async def test_an_exchange_page_past_the_size_bound_is_a_feed_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page over MAX_REST_BYTES (here 1 KiB) is not read further: a FeedError."""
+    from daemon.rag import exchange
+
+    monkeypatch.setattr(exchange, "MAX_REST_BYTES", 1024)
+    now = synth.T0 + 30 * 24 * H + 7 * 60_000
+    rows, fund, oi = _exchange_series(now)
+    async with serve_app(FakeBinance(rows, fund, oi).app()) as url:
+        with pytest.raises(FeedError, match="over 1024 bytes"):
+            await fetch_history(url, "BTCUSDT", "15m", int(rows[0, 0]), now, 5)
+
+
 async def test_exchange_unreachable_is_feed_error() -> None:
     """A closed port becomes a FeedError, not an aiohttp exception."""
     with pytest.raises(FeedError):

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from daemon.config import StateSection
@@ -118,3 +119,17 @@ async def test_a_bad_symbol_is_an_error_the_model_can_fix() -> None:
         out = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "btc usd"})
     assert isinstance(out, ToolError) and out.error == "invalid_arguments"
     assert out.problems[0].path == "symbol" and fake.asked == []
+
+
+async def test_an_answer_past_the_size_bound_is_a_warning_not_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Coinbase answers bigger than MAX_REST_BYTES (here 1 KiB; 50 candles are ~5 KiB)
+    are not read further: each part is a warning naming the bound."""
+    from daemon.tools import context as tool_context
+
+    monkeypatch.setattr(tool_context, "MAX_REST_BYTES", 1024)
+    async with context(set()) as (ctx, _):
+        out = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "BTC-USD"})
+    assert isinstance(out, TechnicalSnapshot) and out.success_count == 0
+    assert all("over 1024 bytes" in w for w in out.warnings[:3]), out.warnings
