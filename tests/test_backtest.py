@@ -312,6 +312,7 @@ def test_thinning_keeps_the_extremes() -> None:
     points = [(i, float((i * 7919) % 1000)) for i in range(10_000)]
     thinned = thin(points, limit=200)
     assert len(thinned) <= 200 and thinned == sorted(thinned)
+    assert thinned[0] == points[0] and thinned[-1] == points[-1]  # the whole period
     assert min(p for _, p in thinned) == 0.0 and max(p for _, p in thinned) == 999.0
 
 

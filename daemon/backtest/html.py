@@ -36,16 +36,17 @@ class Series(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple[int, float]]:
-    """At most ``limit`` points: per bucket its low and its high, in time order."""
+    """At most ``limit`` points: per bucket its low and its high, in time order, and
+    the first and last points (the line spans the whole period, as its axis says)."""
     if len(points) <= limit:
         return list(points)
-    size = -(-len(points) // (limit // 2))
+    size = -(-len(points) // (limit // 2 - 1))
     out: list[tuple[int, float]] = []
     for i in range(0, len(points), size):
         bucket = points[i : i + size]
         lo, hi = min(bucket, key=lambda p: p[1]), max(bucket, key=lambda p: p[1])
         out += sorted({lo, hi})
-    return out
+    return sorted({points[0], *out, points[-1]})
 
 
 def sample(items: Sequence[int], limit: int = MAX_MARKERS) -> list[int]:
