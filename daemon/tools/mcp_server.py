@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hmac
+import json
 import os
 import secrets
 import socket
@@ -186,17 +187,74 @@ class _Answering:
         await self.aclose()
 
 
+def answer_non_messages(app: ASGIApp, limit: int) -> ASGIApp:
+    """``app`` (the SDK's streamable HTTP app), with a POST whose body is JSON but no
+    JSON-RPC message answered ``-32600 Invalid Request`` (id null) here: the SDK
+    answers it ``-32602`` with its validator's whole dump. Bad JSON and bodies over
+    ``limit`` go to the SDK untouched (it answers -32700 / 413 itself)."""
+
+    async def checked(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await app(scope, receive, send)
+            return
+        held: list[MutableMapping[str, Any]] = []
+        body = b""
+        while len(body) <= limit:
+            message = await receive()
+            held.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                if _not_a_message(body):
+                    await _send_json(send, 400, _invalid_request())
+                    return
+                break
+        pending = iter(held)
+
+        async def replay() -> MutableMapping[str, Any]:
+            return next(pending, None) or await receive()
+
+        await app(scope, replay, send)
+
+    return checked
+
+
+def _not_a_message(body: bytes) -> bool:
+    """Whether ``body`` is JSON (else the SDK's -32700) but no JSON-RPC message."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    try:
+        types.jsonrpc_message_adapter.validate_python(parsed, by_name=False)
+    except pydantic.ValidationError:
+        return True
+    return False
+
+
+def _invalid_request() -> types.JSONRPCError:
+    detail = "not a JSON-RPC 2.0 request, notification or response"
+    error = types.ErrorData(code=types.INVALID_REQUEST, message="Invalid Request", data=detail)
+    return types.JSONRPCError(jsonrpc="2.0", id=None, error=error)
+
+
+async def _send_json(send: Send, status: int, reply: types.JSONRPCError) -> None:
+    body = reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _unreadable(exc: Exception) -> types.JSONRPCError:
     """The error reply to a line the SDK could not read as a JSON-RPC message."""
     errors = exc.errors() if isinstance(exc, pydantic.ValidationError) else []
     bad_json = [e["msg"] for e in errors if e["type"] == "json_invalid"]
-    if bad_json:
-        code, message, detail = types.PARSE_ERROR, "Parse error", bad_json[0]
-    else:
-        code, message = types.INVALID_REQUEST, "Invalid Request"
-        detail = "not a JSON-RPC 2.0 request, notification or response"
-    log.warning("mcp line not understood", code=code, detail=detail)
-    error = types.ErrorData(code=code, message=message, data=detail[:200])
+    if not bad_json:
+        log.warning("mcp line not understood", code=types.INVALID_REQUEST)
+        return _invalid_request()
+    log.warning("mcp line not understood", code=types.PARSE_ERROR, detail=bad_json[0])
+    error = types.ErrorData(code=types.PARSE_ERROR, message="Parse error", data=bad_json[0][:200])
     return types.JSONRPCError(jsonrpc="2.0", id=None, error=error)
 
 
@@ -232,6 +290,7 @@ async def serve_http(server: Server[Any], section: McpSection) -> AsyncIterator[
     app: ASGIApp = server.streamable_http_app(
         host=section.host, max_request_body_size=section.max_request_bytes
     )
+    app = answer_non_messages(app, section.max_request_bytes)
     if section.token:
         app = require_bearer(app, section.token.reveal())
     config = uvicorn.Config(

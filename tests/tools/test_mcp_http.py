@@ -47,6 +47,32 @@ async def test_http_with_a_bearer_token() -> None:
                 assert result.structured_content["status"] == "triggered"
 
 
+async def test_a_body_that_is_no_message_is_an_invalid_request() -> None:
+    """JSON that is not a JSON-RPC message: -32600 with id null (the SDK alone said
+    -32602 with its validator's whole dump); bad JSON stays the SDK's -32700; a real
+    request after them is served."""
+    async with (
+        context() as (_fake, ctx),
+        serve_http(build_server(registry(), ctx), McpSection(port=0)) as http,
+    ):
+        url = f"http://127.0.0.1:{bound_port(http)}/mcp"
+        headers = {"Accept": "application/json, text/event-stream"}
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+        async with aiohttp.ClientSession(headers=headers) as session:
+            answers = []
+            for body in (b'{"hello": 1}', b"[]", b"{not json"):
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    answers.append((resp.status, (await resp.json())["error"]["code"]))
+            async with session.post(url, json=init) as resp:
+                served = resp.status
+        assert answers == [(400, -32600), (400, -32600), (400, -32700)]
+        assert served == 200
+
+
 async def test_a_port_in_use_is_a_clear_error() -> None:
     async with (
         context() as (_fake, ctx),
