@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon.agents.workspace import Agent, discover, load_agent
-from daemon.config import Config
+from daemon.config import Config, unexpanded
 from daemon.errors import ConfigError, ReplayError
 from feeds.coinbase_ws.pool import check_settings
 from feeds.replay import ReplayFeed
@@ -138,6 +138,9 @@ def describe(agent: Agent) -> str:
     how: str = runner.kind
     if runner.kind == "llm":
         how += f" ({runner.provider} {runner.model})"
+        if missing := unexpanded(runner.api_key.reveal()):
+            # a disabled agent may name it; say so before it is enabled (or run anyway)
+            how += f"; api_key reads ${{{missing[0]}}}, not set"
     hooks = len(agent.hooks)
     state = "enabled" if cfg.enabled else "disabled"
     return f"{agent.agent_id}: {state}, {hooks} hook{'s' * (hooks != 1)}, runner {how}"

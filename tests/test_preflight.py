@@ -46,7 +46,11 @@ def test_a_good_setup_has_no_problems_and_describes_each_agent(tmp_path: Path) -
     assert report.problems == []
     assert report.agents == [
         "alpha: enabled, 1 hook, runner log",
-        "scanner: disabled, 0 hooks, runner llm (anthropic claude-x)",
+        # not a problem while disabled, but said before it is enabled (or run anyway)
+        (
+            "scanner: disabled, 0 hooks, runner llm (anthropic claude-x); "
+            "api_key reads ${MW_UNSET_KEY}, not set"
+        ),
     ]
 
 
