@@ -642,3 +642,8 @@ def test_a_raw_coinbase_recording_is_backtested_on_its_ticks(tmp_path: Path) -> 
     assert report.runs == 10 and "40 recorded lines left out" in render(report)
     page = (tmp_path / "out" / "report.html").read_text()
     assert "No prices" not in page and page.count('class="wake"') == 10
+    # a recording carries its symbols: a CSV's '=SYMBOL' on it is refused, not ignored
+    args = ["backtest", "--agent", str(root), "--data", f"{data}=ETH-USD",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and "carries its own" in res.output

@@ -334,7 +334,26 @@ def _data_file(spec: str) -> DataFile:
         raise click.BadParameter(
             f"{spec!r}: timeframe must be one of {', '.join(TIMEFRAMES)}", param_hint="--data"
         )
+    if rest and _is_recording(Path(path)):
+        raise click.BadParameter(
+            f"{spec!r}: '={rest}' names a CSV's symbol and timeframe, and this is a "
+            "recording, which carries its own (the agent's `symbols` limit what it evaluates)",
+            param_hint="--data",
+        )
     return DataFile(path=Path(path), symbol=symbol, timeframe=timeframe)
+
+
+def _is_recording(path: Path) -> bool:
+    """Whether ``path`` replays as a recording (FeedEvents or Coinbase messages), not
+    CSV candles; a file that cannot be read is left to the replay's own checks."""
+    from daemon.errors import ReplayError
+    from feeds.config import ReplaySection
+    from feeds.replay import ReplayFeed
+
+    try:
+        return ReplayFeed(ReplaySection(path=str(path))).format() != "csv"
+    except ReplayError:
+        return False
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
