@@ -224,7 +224,7 @@ def _not_a_message(body: bytes) -> bool:
     """Whether ``body`` is JSON (else the SDK's -32700) but no JSON-RPC message."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not ours to say
         return False
     try:
         types.jsonrpc_message_adapter.validate_python(parsed, by_name=False)

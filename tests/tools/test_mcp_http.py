@@ -62,14 +62,15 @@ async def test_a_body_that_is_no_message_is_an_invalid_request() -> None:
             "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
         async with aiohttp.ClientSession(headers=headers) as session:
             answers = []
-            for body in (b'{"hello": 1}', b"[]", b"{not json"):
+            deep = b"[" * 5000 + b"]" * 5000  # past the JSON parser's depth
+            for body in (b'{"hello": 1}', b"[]", b"{not json", deep):
                 async with session.post(
                     url, data=body, headers={"Content-Type": "application/json"}
                 ) as resp:
                     answers.append((resp.status, (await resp.json())["error"]["code"]))
             async with session.post(url, json=init) as resp:
                 served = resp.status
-        assert answers == [(400, -32600), (400, -32600), (400, -32700)]
+        assert answers == [(400, -32600), (400, -32600), (400, -32700), (400, -32700)]
         assert served == 200
 
 
