@@ -72,13 +72,18 @@ def _open(path: Path) -> BinaryIO:
     return open_append(path, "truncate", buffering=1 << 16)
 
 
+def kept_part(path: Path) -> Path:
+    """Where a full recording at ``path`` is moved: ``<name>.1``."""
+    return path.with_name(path.name + ".1")
+
+
 def _rotate(fh: BinaryIO, path: Path, size: int) -> tuple[BinaryIO, int, bool]:
     """Keep the full recording as ``<name>.1`` and start ``path`` anew: the new file,
     the bytes counted towards the bound, and whether it has unflushed lines. A rename
     that fails (permissions) is logged and the recording goes on in the same file,
     tried again once as much more is written (one error per bound, not per line)."""
     fh.flush()
-    kept = path.with_name(path.name + ".1")
+    kept = kept_part(path)
     try:
         os.replace(path, kept)  # the open file moves with its name
     except OSError as exc:

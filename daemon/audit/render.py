@@ -94,10 +94,15 @@ def _hook(rec: Record, line: Text) -> None:
     )
 
 
-def _event_time(rec: Record) -> str:
-    """' event DATE TIME' from the row's ``eventTs`` (its market time), or ''."""
+def market_time(rec: Record) -> str:
+    """'DATE TIME' of the row's ``eventTs`` (its market time), or '' without one."""
     event_ts = _s(rec, "eventTs")
-    return f" event {event_ts[:10]} {event_ts[11:19]}" if len(event_ts) >= 19 else ""
+    return f"{event_ts[:10]} {event_ts[11:19]}" if len(event_ts) >= 19 else ""
+
+
+def _event_time(rec: Record) -> str:
+    when = market_time(rec)
+    return f" event {when}" if when else ""
 
 
 def _wake(rec: Record, line: Text) -> None:

@@ -16,7 +16,7 @@ import msgspec
 from rich.text import Text
 
 from daemon.audit.reader import AuditFilter, Record, decision_of, iter_records
-from daemon.audit.render import visible_record
+from daemon.audit.render import market_time, visible_record
 
 Outcome = Literal[
     "TRADED", "TRADE_REJECTED", "WOKE", "QUEUED", "SUPPRESSED", "HOOK_ERROR", "NO_WAKE", "NOT_SEEN"
@@ -133,8 +133,8 @@ def _trade_summary(orders: list[Record]) -> str:
 
 def _at(r: Record) -> str:
     """' at <market time>' of an order row (the broker's time of the change), or ''."""
-    when = r.get("eventTs")
-    return f" at {when[:10]} {when[11:19]}" if isinstance(when, str) and len(when) >= 19 else ""
+    when = market_time(r)
+    return f" at {when}" if when else ""
 
 
 def _judge(recs: list[Record]) -> tuple[Outcome, str]:

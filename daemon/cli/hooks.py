@@ -19,6 +19,7 @@ from daemon.cli.common import MAX_EVENT_FILE_BYTES, load_config_or_defaults, res
 from daemon.errors import ConfigError, HookCompileError, ReplayError
 from daemon.events import FeedEvent, to_dict
 from daemon.inputfile import read_input
+from daemon.recorder import kept_part
 from daemon.state import StateCache
 from daemon.trading.ledger import Ledger
 from feeds.config import ReplaySection
@@ -231,7 +232,7 @@ def test_command(
         recording, event_id = Path(cfg.daemon.record), audit_event
         _live_decisions(cfg.audit_dir, audit_event)
         # What the recorder keeps: the file it moved aside when it was full, then this one.
-        earlier = recording.with_name(recording.name + ".1")
+        earlier = kept_part(recording)
         recordings = [earlier, recording] if earlier.exists() else [recording]
     elif recording is not None:
         recordings = [recording]
