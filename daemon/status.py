@@ -105,6 +105,55 @@ class HooksStatus(msgspec.Struct, frozen=True):
     lookahead_missed: int = 0
 
 
+class PositionLine(msgspec.Struct, frozen=True, kw_only=True):
+    """One open position of an account; ``mark`` None: no price seen yet (its
+    unrealized PnL counts as 0)."""
+
+    symbol: str
+    quantity: float
+    avg_price: float
+    mark: float | None
+    unrealized: float
+    opened_ms: int
+
+
+class WorkingOrderLine(msgspec.Struct, frozen=True, kw_only=True):
+    """One working order of an account; ``price``: its limit or stop price."""
+
+    client_order_id: str
+    symbol: str
+    side: str
+    order_type: str
+    role: str
+    volume: float
+    filled: float
+    price: float | None
+    status: str
+    created_ms: int
+
+
+class AccountStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One paper account as of ``as_of_ms`` (the broker's clock: market time on a
+    replay). PnL in quote currency, ``realized`` net of ``fees``; ``today`` is
+    since 00:00 UTC of that clock. ``orders`` lists the oldest working orders
+    (up to :data:`MAX_ORDERS_SHOWN`), ``working_orders`` counts them all."""
+
+    agents: list[str]
+    as_of_ms: int
+    positions: list[PositionLine] = []
+    working_orders: int = 0
+    orders: list[WorkingOrderLine] = []
+    realized: float = 0.0
+    realized_today: float = 0.0
+    unrealized: float = 0.0
+    fees: float = 0.0
+    fills: int = 0
+    last_fill_ms: int | None = None
+
+
+MAX_ORDERS_SHOWN = 20
+
+
 class Status(msgspec.Struct, frozen=True):
     """The whole status file."""
 
@@ -115,7 +164,8 @@ class Status(msgspec.Struct, frozen=True):
     bus: BusStatus
     feeds: list[FeedStatus]
     state: dict[str, int]
-    # What components report about themselves; "hooks" decodes as HooksStatus.
+    # What components report about themselves; "hooks" decodes as HooksStatus,
+    # "accounts" as AccountStatus by account id.
     components: dict[str, Any] = {}
     run_id: str = ""
 
@@ -129,6 +179,20 @@ class Status(msgspec.Struct, frozen=True):
             return msgspec.convert(raw, HooksStatus)
         except msgspec.ValidationError:
             return None
+
+    @property
+    def accounts(self) -> dict[str, AccountStatus]:
+        """The paper accounts (``components["accounts"]``), by id; empty when the hook
+        pipeline did not run or the part is unreadable."""
+        raw = self.components.get("accounts")
+        if not isinstance(raw, dict):
+            return {}
+        if all(isinstance(a, AccountStatus) for a in raw.values()):  # in memory
+            return raw
+        try:
+            return msgspec.convert(raw, dict[str, AccountStatus])
+        except msgspec.ValidationError:
+            return {}
 
 
 def write_status(state_dir: Path, status: Status) -> None:

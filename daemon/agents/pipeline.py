@@ -40,6 +40,8 @@ from daemon.copytrade.relay import LeaderRelay
 from daemon.errors import StoreError, WorkspaceFileError
 from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent
 from daemon.state import StateCache, write_snapshot
+from daemon.status import AccountStatus
+from daemon.trading.account_status import account_status
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
 from daemon.trading.paper import Fees, PaperBroker
@@ -176,6 +178,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             await manager.wait_loaded()
             _free_route(cfg, route, broker)
             service.status_providers["hooks"] = manager.statistics
+            service.status_providers["accounts"] = partial(_accounts, desk, manager)
             service.status_providers["broker"] = route.statistics
             service.status_providers["delivery"] = checkpoints.statistics
             service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
@@ -235,6 +238,24 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 # were at the stop, without asking the stores closed below.
                 final = manager.statistics()
                 service.status_providers["hooks"] = lambda: final
+                books = _accounts(desk, manager)
+                service.status_providers["accounts"] = lambda: books
+
+
+def _accounts(desk: TradeDesk, manager: AgentManager) -> dict[str, AccountStatus]:
+    """Every loaded agent's account, and any other account holding a position or a
+    working order; empty (logged) if the broker's store cannot be read."""
+    traders: dict[str, list[str]] = {}
+    for agent_id, rt in manager.runtimes.items():
+        if not rt.removed:
+            traders.setdefault(desk.account_of(agent_id), []).append(agent_id)
+    try:
+        for account in desk.broker.accounts():
+            traders.setdefault(account, [])
+        return {a: account_status(desk.broker, a, agents) for a, agents in sorted(traders.items())}
+    except StoreError as exc:
+        log.error("accounts left out of the status", error=str(exc))
+        return {}
 
 
 def _free_route(cfg: Config, route: MarketRoutes, broker: PaperBroker) -> None:

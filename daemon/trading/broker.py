@@ -16,7 +16,7 @@ import msgspec
 
 from daemon.events import FeedEvent
 from daemon.trading.intents import TradeIntent
-from daemon.trading.portfolio import Order, OrderRole, PortfolioView, Position
+from daemon.trading.portfolio import FillTotals, Order, OrderRole, PortfolioView, Position
 
 
 class OrderRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +100,18 @@ class Broker(Protocol):
 
     def pnl(self, account: str) -> float:
         """The account's PnL so far: realized by every fill, plus unrealized at the marks."""
+        ...
+
+    def accounts(self) -> list[str]:
+        """Accounts with an open position or a working order."""
+        ...
+
+    def realized_pnl(self, account: str, since_ms: int = 0) -> float:
+        """Realized PnL of the account's fills since ``since_ms``, net of fees."""
+        ...
+
+    def fill_totals(self, account: str) -> FillTotals:
+        """The account's fills summed (count, realized net of fees, fees, last time)."""
         ...
 
     def positions(self, account: str) -> dict[str, Position]:

@@ -46,7 +46,14 @@ from daemon.trading.matching import (
     tick_fill,
 )
 from daemon.trading.paper_store import PaperStore
-from daemon.trading.portfolio import WORKING, Order, OrderRole, PortfolioView, Position
+from daemon.trading.portfolio import (
+    WORKING,
+    FillTotals,
+    Order,
+    OrderRole,
+    PortfolioView,
+    Position,
+)
 
 SOURCE = "paper"
 
@@ -182,6 +189,10 @@ class PaperBroker:
     def realized_pnl(self, account: str, since_ms: int = 0) -> float:
         """Realized PnL of the account's fills since ``since_ms``."""
         return self._store.realized_since(account, since_ms)
+
+    def fill_totals(self, account: str) -> FillTotals:
+        """The account's fills summed: count, realized PnL net of fees, fees, last time."""
+        return self._store.fill_totals(account)
 
     def pnl(self, account: str) -> float:
         """Realized PnL of every fill of the account plus its unrealized PnL."""

@@ -25,7 +25,7 @@ import msgspec
 
 from daemon.errors import StoreError
 from daemon.sqlite import open_sqlite
-from daemon.trading.portfolio import Order, Position
+from daemon.trading.portfolio import FillTotals, Order, Position
 
 LEGACY_ACCOUNT = "paper"
 SCHEMA_VERSION = 2
@@ -228,6 +228,20 @@ class PaperStore:
             (account, since_ms),
         ).fetchone()
         return float(row[0] or 0.0)
+
+    def fill_totals(self, account: str) -> FillTotals:
+        """The account's fills summed (for ``status``: one indexed scan of its fills)."""
+        n, realized, fees, last = self._exec(
+            "SELECT COUNT(*), SUM(realized - fee), SUM(fee), MAX(ts_ms) FROM fills "
+            "WHERE account = ?",
+            (account,),
+        ).fetchone()
+        return FillTotals(
+            fills=int(n),
+            realized=float(realized or 0.0),
+            fees=float(fees or 0.0),
+            last_ms=None if last is None else int(last),
+        )
 
     def fills(self, account: str) -> list[FillRow]:
         """The account's fills, oldest first (backtest reports, the demo's summary)."""

@@ -86,6 +86,16 @@ class Position(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     opened_ms: int
 
 
+class FillTotals(msgspec.Struct, frozen=True, kw_only=True):
+    """An account's fills summed: ``realized`` net of ``fees``; ``last_ms`` the
+    newest fill's time (None: no fill yet)."""
+
+    fills: int = 0
+    realized: float = 0.0
+    fees: float = 0.0
+    last_ms: int | None = None
+
+
 class PortfolioView(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Everything the risk engine needs, as of one moment.
 

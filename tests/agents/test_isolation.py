@@ -12,8 +12,10 @@ import pytest
 
 from daemon.agents.pipeline import open_agents
 from daemon.app import build_feeds
+from daemon.cli.run import _render_status
 from daemon.config import Config
 from daemon.service import Service
+from daemon.status import read_status
 from feeds.synthetic import generate_candles
 from tests.agents.test_pipeline import PacedFeed, audit, candle
 
@@ -131,6 +133,24 @@ async def test_state_positions_and_close_are_the_agents_own(tmp_path: Path) -> N
     beta_risk = [r for r in rows if r["type"] == "risk" and r["agentId"] == "beta"]
     assert len(beta_risk) == 5 and not any(r["approved"] for r in beta_risk)
     assert not [r for r in rows if r["type"] == "order" and r["agentId"] == "beta"]
+    # The operator's view of both accounts, as the final status has them. The broker
+    # marks at candle 1's close: the later test candles close above their high (their
+    # range is inconsistent), so it ignores them.
+    status = read_status(tmp_path / "state")
+    alpha, beta = status.accounts["alpha"], status.accounts["beta"]
+    assert (alpha.agents, beta.agents) == (["alpha"], ["beta"])
+    [pos] = alpha.positions
+    assert (pos.symbol, pos.quantity, pos.avg_price, pos.mark) == ("BTC-USD", 1.0, 101.0, 102.0)
+    assert alpha.unrealized == pytest.approx(1.0) == pos.unrealized
+    assert (alpha.fills, alpha.realized, alpha.working_orders) == (1, 0.0, 1)
+    [stop] = alpha.orders
+    assert (stop.role, stop.side, stop.price, stop.status) == ("stop_loss", "sell", 1.0, "OPEN")
+    assert alpha.last_fill_ms == alpha.as_of_ms - 60_000  # filled at the first close
+    assert (beta.positions, beta.fills, beta.working_orders) == ([], 0, 0)
+    shown = _render_status(status, None)
+    assert "account alpha (agent alpha)" in shown and "unrealized +1.00" in shown
+    assert "    BTC-USD +1 @ 101.00, mark 102.00, unrealized +1.00" in shown
+    assert "    working stop_loss sell 1 BTC-USD stop at 1.00 (OPEN; mw-" in shown
 
 
 async def test_a_shared_account_is_seen_and_closed_by_both(tmp_path: Path) -> None:
@@ -141,6 +161,9 @@ async def test_a_shared_account_is_seen_and_closed_by_both(tmp_path: Path) -> No
     rows = audit(tmp_path)
     closes = [r for r in rows if r["type"] == "order" and r["agentId"] == "beta"]
     assert any(r["status"] == "FILLED" for r in closes)
+    accounts = read_status(tmp_path / "state").accounts
+    assert list(accounts) == ["alpha"] and accounts["alpha"].agents == ["alpha", "beta"]
+    assert accounts["alpha"].positions == [] and accounts["alpha"].fills >= 2
 
 
 REST_LOW = """
