@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from random import Random
 
 import anyio
 import msgspec
@@ -23,7 +24,7 @@ from daemon.audit.reader import iter_records
 from daemon.backtest.report import (
     CostModel,
     Report,
-    read_rows,
+    Tally,
     timer_baseline,
     trades_of,
 )
@@ -316,6 +317,34 @@ def test_thinning_keeps_the_extremes() -> None:
     assert min(p for _, p in thinned) == 0.0 and max(p for _, p in thinned) == 999.0
 
 
+@pytest.mark.parametrize("n", [1, 2, 97, 98, 99, 1_000, 10_007])
+@pytest.mark.parametrize("limit", [100, 101])
+def test_envelope_thins_a_stream_in_bounded_buckets(n: int, limit: int) -> None:
+    """The streaming thinning keeps every point while they fit, then each bucket's low
+    and high over buckets of equal size: the extremes of any stretch a bucket spans,
+    the first and last points, and never more than ``limit`` points."""
+    from daemon.backtest.html import envelope
+
+    random = Random(n)
+    points = [(i, random.uniform(0, 1000)) for i in range(n)]
+    kept = envelope(iter(points), limit=limit)
+    assert kept == sorted(kept) and set(kept) <= set(points)
+    assert len(kept) <= limit
+    assert kept[0] == points[0] and kept[-1] == points[-1]
+    cap = limit // 2 - 1
+    if n <= 2 * cap:
+        assert kept == points  # buckets of two keep both
+        return
+    size = 2
+    while -(-n // size) > cap:
+        size *= 2
+    for i in range(0, n, size):  # each bucket's extremes are drawn
+        bucket = points[i : i + size]
+        assert min(bucket, key=lambda p: p[1]) in kept
+        assert max(bucket, key=lambda p: p[1]) in kept
+    assert envelope(iter(())) == []
+
+
 def test_cost_measured_from_the_agents_real_runs(tmp_path: Path) -> None:
     """--cost-from prices each run at the mean cost of the agent's finished LLM runs in
     a daemon's audit (other agents, unfinished runs and runs without a model ignored)."""
@@ -471,11 +500,12 @@ def test_the_report_reader_skips_what_is_not_an_audit_row() -> None:
         b'{"type":"hook","agentId":"beta","hookId":"wake_b","decision":"WAKE"}\n',
         b'{"type":"run","agentId":"alpha","status":"ok","extra":{"deep":[1,2]}}\n',
     ]
-    rows = read_rows(lines, "alpha")
-    assert [(r.type, r.hook_id, r.decision, r.status) for r in rows] == [
-        ("hook", "wake_a", "WAKE", None),
-        ("run", None, None, "ok"),
+    tally = Tally("alpha").read(lines)
+    assert [(h.hook, h.evaluations, h.decisions) for h in tally.hooks()] == [
+        ("wake_a", 1, {"WAKE": 1})
     ]
+    assert (tally.wakes, tally.runs, tally.period()) == (1, 1, None)  # no eventTs: no period
+    assert tally.markers("WAKE") == []  # nor a time to draw it at
 
 
 def stop_after(published: int) -> Component:

@@ -10,7 +10,7 @@ how many are shown).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from html import escape
 
 import msgspec
@@ -29,7 +29,9 @@ class Series(msgspec.Struct, frozen=True, kw_only=True):
     """What the plots draw, in event time (ms): per symbol its prices (candle closes,
     or tick prices for a recording of ticks); the markers of every symbol."""
 
-    prices: dict[str, list[tuple[int, float]]]
+    prices: dict[str, list[tuple[int, float]]]  # thinned (see ``envelope``)
+    # Per symbol, its price at each of its markers' times (where the markers are drawn).
+    marked: dict[str, dict[int, float]]
     wakes: list[tuple[int, str]]  # (time, symbol) of WAKEs that ran (not suppressed)
     alerts: list[tuple[int, str]]
     fills: list[FillRow]
@@ -47,6 +49,42 @@ def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[t
         lo, hi = min(bucket, key=lambda p: p[1]), max(bucket, key=lambda p: p[1])
         out += sorted({lo, hi})
     return sorted({points[0], *out, points[-1]})
+
+
+def envelope(
+    points: Iterable[tuple[int, float]], limit: int = MAX_POINTS
+) -> list[tuple[int, float]]:
+    """What :func:`thin` makes of ``points``, taken one at a time in bounded memory
+    (a price series need not be held whole: five years of 1m candles are 2.6 M
+    points): each bucket's low and high, and the first and last points. When
+    more than ``limit // 2 - 1`` buckets fill, neighbours merge, so every bucket
+    spans the same number of points, doubled each time."""
+    cap = max(limit // 2 - 1, 1)
+    size = 1  # points per bucket
+    lows: list[tuple[int, float]] = []
+    highs: list[tuple[int, float]] = []
+    filled = 0  # points in the last bucket
+    first = last = None
+    for p in points:
+        if first is None:
+            first = p
+        last = p
+        if filled == size and len(lows) == cap:  # half the buckets, twice the size
+            lows = [min(lows[i : i + 2], key=lambda q: q[1]) for i in range(0, cap, 2)]
+            highs = [max(highs[i : i + 2], key=lambda q: q[1]) for i in range(0, cap, 2)]
+            size *= 2
+            filled = size // 2 if cap % 2 else size  # an odd cap leaves a half bucket
+        if lows and filled < size:
+            lows[-1] = min(lows[-1], p, key=lambda q: q[1])
+            highs[-1] = max(highs[-1], p, key=lambda q: q[1])
+            filled += 1
+        else:
+            lows.append(p)
+            highs.append(p)
+            filled = 1
+    if first is None or last is None:
+        return []
+    return sorted({first, *lows, *highs, last})
 
 
 def sample(items: Sequence[int], limit: int = MAX_MARKERS) -> list[int]:
@@ -100,7 +138,7 @@ def _price_plot(series: Series, symbol: str) -> str:
     out = _frame(title, s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")
     line = " ".join(f"{s.x(t)},{s.y(p)}" for t, p in pts)
     out.append(f'<polyline points="{line}" class="price"/>')
-    closes = dict(series.prices[symbol])
+    closes = series.marked.get(symbol, {})
     for cls, marks in (("wake", series.wakes), ("alert", series.alerts)):
         for t in sample([t for t, sym in marks if sym == symbol]):
             if t in closes:

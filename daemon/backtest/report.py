@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from daemon.events import parse_iso_ms
 from daemon.trading.paper_store import FillRow
 
 
@@ -162,65 +163,106 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
 _row = msgspec.json.Decoder(AuditRow)
 
 
-def read_rows(lines: Iterable[bytes], agent: str) -> list[AuditRow]:
-    """The rows of ``agent`` (lines that are not an audit row are skipped)."""
-    rows = []
-    for line in lines:
-        try:
-            row = _row.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
-        if row.agent_id == agent:
-            rows.append(row)
-    return rows
+class Tally:
+    """One pass over the audit: what the report needs of ``agent``'s rows, held in
+    memory bounded by its hooks, symbols and acted-on decisions, not by its rows (a
+    year of 5m candles is ~300,000 hook rows; a list of them was ~130 MB)."""
 
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self._evals: Counter[tuple[str, str]] = Counter()
+        self._decisions: dict[tuple[str, str], Counter[str]] = {}
+        self._errors: Counter[tuple[str, str]] = Counter()
+        self._first_errors: dict[tuple[str, str], str] = {}
+        self._suppressed: dict[tuple[str, str], Counter[str]] = {}
+        self.wakes = self.runs = 0
+        self._wakes_suppressed: Counter[str] = Counter()
+        self._first_ms: int | None = None  # the hook rows' first and last event times
+        self._last_ms = 0
+        self.symbols: dict[str, None] = {}  # in the order the hooks first met them
+        # (event time, symbol) of the WAKE and ALERT decisions that acted.
+        self.acted: dict[str, list[tuple[int, str]]] = {"WAKE": [], "ALERT": []}
 
-def summarize_hooks(
-    rows: Iterable[AuditRow],
-) -> tuple[list[HookSummary], int, int, dict[str, int]]:
-    """Per hook revision from the hook rows; WAKE decisions and why some did not
-    run (each WAKE's row carries its final ``suppressedBy``, the scheduler's
-    budget included), and the runs from the run rows."""
-    evals: Counter[tuple[str, str]] = Counter()
-    decisions: dict[tuple[str, str], Counter[str]] = {}
-    errors: Counter[tuple[str, str]] = Counter()
-    first_errors: dict[tuple[str, str], str] = {}
-    suppressed: dict[tuple[str, str], Counter[str]] = {}
-    wakes = runs = 0
-    wakes_suppressed: Counter[str] = Counter()
-    for rec in rows:
-        kind = rec.type
-        if kind == "hook":
-            key = (str(rec.hook_id), str(rec.revision))
-            evals[key] += 1
-            decision = rec.decision
-            if decision is None:
-                errors[key] += 1
-                first_errors.setdefault(key, rec.error or "")
+    def read(self, lines: Iterable[bytes]) -> Tally:
+        """Add every line that is one of the agent's audit rows (others are skipped)."""
+        for line in lines:
+            try:
+                row = _row.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-            decisions.setdefault(key, Counter())[decision] += 1
-            by = rec.suppressed_by or "none"
+            if row.agent_id == self.agent:
+                self.add(row)
+        return self
+
+    def add(self, rec: AuditRow) -> None:
+        """Count one row: a hook row per hook revision (each WAKE's row carries its
+        final ``suppressedBy``, the scheduler's budget included); a finished run."""
+        if rec.type == "run":
+            if rec.status != "started":
+                self.runs += 1
+            return
+        if rec.type != "hook":
+            return
+        key = (str(rec.hook_id), str(rec.revision))
+        self._evals[key] += 1
+        at = _event_ms(rec.event_ts)
+        if at is not None:
+            self._first_ms = at if self._first_ms is None else min(self._first_ms, at)
+            self._last_ms = max(self._last_ms, at)
+        if rec.symbol:
+            self.symbols.setdefault(rec.symbol)
+        decision = rec.decision
+        if decision is None:
+            self._errors[key] += 1
+            self._first_errors.setdefault(key, rec.error or "")
+            return
+        self._decisions.setdefault(key, Counter())[decision] += 1
+        by = rec.suppressed_by or "none"
+        if by != "none":
+            self._suppressed.setdefault(key, Counter())[by] += 1
+        if decision == "WAKE":
+            self.wakes += 1
             if by != "none":
-                suppressed.setdefault(key, Counter())[by] += 1
-            if decision == "WAKE":
-                wakes += 1
-                if by != "none":
-                    wakes_suppressed[by] += 1
-        elif kind == "run" and rec.status != "started":
-            runs += 1
-    hooks = [
-        HookSummary(
-            hook=hook,
-            revision=revision,
-            evaluations=n,
-            decisions=dict(sorted(decisions.get((hook, revision), Counter()).items())),
-            errors=errors[(hook, revision)],
-            suppressed=dict(sorted(suppressed.get((hook, revision), Counter()).items())),
-            first_error=first_errors.get((hook, revision), ""),
-        )
-        for (hook, revision), n in sorted(evals.items())
-    ]
-    return hooks, wakes, runs, dict(sorted(wakes_suppressed.items()))
+                self._wakes_suppressed[by] += 1
+        if by == "none" and at is not None and decision in self.acted:
+            self.acted[decision].append((at, rec.symbol or ""))
+
+    def period(self) -> tuple[int, int] | None:
+        """(first, last) event time of the hook rows: what the figures cover (None:
+        no hook row had one)."""
+        return None if self._first_ms is None else (self._first_ms, self._last_ms)
+
+    def hooks(self) -> list[HookSummary]:
+        """Per hook revision: evaluations, decisions by kind, errors, suppressions."""
+        return [
+            HookSummary(
+                hook=hook,
+                revision=revision,
+                evaluations=n,
+                decisions=dict(sorted(self._decisions.get((hook, revision), Counter()).items())),
+                errors=self._errors[(hook, revision)],
+                suppressed=dict(sorted(self._suppressed.get((hook, revision), Counter()).items())),
+                first_error=self._first_errors.get((hook, revision), ""),
+            )
+            for (hook, revision), n in sorted(self._evals.items())
+        ]
+
+    def wakes_suppressed(self) -> dict[str, int]:
+        """WAKE decisions that did not run, by why."""
+        return dict(sorted(self._wakes_suppressed.items()))
+
+    def markers(self, decision: str) -> list[tuple[int, str]]:
+        """(event time, symbol) of the ``decision``s (WAKE, ALERT) that acted, in time order."""
+        return sorted(self.acted[decision])
+
+
+def _event_ms(ts: str | None) -> int | None:
+    if not ts:
+        return None
+    try:
+        return parse_iso_ms(ts)
+    except ValueError:
+        return None
 
 
 def trades_of(fills: Sequence[FillRow], first_ms: int = 0, last_ms: int = 0) -> Trades:

@@ -15,7 +15,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -25,17 +25,15 @@ from daemon.agents.store import HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
-from daemon.backtest.html import Series, render_html
+from daemon.backtest.html import Series, envelope, render_html
 from daemon.backtest.report import (
-    AuditRow,
     BrokenHook,
     Comparison,
     CostModel,
     Report,
+    Tally,
     compare,
     figures,
-    read_rows,
-    summarize_hooks,
     timer_baseline,
     trades_of,
 )
@@ -48,7 +46,7 @@ from daemon.config import (
     TradingSection,
 )
 from daemon.errors import ConfigError
-from daemon.events import iso_ms, parse_iso_ms
+from daemon.events import iso_ms
 from daemon.scratchdir import Scratch
 from daemon.service import Component
 from daemon.status import FeedStatus
@@ -205,12 +203,11 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     seconds = time.perf_counter() - started
     out = opts.out.resolve()
     agent = opts.agent_dir.resolve().name
-    rows = read_rows(iter_lines(out / "state" / "audit"), agent)
-    hooks, wakes, runs, suppressed = summarize_hooks(rows)
-    times = sorted({parse_iso_ms(r.event_ts) for r in rows if r.type == "hook" and r.event_ts})
-    first, last = (times[0], times[-1]) if times else (0, -1)  # none: no timer period
+    tally = Tally(agent).read(iter_lines(out / "state" / "audit"))
+    period = tally.period()
+    first, last = period or (0, -1)  # none: no timer period
     baseline = timer_baseline(first, last, opts.baseline_minutes, opts.cost)
-    cost = opts.cost.cost(runs)
+    cost = opts.cost.cost(tally.runs)
     account = load_agent_config(out / "agents" / agent / AGENT_FILE).account or agent
     store = PaperStore(out / "state" / "paper.sqlite3")
     try:
@@ -236,12 +233,12 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         agent=agent,
         data=" + ".join([opts.data.name, *(f.path.name for f in opts.more_data)]),
         events=events,
-        first_event=iso_ms(first) if times else "",
-        last_event=iso_ms(last) if times else "",
-        hooks=hooks,
-        wakes=wakes,
-        runs=runs,
-        wakes_suppressed=suppressed,
+        first_event=iso_ms(first) if period else "",
+        last_event=iso_ms(last) if period else "",
+        hooks=tally.hooks(),
+        wakes=tally.wakes,
+        runs=tally.runs,
+        wakes_suppressed=tally.wakes_suppressed(),
         cost_model=opts.cost,
         cost=cost,
         baseline=baseline,
@@ -255,15 +252,14 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         left_out=left_out,
     )
     _write_json(out / "report.json", report)
-    prices = {symbol: _closes(config, symbol) for symbol in _symbols(rows, opts.symbol)}
-    if not report.complete:  # the plots cover what the figures do
-        prices = {s: [(t, c) for t, c in p if t <= last] for s, p in prices.items()}
-    series = Series(
-        prices=prices,
-        wakes=_markers(rows, "WAKE"),
-        alerts=_markers(rows, "ALERT"),
-        fills=fills,
-    )
+    # The plots cover what the figures do (an interrupted run: up to its last event).
+    until = None if report.complete else last
+    wakes, alerts = tally.markers("WAKE"), tally.markers("ALERT")
+    prices, marked = {}, {}
+    for symbol in _symbols(tally, opts.symbol):
+        times = {t for t, s in (*wakes, *alerts) if s == symbol}
+        prices[symbol], marked[symbol] = _closes(config, symbol, until, times)
+    series = Series(prices=prices, marked=marked, wakes=wakes, alerts=alerts, fills=fills)
     (out / "report.html").write_text(render_html(report, series), encoding="utf-8")
     return report
 
@@ -283,28 +279,29 @@ def count_events(opts: BacktestOptions) -> int:
     return sum(1 for _ in ReplayFeed(replay_section(opts)).selected())
 
 
-def _closes(config: Config, symbol: str) -> list[tuple[int, float]]:
-    """The replayed candle closes of ``symbol`` (what the price plot draws)."""
-    return list(ReplayFeed(config.feeds.replay).closes(symbol))
+def _closes(
+    config: Config, symbol: str, until: int | None, times: set[int]
+) -> tuple[list[tuple[int, float]], dict[int, float]]:
+    """The replayed candle closes of ``symbol`` up to ``until`` (None: all) as the
+    price plot draws them, thinned as they are read (memory stays bounded), and the
+    close at each of ``times`` (its markers')."""
+    at: dict[int, float] = {}
+
+    def read() -> Iterator[tuple[int, float]]:
+        for t, close in ReplayFeed(config.feeds.replay).closes(symbol):
+            if until is None or t <= until:
+                if t in times:
+                    at[t] = close
+                yield t, close
+
+    return envelope(read()), at
 
 
-def _symbols(rows: list[AuditRow], first: str) -> list[str]:
+def _symbols(tally: Tally, first: str) -> list[str]:
     """The symbols to plot: those the hooks evaluated, in the order they first met
     them, ``first`` (the first data file's) ahead; ``first`` alone when none was."""
-    seen = {r.symbol: None for r in rows if r.type == "hook" and r.symbol}
+    seen = tally.symbols
     return sorted(seen, key=lambda s: s != first) if seen else [first]
-
-
-def _markers(rows: list[AuditRow], decision: str) -> list[tuple[int, str]]:
-    """(event time, symbol) of the decisions that acted (not suppressed)."""
-    return sorted(
-        (parse_iso_ms(r.event_ts), r.symbol or "")
-        for r in rows
-        if r.type == "hook"
-        and r.decision == decision
-        and r.suppressed_by in (None, "none")
-        and r.event_ts
-    )
 
 
 def run_comparison(
