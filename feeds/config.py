@@ -72,7 +72,8 @@ class CandlesSection(_Section, frozen=True):
 
 
 # jsonl: FeedEvents (marketwake run --record); csv: OHLCV candles; coinbase: raw
-# Coinbase Advanced Trade messages (ticker ones become ticks); auto: by name, then content.
+# Coinbase Advanced Trade messages (ticks, and 5m candles from the candles channel);
+# auto: by name, then content.
 ReplayFormat = Literal["auto", "jsonl", "csv", "coinbase"]
 
 

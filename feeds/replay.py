@@ -8,7 +8,8 @@ Three formats (``.gz`` suffix = gzip):
   broker makes its own) are left out and counted.
 * **Coinbase**: raw Coinbase Advanced Trade WebSocket messages, one per line
   (bare, or ``{"recv_ts": ..., "raw": "..."}``). Each ticker message gives the
-  ticks the live ``coinbase_ws`` feed publishes for it, same ids
+  ticks the live ``coinbase_ws`` feed publishes for it, same ids; ``candles``
+  messages give the 5m candles they close, with the REST poller's ids
   (:mod:`feeds.coinbase_ws.recording`); other messages are left out and counted.
   ``auto`` tells it from a FeedEvent recording by its first line.
 * **CSV**: OHLCV candles with the exact header
@@ -329,17 +330,19 @@ class ReplayFeed:
         return [(ms, event)]
 
     def _coinbase(self) -> Iterator[tuple[int, FeedEvent]]:
-        from feeds.coinbase_ws.recording import parse_recorded  # websockets: lazily
+        from feeds.coinbase_ws.recording import Recording  # websockets: lazily
 
-        def ticks(lineno: int, line: str) -> list[tuple[int, FeedEvent]]:
+        recording = Recording()
+
+        def parsed(lineno: int, line: str) -> list[tuple[int, FeedEvent]]:
             try:
-                recorded = parse_recorded(line)
+                recorded = recording.parse(line)
             except FeedProtocolError as exc:
                 raise ReplayError(f"{self.path}:{lineno}: {exc}") from None
             self.other_messages += recorded.other
-            return recorded.ticks
+            return recorded.events
 
-        for events in self._json_lines(ticks):
+        for events in self._json_lines(parsed):
             yield from events
 
     def _csv(self) -> Iterator[tuple[int, FeedEvent]]:

@@ -132,7 +132,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     complete: bool = True
     stopped_by: str = ""
     # Recorded lines not replayed: a recording's account events (this run's broker
-    # makes its own) and Coinbase messages that carry no tick (heartbeats, candles...).
+    # makes its own) and Coinbase messages with no ticks or candles (heartbeats, acks...).
     left_out: int = 0
 
     def incomplete(self) -> tuple[str, str] | None:

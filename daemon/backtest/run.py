@@ -355,7 +355,7 @@ def render(report: Report) -> str:
     if report.left_out:
         lines.append(
             f"  {report.left_out} recorded lines left out: account events (this run's broker "
-            "makes its own) or Coinbase messages without a ticker"
+            "makes its own) or Coinbase messages with no ticks or candles"
         )
     if not report.events:
         lines.append("  nothing was replayed: the data has no events (within --from/--to)")

@@ -75,7 +75,10 @@ class Plan(msgspec.Struct, frozen=True):
     skipped: int  # closes older than max_backfill that will never be emitted
 
 
-class _WireCandle(msgspec.Struct):
+class WireCandle(msgspec.Struct):
+    """One candle as Coinbase sends it, REST and WebSocket alike (numbers as strings;
+    ``start`` the bucket's open in epoch seconds)."""
+
     start: _Num
     low: _Num
     high: _Num
@@ -85,7 +88,7 @@ class _WireCandle(msgspec.Struct):
 
 
 class _WireCandles(msgspec.Struct):
-    candles: list[_WireCandle]
+    candles: list[WireCandle]
 
 
 class _WireTime(msgspec.Struct):
@@ -142,7 +145,9 @@ def _number(value: _Num, field: str) -> float:
     return number
 
 
-def _candle(wire: _WireCandle, tf_ms: int) -> Candle:
+def wire_candle(wire: WireCandle, tf_ms: int) -> Candle:
+    """A checked Candle (numbers finite and >= 0, high and low spanning open and close,
+    start on a bucket boundary); FeedProtocolError says what is wrong."""
     start_s = _number(wire.start, "start")
     if start_s != int(start_s):
         raise FeedProtocolError(f"candle start is not whole seconds: {wire.start!r}")
@@ -168,7 +173,7 @@ def parse_candles(body: bytes, timeframe: str) -> list[Candle]:
         wire = _candles_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"bad candles response: {exc} ({_snippet(body)})") from None
-    by_start = {c.open_time_ms: c for c in (_candle(w, tf_ms) for w in wire.candles)}
+    by_start = {c.open_time_ms: c for c in (wire_candle(w, tf_ms) for w in wire.candles)}
     return [by_start[k] for k in sorted(by_start)]
 
 

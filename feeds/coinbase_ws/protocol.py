@@ -25,11 +25,14 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 
 from daemon.errors import FeedProtocolError
-from daemon.events import parse_iso_ms
+from daemon.events import Candle, parse_iso_ms
+from feeds.candles.protocol import WireCandle, wire_candle
 
 TICKER_CHANNEL: Final = "ticker"
 HEARTBEATS_CHANNEL: Final = "heartbeats"
 SUBSCRIPTIONS_CHANNEL: Final = "subscriptions"
+CANDLES_CHANNEL: Final = "candles"
+CANDLE_SECONDS: Final = 300  # the candles channel's buckets are five minutes, always
 
 # (wire name, payload name) of every numeric ticker field, in payload order.
 TICKER_FIELDS: Final[tuple[tuple[str, str], ...]] = (
@@ -46,6 +49,7 @@ TICKER_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("best_ask_quantity", "bestAskQuantity"),
 )
 _MAX_PRODUCT_LEN: Final = 64
+_MAX_START_MS: Final = 10**14  # a start past year 5000 was given in ms or ns, not seconds
 
 Number = str | int | float | None
 
@@ -82,6 +86,15 @@ class _TickerEvent(msgspec.Struct):
     tickers: list[_RawTicker] = msgspec.field(default_factory=list)
 
 
+class _RawCandle(WireCandle):
+    product_id: str = ""
+
+
+class _CandlesEvent(msgspec.Struct):
+    type: str = ""
+    candles: list[_RawCandle] = msgspec.field(default_factory=list)
+
+
 class _HeartbeatEvent(msgspec.Struct):
     heartbeat_counter: str | int | None = None
     current_time: str | None = None
@@ -94,6 +107,7 @@ class _SubscriptionsEvent(msgspec.Struct):
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 _ticker_events = msgspec.json.Decoder(list[_TickerEvent])
 _heartbeat_events = msgspec.json.Decoder(list[_HeartbeatEvent])
+_candles_events = msgspec.json.Decoder(list[_CandlesEvent])
 _subscription_events = msgspec.json.Decoder(list[_SubscriptionsEvent])
 
 
@@ -150,6 +164,24 @@ class TickerFrame(msgspec.Struct, frozen=True, kw_only=True):
     skipped: int = 0
 
 
+class WsCandle(msgspec.Struct, frozen=True, kw_only=True):
+    """One five-minute bucket of a product as a ``candles`` message gives it (the
+    forming one is re-sent with new values until a later bucket starts)."""
+
+    product_id: str
+    candle: Candle
+
+
+class CandlesFrame(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``candles`` message (a snapshot of the last buckets, or an update of the
+    forming one). ``skipped`` counts candles without a product, a start or a price."""
+
+    ts_ms: int | None
+    sequence_num: int | None
+    candles: tuple[WsCandle, ...]
+    skipped: int = 0
+
+
 class HeartbeatFrame(msgspec.Struct, frozen=True, kw_only=True):
     """A ``heartbeats`` message; ``counters`` are the events' heartbeat_counter values."""
 
@@ -177,7 +209,7 @@ class OtherFrame(msgspec.Struct, frozen=True, kw_only=True):
     sequence_num: int | None
 
 
-Frame = TickerFrame | HeartbeatFrame | SubscriptionsFrame | ErrorFrame | OtherFrame
+Frame = TickerFrame | CandlesFrame | HeartbeatFrame | SubscriptionsFrame | ErrorFrame | OtherFrame
 
 
 # --- parsing ------------------------------------------------------------------------
@@ -225,13 +257,18 @@ def _parse_ticker(raw: _RawTicker, index: int, event_type: str) -> Ticker | None
     )
 
 
+def _frame_ms(env: _Envelope) -> int | None:
+    """The message's ``timestamp`` in epoch ms (None without one)."""
+    if not env.timestamp:
+        return None
+    try:
+        return parse_iso_ms(env.timestamp)
+    except ValueError:
+        raise FeedProtocolError(f"bad timestamp {env.timestamp[:40]!r}") from None
+
+
 def _ticker_frame(env: _Envelope, events: list[_TickerEvent]) -> TickerFrame:
-    ts_ms: int | None = None
-    if env.timestamp:
-        try:
-            ts_ms = parse_iso_ms(env.timestamp)
-        except ValueError:
-            raise FeedProtocolError(f"bad timestamp {env.timestamp[:40]!r}") from None
+    ts_ms = _frame_ms(env)
     tickers: list[Ticker] = []
     skipped = 0
     index = 0
@@ -248,6 +285,38 @@ def _ticker_frame(env: _Envelope, events: list[_TickerEvent]) -> TickerFrame:
         ts_ms=ts_ms,
         sequence_num=env.sequence_num,
         tickers=tuple(tickers),
+        skipped=skipped,
+    )
+
+
+def _parse_candle(raw: _RawCandle) -> WsCandle | None:
+    """The bucket, checked as the REST poller checks its candles; None if it fails."""
+    product = raw.product_id.strip()
+    if not product or len(product) > _MAX_PRODUCT_LEN:
+        return None
+    try:
+        candle = wire_candle(raw, CANDLE_SECONDS * 1000)
+    except FeedProtocolError:
+        return None
+    if candle.open_time_ms >= _MAX_START_MS:
+        return None
+    return WsCandle(product_id=product, candle=candle)
+
+
+def _candles_frame(env: _Envelope, events: list[_CandlesEvent]) -> CandlesFrame:
+    candles: list[WsCandle] = []
+    skipped = 0
+    for event in events:
+        for raw in event.candles:
+            parsed = _parse_candle(raw)
+            if parsed is None:
+                skipped += 1
+            else:
+                candles.append(parsed)
+    return CandlesFrame(
+        ts_ms=_frame_ms(env),
+        sequence_num=env.sequence_num,
+        candles=tuple(candles),
         skipped=skipped,
     )
 
@@ -277,6 +346,8 @@ def parse_frame(data: str | bytes) -> Frame:
             raise FeedProtocolError(f"frame without channel (type={env.type!r})")
         if env.channel == TICKER_CHANNEL:
             return _ticker_frame(env, _decode_events(_ticker_events, env))
+        if env.channel == CANDLES_CHANNEL:
+            return _candles_frame(env, _decode_events(_candles_events, env))
         if env.channel == HEARTBEATS_CHANNEL:
             return _heartbeat_frame(env, _decode_events(_heartbeat_events, env))
         if env.channel == SUBSCRIPTIONS_CHANNEL:

@@ -12,10 +12,11 @@ import msgspec
 import pytest
 
 from daemon.errors import FeedProtocolError, ReplayError
-from daemon.events import FeedEvent, iso_ms
+from daemon.events import FeedEvent, iso_ms, parse_iso_ms
 from feeds.base import FeedHealth
+from feeds.candles.protocol import closed_event, parse_candles
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
-from feeds.coinbase_ws.recording import is_coinbase_message, parse_recorded
+from feeds.coinbase_ws.recording import Recording, is_coinbase_message, parse_recorded
 from tests.coinbase_fake import TS, WAIT, fake_server, ticker
 from tests.feeds.test_coinbase_ws_pool import settings
 from tests.feeds.test_replay import feed_for, recording, replay, write_jsonl
@@ -66,8 +67,8 @@ async def test_a_recording_of_the_wire_replays_as_the_live_feed_published_it(
 def test_a_wrapped_line_keeps_its_receive_time() -> None:
     """``{"recv_ts", "raw"}`` lines (cryptofeed-style) give the same tick, received then."""
     raw = message(6, ("BTC-USD", "65086.18"), kind="snapshot")
-    bare = parse_recorded(raw).ticks
-    wrapped = parse_recorded(json.dumps({"recv_ts": 1_778_051_289.5, "raw": raw})).ticks
+    bare = parse_recorded(raw).events
+    wrapped = parse_recorded(json.dumps({"recv_ts": 1_778_051_289.5, "raw": raw})).events
     assert [t for t, _ in bare] == [t for t, _ in wrapped]
     (at, event), (_, again) = bare[0], wrapped[0]
     assert event.event_id == f"coinbase:tick:BTC-USD:{TS}:6:0"
@@ -89,7 +90,7 @@ def test_a_wrapped_line_keeps_its_receive_time() -> None:
 )
 def test_lines_that_are_not_advanced_trade_messages_are_named(line: str, error: str) -> None:
     if not error:  # a ticker message with no tickers and no time: nothing, not an error
-        assert parse_recorded(line).ticks == []
+        assert parse_recorded(line).events == []
         return
     with pytest.raises(FeedProtocolError, match=error):
         parse_recorded(line)
@@ -101,7 +102,7 @@ def test_a_ticker_without_any_time_is_an_error() -> None:
     with pytest.raises(FeedProtocolError, match="without a timestamp"):
         parse_recorded(json.dumps(untimed))
     wrapped = parse_recorded(json.dumps({"recv_ts": 1_778_051_289.0, "raw": json.dumps(untimed)}))
-    assert [e.ts for _, e in wrapped.ticks] == ["2026-05-06T07:08:09.000Z"]
+    assert [e.ts for _, e in wrapped.events] == ["2026-05-06T07:08:09.000Z"]
 
 
 def test_the_formats_are_told_apart_by_their_first_line(tmp_path: Path) -> None:
@@ -168,3 +169,92 @@ def test_hooks_test_takes_its_event_and_state_from_a_raw_or_gzipped_recording(
     csv.write_text("open_time_ms,open,high,low,close,volume\n")
     with pytest.raises(click.BadParameter, match="not a recording"):
         replay_state([csv], "x", 50)
+
+
+# --- the candles channel ----------------------------------------------------------
+
+B0 = 1_786_279_500  # a five-minute boundary (epoch s)
+AT = iso_ms((B0 + 1500) * 1000 + 48_228)  # when the messages came: after every bucket
+
+
+def bucket(product: str, start: int, close: str, *, high: str = "", low: str = "") -> dict:
+    return {
+        "start": str(start), "open": "100", "high": high or max(close, "100", key=float),
+        "low": low or min(close, "100", key=float), "close": close, "volume": "1.5",
+        "product_id": product,
+    }  # fmt: skip
+
+
+def candles(seq: int, *buckets: dict, kind: str = "update", ts: str = AT) -> str:
+    events = [{"type": kind, "candles": list(buckets)}]
+    body = {"channel": "candles", "timestamp": ts, "sequence_num": seq, "events": events}
+    return json.dumps(body)
+
+
+def test_candles_close_once_a_later_bucket_starts_with_the_pollers_ids() -> None:
+    """A snapshot closes every bucket but each product's newest; updates of the forming
+    bucket close nothing until the next one starts, which closes it at its last values;
+    a snapshot again (a reconnect) closes nothing twice. Ids and payloads are the REST
+    poller's for the same bucket."""
+    rec = Recording()
+    snap = rec.parse(candles(
+        1, bucket("BTC-USD", B0, "101"), bucket("BTC-USD", B0 + 300, "102"),
+        bucket("ETH-USD", B0 + 300, "5"), bucket("BTC-USD", B0 + 600, "103"),
+        bucket("ETH-USD", B0, "4", high="100", low="3"), kind="snapshot",
+    ))  # fmt: skip
+    closed = [(e.symbol, e.payload["close"]) for _, e in snap.events]
+    assert closed == [("BTC-USD", 101.0), ("ETH-USD", 4.0), ("BTC-USD", 102.0)]  # time order
+    assert [t for t, _ in snap.events] == [(B0 + 300) * 1000, (B0 + 300) * 1000, (B0 + 600) * 1000]
+    assert not snap.other
+    rest = parse_candles(json.dumps({"candles": [bucket("BTC-USD", B0, "101")]}).encode(), "5m")
+    same = closed_event(rest[0], source="coinbase", symbol="BTC-USD", timeframe="5m",
+                        received_ms=parse_iso_ms(AT))  # fmt: skip
+    assert snap.events[0][1] == same
+    assert same.event_id == f"coinbase:BTC-USD:5m:{(B0 + 300) * 1000}"
+    assert rec.parse(candles(2, bucket("BTC-USD", B0 + 600, "104"))).events == []
+    assert rec.parse(candles(3, bucket("BTC-USD", B0 + 600, "105.5"))).events == []
+    [(_, btc)] = rec.parse(candles(4, bucket("BTC-USD", B0 + 900, "106"))).events
+    assert (btc.payload["openTimeMs"], btc.payload["close"]) == ((B0 + 600) * 1000, 105.5)
+    again = rec.parse(candles(
+        1, bucket("BTC-USD", B0 + 600, "105.5"), bucket("BTC-USD", B0 + 900, "107"),
+        bucket("BTC-USD", B0 + 1200, "108"), kind="snapshot",
+    ))  # fmt: skip
+    [(_, late)] = again.events  # only the bucket not closed before, at the snapshot's values
+    assert (late.payload["openTimeMs"], late.payload["close"]) == ((B0 + 900) * 1000, 107.0)
+
+
+def test_candles_that_fail_the_pollers_checks_are_left_out() -> None:
+    """Inconsistent high/low, a start off the five-minute grid or in ms, a price that is
+    not a number, no product: skipped; the good bucket still closes."""
+    bad = [
+        bucket("BTC-USD", B0, "101", high="99"),
+        bucket("BTC-USD", B0 + 7, "101"),
+        bucket("BTC-USD", B0 * 1000, "101"),
+        {**bucket("BTC-USD", B0, "101"), "close": "NaN"},
+        bucket("", B0, "101"),
+    ]
+    line = candles(1, *bad, bucket("BTC-USD", B0 + 300, "1"), bucket("BTC-USD", B0 + 600, "2"))
+    [(_, event)] = Recording().parse(line).events
+    assert event.payload["close"] == 1.0
+
+
+async def test_a_recording_of_candles_replays_them_beside_ticks(tmp_path: Path) -> None:
+    """A file of candles messages between ticker messages: each closed bucket once, the
+    forming one at the end left out, the ticks as before."""
+    path = tmp_path / "mixed.jsonl"
+    lines = [
+        candles(1, bucket("BTC-USD", B0, "101"), bucket("BTC-USD", B0 + 300, "102"),
+                kind="snapshot"),
+        message(1, ("BTC-USD", "102.5")),
+        candles(2, bucket("BTC-USD", B0 + 600, "103")),
+        candles(3, bucket("BTC-USD", B0 + 600, "104")),  # still forming at the end
+    ]  # fmt: skip
+    path.write_text("".join(line + "\n" for line in lines))
+    feed = feed_for(path)
+    events, _ = await replay(feed)
+    assert [(e.topic, e.payload.get("close") or e.payload.get("price")) for e in events] == [
+        ("market.candle.closed", 101.0),
+        ("market.price.tick", 102.5),
+        ("market.candle.closed", 102.0),
+    ]
+    assert feed.statistics()["other_messages_left_out"] == 0
