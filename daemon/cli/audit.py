@@ -1,8 +1,9 @@
 """``marketwake audit tail`` and ``marketwake why``: read the audit log.
 
-The audit directory is ``--dir`` if given, else the config's audit directory
-(``[audit] dir``, default ``<daemon.state_dir>/audit``) from ``--config`` or
-``./config.toml``, else ``./state/audit``.
+The audit directory is ``--dir`` if given, else ``<--state-dir>/audit``, else
+the config's audit directory (``[audit] dir``, default
+``<daemon.state_dir>/audit``) from ``--config`` or ``./config.toml``, else
+``./state/audit``.
 """
 
 from __future__ import annotations
@@ -18,20 +19,33 @@ from rich.console import Console
 from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
 from daemon.audit.render import render, to_json
 from daemon.audit.why import collect, explain, render_explanation
-from daemon.cli.common import load_config_or_defaults
+from daemon.cli.common import load_config_or_defaults, state_dir_option
 
 DIR_HELP = (
-    "Audit directory (default: [audit] dir of --config or ./config.toml, else ./state/audit)."
+    "Audit directory (default: STATE_DIR/audit with --state-dir, else [audit] dir of "
+    "--config or ./config.toml, else ./state/audit)."
 )
 RECORD_TYPES = ("hook", "wake", "run", "risk", "order")
 DECISIONS = ("WAKE", "IGNORE", "ALERT", "TRADE_INTENT", "ERROR")
 
 
-def audit_dir(directory: Path | None, config_path: Path | None, must_exist: bool = True) -> Path:
+def audit_dir(
+    directory: Path | None,
+    config_path: Path | None,
+    state_dir: Path | None = None,
+    must_exist: bool = True,
+) -> Path:
     """Where the audit log lives, by the precedence in the module docstring."""
-    where = directory if directory is not None else load_config_or_defaults(config_path).audit_dir
+    if directory is not None:
+        where = directory
+    elif state_dir is not None:
+        where = state_dir / "audit"
+    else:
+        where = load_config_or_defaults(config_path).audit_dir
     if must_exist and not where.is_dir():
-        raise click.ClickException(f"no audit log at {where}: pass --dir or the daemon's --config")
+        raise click.ClickException(
+            f"no audit log at {where}: pass --state-dir, --dir or the daemon's --config"
+        )
     return where
 
 
@@ -82,6 +96,7 @@ def audit_group() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the stored JSON lines.")
 @click.option("--dir", "directory", type=click.Path(path_type=Path), help=DIR_HELP)
+@state_dir_option
 @click.option(
     "--config",
     "config_path",
@@ -107,11 +122,12 @@ def tail_command(
     types: tuple[str, ...],
     as_json: bool,
     directory: Path | None,
+    state_dir: Path | None,
     config_path: Path | None,
     poll: float,
 ) -> None:
     """Show the latest audit records, filtered; with -f keep following."""
-    where = audit_dir(directory, config_path, must_exist=not follow)  # -f waits for it
+    where = audit_dir(directory, config_path, state_dir, must_exist=not follow)  # -f waits
     flt = AuditFilter(
         agent=agent,
         hook=hook,
@@ -152,6 +168,7 @@ def tail_command(
 @click.option("--since", help="Only search records newer than this: 15m, 2h, 3d or a time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
 @click.option("--dir", "directory", type=click.Path(path_type=Path), help=DIR_HELP)
+@state_dir_option
 @click.option(
     "--config",
     "config_path",
@@ -159,13 +176,18 @@ def tail_command(
     help="Config file (TOML) for state_dir.",
 )
 def why_command(
-    ident: str, since: str | None, as_json: bool, directory: Path | None, config_path: Path | None
+    ident: str,
+    since: str | None,
+    as_json: bool,
+    directory: Path | None,
+    state_dir: Path | None,
+    config_path: Path | None,
 ) -> None:
     """Explain what happened to an event (eventId) or trace (traceId), per agent.
 
     Exits 1 when the audit log has no record of IDENT.
     """
-    where = audit_dir(directory, config_path)
+    where = audit_dir(directory, config_path, state_dir)
     exp = explain(collect(where, ident, _since(since)), ident)
     if as_json:
         click.echo(msgspec.json.encode(exp).decode())

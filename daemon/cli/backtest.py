@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -246,6 +247,12 @@ def backtest_command(
     else:
         click.echo(render(result))
     click.echo(f"report: {out / 'report.json'}")
+    if not isinstance(result, Comparison):
+        state = shlex.quote(str(out / "state"))
+        click.echo(
+            f"look inside: marketwake status --state-dir {state}; "
+            f"marketwake audit tail --state-dir {state}"
+        )
     if isinstance(result, Report) and not result.complete:  # the report covers a part
         sys.exit(INTERRUPTED_EXIT if result.stopped_by == "signal" else DATA_ERROR_EXIT)
 

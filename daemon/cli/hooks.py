@@ -15,7 +15,12 @@ from daemon.agents.dispatcher import market_state
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
-from daemon.cli.common import MAX_EVENT_FILE_BYTES, load_config_or_defaults, resolve_state_dir
+from daemon.cli.common import (
+    MAX_EVENT_FILE_BYTES,
+    load_config_or_defaults,
+    resolve_state_dir,
+    state_dir_option,
+)
 from daemon.errors import ConfigError, HookCompileError, ReplayError
 from daemon.events import FeedEvent, to_dict
 from daemon.inputfile import read_input
@@ -274,7 +279,7 @@ def _hook_store(config_path: Path | None, state_dir: Path | None) -> HookStore:
 @click.argument("agent")
 @click.argument("hook", required=False)
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
-@click.option("--state-dir", type=click.Path(path_type=Path), help="The daemon's state_dir.")
+@state_dir_option
 def resume_command(
     agent: str, hook: str | None, config_path: Path | None, state_dir: Path | None
 ) -> None:
@@ -303,7 +308,7 @@ def resume_command(
 
 @hooks_group.command("paused")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
-@click.option("--state-dir", type=click.Path(path_type=Path), help="The daemon's state_dir.")
+@state_dir_option
 def paused_command(config_path: Path | None, state_dir: Path | None) -> None:
     """List paused hooks and agents."""
     store = _hook_store(config_path, state_dir)

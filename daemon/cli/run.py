@@ -9,7 +9,7 @@ import click
 import msgspec
 
 from daemon import config as config_mod
-from daemon.cli.common import resolve_state_dir
+from daemon.cli.common import resolve_state_dir, state_dir_option
 from daemon.control import CONTROL_SOCKET, ask_status
 from daemon.errors import StoreError
 from daemon.events import iso_ms
@@ -219,7 +219,7 @@ def _price(x: float) -> str:
 
 @click.command("status")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help=CONFIG_HELP)
-@click.option("--state-dir", type=click.Path(path_type=Path), help="Read status from here.")
+@state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
     """Show the counters of a running (or the last) daemon: bus, feeds, state.

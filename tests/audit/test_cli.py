@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.audit.writer import AuditWriter
-from daemon.cli.audit import audit_group
+from daemon.cli.audit import audit_group, why_command
 from tests.audit.factory import hook, order, ts, wake
 
 
@@ -69,6 +69,22 @@ def test_tail_dir_from_config(logdir: Path, tmp_path: Path) -> None:
     cfg.write_text(f'[daemon]\nstate_dir = "{logdir.parent}"\n')
     code, out = invoke("--config", str(cfg), "--json", "-n", "1")
     assert code == 0 and json.loads(out)["type"] == "order"
+
+
+def test_tail_and_why_read_a_state_dir(logdir: Path, tmp_path: Path) -> None:
+    """--state-dir (what status and hooks take; a backtest's OUT/state) reads its audit/;
+    --dir still wins, and a state dir without a log is named with both options."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[daemon]\nstate_dir = "/nonexistent"\n')
+    code, out = invoke("--state-dir", str(logdir.parent), "--config", str(cfg), "--json", "-n", "1")
+    assert code == 0 and json.loads(out)["type"] == "order"
+    code, out = invoke("--state-dir", str(tmp_path / "none"), "--dir", str(logdir), "-n", "1")
+    assert code == 0 and "order FILLED" in out
+    code, out = invoke("--state-dir", str(tmp_path / "none"))
+    assert code == 1 and f"no audit log at {tmp_path / 'none' / 'audit'}" in out
+    assert "--state-dir" in out
+    why = CliRunner().invoke(why_command, ["nope", "--state-dir", str(logdir.parent)])
+    assert why.exit_code == 1 and "no audit records for nope" in why.output  # the log was read
 
 
 def test_tail_bad_since_is_a_usage_error(logdir: Path) -> None:
