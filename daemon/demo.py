@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shlex
 import shutil
 import sys
 import time
@@ -306,11 +307,11 @@ def _audit_summary(console: Console, audit_dir: Path) -> None:
         console.print(f"  {key:<40} {n:>7}")
     for line in wake_story(counts):
         console.print(f"  {line}", soft_wrap=True, markup=False)
-    mw = self_command()
-    console.print(f"  tail it:   {mw} audit tail --dir {audit_dir}", soft_wrap=True)
-    console.print(f"  status:    {mw} status --state-dir {audit_dir.parent}", soft_wrap=True)
+    mw, state = self_command(), shlex.quote(str(audit_dir.parent))
+    console.print(f"  tail it:   {mw} audit tail --state-dir {state}", soft_wrap=True)
+    console.print(f"  status:    {mw} status --state-dir {state}", soft_wrap=True)
     if last_wake:
-        console.print(f"  ask why:   {mw} why {last_wake} --dir {audit_dir}", soft_wrap=True)
+        console.print(f"  ask why:   {mw} why {last_wake} --state-dir {state}", soft_wrap=True)
 
 
 _SUPPRESSION = {

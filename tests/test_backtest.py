@@ -169,10 +169,11 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     assert "WAKE decisions ->" in res.output and "report.json" in res.output
     # The commands it suggests run as printed, on the run's own state dir.
     [hint] = [line for line in res.output.splitlines() if line.startswith("look inside: ")]
-    status_cmd, tail_cmd = hint.removeprefix("look inside: ").split("; ")
-    status = CliRunner().invoke(cli, shlex.split(status_cmd)[1:])
+    status_cmd, tail_cmd = (shlex.split(c) for c in hint.removeprefix("look inside: ").split("; "))
+    status = CliRunner().invoke(cli, status_cmd[status_cmd.index("status") :])
     assert status.exit_code == 0 and "account " in status.output, status.output
-    tail = CliRunner().invoke(cli, [*shlex.split(tail_cmd)[1:], "-n", "1", "--type", "hook"])
+    tail_args = tail_cmd[tail_cmd.index("audit") :]
+    tail = CliRunner().invoke(cli, [*tail_args, "-n", "1", "--type", "hook"])
     assert tail.exit_code == 0 and len(tail.output.splitlines()) == 1, tail.output
     assert "replaying" not in res.stderr  # no terminal, no progress bar
     # In a terminal the bar reads the feeds' counters; it shows the whole replay at the end.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
+from daemon.demo import self_command
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES
 from daemon.logs import configure as configure_logging
@@ -248,10 +249,9 @@ def backtest_command(
         click.echo(render(result))
     click.echo(f"report: {out / 'report.json'}")
     if not isinstance(result, Comparison):
-        state = shlex.quote(str(out / "state"))
+        mw, state = self_command(), shlex.quote(str(out / "state"))
         click.echo(
-            f"look inside: marketwake status --state-dir {state}; "
-            f"marketwake audit tail --state-dir {state}"
+            f"look inside: {mw} status --state-dir {state}; {mw} audit tail --state-dir {state}"
         )
     if isinstance(result, Report) and not result.complete:  # the report covers a part
         sys.exit(INTERRUPTED_EXIT if result.stopped_by == "signal" else DATA_ERROR_EXIT)
