@@ -175,6 +175,9 @@ class TradingSection(Base, frozen=True):
     # reached pays the maker rate; market, stop and marketable orders the taker rate.
     paper_maker_fee_bps: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.0
     paper_taker_fee_bps: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.0
+    # Taker fills (market, stop and marketable orders) execute this many basis points
+    # worse than the price they fill at (a limit never past its limit); makers do not.
+    paper_slippage_bps: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.0
 
 
 class McpSection(Base, frozen=True):

@@ -450,8 +450,10 @@ def test_the_html_report_renders_in_a_browser(tmp_path: Path) -> None:
     assert len(report) > 5 * len(blank), (len(report), len(blank))
 
 
-def test_fees_come_off_the_pnl(tmp_path: Path) -> None:
-    from daemon.trading.paper import Fees
+def test_fees_and_slippage_come_off_the_pnl(tmp_path: Path) -> None:
+    """Fees come off the realized PnL exactly; slippage moves the taker fills' prices
+    against the agent; the report says what it was simulated with."""
+    from daemon.trading.matching import FillCosts
 
     data = tmp_path / "c.csv"
     generate_candles(data, seed=3, n=300, timeframe="5m")
@@ -459,12 +461,27 @@ def test_fees_come_off_the_pnl(tmp_path: Path) -> None:
     free = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "free"))
     paid = run_backtest(
         BacktestOptions(
-            agent_dir=alpha, data=data, out=tmp_path / "paid", fees=Fees(maker_bps=10, taker_bps=60)
+            agent_dir=alpha,
+            data=data,
+            out=tmp_path / "paid",
+            costs=FillCosts(maker_fee_bps=10, taker_fee_bps=60),
         )
     )
     assert free.trades.fees == 0 and paid.trades.fills == free.trades.fills > 0
     assert paid.trades.fees > 0
     assert paid.trades.realized_pnl == pytest.approx(free.trades.realized_pnl - paid.trades.fees)
+    assert free.fill_costs == FillCosts() and "simulated with" not in render(free)
+    slipped = run_backtest(
+        BacktestOptions(
+            agent_dir=alpha, data=data, out=tmp_path / "slip", costs=FillCosts(slippage_bps=5)
+        )
+    )
+    assert slipped.trades.fills == free.trades.fills and slipped.trades.fees == 0
+    assert slipped.trades.realized_pnl < free.trades.realized_pnl
+    assert slipped.fill_costs.slippage_bps == 5
+    saved = msgspec.json.decode((tmp_path / "slip" / "report.json").read_bytes())
+    assert saved["fill_costs"]["slippage_bps"] == 5
+    assert "simulated with fees 0 bps maker, 0 bps taker, slippage 5 bps" in render(slipped)
 
 
 def test_several_data_files_are_merged_by_time(tmp_path: Path) -> None:

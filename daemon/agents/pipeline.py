@@ -44,7 +44,8 @@ from daemon.status import AccountStatus
 from daemon.trading.account_status import account_status
 from daemon.trading.desk import TradeDesk, audited_publish
 from daemon.trading.intents import TradingState
-from daemon.trading.paper import Fees, PaperBroker
+from daemon.trading.matching import FillCosts
+from daemon.trading.paper import PaperBroker
 from daemon.trading.route import MarketRoutes
 from daemon.wake.store import RunStore
 from hooks_runtime.pool import open_worker_pool
@@ -91,9 +92,10 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 audited_publish(partial(_post, send), audit),
                 synchronous="FULL" if cfg.daemon.durable else "OFF",
                 max_participation=cfg.trading.paper_max_participation,
-                fees=Fees(
-                    maker_bps=cfg.trading.paper_maker_fee_bps,
-                    taker_bps=cfg.trading.paper_taker_fee_bps,
+                costs=FillCosts(
+                    maker_fee_bps=cfg.trading.paper_maker_fee_bps,
+                    taker_fee_bps=cfg.trading.paper_taker_fee_bps,
+                    slippage_bps=cfg.trading.paper_slippage_bps,
                 ),
             )
             closing.callback(broker.close)

@@ -222,7 +222,7 @@ table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ddd;padding:
 
 def render_html(report: Report, series: Series) -> str:
     """The whole page."""
-    b, t = report.baseline, report.trades
+    b, t, c = report.baseline, report.trades, report.fill_costs
     summary = [
         ("agent", report.agent),
         *([] if (note := report.incomplete()) is None else [note]),
@@ -238,6 +238,13 @@ def render_html(report: Report, series: Series) -> str:
         ("trades", f"{t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}"),
         ("realized PnL / max drawdown", f"{t.realized_pnl:.2f} / {t.max_drawdown:.2f}"),
         ("exposure / fees", f"{t.exposure:.0%} / {t.fees:.2f}"),
+        (
+            "simulated fill costs (bps)",
+            (
+                f"maker fee {c.maker_fee_bps:g}, taker fee {c.taker_fee_bps:g}, "
+                f"taker slippage {c.slippage_bps:g}"
+            ),
+        ),
     ]
     hooks = "".join(
         f"<tr><td>{escape(h.hook)}</td><td>{escape(h.revision)}</td><td>{h.evaluations}</td>"

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from daemon.events import parse_iso_ms
+from daemon.trading.matching import FillCosts
 from daemon.trading.paper_store import FillRow
 
 
@@ -124,6 +125,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     baseline: Baseline
     cost_ratio: float | None
     trades: Trades
+    # The paper fills' costs the trades were simulated with (fees, slippage).
+    fill_costs: FillCosts = FillCosts()
     broken: list[BrokenHook] = []  # hook revisions that did not compile (never ran)
     seconds: float = 0.0
     events_per_second: float = 0.0

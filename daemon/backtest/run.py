@@ -50,7 +50,7 @@ from daemon.events import iso_ms
 from daemon.scratchdir import Scratch
 from daemon.service import Component
 from daemon.status import FeedStatus
-from daemon.trading.paper import Fees
+from daemon.trading.matching import FillCosts
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
@@ -93,7 +93,7 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     revisions: dict[str, str] = msgspec.field(default_factory=dict)
     # The daemon state dir whose revisions/ keeps the sources.
     state_dir: Path = Path("state")
-    fees: Fees = msgspec.field(default_factory=Fees)
+    costs: FillCosts = msgspec.field(default_factory=FillCosts)
     more_data: list[DataFile] = msgspec.field(default_factory=list)
 
 
@@ -183,7 +183,9 @@ def prepare(opts: BacktestOptions) -> Config:
         state=StateSection(shared=opts.run_llm),
         feeds=FeedsSection(replay=replay_section(opts)),
         trading=TradingSection(
-            paper_maker_fee_bps=opts.fees.maker_bps, paper_taker_fee_bps=opts.fees.taker_bps
+            paper_maker_fee_bps=opts.costs.maker_fee_bps,
+            paper_taker_fee_bps=opts.costs.taker_fee_bps,
+            paper_slippage_bps=opts.costs.slippage_bps,
         ),
     )
 
@@ -244,6 +246,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         baseline=baseline,
         cost_ratio=round(cost / baseline.cost, 6) if baseline.cost else None,
         trades=trades,
+        fill_costs=opts.costs,
         broken=broken,
         seconds=round(seconds, 3),
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
@@ -390,4 +393,10 @@ def render(report: Report) -> str:
         f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f}, "
         f"exposure {t.exposure:.0%}, fees {t.fees:.2f}"
     )
+    c = report.fill_costs
+    if c != FillCosts():
+        lines.append(
+            f"  simulated with fees {c.maker_fee_bps:g} bps maker, {c.taker_fee_bps:g} bps "
+            f"taker, slippage {c.slippage_bps:g} bps on taker fills"
+        )
     return "\n".join(lines)

@@ -144,6 +144,14 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     help="Paper fee, basis points of notional, for market, stop and marketable orders.",
 )
 @click.option(
+    "--slippage-bps",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1000),
+    help="Market, stop and marketable orders fill this many basis points worse "
+    "(a limit never past its limit).",
+)
+@click.option(
     "--run-llm",
     is_flag=True,
     help="Run the agent's runner on each wake (its LLM, command or log) instead of counting.",
@@ -168,6 +176,7 @@ def backtest_command(
     compare_revisions: tuple[str, ...],
     maker_fee_bps: float,
     taker_fee_bps: float,
+    slippage_bps: float,
     run_llm: bool,
 ) -> None:
     """Replay DATA through one agent's real pipeline on event time and report what
@@ -188,7 +197,7 @@ def backtest_command(
         run_backtest,
         run_comparison,
     )
-    from daemon.trading.paper import Fees
+    from daemon.trading.matching import FillCosts
 
     configure_logging("console", "error")  # the report says what happened
     cost = CostModel(
@@ -225,7 +234,9 @@ def backtest_command(
         to_ms=_when(end, "--to"),
         revisions=_pairs(revisions, "--revision"),
         state_dir=state_dir,
-        fees=Fees(maker_bps=maker_fee_bps, taker_bps=taker_fee_bps),
+        costs=FillCosts(
+            maker_fee_bps=maker_fee_bps, taker_fee_bps=taker_fee_bps, slippage_bps=slippage_bps
+        ),
     )
     try:
         bar = progress_bar(lambda: count_events(opts))

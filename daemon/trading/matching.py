@@ -15,14 +15,48 @@ Rules, chosen to be conservative (a paper result should not flatter a strategy):
   one) fires and the take-profit is canceled.
 * A candle whose close is not after an order's creation time never fills it:
   the order did not exist while that candle traded.
+* Costs (:class:`FillCosts`, off by default): a resting limit the market
+  reached is a maker fill at its limit; a market, stop or marketable order is a
+  taker fill: it pays the taker fee and, with ``slippage_bps``, fills that much
+  worse than the price above (a buy higher, a sell lower; a limit never past
+  its limit).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
+
+import msgspec
 
 from daemon.events import Candle
 from daemon.trading.portfolio import Order
+
+Bps = Annotated[float, msgspec.Meta(ge=0, le=1000)]
+
+
+class FillCosts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a paper fill costs beyond its price, in basis points (``[trading]
+    paper_maker_fee_bps``, ``paper_taker_fee_bps``, ``paper_slippage_bps``)."""
+
+    maker_fee_bps: Bps = 0.0
+    taker_fee_bps: Bps = 0.0
+    slippage_bps: Bps = 0.0
+
+    def fee(self, notional: float, *, maker: bool) -> float:
+        """The fee of one fill."""
+        return notional * (self.maker_fee_bps if maker else self.taker_fee_bps) / 10_000
+
+    def taker_price(self, order: Order, price: float) -> float:
+        """Where a taker fill at ``price`` executes: ``slippage_bps`` against the order
+        (a buy higher, a sell lower), a limit order never past its limit."""
+        if not self.slippage_bps:
+            return price
+        shift = price * self.slippage_bps / 10_000
+        if order.side == "buy":
+            worse = price + shift
+            return min(worse, order.limit_price) if order.limit_price is not None else worse
+        worse = price - shift
+        return max(worse, order.limit_price) if order.limit_price is not None else worse
 
 
 def _crossed(order: Order, low: float, high: float) -> bool:

@@ -40,6 +40,7 @@ from daemon.trading.broker import Broker, OrderRequest, child_order_id
 from daemon.trading.intents import TradeIntent
 from daemon.trading.matching import (
     Applied,
+    FillCosts,
     apply_fill,
     candle_fill,
     marketable_price,
@@ -56,17 +57,6 @@ from daemon.trading.portfolio import (
 )
 
 SOURCE = "paper"
-
-
-class Fees(msgspec.Struct, frozen=True, kw_only=True):
-    """Fee rates in basis points of a fill's notional (``[trading] paper_*_fee_bps``)."""
-
-    maker_bps: float = 0.0
-    taker_bps: float = 0.0
-
-    def of(self, notional: float, *, maker: bool) -> float:
-        """The fee of one fill."""
-        return notional * (self.maker_bps if maker else self.taker_bps) / 10_000
 
 
 _CHILD_ROLES: frozenset[str] = frozenset({"stop_loss", "take_profit"})
@@ -115,13 +105,13 @@ class PaperBroker:
         clock: Callable[[], int] | None = None,
         synchronous: Literal["OFF", "NORMAL", "FULL"] = "FULL",
         max_participation: float = 0.0,
-        fees: Fees | None = None,
+        costs: FillCosts | None = None,
     ) -> None:
         self._store = PaperStore(Path(state_dir) / "paper.sqlite3", synchronous)
         # The share of a closed candle's volume one order may fill in that candle
         # (0: fills whole); the rest keeps working, filled in parts.
         self.max_participation = max_participation
-        self.fees = fees or Fees()
+        self.costs = costs or FillCosts()
         self._publish = publish
         self._clock = clock
         # The market as each cursor has seen it: "" for every account without its
@@ -463,27 +453,30 @@ class PaperBroker:
     def _fill(
         self,
         order: Order,
-        price: float,
+        market: float,
         ts_ms: int,
         out: list[FeedEvent],
         part: float | None = None,
         *,
         arrival: bool = False,
     ) -> None:
-        """Execute ``order`` (or ``part`` of what it has left) at ``price``: position,
-        PnL, fee, brackets, OCO; all in one txn. A part leaves the order OPEN. A limit
-        that rested until the market reached it pays the maker fee; a fill on
-        ``arrival``, a market or a stop order the taker fee."""
+        """Execute ``order`` (or ``part`` of what it has left) at ``market`` price:
+        position, PnL, fee, brackets, OCO; all in one txn. A part leaves the order
+        OPEN. A limit that rested until the market reached it is a maker fill (at its
+        limit, the maker fee); a fill on ``arrival``, a market or a stop order a taker
+        fill (the taker fee, and the slippage: see :class:`FillCosts`)."""
         pos = self._books.get(order.account_id, {}).get(order.symbol)
         signed = self._fill_volume(order, pos, part)
         if signed is None:
             self._cancel(order, "position already closed", ts_ms, out)
             return
+        maker = order.order_type == "limit" and not arrival
+        price = market if maker else self.costs.taker_price(order, market)
         applied = apply_fill(
             pos.quantity if pos else 0.0, pos.avg_price if pos else 0.0, signed, price
         )
         size = abs(signed)
-        fee = self.fees.of(size * price, maker=order.order_type == "limit" and not arrival)
+        fee = self.costs.fee(size * price, maker=maker)
         total = order.filled_volume + size
         done = part is None
         average = (order.fill_price or price) * order.filled_volume + price * size
@@ -499,7 +492,7 @@ class PaperBroker:
         )
         self._save(filled)
         marks = self._cursor(order.account_id).marks
-        self._store.put_marks({order.symbol: marks.get(order.symbol, price)})
+        self._store.put_marks({order.symbol: marks.get(order.symbol, market)})
         self._store.add_fill(
             order.account_id, order.client_order_id, order.symbol, signed, price, ts_ms,
             applied.realized, fee,

@@ -10,7 +10,8 @@ import pytest
 from daemon.cli.run import _render_accounts
 from daemon.status import MAX_ORDERS_SHOWN
 from daemon.trading.account_status import DAY_MS, account_status
-from daemon.trading.paper import Fees, PaperBroker
+from daemon.trading.matching import FillCosts
+from daemon.trading.paper import PaperBroker
 from tests.trading.test_paper import T0, Sink, request
 
 DAY0 = T0 - T0 % DAY_MS  # 00:00 UTC of T0's day
@@ -19,7 +20,7 @@ DAY0 = T0 - T0 % DAY_MS  # 00:00 UTC of T0's day
 async def test_pnl_fees_positions_and_orders(tmp_path: Path) -> None:
     """Yesterday's round trip counts in realized, not today's; an open short marks to
     the last price; fees come off realized; resting orders are listed oldest first."""
-    broker = PaperBroker(tmp_path, Sink(), fees=Fees(taker_bps=10))
+    broker = PaperBroker(tmp_path, Sink(), costs=FillCosts(taker_fee_bps=10))
     try:
         await broker.on_tick("BTC", 100.0, DAY0 - 3_600_000)  # yesterday
         await broker.submit(request("in", volume=1.0))

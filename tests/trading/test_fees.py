@@ -1,5 +1,6 @@
-"""Paper fees: taker for market, stop and marketable orders, maker for a resting
-limit the market reached; PnL is net of them; an older store gains the column."""
+"""Paper fill costs: fees (taker for market, stop and marketable orders, maker for a
+resting limit the market reached; PnL is net of them) and taker slippage; an older
+store gains the fee column."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from daemon.trading.paper import Fees, PaperBroker
+from daemon.trading.matching import FillCosts
+from daemon.trading.paper import PaperBroker
 from daemon.trading.paper_store import RECENT_ORDERS, SCHEMA_VERSION, FillRow, PaperStore
 from tests.trading.test_paper import MIN, T0, Sink, bar, request
 
 
 async def test_maker_and_taker_fees(tmp_path: Path) -> None:
-    broker = PaperBroker(tmp_path, Sink(), fees=Fees(maker_bps=10, taker_bps=50))
+    broker = PaperBroker(tmp_path, Sink(), costs=FillCosts(maker_fee_bps=10, taker_fee_bps=50))
     try:
         await broker.on_tick("BTC", 100.0, T0)
         market = await broker.submit(request("m", volume=2.0))  # taker: 200 x 0.5 %
@@ -31,7 +33,7 @@ async def test_maker_and_taker_fees(tmp_path: Path) -> None:
 
 
 async def test_a_resting_limit_pays_the_maker_fee_and_pnl_is_net(tmp_path: Path) -> None:
-    broker = PaperBroker(tmp_path, Sink(), fees=Fees(maker_bps=10, taker_bps=50))
+    broker = PaperBroker(tmp_path, Sink(), costs=FillCosts(maker_fee_bps=10, taker_fee_bps=50))
     try:
         await broker.on_tick("BTC", 100.0, T0)
         entry = await broker.submit(request("e", action="PLACE_LIMIT_ORDER", openPrice=98.0))
@@ -41,6 +43,40 @@ async def test_a_resting_limit_pays_the_maker_fee_and_pnl_is_net(tmp_path: Path)
         await broker.submit(request("x", side="sell"))  # at the mark, 99: taker
         # +1 a unit on 2 units, less 98 x 2 x 0.1 % maker and 99 x 2 x 0.5 % taker
         assert broker.realized_pnl("agent") == pytest.approx(2 - 0.196 - 0.99)
+    finally:
+        broker.close()
+
+
+async def test_slippage_moves_taker_fills_against_the_order(tmp_path: Path) -> None:
+    """10 bps: a market buy fills above the price, a sell below, a stop below its
+    trigger for a long; a marketable limit never past its limit; a resting limit the
+    market reached fills at its limit; marks stay the market's."""
+    broker = PaperBroker(tmp_path, Sink(), costs=FillCosts(slippage_bps=10))
+    try:
+        await broker.on_tick("BTC", 100.0, T0)
+        buy = await broker.submit(request("b", volume=1.0, stopLoss=90.0))
+        assert buy.fill_price == pytest.approx(100.1)
+        assert broker.positions("agent")["BTC"].avg_price == pytest.approx(100.1)
+        assert broker.last_price("BTC", "agent") == 100.0  # the market's, not ours
+        capped = await broker.submit(
+            request("c", action="PLACE_LIMIT_ORDER", openPrice=100.05, volume=1.0)
+        )
+        assert capped.fill_price == pytest.approx(100.05)  # 100.1 is past the limit
+        resting = await broker.submit(
+            request("r", action="PLACE_LIMIT_ORDER", openPrice=95.0, volume=1.0)
+        )
+        assert resting.status == "OPEN"
+        await broker.on_candle("BTC", bar(96, 97, 94, 96, T0 + MIN))
+        rested = broker.get_order(resting.client_order_id)
+        assert rested is not None and rested.fill_price == 95.0  # maker: at its limit
+        await broker.on_tick("BTC", 89.0, T0 + 2 * MIN)  # the stop of "b" triggers
+        stop = broker.get_order(buy.client_order_id + ":sl")
+        assert stop is not None and stop.fill_price == pytest.approx(89.0 * 0.999)
+        sell = await broker.submit(request("s", side="sell", volume=2.0))
+        assert sell.fill_price == pytest.approx(89.0 * 0.999)
+        # the realized PnL is at the prices paid: (88.911 - 100.1) + 2 x 88.911 - 100.05 - 95
+        expected = (88.911 - 100.1) + (88.911 - 100.05) + (88.911 - 95.0)
+        assert broker.realized_pnl("agent") == pytest.approx(expected)
     finally:
         broker.close()
 
