@@ -344,6 +344,7 @@ class ReplayFeed:
 
         for events in self._json_lines(parsed):
             yield from events
+        yield from recording.finish()
 
     def _csv(self) -> Iterator[tuple[int, FeedEvent]]:
         symbol, timeframe = self.config.symbol, self.config.timeframe

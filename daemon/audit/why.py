@@ -4,6 +4,9 @@ Given an eventId or a traceId we gather the hook evaluations, wake decisions,
 runs, risk verdicts and orders that share it (an eventId is widened to the
 traceIds its records carry, since runs and orders only know the trace) and tell,
 per agent, what each hook decided and why the agent did or did not wake or trade.
+An order's clientOrderId (as ``status`` and ``audit tail`` show it) tells the
+story of the event that placed it, for the agent that placed it (a trace is its
+event's, shared by every agent that evaluated the event).
 """
 
 from __future__ import annotations
@@ -50,22 +53,29 @@ class Explanation(msgspec.Struct, kw_only=True, rename="camel"):
 
 
 def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Record]:
-    """Records whose eventId or traceId is ``ident``, plus all records of their traces."""
+    """Records whose eventId, traceId or clientOrderId is ``ident``, plus all records
+    of their traces (of an order's, its own agent's only)."""
     flt = AuditFilter(since_ms=since_ms)
-    direct = [
-        r
-        for r in iter_records(directory, flt, contains=[ident])
-        if ident in (r.get("eventId"), r.get("traceId")) or ident in (r.get("traceIds") or ())
-    ]
+    direct = [r for r in iter_records(directory, flt, contains=[ident]) if _names(r, ident)]
     traces = {str(r["traceId"]) for r in direct if r.get("traceId")} - {ident}
     if not traces:
         return sorted(direct, key=_order)
+    owners = {r.get("agentId") for r in direct if r.get("clientOrderId") == ident}
     linked = [
         r
         for r in iter_records(directory, flt, contains=sorted(traces))
-        if r.get("traceId") in traces and ident not in (r.get("eventId"), r.get("traceId"))
+        if r.get("traceId") in traces
+        and not _names(r, ident)
+        and (not owners or r.get("agentId") in owners)
     ]
     return sorted([*direct, *linked], key=_order)
+
+
+def _names(r: Record, ident: str) -> bool:
+    """Whether the record is about ``ident``: its event, trace or order."""
+    return ident in (r.get("eventId"), r.get("traceId"), r.get("clientOrderId")) or ident in (
+        r.get("traceIds") or ()
+    )
 
 
 # Within one millisecond, show cause before effect.

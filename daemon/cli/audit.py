@@ -183,7 +183,8 @@ def why_command(
     state_dir: Path | None,
     config_path: Path | None,
 ) -> None:
-    """Explain what happened to an event (eventId) or trace (traceId), per agent.
+    """Explain what happened to an event (eventId) or trace (traceId), per agent,
+    or how an order (its clientOrderId, as status and audit tail show it) came about.
 
     Exits 1 when the audit log has no record of IDENT.
     """

@@ -180,6 +180,7 @@ class CandlesFrame(msgspec.Struct, frozen=True, kw_only=True):
     sequence_num: int | None
     candles: tuple[WsCandle, ...]
     skipped: int = 0
+    snapshot: bool = False  # the last buckets as of subscribing (history), not an update
 
 
 class HeartbeatFrame(msgspec.Struct, frozen=True, kw_only=True):
@@ -306,7 +307,9 @@ def _parse_candle(raw: _RawCandle) -> WsCandle | None:
 def _candles_frame(env: _Envelope, events: list[_CandlesEvent]) -> CandlesFrame:
     candles: list[WsCandle] = []
     skipped = 0
+    snapshot = False
     for event in events:
+        snapshot = snapshot or event.type == "snapshot"
         for raw in event.candles:
             parsed = _parse_candle(raw)
             if parsed is None:
@@ -318,6 +321,7 @@ def _candles_frame(env: _Envelope, events: list[_CandlesEvent]) -> CandlesFrame:
         sequence_num=env.sequence_num,
         candles=tuple(candles),
         skipped=skipped,
+        snapshot=snapshot,
     )
 
 

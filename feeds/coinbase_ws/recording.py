@@ -12,7 +12,10 @@ the forming one re-sent as it changes) become ``market.candle.closed`` 5m
 candles, each once, with the ids the REST candle poller gives the same bucket
 (``coinbase:<product>:5m:<close ms>``). A bucket is closed once a later one of
 its product has started; the bucket still forming when the recording ends is
-left out (it never closed).
+left out (it never closed). Coinbase sends one snapshot per product, back to
+back (hours of history each): the buckets of consecutive snapshots are held and
+published merged in time order, before the next line that carries anything
+else, so event time does not jump back from one product's history to the next.
 
 Other messages (heartbeats, subscriptions, other channels, errors) carry no
 event and are left out. Sans I/O: a line in, events out; a line that is neither
@@ -86,6 +89,8 @@ class Recording:
     def __init__(self) -> None:
         self._forming: dict[str, Candle] = {}  # per product: its newest bucket
         self._closed: dict[str, int] = {}  # per product: the open time last published
+        # Closed buckets of the snapshots read since the last line with other events.
+        self._history: list[tuple[int, FeedEvent]] = []
 
     def parse(self, line: str | bytes) -> RecordedLine:
         """The events of one recorded line; FeedProtocolError if it is not a Coinbase
@@ -111,10 +116,25 @@ class Recording:
         frame = parse_frame(line if head.raw is None else head.raw)
         if isinstance(frame, CandlesFrame):
             at = received if received is not None else frame.ts_ms
-            return RecordedLine(events=self._candles(frame, at))
+            closed = self._candles(frame, at)
+            if frame.snapshot:
+                self._history += closed
+                return RecordedLine(events=[])
+            return RecordedLine(events=self._after_history(closed))
         if not isinstance(frame, TickerFrame):  # heartbeats, subscriptions, errors, ...
             return RecordedLine(events=[], other=True)
-        return RecordedLine(events=_ticks(frame, received))
+        return RecordedLine(events=self._after_history(_ticks(frame, received)))
+
+    def finish(self) -> list[tuple[int, FeedEvent]]:
+        """At the end of the file: the snapshots' buckets still held."""
+        return self._after_history([])
+
+    def _after_history(self, events: list[tuple[int, FeedEvent]]) -> list[tuple[int, FeedEvent]]:
+        """``events``, after the held snapshot buckets, all in time order."""
+        if not self._history:
+            return events
+        merged, self._history = sorted([*self._history, *events], key=lambda e: e[0]), []
+        return merged
 
     def _candles(self, frame: CandlesFrame, received: int | None) -> list[tuple[int, FeedEvent]]:
         """The buckets this message closes: those before the newest bucket of their
@@ -140,7 +160,9 @@ class Recording:
 def parse_recorded(line: str | bytes) -> RecordedLine:
     """The events of one recorded line on its own (no candle closes across lines:
     use a :class:`Recording` for a file)."""
-    return Recording().parse(line)
+    recording = Recording()
+    line_events = recording.parse(line)
+    return RecordedLine(events=[*line_events.events, *recording.finish()], other=line_events.other)
 
 
 def _ticks(frame: TickerFrame, received: int | None) -> list[tuple[int, FeedEvent]]:

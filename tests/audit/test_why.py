@@ -69,6 +69,20 @@ def test_why_explains_each_agent(logdir: Path, ident: str) -> None:
     assert alpha.why == "order mw-1 FILLED @ 1000.0"
 
 
+def test_why_an_order_tells_its_agents_story(logdir: Path) -> None:
+    """A clientOrderId (what status and audit tail show) gives the story of the event
+    that placed the order, for the agent that placed it only (the trace is the
+    event's, shared by every agent that evaluated it)."""
+    exp = explain(collect(logdir, "mw-1"), "mw-1")
+    [alpha] = exp.agents
+    assert alpha.agent_id == "alpha" and alpha.outcome == "TRADED"
+    assert alpha.why == "order mw-1 FILLED @ 1000.0"
+    assert len(alpha.records) == 8 and exp.event_ids == [EVENT]  # the same rows as by event
+    text = CliRunner().invoke(why_command, ["mw-1", "--dir", str(logdir)])
+    assert text.exit_code == 0 and "agent alpha: TRADED" in text.output
+    assert "agent beta" not in text.output
+
+
 def test_why_reasons_are_specific(logdir: Path) -> None:
     """The one-line why names the suppressor, the risk code, the error and the IGNORE reason."""
     why = {s.agent_id: s.why for s in explain(collect(logdir, EVENT), EVENT).agents}

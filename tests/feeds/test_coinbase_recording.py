@@ -202,24 +202,25 @@ def test_candles_close_once_a_later_bucket_starts_with_the_pollers_ids() -> None
         bucket("ETH-USD", B0 + 300, "5"), bucket("BTC-USD", B0 + 600, "103"),
         bucket("ETH-USD", B0, "4", high="100", low="3"), kind="snapshot",
     ))  # fmt: skip
-    closed = [(e.symbol, e.payload["close"]) for _, e in snap.events]
+    assert snap.events == [] and not snap.other  # history: held for the next line
+    history = rec.finish()
+    closed = [(e.symbol, e.payload["close"]) for _, e in history]
     assert closed == [("BTC-USD", 101.0), ("ETH-USD", 4.0), ("BTC-USD", 102.0)]  # time order
-    assert [t for t, _ in snap.events] == [(B0 + 300) * 1000, (B0 + 300) * 1000, (B0 + 600) * 1000]
-    assert not snap.other
+    assert [t for t, _ in history] == [(B0 + 300) * 1000, (B0 + 300) * 1000, (B0 + 600) * 1000]
     rest = parse_candles(json.dumps({"candles": [bucket("BTC-USD", B0, "101")]}).encode(), "5m")
     same = closed_event(rest[0], source="coinbase", symbol="BTC-USD", timeframe="5m",
                         received_ms=parse_iso_ms(AT))  # fmt: skip
-    assert snap.events[0][1] == same
+    assert history[0][1] == same
     assert same.event_id == f"coinbase:BTC-USD:5m:{(B0 + 300) * 1000}"
     assert rec.parse(candles(2, bucket("BTC-USD", B0 + 600, "104"))).events == []
     assert rec.parse(candles(3, bucket("BTC-USD", B0 + 600, "105.5"))).events == []
     [(_, btc)] = rec.parse(candles(4, bucket("BTC-USD", B0 + 900, "106"))).events
     assert (btc.payload["openTimeMs"], btc.payload["close"]) == ((B0 + 600) * 1000, 105.5)
-    again = rec.parse(candles(
+    rec.parse(candles(
         1, bucket("BTC-USD", B0 + 600, "105.5"), bucket("BTC-USD", B0 + 900, "107"),
         bucket("BTC-USD", B0 + 1200, "108"), kind="snapshot",
     ))  # fmt: skip
-    [(_, late)] = again.events  # only the bucket not closed before, at the snapshot's values
+    [(_, late)] = rec.finish()  # only the bucket not closed before, at the snapshot's values
     assert (late.payload["openTimeMs"], late.payload["close"]) == ((B0 + 900) * 1000, 107.0)
 
 
@@ -238,6 +239,25 @@ def test_candles_that_fail_the_pollers_checks_are_left_out() -> None:
     assert event.payload["close"] == 1.0
 
 
+def test_snapshots_of_several_products_replay_merged_in_time_order() -> None:
+    """Coinbase sends each product's snapshot (hours of history) back to back: their
+    buckets come out merged by time with the next line that is not a snapshot (a
+    heartbeat in between holds nothing back), so event time never jumps back."""
+    rec = Recording()
+    eth = [bucket("ETH-USD", B0 + 300 * i, str(10 + i)) for i in range(4)]
+    btc = [bucket("BTC-USD", B0 + 300 * i, str(200 + i)) for i in range(4)]
+    assert rec.parse(candles(1, *eth, kind="snapshot")).events == []
+    heartbeat = json.dumps({"channel": "heartbeats", "timestamp": AT, "events": []})
+    assert rec.parse(heartbeat).other
+    assert rec.parse(candles(2, *btc, kind="snapshot")).events == []
+    got = rec.parse(message(3, ("BTC-USD", "205"), ts=AT)).events
+    times = [t for t, _ in got]
+    assert times == sorted(times) and len(got) == 3 + 3 + 1
+    assert [e.symbol for _, e in got[:6]] == ["ETH-USD", "BTC-USD"] * 3
+    assert got[-1][1].topic == "market.price.tick"
+    assert rec.finish() == []
+
+
 async def test_a_recording_of_candles_replays_them_beside_ticks(tmp_path: Path) -> None:
     """A file of candles messages between ticker messages: each closed bucket once, the
     forming one at the end left out, the ticks as before."""
@@ -245,7 +265,7 @@ async def test_a_recording_of_candles_replays_them_beside_ticks(tmp_path: Path) 
     lines = [
         candles(1, bucket("BTC-USD", B0, "101"), bucket("BTC-USD", B0 + 300, "102"),
                 kind="snapshot"),
-        message(1, ("BTC-USD", "102.5")),
+        message(1, ("BTC-USD", "102.5"), ts=AT),
         candles(2, bucket("BTC-USD", B0 + 600, "103")),
         candles(3, bucket("BTC-USD", B0 + 600, "104")),  # still forming at the end
     ]  # fmt: skip
