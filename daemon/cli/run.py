@@ -179,9 +179,8 @@ def _render_accounts(accounts: dict[str, AccountStatus]) -> list[str]:
     """Per paper account: PnL, fills, then each position and working order."""
     lines = []
     for account, a in accounts.items():
-        by = f"agents {', '.join(a.agents)}" if len(a.agents) > 1 else (
-            f"agent {a.agents[0]}" if a.agents else "no loaded agent"
-        )  # fmt: skip
+        names = ", ".join(a.agents)
+        by = f"agent{'s' if len(a.agents) > 1 else ''} {names}" if names else "no loaded agent"
         last = f", last {_when(a.last_fill_ms)}" if a.last_fill_ms is not None else ""
         lines.append(
             f"account {account} ({by}) as of {_when(a.as_of_ms)}: "
