@@ -40,6 +40,8 @@ RECORDED_CONNECTION: Final = 1
 _MAX_RECV_TS: Final = 1e11  # epoch seconds past year 5000: a time in ms or ns, not s
 # A closed bucket's id is the REST candle poller's for it: the same candle, one id.
 CANDLE_SOURCE: Final = "coinbase"
+# Snapshot buckets held to merge by time (Coinbase's snapshot is ~100 per product).
+MAX_HISTORY: Final = 100_000
 CANDLE_TIMEFRAME: Final = "5m"
 
 
@@ -119,7 +121,9 @@ class Recording:
             closed = self._candles(frame, at)
             if frame.snapshot:
                 self._history += closed
-                return RecordedLine(events=[])
+                if len(self._history) <= MAX_HISTORY:
+                    return RecordedLine(events=[])
+                closed = []  # a file of nothing but snapshots: memory stays bounded
             return RecordedLine(events=self._after_history(closed))
         if not isinstance(frame, TickerFrame):  # heartbeats, subscriptions, errors, ...
             return RecordedLine(events=[], other=True)

@@ -258,6 +258,19 @@ def test_snapshots_of_several_products_replay_merged_in_time_order() -> None:
     assert rec.finish() == []
 
 
+def test_snapshots_are_held_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_HISTORY held buckets a snapshot line hands them on (in time order)
+    rather than holding a whole file of snapshots in memory."""
+    monkeypatch.setattr("feeds.coinbase_ws.recording.MAX_HISTORY", 5)
+    rec = Recording()
+    first = [bucket("ETH-USD", B0 + 300 * i, "10") for i in range(4)]
+    assert rec.parse(candles(1, *first, kind="snapshot")).events == []  # 3 held
+    more = [bucket("BTC-USD", B0 + 300 * i, "200") for i in range(4)]
+    got = rec.parse(candles(2, *more, kind="snapshot")).events  # 6 > 5: handed on
+    assert len(got) == 6 and [t for t, _ in got] == sorted(t for t, _ in got)
+    assert rec.finish() == []
+
+
 async def test_a_recording_of_candles_replays_them_beside_ticks(tmp_path: Path) -> None:
     """A file of candles messages between ticker messages: each closed bucket once, the
     forming one at the end left out, the ticks as before."""
