@@ -150,6 +150,29 @@ def fill(ts: int, qty: float, realized: float = 0.0, symbol: str = "BTC-USD") ->
     return FillRow(ts_ms=ts, symbol=symbol, price=100.0, qty=qty, realized=realized, fee=0.0)
 
 
+def test_equity_marked_to_market_sees_what_the_realized_curve_hides() -> None:
+    """A long that falls 10 under water and recovers before it closes: the realized
+    curve drops by its fee only, the marked one by 10.5. Fills are taken before a
+    close of their time, a fill between closes at the next close of any symbol, and
+    each symbol's position at its own last close."""
+    from daemon.backtest.report import MarkToMarket
+
+    fills = [
+        FillRow(ts_ms=1, symbol="BTC", price=100.0, qty=1.0, realized=0.0, fee=0.5),
+        FillRow(ts_ms=4, symbol="BTC", price=105.0, qty=-1.0, realized=5.0, fee=0.5),
+        FillRow(ts_ms=5, symbol="ETH", price=10.0, qty=-2.0, realized=0.0, fee=0.0),
+    ]
+    m = MarkToMarket(fills)
+    curve = [m.close(t, s, p) for t, s, p in [
+        (1, "BTC", 100.0), (2, "BTC", 90.0), (3, "BTC", 95.0), (4, "BTC", 105.0),
+        (5, "BTC", 106.0), (6, "ETH", 12.0), (7, "BTC", 107.0),
+    ]]  # fmt: skip
+    assert curve == pytest.approx([-0.5, -10.5, -5.5, 4.0, 4.0, 0.0, 0.0])
+    assert m.max_drawdown == pytest.approx(10.5)  # from the start (0) down to -10.5
+    assert m.unrealized() == pytest.approx(-4.0)  # short 2 ETH from 10, marked at 12
+    assert trades_of(fills, 0, 7).max_drawdown == pytest.approx(0.5)  # realized: the fee only
+
+
 def test_exposure_counts_each_symbols_position_on_its_own() -> None:
     """A long in one symbol and a short of the same size in another are two open
     positions, not a flat book: exposed from the first fill until both close."""
@@ -310,6 +333,7 @@ def test_the_html_report_draws_what_the_audit_holds(tmp_path: Path) -> None:
            and r["suppressedBy"] == "none"]  # fmt: skip
     assert page.external == []
     assert page.tags[("polyline", "price")] == 1 and page.tags[("polyline", "equity")] == 1
+    assert page.tags[("polyline", "marked")] == 1  # the equity marked to market beside it
     assert page.tags[("circle", "wake")] == len(ran)
     assert page.tags[("rect", "buy")] + page.tags[("rect", "sell")] == report.trades.fills
     days = {str(r["eventTs"])[:10] for r in ran}
@@ -332,11 +356,14 @@ def test_envelope_thins_a_stream_in_bounded_buckets(n: int, limit: int) -> None:
     """The streaming thinning keeps every point while they fit, then each bucket's low
     and high over buckets of equal size: the extremes of any stretch a bucket spans,
     the first and last points, and never more than ``limit`` points."""
-    from daemon.backtest.html import envelope
+    from daemon.backtest.html import Envelope
 
     random = Random(n)
     points = [(i, random.uniform(0, 1000)) for i in range(n)]
-    kept = envelope(iter(points), limit=limit)
+    line = Envelope(limit)
+    for p in points:
+        line.add(p)
+    kept = line.points()
     assert kept == sorted(kept) and set(kept) <= set(points)
     assert len(kept) <= limit
     assert kept[0] == points[0] and kept[-1] == points[-1]
@@ -351,7 +378,7 @@ def test_envelope_thins_a_stream_in_bounded_buckets(n: int, limit: int) -> None:
         bucket = points[i : i + size]
         assert min(bucket, key=lambda p: p[1]) in kept
         assert max(bucket, key=lambda p: p[1]) in kept
-    assert envelope(iter(())) == []
+    assert Envelope().points() == []
 
 
 def test_cost_measured_from_the_agents_real_runs(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ how many are shown).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from html import escape
 
 import msgspec
@@ -35,6 +35,8 @@ class Series(msgspec.Struct, frozen=True, kw_only=True):
     wakes: list[tuple[int, str]]  # (time, symbol) of WAKEs that ran (not suppressed)
     alerts: list[tuple[int, str]]
     fills: list[FillRow]
+    # Equity marked to market at every close (thinned), beside the realized curve.
+    equity: list[tuple[int, float]] = []
 
 
 def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[tuple[int, float]]:
@@ -51,40 +53,51 @@ def thin(points: Sequence[tuple[int, float]], limit: int = MAX_POINTS) -> list[t
     return sorted({points[0], *out, points[-1]})
 
 
-def envelope(
-    points: Iterable[tuple[int, float]], limit: int = MAX_POINTS
-) -> list[tuple[int, float]]:
-    """What :func:`thin` makes of ``points``, taken one at a time in bounded memory
-    (a price series need not be held whole: five years of 1m candles are 2.6 M
-    points): each bucket's low and high, and the first and last points. When
+class Envelope:
+    """What :func:`thin` makes of a series, taken one point at a time in bounded
+    memory (a price series need not be held whole: five years of 1m candles are
+    2.6 M points): each bucket's low and high, and the first and last points. When
     more than ``limit // 2 - 1`` buckets fill, neighbours merge, so every bucket
     spans the same number of points, doubled each time."""
-    cap = max(limit // 2 - 1, 1)
-    size = 1  # points per bucket
-    lows: list[tuple[int, float]] = []
-    highs: list[tuple[int, float]] = []
-    filled = 0  # points in the last bucket
-    first = last = None
-    for p in points:
-        if first is None:
-            first = p
-        last = p
-        if filled == size and len(lows) == cap:  # half the buckets, twice the size
-            lows = [min(lows[i : i + 2], key=lambda q: q[1]) for i in range(0, cap, 2)]
-            highs = [max(highs[i : i + 2], key=lambda q: q[1]) for i in range(0, cap, 2)]
-            size *= 2
-            filled = size // 2 if cap % 2 else size  # an odd cap leaves a half bucket
-        if lows and filled < size:
-            lows[-1] = min(lows[-1], p, key=lambda q: q[1])
-            highs[-1] = max(highs[-1], p, key=lambda q: q[1])
-            filled += 1
+
+    def __init__(self, limit: int = MAX_POINTS) -> None:
+        self._cap = max(limit // 2 - 1, 1)
+        self._size = 1  # points per bucket
+        self._filled = 0  # points in the last bucket
+        self._lows: list[tuple[int, float]] = []
+        self._highs: list[tuple[int, float]] = []
+        self._first: tuple[int, float] | None = None
+        self._last: tuple[int, float] | None = None
+
+    def add(self, p: tuple[int, float]) -> None:
+        """Take the next point (in time order)."""
+        if self._first is None:
+            self._first = p
+        self._last = p
+        lows, highs, cap = self._lows, self._highs, self._cap
+        if self._filled == self._size and len(lows) == cap:  # half the buckets, twice the size
+            self._lows = lows = [min(lows[i : i + 2], key=_value) for i in range(0, cap, 2)]
+            self._highs = highs = [max(highs[i : i + 2], key=_value) for i in range(0, cap, 2)]
+            self._size *= 2
+            self._filled = self._size // 2 if cap % 2 else self._size  # odd: a half bucket
+        if lows and self._filled < self._size:
+            lows[-1] = min(lows[-1], p, key=_value)
+            highs[-1] = max(highs[-1], p, key=_value)
+            self._filled += 1
         else:
             lows.append(p)
             highs.append(p)
-            filled = 1
-    if first is None or last is None:
-        return []
-    return sorted({first, *lows, *highs, last})
+            self._filled = 1
+
+    def points(self) -> list[tuple[int, float]]:
+        """The kept points, in time order."""
+        if self._first is None or self._last is None:
+            return []
+        return sorted({self._first, *self._lows, *self._highs, self._last})
+
+
+def _value(p: tuple[int, float]) -> float:
+    return p[1]
 
 
 def sample(items: Sequence[int], limit: int = MAX_MARKERS) -> list[int]:
@@ -161,18 +174,24 @@ def _equity_plot(series: Series) -> str:
         if f.realized or f.fee:
             equity += f.realized - f.fee
             curve.append((f.ts_ms, equity))
-    if not curve:
-        return "<p>No closed trades: no equity curve.</p>"
-    pts = thin(curve)
+    if not series.fills:
+        return "<p>No trades: no equity curve.</p>"
+    pts, marked = thin(curve), series.equity
+    both = [*pts, *marked]
+    values = [v for _, v in both]
     s = _Scale(
-        pts[0][0], pts[-1][0], min(0.0, *(v for _, v in pts)), max(0.0, *(v for _, v in pts))
+        min(t for t, _ in both), max(t for t, _ in both), min(0.0, *values), max(0.0, *values)
     )
-    out = _frame(
-        "Realized equity, net of fees (quote currency)", s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}"
+    title = (
+        "Equity, net of fees (quote currency): realized (green), "
+        "marked to market at each close (gray)"
     )
+    out = _frame(title, s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")
     out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
-    line = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in pts)
-    out.append(f'<polyline points="{line}" class="equity"/>')
+    for cls, line in (("marked", marked), ("equity", pts)):
+        if line:
+            drawn = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in line)
+            out.append(f'<polyline points="{drawn}" class="{cls}"/>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -214,6 +233,7 @@ body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1040px;color:#222}
 .frame{fill:none;stroke:#ccc}.title{font-size:14px;font-weight:600}
 .axis{font-size:11px;fill:#666}.end{text-anchor:end}
 .price{fill:none;stroke:#444;stroke-width:1}.equity{fill:none;stroke:#2a7;stroke-width:1.5}
+.marked{fill:none;stroke:#999;stroke-width:1}
 .zero{stroke:#bbb;stroke-dasharray:4 3}.wake{fill:#36c;opacity:.6}.alert{fill:#e80}
 .buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
@@ -237,6 +257,10 @@ def render_html(report: Report, series: Series) -> str:
         ("cost ratio", f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"),
         ("trades", f"{t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}"),
         ("realized PnL / max drawdown", f"{t.realized_pnl:.2f} / {t.max_drawdown:.2f}"),
+        (
+            "marked to market: max drawdown / open at the end",
+            f"{t.max_drawdown_marked:.2f} / {t.unrealized_at_end:+.2f}",
+        ),
         ("exposure / fees", f"{t.exposure:.0%} / {t.fees:.2f}"),
         (
             "simulated fill costs (bps)",

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from daemon.events import parse_iso_ms
-from daemon.trading.matching import FillCosts
+from daemon.trading.matching import FillCosts, apply_fill
 from daemon.trading.paper_store import FillRow
 
 
@@ -95,6 +95,10 @@ class Trades(msgspec.Struct, frozen=True, kw_only=True):
     win_rate: float = 0.0
     exposure: float = 0.0
     fees: float = 0.0
+    # Marked to market at every candle close (open positions at that close): the
+    # deepest fall from a peak, and the open positions' PnL at the end.
+    max_drawdown_marked: float = 0.0
+    unrealized_at_end: float = 0.0
 
 
 class Baseline(msgspec.Struct, frozen=True, kw_only=True):
@@ -314,6 +318,46 @@ def trades_of(fills: Sequence[FillRow], first_ms: int = 0, last_ms: int = 0) -> 
     )
 
 
+class MarkToMarket:
+    """Equity marked to market at every close: realized PnL net of fees, plus each
+    open position at its symbol's last close. Fills are taken in time order, those
+    of a close's time before it (a decision on a candle fills at its close). The
+    realized curve alone hides a position that goes deep under water and recovers
+    before it closes."""
+
+    def __init__(self, fills: Sequence[FillRow]) -> None:
+        self._fills = sorted(fills, key=lambda f: f.ts_ms)  # stable: fill order within a time
+        self._next = 0
+        self._realized = 0.0
+        self._held: dict[str, tuple[float, float]] = {}  # symbol -> (quantity, average price)
+        self._marks: dict[str, float] = {}
+        self._peak = 0.0
+        self.max_drawdown = 0.0
+
+    def close(self, ts_ms: int, symbol: str, price: float) -> float:
+        """Take the fills up to ``ts_ms`` and ``symbol``'s close; the equity then."""
+        fills = self._fills
+        while self._next < len(fills) and fills[self._next].ts_ms <= ts_ms:
+            f = fills[self._next]
+            self._next += 1
+            qty, avg = self._held.get(f.symbol, (0.0, 0.0))
+            applied = apply_fill(qty, avg, f.qty, f.price)
+            self._realized += f.realized - f.fee
+            if abs(applied.quantity) > 1e-12:
+                self._held[f.symbol] = (applied.quantity, applied.avg_price)
+            else:
+                self._held.pop(f.symbol, None)
+        self._marks[symbol] = price
+        equity = self._realized + self.unrealized()
+        self._peak = max(self._peak, equity)
+        self.max_drawdown = max(self.max_drawdown, self._peak - equity)
+        return equity
+
+    def unrealized(self) -> float:
+        """The open positions at their last closes (at their average price before one)."""
+        return sum((self._marks.get(s, avg) - avg) * qty for s, (qty, avg) in self._held.items())
+
+
 def timer_baseline(first_ms: int, last_ms: int, minutes: float, model: CostModel) -> Baseline:
     """A timer agent's runs over [first, last]: one every ``minutes``, the first at
     ``first`` (so an hour at 3 minutes is 21 runs, 0 to 60 inclusive)."""
@@ -340,6 +384,7 @@ def figures(a: Report, b: Report) -> dict[str, tuple[float, float]]:
         "fills": (a.trades.fills, b.trades.fills),
         "realized_pnl": (a.trades.realized_pnl, b.trades.realized_pnl),
         "max_drawdown": (a.trades.max_drawdown, b.trades.max_drawdown),
+        "max_drawdown_marked": (a.trades.max_drawdown_marked, b.trades.max_drawdown_marked),
         "win_rate": (a.trades.win_rate, b.trades.win_rate),
     }
 

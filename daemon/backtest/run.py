@@ -11,6 +11,7 @@ run's audit rows and paper fills afterwards.
 
 from __future__ import annotations
 
+import heapq
 import os
 import shutil
 import stat
@@ -25,11 +26,12 @@ from daemon.agents.store import HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
-from daemon.backtest.html import Series, envelope, render_html
+from daemon.backtest.html import Envelope, Series, render_html
 from daemon.backtest.report import (
     BrokenHook,
     Comparison,
     CostModel,
+    MarkToMarket,
     Report,
     Tally,
     compare,
@@ -51,7 +53,7 @@ from daemon.scratchdir import Scratch
 from daemon.service import Component
 from daemon.status import FeedStatus
 from daemon.trading.matching import FillCosts
-from daemon.trading.paper_store import PaperStore
+from daemon.trading.paper_store import FillRow, PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
 from hooks_runtime.hookfile import HOOK_NAME
@@ -216,7 +218,20 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         fills = store.fills(account)
     finally:
         store.close()
-    trades = trades_of(fills, first, last)
+    stopped_by = _stopped_by(status.feeds)
+    # The plots and the marked equity cover what the figures do (an interrupted run:
+    # up to its last event).
+    wakes, alerts = tally.markers("WAKE"), tally.markers("ALERT")
+    plotted = _symbols(tally, opts.symbol)
+    drawn = _replayed(
+        config, [*plotted, *{f.symbol: None for f in fills}], None if not stopped_by else last,
+        {s: {t for t, sym in (*wakes, *alerts) if sym == s} for s in plotted}, fills,
+    )  # fmt: skip
+    trades = msgspec.structs.replace(
+        trades_of(fills, first, last),
+        max_drawdown_marked=round(drawn.marked.max_drawdown, 8),
+        unrealized_at_end=round(drawn.marked.unrealized(), 8),
+    )
     hook_store = HookStore(out / "state" / "hooks.sqlite3")
     try:
         broken = [
@@ -230,7 +245,6 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         for f in status.feeds
         for k in ("account_events_left_out", "other_messages_left_out")
     )
-    stopped_by = _stopped_by(status.feeds)
     report = Report(
         agent=agent,
         data=" + ".join([opts.data.name, *(f.path.name for f in opts.more_data)]),
@@ -255,14 +269,14 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         left_out=left_out,
     )
     _write_json(out / "report.json", report)
-    # The plots cover what the figures do (an interrupted run: up to its last event).
-    until = None if report.complete else last
-    wakes, alerts = tally.markers("WAKE"), tally.markers("ALERT")
-    prices, marked = {}, {}
-    for symbol in _symbols(tally, opts.symbol):
-        times = {t for t, s in (*wakes, *alerts) if s == symbol}
-        prices[symbol], marked[symbol] = _closes(config, symbol, until, times)
-    series = Series(prices=prices, marked=marked, wakes=wakes, alerts=alerts, fills=fills)
+    series = Series(
+        prices={s: drawn.prices[s].points() for s in plotted},
+        marked=drawn.at,
+        wakes=wakes,
+        alerts=alerts,
+        fills=fills,
+        equity=drawn.equity.points(),
+    )
     (out / "report.html").write_text(render_html(report, series), encoding="utf-8")
     return report
 
@@ -282,22 +296,50 @@ def count_events(opts: BacktestOptions) -> int:
     return sum(1 for _ in ReplayFeed(replay_section(opts)).selected())
 
 
-def _closes(
-    config: Config, symbol: str, until: int | None, times: set[int]
-) -> tuple[list[tuple[int, float]], dict[int, float]]:
-    """The replayed candle closes of ``symbol`` up to ``until`` (None: all) as the
-    price plot draws them, thinned as they are read (memory stays bounded), and the
-    close at each of ``times`` (its markers')."""
-    at: dict[int, float] = {}
+class _Replayed:
+    """One pass over the replayed closes: each plotted symbol's price line (thinned
+    as it is read), its price at its markers' times, and the equity marked to
+    market at every close."""
 
-    def read() -> Iterator[tuple[int, float]]:
-        for t, close in ReplayFeed(config.feeds.replay).closes(symbol):
-            if until is None or t <= until:
-                if t in times:
-                    at[t] = close
-                yield t, close
+    def __init__(self, fills: Sequence[FillRow], plotted: dict[str, set[int]]) -> None:
+        self.prices = {symbol: Envelope() for symbol in plotted}
+        self.at: dict[str, dict[int, float]] = {symbol: {} for symbol in plotted}
+        self.marked = MarkToMarket(fills)
+        self.equity = Envelope()
+        self._times = plotted
 
-    return envelope(read()), at
+    def close(self, ts_ms: int, symbol: str, price: float) -> None:
+        self.equity.add((ts_ms, self.marked.close(ts_ms, symbol, price)))
+        line = self.prices.get(symbol)
+        if line is None:
+            return
+        line.add((ts_ms, price))
+        if ts_ms in self._times[symbol]:
+            self.at[symbol][ts_ms] = price
+
+
+def _replayed(
+    config: Config,
+    symbols: list[str],
+    until: int | None,
+    times: dict[str, set[int]],
+    fills: Sequence[FillRow],
+) -> _Replayed:
+    """The closes of ``symbols`` up to ``until`` (None: all), merged by time, through
+    a :class:`_Replayed` (``times``: per plotted symbol, its markers' times)."""
+    feed = ReplayFeed(config.feeds.replay)
+    streams = [_tagged(feed, symbol) for symbol in dict.fromkeys(symbols)]
+    drawn = _Replayed(fills, times)
+    for t, symbol, close in heapq.merge(*streams):
+        if until is None or t <= until:
+            drawn.close(t, symbol, close)
+    return drawn
+
+
+def _tagged(feed: ReplayFeed, symbol: str) -> Iterator[tuple[int, str, float]]:
+    """``symbol``'s closes, each with its symbol (for merging several by time)."""
+    for t, close in feed.closes(symbol):
+        yield t, symbol, close
 
 
 def _symbols(tally: Tally, first: str) -> list[str]:
@@ -390,8 +432,10 @@ def render(report: Report) -> str:
     )
     lines.append(
         f"  trades: {t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}, "
-        f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f}, "
-        f"exposure {t.exposure:.0%}, fees {t.fees:.2f}"
+        f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f} "
+        f"({t.max_drawdown_marked:.2f} marked to market), exposure {t.exposure:.0%}, "
+        f"fees {t.fees:.2f}"
+        + (f", open at the end {t.unrealized_at_end:+.2f}" if t.unrealized_at_end else "")
     )
     c = report.fill_costs
     if c != FillCosts():
