@@ -290,6 +290,10 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
     assert a["revision"] != old.revision and a["decisions"]["WAKE"] != old.decisions["WAKE"]
     assert both["diff"]["wakes"] == both["b"]["wakes"] - both["a"]["wakes"]
     assert "B - A" in res.output and f"wake_green@{old.revision[:8]}" in res.output
+    out = res.output.splitlines()
+    head = next(i for i, line in enumerate(out) if line.rstrip().endswith("B - A"))
+    table = out[head : head + 1 + len(both["diff"])]
+    assert len({len(line) for line in table}) == 1, table  # aligned, however long a name
 
     unknown = CliRunner().invoke(cli, [*args[:7], "--revision", "wake_green=abcdef99"])
     assert unknown.exit_code == 2 and "is not kept in" in unknown.output

@@ -377,10 +377,11 @@ def _write_json(path: Path, report: Report | Comparison) -> None:
 def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
     """Both summaries, then the differences as a table."""
     lines = [f"A: {labels[0]}", render(result.a), "", f"B: {labels[1]}", render(result.b), ""]
-    lines.append(f"  {'':<14}{'A':>14}{'B':>14}{'B - A':>14}")
     rows = figures(result.a, result.b)
+    width = max(map(len, rows)) + 2
+    lines.append(f"  {'':<{width}}{'A':>14}{'B':>14}{'B - A':>14}")
     for name, (va, vb) in rows.items():
-        lines.append(f"  {name:<14}{va:>14,.4g}{vb:>14,.4g}{result.diff[name]:>+14,.4g}")
+        lines.append(f"  {name:<{width}}{va:>14,.4g}{vb:>14,.4g}{result.diff[name]:>+14,.4g}")
     return "\n".join(lines)
 
 
