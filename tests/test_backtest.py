@@ -139,11 +139,17 @@ def test_trades_from_the_fills() -> None:
     assert (t.realized_pnl, t.max_drawdown, t.win_rate) == (8, 7, 0.5)
     assert t.exposure == (4 * 10 + 20) / 100  # four 10 ms trades, then open from 80 to 100
     assert t.fees == 0.0
+    # closes +5, -3, -4, +10: wins average 7.5, losses -3.5, gross 15 over 7
+    assert (t.avg_win, t.avg_loss, t.largest_loss) == (7.5, -3.5, -4.0)
+    assert t.profit_factor == round(15 / 7, 4)
     assert trades_of([]).win_rate == 0.0 and trades_of([]).exposure == 0.0
+    assert trades_of(fills[:2]).profit_factor is None  # one win, no loss to divide by
     # a fee of 1 a fill: PnL net of 9, the +5 close still a win, drawdown deeper by fees
     paid = trades_of([msgspec.structs.replace(f, fee=1.0) for f in fills], 0, 100)
     assert (paid.fees, paid.realized_pnl, paid.wins) == (9.0, -1.0, 2)
     assert paid.max_drawdown == 12.0  # from +3 (after the +5 close) down to -9 (before +10)
+    # each close net of its own fee: +4, -4, -5, +9
+    assert (paid.avg_win, paid.avg_loss, paid.profit_factor) == (6.5, -4.5, round(13 / 9, 4))
 
 
 def fill(ts: int, qty: float, realized: float = 0.0, symbol: str = "BTC-USD") -> FillRow:

@@ -263,6 +263,11 @@ def render_html(report: Report, series: Series) -> str:
         ),
         ("exposure / fees", f"{t.exposure:.0%} / {t.fees:.2f}"),
         (
+            "average win / loss, largest loss, profit factor",
+            f"{t.avg_win:.2f} / {t.avg_loss:.2f}, {t.largest_loss:.2f}, "
+            + (f"{t.profit_factor:.2f}" if t.profit_factor is not None else "n/a"),
+        ),
+        (
             "simulated fill costs (bps)",
             (
                 f"maker fee {c.maker_fee_bps:g}, taker fee {c.taker_fee_bps:g}, "

@@ -99,6 +99,12 @@ class Trades(msgspec.Struct, frozen=True, kw_only=True):
     # deepest fall from a peak, and the open positions' PnL at the end.
     max_drawdown_marked: float = 0.0
     unrealized_at_end: float = 0.0
+    # Of the closing fills (net of their fees): the mean win and loss, the largest
+    # loss, and gross wins over gross losses (None: no loss to divide by).
+    avg_win: float = 0.0
+    avg_loss: float = 0.0
+    largest_loss: float = 0.0
+    profit_factor: float | None = None
 
 
 class Baseline(msgspec.Struct, frozen=True, kw_only=True):
@@ -278,7 +284,7 @@ def trades_of(fills: Sequence[FillRow], first_ms: int = 0, last_ms: int = 0) -> 
     in one and a short in another are two positions, not none). PnL, drawdown and
     wins are net of the fills' fees (an opening fill's fee is a loss of its own)."""
     closing = wins = 0
-    equity = peak = drawdown = fees = 0.0
+    equity = peak = drawdown = fees = won = lost = worst = 0.0
     positions: dict[str, float] = {}
     opened_at: int | None = None
     exposed = 0
@@ -300,7 +306,13 @@ def trades_of(fills: Sequence[FillRow], first_ms: int = 0, last_ms: int = 0) -> 
         equity += pnl - fee
         if pnl != 0:
             closing += 1
-            wins += pnl - fee > 0
+            net = pnl - fee
+            if net > 0:
+                wins += 1
+                won += net
+            else:
+                lost -= net
+                worst = min(worst, net)
         peak = max(peak, equity)
         drawdown = max(drawdown, peak - equity)
     if opened_at is not None:
@@ -315,6 +327,10 @@ def trades_of(fills: Sequence[FillRow], first_ms: int = 0, last_ms: int = 0) -> 
         win_rate=round(wins / closing, 4) if closing else 0.0,
         exposure=round(min(1.0, exposed / period), 4) if period > 0 else 0.0,
         fees=round(fees, 8),
+        avg_win=round(won / wins, 8) if wins else 0.0,
+        avg_loss=round(-lost / (closing - wins), 8) if closing > wins else 0.0,
+        largest_loss=round(worst, 8),
+        profit_factor=round(won / lost, 4) if lost > 0 else None,
     )
 
 

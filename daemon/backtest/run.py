@@ -438,6 +438,12 @@ def render(report: Report) -> str:
         f"fees {t.fees:.2f}"
         + (f", open at the end {t.unrealized_at_end:+.2f}" if t.unrealized_at_end else "")
     )
+    if t.closing_fills:
+        pf = f"{t.profit_factor:.2f}" if t.profit_factor is not None else "n/a (no loss)"
+        lines.append(
+            f"  closing fills: average win {t.avg_win:.2f}, average loss {t.avg_loss:.2f}, "
+            f"largest loss {t.largest_loss:.2f}, profit factor {pf}"
+        )
     c = report.fill_costs
     if c != FillCosts():
         lines.append(
