@@ -355,12 +355,22 @@ class Service:
             status = self.write_status(running=True)
             await self._save_snapshot()
             stats = status.bus
+            books = {
+                name: {
+                    "realized": round(a.realized, 2),
+                    "unrealized": round(a.unrealized, 2),
+                    "positions": len(a.positions),
+                    "working_orders": a.working_orders,
+                }
+                for name, a in status.accounts.items()
+            }
             log.info(
                 "status",
                 published=stats.published,
                 delivered=stats.delivered,
                 coalesced=stats.coalesced,
                 stalled=[f.name for f in status.feeds if f.stalled],
+                **({"accounts": books} if books else {}),
             )
             self.notifier.status(f"published {stats.published} events")
 

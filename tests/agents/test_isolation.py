@@ -9,6 +9,8 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+import structlog
+import structlog.testing
 
 from daemon.agents.pipeline import open_agents
 from daemon.app import build_feeds
@@ -151,6 +153,37 @@ async def test_state_positions_and_close_are_the_agents_own(tmp_path: Path) -> N
     assert "account alpha (agent alpha)" in shown and "unrealized +1.00" in shown
     assert "    BTC-USD +1 @ 101.00, mark 102.00, unrealized +1.00" in shown
     assert "    working stop_loss sell 1 BTC-USD stop at 1.00 (OPEN; mw-" in shown
+
+
+async def test_the_periodic_status_line_carries_each_account(tmp_path: Path) -> None:
+    """The status line logged every status_interval_seconds (what journald keeps)
+    has each account's PnL, positions and working orders."""
+    agents = two_agents(tmp_path, BUY_ONCE, CLOSE_EVERY)
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state"), "status_interval_seconds": 0.05},
+            "hooks": {"agents_dir": str(agents)},
+        },
+        Config,
+    )
+    feed = PacedFeed([candle(i) for i in range(3)], hold=True)
+    svc = Service(cfg, lambda _: [feed], components=[open_agents])
+
+    async def stop_once_logged() -> None:
+        for _ in range(500):  # polled: the line comes from the daemon's own timer
+            if any(e.get("accounts") for e in logs):
+                break
+            await anyio.sleep(0.02)
+        feed.release.set()
+
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_once_logged)
+            await svc.run()
+    line = next(e for e in logs if e["event"] == "status" and e.get("accounts"))
+    alpha, beta = line["accounts"]["alpha"], line["accounts"]["beta"]
+    assert (alpha["positions"], alpha["working_orders"]) == (1, 1)  # the buy and its stop
+    assert (beta["positions"], beta["working_orders"], beta["realized"]) == (0, 0, 0.0)
 
 
 async def test_a_shared_account_is_seen_and_closed_by_both(tmp_path: Path) -> None:
