@@ -18,7 +18,7 @@ import msgspec
 
 from daemon.agents.workspace import AgentConfig, load_agent_config
 from daemon.audit.reader import AuditFilter, tail
-from daemon.cli.common import load_config_or_defaults
+from daemon.cli.common import load_config_or_defaults, state_dir_option
 from daemon.config import Config
 from daemon.copytrade.mirror import mirrored
 from daemon.copytrade.view import checks
@@ -73,9 +73,11 @@ class StoredAccounts:
         return self.store.realized_since(account, 0) + unrealized
 
 
-def gather(cfg: Config, last: int) -> dict[str, Any]:
-    """Everything the status shows, as plain data (``--json`` prints it)."""
-    state_dir = Path(cfg.daemon.state_dir)
+def gather(cfg: Config, last: int, state_dir: Path | None = None) -> dict[str, Any]:
+    """Everything the status shows, as plain data (``--json`` prints it); the state
+    under ``state_dir`` (default: the config's; given, its audit log is under it too)."""
+    audit_dir = state_dir / "audit" if state_dir is not None else cfg.audit_dir
+    state_dir = state_dir or Path(cfg.daemon.state_dir)
     leaders: list[dict[str, Any]] = []
     configured = sorted({*cfg.feeds.copytrade_webhook.leaders, *cfg.feeds.tradingview.hooks})
     seen: dict[str, dict[str, Any]] = {}
@@ -126,7 +128,7 @@ def gather(cfg: Config, last: int) -> dict[str, Any]:
         if store is not None:
             store.close()
 
-    rows = tail(cfg.audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
+    rows = tail(audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
     return {"leaders": leaders, "positions": positions, "drift": drift, "lastSignals": rows}
 
 
@@ -146,6 +148,7 @@ def _drift(
 
 @copytrade_group.command("status")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
+@state_dir_option
 @click.option(
     "--last",
     default=10,
@@ -154,11 +157,13 @@ def _drift(
     help="How many last signal answers.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def copytrade_status(config_path: Path | None, last: int, as_json: bool) -> None:
+def copytrade_status(
+    config_path: Path | None, state_dir: Path | None, last: int, as_json: bool
+) -> None:
     """Leaders (signals, the newest one's lag), open leader positions with what each
     follower agent mirrored of them, drift, and the last signal answers."""
     cfg = load_config_or_defaults(config_path)
-    data = gather(cfg, last)
+    data = gather(cfg, last, state_dir)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return

@@ -205,6 +205,12 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     )
     assert [p["positionId"] for p in data["positions"]] == ["p1", "p2"]
     assert data["positions"][0]["followers"]["follower"]["orders"]["s1"]["status"] == "FILLED"
+    # --state-dir reads another state (and its audit log) with the same leaders
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "state", moved)
+    shutil.rmtree(tmp_path / "state")
+    args = ["copytrade", "status", "--config", str(cfg_file), "--state-dir", str(moved)]
+    assert CliRunner().invoke(cli, args).output == out
 
 
 async def test_the_shipped_follower_mirrors_entry_edit_partial_and_full_close(
