@@ -221,7 +221,7 @@ def _price(x: float) -> str:
 @state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status_command(config_path: Path | None, state_dir: Path | None, as_json: bool) -> None:
-    """Show the counters of a running (or the last) daemon: bus, feeds, state.
+    """Show a daemon's bus, feeds, hooks and paper accounts (running, or its last run).
 
     A running daemon is asked over its control socket (<state_dir>/control.sock),
     so the figures are as of now; else the last status.json is read."""
