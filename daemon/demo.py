@@ -32,7 +32,7 @@ from daemon.errors import ConfigError
 from daemon.events import MARKET_CANDLE_CLOSED
 from daemon.scratchdir import Scratch
 from daemon.state import StateCache
-from daemon.status import BusStatus
+from daemon.status import BusStatus, render_accounts
 from daemon.trading.paper_store import PaperStore
 from feeds.config import ReplaySection
 from feeds.synthetic import generate_candles
@@ -255,6 +255,10 @@ def _run_demo(opts: DemoOptions, console: Console) -> int:
     elapsed = time.perf_counter() - started
     printer.print_audit()  # the last flush
     _summary(console, printer, status.bus, elapsed, record_path)
+    if not opts.copytrade:
+        console.rule("the paper account (as marketwake status shows it)")
+        for line in render_accounts(status.accounts):
+            console.print(f"  {line}", soft_wrap=True, markup=False)
     _audit_summary(console, opts.directory / "state" / "audit")
     if opts.copytrade:
         _accounts_summary(console, opts.directory / "state")

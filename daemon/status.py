@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from daemon.errors import StoreError
+from daemon.events import iso_ms
 from daemon.statedir import STATUS_FILE
 
 
@@ -193,6 +194,48 @@ class Status(msgspec.Struct, frozen=True):
             return msgspec.convert(raw, dict[str, AccountStatus])
         except msgspec.ValidationError:
             return {}
+
+
+def render_accounts(accounts: dict[str, AccountStatus]) -> list[str]:
+    """What ``status`` prints per paper account: PnL and fills, then each position and
+    working order."""
+    lines = []
+    for account, a in accounts.items():
+        names = ", ".join(a.agents)
+        by = f"agent{'s' if len(a.agents) > 1 else ''} {names}" if names else "no loaded agent"
+        last = f", last {_when(a.last_fill_ms)}" if a.last_fill_ms is not None else ""
+        lines.append(
+            f"account {account} ({by}) as of {_when(a.as_of_ms)}: "
+            f"realized {a.realized:+,.2f} (today {a.realized_today:+,.2f}), "
+            f"unrealized {a.unrealized:+,.2f}, fees {a.fees:,.2f}, {a.fills} fills{last}"
+        )
+        for p in a.positions:
+            mark = f"mark {_price(p.mark)}" if p.mark is not None else "no mark yet"
+            lines.append(
+                f"    {p.symbol} {p.quantity:+.8g} @ {_price(p.avg_price)}, {mark}, "
+                f"unrealized {p.unrealized:+,.2f}"
+            )
+        for o in a.orders:
+            price = f" at {_price(o.price)}" if o.price is not None else ""
+            part = f", {o.filled:.8g} filled" if o.filled else ""
+            lines.append(
+                f"    working {o.role} {o.side} {o.volume:.8g} {o.symbol} {o.order_type}"
+                f"{price} ({o.status}{part}; {o.client_order_id})"
+            )
+        if a.working_orders > len(a.orders):
+            lines.append(f"    ... and {a.working_orders - len(a.orders)} more working orders")
+    return lines
+
+
+def _when(ms: int) -> str:
+    """'DATE TIME' (UTC) of an epoch-ms time."""
+    iso = iso_ms(ms)
+    return f"{iso[:10]} {iso[11:19]}"
+
+
+def _price(x: float) -> str:
+    """Two decimals for prices from 1 up; six significant digits below (0.0001234)."""
+    return f"{x:,.2f}" if abs(x) >= 1 else f"{x:.6g}"
 
 
 def write_status(state_dir: Path, status: Status) -> None:

@@ -265,6 +265,9 @@ def test_demo_streams_decisions_and_its_commands_work_when_pasted(tmp_path: Path
     assert " example run example-" in out and " finished in " in out
     assert "168 WAKE decisions -> 103 agent runs:" in out
     assert "65 suppressed: [wake] max_runs_per_hour was used up" in out
+    # the trading result, as status shows it, before the commands to try next
+    account = out.index("  account example (agent example) as of 2024-01-01 12:00:00: realized ")
+    assert account < out.index("tail it:")
     commands = [
         line.split(":", 1)[1].strip()
         for line in out.splitlines()

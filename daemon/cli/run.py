@@ -12,10 +12,9 @@ from daemon import config as config_mod
 from daemon.cli.common import resolve_state_dir, state_dir_option
 from daemon.control import CONTROL_SOCKET, ask_status
 from daemon.errors import StoreError
-from daemon.events import iso_ms
 from daemon.logs import configure as configure_logging
 from daemon.statedir import STATUS_FILE, holder
-from daemon.status import AccountStatus, Status, read_status
+from daemon.status import Status, read_status, render_accounts
 
 CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
 
@@ -171,49 +170,8 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
                     f"timeouts, {h.errors} errors, {h.backoffs} backoffs"
                     + (f" (last: {h.last_error})" if h.last_error else "")
                 )
-    lines += _render_accounts(st.accounts)
+    lines += render_accounts(st.accounts)
     return "\n".join(lines)
-
-
-def _render_accounts(accounts: dict[str, AccountStatus]) -> list[str]:
-    """Per paper account: PnL, fills, then each position and working order."""
-    lines = []
-    for account, a in accounts.items():
-        names = ", ".join(a.agents)
-        by = f"agent{'s' if len(a.agents) > 1 else ''} {names}" if names else "no loaded agent"
-        last = f", last {_when(a.last_fill_ms)}" if a.last_fill_ms is not None else ""
-        lines.append(
-            f"account {account} ({by}) as of {_when(a.as_of_ms)}: "
-            f"realized {a.realized:+,.2f} (today {a.realized_today:+,.2f}), "
-            f"unrealized {a.unrealized:+,.2f}, fees {a.fees:,.2f}, {a.fills} fills{last}"
-        )
-        for p in a.positions:
-            mark = f"mark {_price(p.mark)}" if p.mark is not None else "no mark yet"
-            lines.append(
-                f"    {p.symbol} {p.quantity:+.8g} @ {_price(p.avg_price)}, {mark}, "
-                f"unrealized {p.unrealized:+,.2f}"
-            )
-        for o in a.orders:
-            price = f" at {_price(o.price)}" if o.price is not None else ""
-            part = f", {o.filled:.8g} filled" if o.filled else ""
-            lines.append(
-                f"    working {o.role} {o.side} {o.volume:.8g} {o.symbol} {o.order_type}"
-                f"{price} ({o.status}{part}; {o.client_order_id})"
-            )
-        if a.working_orders > len(a.orders):
-            lines.append(f"    ... and {a.working_orders - len(a.orders)} more working orders")
-    return lines
-
-
-def _when(ms: int) -> str:
-    """'DATE TIME' (UTC) of an epoch-ms time."""
-    iso = iso_ms(ms)
-    return f"{iso[:10]} {iso[11:19]}"
-
-
-def _price(x: float) -> str:
-    """Two decimals for prices from 1 up; six significant digits below (0.0001234)."""
-    return f"{x:,.2f}" if abs(x) >= 1 else f"{x:.6g}"
 
 
 @click.command("status")

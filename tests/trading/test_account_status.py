@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli.run import _render_accounts
-from daemon.status import MAX_ORDERS_SHOWN
+from daemon.status import MAX_ORDERS_SHOWN, render_accounts
 from daemon.trading.account_status import DAY_MS, account_status
 from daemon.trading.matching import FillCosts
 from daemon.trading.paper import PaperBroker
@@ -48,7 +47,7 @@ async def test_pnl_fees_positions_and_orders(tmp_path: Path) -> None:
     assert a.orders[0].role == "stop_loss" and a.orders[0].price == 130.0
     assert [o.price for o in a.orders[1:3]] == [50.0, 51.0]
 
-    text = "\n".join(_render_accounts({"agent": a}))
+    text = "\n".join(render_accounts({"agent": a}))
     assert text.splitlines()[0] == (
         "account agent (agent agent) as of 2023-11-14 00:02:00: realized +9.55 (today -0.24), "
         "unrealized +4.00, fees 0.45, 3 fills, last 2023-11-14 00:01:00"
@@ -68,6 +67,6 @@ async def test_an_account_no_agent_trades_and_small_prices(tmp_path: Path) -> No
         a = account_status(broker, "agent", [])
     finally:
         broker.close()
-    text = "\n".join(_render_accounts({"agent": a}))
+    text = "\n".join(render_accounts({"agent": a}))
     assert text.startswith("account agent (no loaded agent) as of ")
     assert "    BTC +1000 @ 0.000123, mark 0.000123, unrealized +0.00" in text
