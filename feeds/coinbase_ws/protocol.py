@@ -92,7 +92,8 @@ class _RawCandle(WireCandle):
 
 class _CandlesEvent(msgspec.Struct):
     type: str = ""
-    candles: list[_RawCandle] = msgspec.field(default_factory=list)
+    # Each bucket decoded on its own: one without a field is skipped, not the message.
+    candles: list[msgspec.Raw] = msgspec.field(default_factory=list)
 
 
 class _HeartbeatEvent(msgspec.Struct):
@@ -108,6 +109,7 @@ _envelope_decoder = msgspec.json.Decoder(_Envelope)
 _ticker_events = msgspec.json.Decoder(list[_TickerEvent])
 _heartbeat_events = msgspec.json.Decoder(list[_HeartbeatEvent])
 _candles_events = msgspec.json.Decoder(list[_CandlesEvent])
+_raw_candle = msgspec.json.Decoder(_RawCandle)
 _subscription_events = msgspec.json.Decoder(list[_SubscriptionsEvent])
 
 
@@ -290,8 +292,12 @@ def _ticker_frame(env: _Envelope, events: list[_TickerEvent]) -> TickerFrame:
     )
 
 
-def _parse_candle(raw: _RawCandle) -> WsCandle | None:
+def _parse_candle(data: msgspec.Raw) -> WsCandle | None:
     """The bucket, checked as the REST poller checks its candles; None if it fails."""
+    try:
+        raw = _raw_candle.decode(data)
+    except msgspec.ValidationError:
+        return None
     product = raw.product_id.strip()
     if not product or len(product) > _MAX_PRODUCT_LEN:
         return None

@@ -226,13 +226,16 @@ def test_candles_close_once_a_later_bucket_starts_with_the_pollers_ids() -> None
 
 def test_candles_that_fail_the_pollers_checks_are_left_out() -> None:
     """Inconsistent high/low, a start off the five-minute grid or in ms, a price that is
-    not a number, no product: skipped; the good bucket still closes."""
+    not a number, no product, a missing field, not an object: skipped; the good bucket
+    still closes."""
     bad = [
         bucket("BTC-USD", B0, "101", high="99"),
         bucket("BTC-USD", B0 + 7, "101"),
         bucket("BTC-USD", B0 * 1000, "101"),
         {**bucket("BTC-USD", B0, "101"), "close": "NaN"},
         bucket("", B0, "101"),
+        {k: v for k, v in bucket("BTC-USD", B0, "101").items() if k != "low"},
+        [1, 2],
     ]
     line = candles(1, *bad, bucket("BTC-USD", B0 + 300, "1"), bucket("BTC-USD", B0 + 600, "2"))
     [(_, event)] = Recording().parse(line).events
