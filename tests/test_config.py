@@ -48,6 +48,10 @@ def test_empty_config_uses_defaults() -> None:
         ("[feeds.replay]\nfrom_ms = -5\n", "feeds.replay.from_ms: expected `int` >= 0"),
         ("[feeds.replay]\nspeed = -1\n", "feeds.replay.speed: expected `float` >= 0.0"),
         (
+            "[trading]\npaper_slippage_bps = 5000\n",
+            "trading.paper_slippage_bps: expected `float` <= 1000",
+        ),
+        (
             "[feeds.replay]\nfrom_ms = 1700000000000\nto_ms = 1600000000000\n",
             "feeds.replay: from_ms must be before to_ms",
         ),
