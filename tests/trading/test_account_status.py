@@ -70,3 +70,17 @@ async def test_an_account_no_agent_trades_and_small_prices(tmp_path: Path) -> No
     text = "\n".join(render_accounts({"agent": a}))
     assert text.startswith("account agent (no loaded agent) as of ")
     assert "    BTC +1000 @ 0.000123, mark 0.000123, unrealized +0.00" in text
+
+
+def test_a_status_file_whose_accounts_do_not_decode_shows_none(tmp_path: Path) -> None:
+    """A hand-edited or foreign status.json: the accounts part is left out, the rest
+    reads as before."""
+    from daemon.status import read_status
+
+    (tmp_path / "status.json").write_text(
+        '{"pid": 1, "started_at": 0, "written_at": 0, "running": false, '
+        '"bus": {"published": 0, "delivered": 0, "coalesced": 0, "subscriptions": []}, '
+        '"feeds": [], "state": {}, "components": {"accounts": {"x": {"agents": 7}}}}'
+    )
+    status = read_status(tmp_path)
+    assert status.accounts == {} and status.bus.published == 0
