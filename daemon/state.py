@@ -332,6 +332,29 @@ class StateCache:
         """The live series object (for in-process readers; do not mutate)."""
         return self._series.get(symbol, {}).get(timeframe)
 
+    def tick(self, symbol: str) -> dict[str, Any] | None:
+        """A copy of ``symbol``'s last tick payload (with its event ``ts``), if any."""
+        tick = self._ticks.get(symbol)
+        return dict(tick) if tick is not None else None
+
+    def last_price(self, symbol: str) -> float | None:
+        """``symbol``'s price as last seen: its last tick's, else the newest close of
+        any of its series (a replay of candles has no ticks)."""
+        price = self._ticks.get(symbol, {}).get("price")
+        if isinstance(price, int | float) and not isinstance(price, bool) and price > 0:
+            return float(price)
+        newest = self._newest_close(symbol)
+        return float(newest["close"]) if newest is not None else None
+
+    def last_close_ms(self, symbol: str) -> int | None:
+        """When the newest closed candle of any of ``symbol``'s series closed."""
+        newest = self._newest_close(symbol)
+        return int(newest["closeTimeMs"]) if newest is not None else None
+
+    def _newest_close(self, symbol: str) -> dict[str, Any] | None:
+        closes = [s.candles[-1] for s in self._series.get(symbol, {}).values() if s.candles]
+        return max(closes, key=lambda c: int(c["closeTimeMs"])) if closes else None
+
     def statistics(self) -> dict[str, int]:
         """Counters for status and logs: sizes, accepted and ignored events."""
         held = sum(len(s.candles) for by_tf in self._series.values() for s in by_tf.values())

@@ -38,7 +38,7 @@ from daemon.clock import EventClock
 from daemon.errors import ConfigError, StoreError
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
-from daemon.tools.context import AgentCall
+from daemon.tools.context import AgentCall, AgentView
 from daemon.wake.policy import RunnerConfig
 from daemon.wake.runners import LogRunner, Runner, build_runner
 from daemon.wake.scheduler import WakeScheduler
@@ -137,6 +137,14 @@ class AgentManager:
             min_confidence=runner.min_confidence,
             one_signal_per_symbol=False,
         )
+
+    def agent_view(self, agent_id: str) -> AgentView | None:
+        """On event time, what ``agent_id``'s runs see: its clock and its own state
+        (None live, or when the agent is not running)."""
+        rt = self.runtimes.get(agent_id)
+        if rt is None or rt.removed or not isinstance(rt.scheduler.clock, EventClock):
+            return None
+        return AgentView(round(rt.scheduler.clock.now() * 1000), rt.state)
 
     def statistics(self) -> HooksStatus:
         """Per agent: hooks and revisions, paused hooks, queue depth; plus dispatcher counters."""

@@ -172,6 +172,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             )
             if service.tools is not None:  # and over MCP, for the agent [mcp] names
                 service.tools.ctx.agent_call = manager.agent_call
+                if cfg.event_time:  # runs' tools answer at the agent's time, not today
+                    service.tools.ctx.agent_view = manager.agent_view
             io.start(_forward, receive, service)
             io.start(alerts.run)
             await broker.recover()

@@ -48,10 +48,11 @@ from daemon.config import (
     TradingSection,
 )
 from daemon.errors import ConfigError
-from daemon.events import iso_ms
+from daemon.events import TIMEFRAMES, iso_ms
 from daemon.scratchdir import Scratch
 from daemon.service import Component
 from daemon.status import FeedStatus
+from daemon.tools.snapshot import CANDLES as SNAPSHOT_CANDLES
 from daemon.trading.matching import FillCosts
 from daemon.trading.paper_store import FillRow, PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
@@ -114,6 +115,18 @@ def replay_section(opts: BacktestOptions) -> ReplaySection:
             for f in opts.more_data
         ],
     )
+
+
+def held_candles(opts: BacktestOptions) -> int:
+    """Candles the state caches keep per series. With LLM runs, enough of the finest
+    timeframe replayed for the snapshot tool to build 50 whole 4 h candles from it
+    (docs/tools.md, "On event time"); the daemon's default otherwise."""
+    default = StateSection().max_candles
+    if not opts.run_llm:
+        return default
+    steps = [TIMEFRAMES[f.timeframe or opts.timeframe] for f in opts.more_data]
+    finest = min([TIMEFRAMES[opts.timeframe], *steps])
+    return max(default, (SNAPSHOT_CANDLES + 1) * TIMEFRAMES["4h"] // finest)
 
 
 def _special_files(directory: str, names: list[str]) -> set[str]:
@@ -182,7 +195,7 @@ def prepare(opts: BacktestOptions) -> Config:
             reload_seconds=0,
             include_disabled=True,  # the agent named, even if not enabled live yet
         ),
-        state=StateSection(shared=opts.run_llm),
+        state=StateSection(shared=opts.run_llm, max_candles=held_candles(opts)),
         feeds=FeedsSection(replay=replay_section(opts)),
         trading=TradingSection(
             paper_maker_fee_bps=opts.costs.maker_fee_bps,

@@ -19,7 +19,6 @@ or the error), for the audit ``run`` record.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
@@ -101,7 +100,7 @@ class RegistryToolBox:
             signal_notional=config.signal_notional,
             min_confidence=config.min_confidence,
         )
-        return RegistryToolBox(self.registry, dataclasses.replace(self.ctx, agent=call))
+        return RegistryToolBox(self.registry, self.ctx.for_agent(call))
 
     def specs(self) -> list[ToolSpec]:
         return [ToolSpec(t.name, t.description, t.input_schema()) for t in self.registry]

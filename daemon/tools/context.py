@@ -6,6 +6,7 @@ built by :func:`open_context`; tools never open connections of their own.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,8 +20,10 @@ import structlog
 
 from daemon.config import Config, DflowSection, SentimentSection
 from daemon.errors import FeedError
+from daemon.events import iso_ms
 from daemon.rag.config import RagConfig
 from daemon.state import StateCache
+from daemon.tools.base import ToolError
 from daemon.trading.desk import TradeDesk
 from feeds.coinbase_ws.pool import CoinbaseWsPool
 from feeds.http import MAX_REST_BYTES, read_capped
@@ -144,6 +147,17 @@ class SharedRag:
             self._service = None
 
 
+@dataclass(frozen=True)
+class AgentView:
+    """An agent's market as its run sees it on event time: the agent's clock (the
+    run's due time; a run takes no event time) and its own state cache, which holds
+    every event before that time and none after (the daemon-wide cache may be a bus
+    queue ahead of the agent)."""
+
+    now_ms: int
+    state: StateCache
+
+
 @dataclass
 class ToolContext:
     """The shared resources tools use; ``None`` where this process has none."""
@@ -168,10 +182,39 @@ class ToolContext:
     rag: RagConfig = field(default_factory=RagConfig)
     rag_service: SharedRag = field(default_factory=SharedRag)
     http: aiohttp.ClientSession | None = None
+    # On event time (a replay or backtest run), the market time of the call in epoch
+    # ms: tools answer as of then, from the calling agent's own state, and never from
+    # the live present (docs/tools.md, "On event time"). None: live.
+    market_ms: int | None = None
+    # On event time, once the agents run: an agent's view for its runs' tools.
+    agent_view: Callable[[str], AgentView | None] | None = None
 
     def close(self) -> None:
         """Release what a tool opened lazily (the pattern store)."""
         self.rag_service.close()
+
+    def for_agent(self, call: AgentCall) -> ToolContext:
+        """This context for one of ``call.agent_id``'s runs: on event time, at the
+        agent's clock and over its own state."""
+        view = self.agent_view(call.agent_id) if self.agent_view is not None else None
+        if view is None:
+            return dataclasses.replace(self, agent=call)
+        return dataclasses.replace(self, agent=call, state=view.state, market_ms=view.now_ms)
+
+    def present_only(self, tool: str, source: str, instead: str) -> ToolError | None:
+        """On event time, the answer of a tool that can read only the present
+        (``source``): what it would return was written after the run's time, so it
+        is refused rather than leaked into a replay. None when live."""
+        if self.market_ms is None:
+            return None
+        return ToolError(
+            error="unavailable",
+            message=(
+                f"{tool} reads {source} as of today; this run is a replay at "
+                f"{iso_ms(self.market_ms)}, so its answer would come from the future"
+            ),
+            suggestion=instead,
+        )
 
 
 @asynccontextmanager

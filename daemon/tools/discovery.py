@@ -178,8 +178,15 @@ def _filters(req: DiscoverRequest, status: str | None) -> dict[str, Any]:
     return out
 
 
-async def discover_event(ctx: ToolContext, req: DiscoverRequest) -> DiscoverResult:
+async def discover_event(ctx: ToolContext, req: DiscoverRequest) -> msgspec.Struct:
     """Route, fetch, filter and shape; never raises."""
+    refused = ctx.present_only(
+        "discover_event",
+        "the prediction markets DFlow lists",
+        "leave prediction markets out of a replayed decision",
+    )
+    if refused is not None:
+        return refused
     status: MarketStatus | None = req.status or (None if req.event_ticker else "active")
     filters = _filters(req, status)
     try:

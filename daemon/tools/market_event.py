@@ -20,10 +20,14 @@ import time
 import anyio
 import msgspec
 
+from daemon.events import TickPayload, iso_ms, parse_iso_ms
+from daemon.state import StateCache
 from daemon.tools.base import Problem, Tool, ToolError
 from daemon.tools.context import ToolContext
 from daemon.tools.market_watch import MarketWatch, WaitRequest, check_products, unwatched
 from daemon.tools.waitboard import WaitBoard, Waiter
+from feeds.coinbase_ws.pool import Tick
+from feeds.coinbase_ws.protocol import Ticker
 
 
 async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.Struct:
@@ -31,6 +35,8 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
     bad = check_products(req.subscriptions)
     if bad is not None:
         return bad
+    if ctx.market_ms is not None:
+        return at_market_time(ctx, ctx.market_ms, MarketWatch(list(req.subscriptions)))
     if ctx.pool is None:
         return ToolError(
             error="unavailable",
@@ -72,6 +78,67 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
         last = board.last_ticks(watch.products)
     warning = unwatched(before, ctx.pool.statistics())
     return watch.timed_out(time.monotonic() - started, last, warning)
+
+
+REPLAY_WARNING = (
+    "this run is a replay: the market does not move while the agent runs (a run "
+    "takes no event time), so the conditions were checked once, on the last price "
+    "before the run's time, without waiting; a level not reached yet can only be "
+    "watched by your hooks, which wake you when it is"
+)
+
+
+def at_market_time(ctx: ToolContext, now_ms: int, watch: MarketWatch) -> msgspec.Struct:
+    """On event time: the conditions checked once, on each product's last tick (else
+    its newest close) in the agent's state; the answer never waits."""
+    ticks: dict[str, Tick] = {}
+    for product in sorted(watch.products):
+        tick = replayed_tick(ctx.state, product) if ctx.state is not None else None
+        if tick is None:
+            continue
+        ticks[product] = tick
+        hit = watch.check(tick, {}, now_ms)
+        if hit is not None:
+            return hit
+    return watch.timed_out(0.0, ticks, REPLAY_WARNING, now_ms)
+
+
+def replayed_tick(state: StateCache, product: str) -> Tick | None:
+    """``product``'s last tick in ``state`` as the pool would hand it over; a replay
+    of candles has none, and its newest close stands for the price."""
+    payload = state.tick(product)
+    if payload is not None:
+        ts = payload.pop("ts", None)
+        try:
+            fields = msgspec.convert(payload, TickPayload, strict=False)
+            ts_ms = parse_iso_ms(ts) if isinstance(ts, str) else None
+        except (msgspec.ValidationError, ValueError):
+            return None
+        ticker = Ticker(
+            product_id=product,
+            event_type="update",
+            index=0,
+            price=fields.price,
+            volume24h=fields.volume24h,
+            percent_change24h=fields.percent_change24h,
+            high24h=fields.high24h,
+            low24h=fields.low24h,
+        )
+    else:
+        price = state.last_price(product)
+        if price is None:
+            return None
+        ts_ms = state.last_close_ms(product)
+        ticker = Ticker(product_id=product, event_type="update", index=0, price=price)
+    return Tick(
+        ticker=ticker,
+        timestamp=iso_ms(ts_ms) if ts_ms is not None else None,
+        ts_ms=ts_ms,
+        received_ms=ts_ms or 0,
+        sequence_num=None,
+        connection=0,
+        stale_after_reconnect=False,
+    )
 
 
 DESCRIPTION = """\

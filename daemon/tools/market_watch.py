@@ -218,9 +218,12 @@ class MarketWatch:
                 fresh[field] = value
         return hit
 
-    def check(self, tick: Tick, previous: Mapping[Field, float]) -> Triggered | None:
+    def check(
+        self, tick: Tick, previous: Mapping[Field, float], now_ms: int | None = None
+    ) -> Triggered | None:
         """The trigger ``tick`` completes after ``previous`` (the product's values on
-        the tick before; empty: no cross is possible), if any."""
+        the tick before; empty: no cross is possible), if any, stamped ``now_ms``
+        (default: the wall clock)."""
         product = tick.ticker.product_id
         for sub in self._subs.get(product, ()):
             met = _met(sub, tick, previous)
@@ -229,22 +232,31 @@ class MarketWatch:
                     product_id=product,
                     triggered_conditions=met,
                     ticker=ticker_out(tick),
-                    timestamp=iso_ms(int(time.time() * 1000)),
+                    timestamp=iso_ms(_now_ms() if now_ms is None else now_ms),
                 )
         return None
 
     def timed_out(
-        self, duration: float, last: Mapping[str, Tick] | None = None, warning: str | None = None
+        self,
+        duration: float,
+        last: Mapping[str, Tick] | None = None,
+        warning: str | None = None,
+        now_ms: int | None = None,
     ) -> TimedOut:
         """The timeout answer: the last ticker of every product that sent one
-        (``last``, or the ticks :meth:`observe` saw)."""
+        (``last``, or the ticks :meth:`observe` saw), stamped ``now_ms`` (default:
+        the wall clock)."""
         ticks = self.last if last is None else last
         return TimedOut(
             last_tickers={p: ticker_out(t) for p, t in sorted(ticks.items())},
             duration=round(duration, 3),
-            timestamp=iso_ms(int(time.time() * 1000)),
+            timestamp=iso_ms(_now_ms() if now_ms is None else now_ms),
             warning=warning,
         )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def unwatched(before: PoolStatistics, after: PoolStatistics) -> str | None:

@@ -123,8 +123,15 @@ async def _get(session: aiohttp.ClientSession, url: str, limit: int) -> bytes:
         return await read_capped(resp, limit, url)
 
 
-async def fetch_sentiment_data(ctx: ToolContext, req: SentimentRequest) -> SentimentData:
+async def fetch_sentiment_data(ctx: ToolContext, req: SentimentRequest) -> msgspec.Struct:
     """Every source at once, cut at the 15 s budget; never raises."""
+    refused = ctx.present_only(
+        "fetch_sentiment_data",
+        "news, web search and the Fear & Greed index",
+        "score sentiment as neutral (15 of 30) and decide on the market data",
+    )
+    if refused is not None:
+        return refused
     cfg = ctx.sentiment
     query = sentiment_query(req.symbol, req.context)
     about = mentions(req.symbol)

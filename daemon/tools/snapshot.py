@@ -20,8 +20,9 @@ from urllib.parse import quote
 import anyio
 import msgspec
 
-from daemon.events import TIMEFRAMES, Candle
+from daemon.events import TIMEFRAMES, Candle, iso_ms
 from daemon.indicators import CandleIndicators
+from daemon.resample import resample
 from daemon.tools.base import Tool
 from daemon.tools.context import ToolContext
 from feeds.candles.protocol import Window, candle_params, parse_candles
@@ -44,6 +45,8 @@ class TimeframeData(msgspec.Struct, frozen=True):
     source: Literal["state", "coinbase"]
     ohlcv: list[tuple[int, float, float, float, float, float]]
     indicators: dict[str, Any]
+    # Built from this finer series of the state cache (e.g. "5m"), if not held as is.
+    resampled_from: str | None = None
 
 
 class TechnicalSnapshot(msgspec.Struct, frozen=True):
@@ -68,13 +71,36 @@ def _indicators(candles: list[Candle]) -> dict[str, Any]:
 
 
 def from_state(ctx: ToolContext, symbol: str, timeframe: str) -> TimeframeData | None:
-    """The series from the daemon's state cache, when it holds enough of it."""
-    series = ctx.state.series(symbol, timeframe) if ctx.state is not None else None
-    if series is None or len(series.candles) < CANDLES:
+    """The series from the state cache when it holds 50+ closed candles of it, else
+    built from a finer series it holds (the coarsest that gives 50 whole buckets)."""
+    if ctx.state is None:
         return None
-    last = list(series.candles)[-CANDLES:]
-    candles = [msgspec.convert(c, Candle) for c in last]
-    return TimeframeData("state", _rows(candles), series.indicators.export())
+    series = ctx.state.series(symbol, timeframe)
+    if series is not None and len(series.candles) >= CANDLES:
+        last = list(series.candles)[-CANDLES:]
+        candles = [msgspec.convert(c, Candle) for c in last]
+        return TimeframeData("state", _rows(candles), series.indicators.export())
+    step = TIMEFRAMES[timeframe]
+    finer = [tf for tf, s in TIMEFRAMES.items() if s < step and step % s == 0]
+    for tf in sorted(finer, key=TIMEFRAMES.__getitem__, reverse=True):
+        held = ctx.state.series(symbol, tf)
+        if held is None or len(held.candles) < CANDLES * step // TIMEFRAMES[tf]:
+            continue
+        built = resample((msgspec.convert(c, Candle) for c in held.candles), step * 1000)
+        if len(built) >= CANDLES:
+            return TimeframeData("state", _rows(built[-CANDLES:]), _indicators(built), tf)
+    return None
+
+
+async def elsewhere(ctx: ToolContext, symbol: str, timeframe: str) -> TimeframeData:
+    """Live, Coinbase's; on event time none: a replay answers from its own data only,
+    so it gives the same answers offline and run after run."""
+    if ctx.market_ms is not None:
+        raise LookupError(
+            f"the replay holds too few candles of {symbol} before {iso_ms(ctx.market_ms)} "
+            f"to make {CANDLES} whole {timeframe} candles (a replay never asks the exchange)"
+        )
+    return await from_coinbase(ctx, symbol, timeframe)
 
 
 async def from_coinbase(ctx: ToolContext, symbol: str, timeframe: str) -> TimeframeData:
@@ -103,7 +129,7 @@ async def fetch_technical_snapshot(ctx: ToolContext, req: SnapshotRequest) -> Te
     async def part(tf: str) -> None:
         try:
             with anyio.fail_after(PART_SECONDS):
-                frames[tf] = from_state(ctx, symbol, tf) or await from_coinbase(ctx, symbol, tf)
+                frames[tf] = from_state(ctx, symbol, tf) or await elsewhere(ctx, symbol, tf)
         except TimeoutError:
             warnings.append(f"{tf} data unavailable: no answer within {PART_SECONDS:g} s")
         except Exception as exc:  # noqa: BLE001 - one part's failure is a warning, not an error
@@ -126,12 +152,12 @@ async def fetch_technical_snapshot(ctx: ToolContext, req: SnapshotRequest) -> Te
 
 
 def _price(ctx: ToolContext, symbol: str, frames: dict[str, TimeframeData | None]) -> float | None:
-    """The last tick the daemon saw for ``symbol``, else the newest close."""
+    """The last tick the daemon saw for ``symbol``, else the newest close it holds of
+    any timeframe, else the newest close of the parts."""
     if ctx.state is not None:
-        tick = ctx.state.export([symbol], candles=0)["ticks"].get(symbol)
-        price = tick.get("price") if isinstance(tick, dict) else None
-        if isinstance(price, int | float) and price > 0:
-            return float(price)
+        price = ctx.state.last_price(symbol)
+        if price is not None:
+            return price
     newest = max(
         (f.ohlcv[-1] for f in frames.values() if f is not None and f.ohlcv),
         key=lambda row: row[0],

@@ -73,7 +73,8 @@ async def test_a_mover_runs_the_scanner_in_three_tool_calls(tmp_path: Path) -> N
         agents = scanner(tmp_path, url)
         cfg = msgspec.convert(
             {
-                "daemon": {"state_dir": str(tmp_path / "state")},
+                # The movers feed is live (it is replaced by a paced one here).
+                "daemon": {"state_dir": str(tmp_path / "state"), "clock": "wall"},
                 "hooks": {"agents_dir": str(agents), "reload_seconds": 0.05},
                 "feeds": {"candles": {"base_url": rest}},
                 "tools": {"sentiment": {"rss_feeds": [f"{rest}/rss"], "fear_greed_url": f"{rest}/fng"}},
@@ -82,19 +83,26 @@ async def test_a_mover_runs_the_scanner_in_three_tool_calls(tmp_path: Path) -> N
         )  # fmt: skip
         pool = shared_pool(cfg)
         assert pool is not None
-        svc = Service(
-            cfg,
-            lambda _: [PacedFeed([mover(12.0)])],
-            components=[partial(open_market, pool), open_agents],
-        )
+        feed = PacedFeed([mover(12.0)], hold=True)  # live: up until the run is done
+        svc = Service(cfg, lambda _: [feed], components=[partial(open_market, pool), open_agents])
+
+        async def release_once_run() -> None:
+            for _ in range(3000):  # polled: the run record comes from the daemon's tasks
+                if any(r["type"] == "run" and r["status"] != "started" for r in audit(tmp_path)):
+                    break
+                await anyio.sleep(0.02)
+            feed.release.set()
+
         with anyio.fail_after(60):
-            await svc.run()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(release_once_run)
+                await svc.run()
 
     rows = audit(tmp_path)
     (hook,) = [r for r in rows if r["type"] == "hook"]
     assert hook["decision"] == "WAKE" and "SOL-USD moved +12.0% in 24h" in hook["reason"]
     (run,) = [r for r in rows if r["type"] == "run" and r["status"] != "started"]
-    assert run["status"] == "finished", run
+    assert run["status"] == "finished", (run.get("error"), run.get("summary"))
     calls = run["llm"]["toolCalls"]
     assert [c["name"] for c in calls] == [
         "fetch_technical_snapshot",

@@ -388,3 +388,33 @@ async def test_the_product_check_fails_open_and_remembers_for_a_while() -> None:
             assert await catalog.unknown(["NOPE-USD"]) == []  # still the remembered non-answer
             now[0] = 61.0
             assert await catalog.unknown(["BTC-USD", "NOPE-USD"]) == ["NOPE-USD"]
+
+
+async def test_on_event_time_the_last_replayed_tick_answers_at_once() -> None:
+    """A replay's run: the agent's last tick (its 24 h fields too) is checked once, at
+    the run's time, with no pool; a level it does not meet is a timeout of 0 s that
+    says why, with that tick; a product the replay never saw has no ticker."""
+    from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms
+    from daemon.state import StateCache
+
+    state = StateCache()
+    payload = {"price": 101.5, "volume24h": 900.0, "percentChange24h": -4.5}
+    state.apply(FeedEvent(event_id="t1", ts="2024-03-01T10:00:00.250Z", source="replay",
+                          topic=MARKET_PRICE_TICK, payload=payload, symbol="BTC-USD"))  # fmt: skip
+    at = 1_709_287_205_000
+    ctx = ToolContext(state=state, market_ms=at)
+
+    def wait(*conds: tuple[str, str, float]) -> dict[str, Any]:
+        subs = [{"productId": "BTC-USD", "conditions": [
+            {"field": f, "operator": o, "value": v} for f, o, v in conds]},
+            {"productId": "ETH-USD", "conditions": [
+                {"field": "price", "operator": "gt", "value": 0}]}]  # fmt: skip
+        return {"subscriptions": subs, "timeout": 55}
+
+    hit = await registry().call(ctx, "wait_for_market_event", wait(("percentChange24h", "lt", -4)))
+    assert isinstance(hit, Triggered) and hit.timestamp == iso_ms(at)
+    assert hit.ticker.volume24h == 900.0 and hit.ticker.timestamp == "2024-03-01T10:00:00.250Z"
+    miss = await registry().call(ctx, "wait_for_market_event", wait(("price", "crossAbove", 100)))
+    assert isinstance(miss, TimedOut) and miss.duration == 0.0 and miss.timestamp == iso_ms(at)
+    assert miss.warning is not None and "replay" in miss.warning
+    assert list(miss.last_tickers) == ["BTC-USD"] and miss.last_tickers["BTC-USD"].price == 101.5

@@ -133,3 +133,49 @@ async def test_an_answer_past_the_size_bound_is_a_warning_not_memory(
         out = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "BTC-USD"})
     assert isinstance(out, TechnicalSnapshot) and out.success_count == 0
     assert all("over 1024 bytes" in w for w in out.warnings[:3]), out.warnings
+
+
+def five_minute_cache(n: int, first: int) -> StateCache:
+    """``n`` closed 5 m candles from ``first`` (on the hour), no ticks."""
+    cache = StateCache(max_candles=n)
+    step = 300_000
+    for i in range(n):
+        start = first + i * step
+        c = Candle(open=10.0 + i, high=20.0 + i, low=5.0 + i, close=11.0 + i, volume=1.0,
+                   open_time_ms=start, close_time_ms=start + step)  # fmt: skip
+        cache.add_closed("BTC-USD", "5m", c.payload())
+    return cache
+
+
+async def test_coarser_timeframes_are_built_from_a_finer_series_the_daemon_holds() -> None:
+    """With only 5 m candles held (620: 206 quarters, 51 hours), 15m and 1h are built
+    from them (whole buckets, indicators over all of them); 4h, which 620 cannot make,
+    is asked of Coinbase. With no tick, the price is the newest close held."""
+    first = (int(time.time() * 1000) // 3_600_000 - 100) * 3_600_000
+    async with context(set(), five_minute_cache(620, first)) as (ctx, fake):
+        out = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "BTC-USD"})
+    assert isinstance(out, TechnicalSnapshot) and out.success_count == 4, out
+    assert fake.asked == ["FOUR_HOUR"]
+    m15, h1 = out.timeframes["15m"], out.timeframes["1h"]
+    assert m15 is not None and h1 is not None
+    assert (m15.source, m15.resampled_from, h1.resampled_from) == ("state", "5m", "5m")
+    assert m15.indicators["count"] == 206 and h1.indicators["count"] == 51
+    # The newest whole hour: 5m candles 600..611 (the last 8 make no whole hour).
+    assert h1.ohlcv[-1] == (first + 50 * 3_600_000, 610.0, 631.0, 605.0, 622.0, 12.0)
+    assert out.current_price == 11.0 + 619
+
+
+async def test_on_event_time_nothing_is_asked_of_the_exchange() -> None:
+    """A replay's run answers from its own data: a timeframe it cannot make is null
+    with a warning naming the run's time, and Coinbase is never asked."""
+    first = 1_704_067_200_000
+    cache = five_minute_cache(620, first)
+    at = first + 620 * 300_000
+    async with context(set(), cache) as (ctx, fake):
+        ctx.market_ms = at
+        out = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "BTC-USD"})
+    assert isinstance(out, TechnicalSnapshot) and fake.asked == []
+    assert out.timeframes["4h"] is None and out.success_count == 3
+    (warning,) = out.warnings
+    assert warning.startswith("4h data unavailable: the replay holds too few candles")
+    assert iso_ms(at) in warning

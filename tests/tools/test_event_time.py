@@ -1,0 +1,137 @@
+"""The agent's tools on event time: a replayed run's tools answer as of the run's
+market time, from the agent's own state, and never from the live present."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio.from_thread
+
+from daemon.audit.reader import iter_records
+from daemon.backtest.run import BacktestOptions, held_candles, run_backtest
+from daemon.events import iso_ms
+from daemon.tools import registry
+from daemon.tools.base import ToolError
+from daemon.tools.context import ToolContext
+from feeds.synthetic import generate_candles
+from tests.llm.fakes import fake_openai, openai_turn
+
+START_MS = 1_704_067_200_000  # generate_candles' first open (2024-01-01)
+STEP_MS = 300_000
+WAKING = 647  # the candle whose close (on the hour) wakes the agent, once
+WAKE_ONCE = f"""
+def evaluate(event, state):
+    c = event["payload"]
+    if c["openTimeMs"] == {START_MS + WAKING * STEP_MS}:
+        return {{"decision": "WAKE", "reason": "now", "dedupeKey": "w"}}
+    return {{"decision": "IGNORE", "reason": "not yet"}}
+"""
+AGENT = """
+[wake]
+debounce_seconds = 0
+[wake.runner]
+kind = "llm"
+provider = "openai"
+model = "fake-gpt"
+base_url = "{url}"
+"""
+NEVER = {"field": "price", "operator": "gt", "value": 1e12}
+ALWAYS = {"field": "price", "operator": "gt", "value": 1}
+
+
+def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
+    """backtest --run-llm: the snapshot's 15m and 1h candles are built from the replayed
+    5m ones and end at the run's time (none after it), the price is the waking close;
+    a wait answers at once on that price (the replay waits for the run: a wait for a
+    level the market has not reached would never see it move); the news is refused."""
+    waits = [
+        {"subscriptions": [{"productId": "BTC-USD", "conditions": [c]}], "timeout": 55}
+        for c in (ALWAYS, NEVER)
+    ]
+    script = [
+        openai_turn(
+            calls=[
+                ("s", "fetch_technical_snapshot", {"symbol": "BTC-USD"}),
+                ("w1", "wait_for_market_event", waits[0]),
+                ("w2", "wait_for_market_event", waits[1]),
+                ("n", "fetch_sentiment_data", {"symbol": "BTC-USD"}),
+            ]
+        ),
+        openai_turn("Seen."),
+    ]
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=WAKING + 50, timeframe="5m")
+    closes = {
+        int(row.split(",")[0]): float(row.split(",")[4])
+        for row in data.read_text().splitlines()[1:]
+    }
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(fake_openai(script)) as (fake, url),
+    ):
+        agent = tmp_path / "agents" / "alpha"
+        (agent / "hooks").mkdir(parents=True)
+        (agent / "agent.toml").write_text(AGENT.format(url=url))
+        (agent / "hooks" / "wake_once.py").write_text(WAKE_ONCE)
+        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
+        run_backtest(opts)
+    (run,) = [
+        r
+        for r in iter_records(tmp_path / "out" / "state" / "audit")
+        if r["type"] == "run" and r["status"] != "started"
+    ]
+    assert run["status"] == "finished", run
+    run_ms = START_MS + (WAKING + 1) * STEP_MS  # the waking candle's close
+    answers = {
+        m["tool_call_id"]: json.loads(m["content"])
+        for m in fake.requests[1]["messages"]
+        if m["role"] == "tool"
+    }
+    snap = answers["s"]
+    for tf, step in (("15m", 900_000), ("1h", 3_600_000)):
+        frame = snap["timeframes"][tf]
+        assert (frame["source"], frame["resampled_from"], len(frame["ohlcv"])) == (
+            "state", "5m", 50,
+        ), tf  # fmt: skip
+        assert frame["ohlcv"][-1][0] + step == run_ms  # the newest whole bucket, no later
+    waking_close = closes[START_MS + WAKING * STEP_MS]
+    assert snap["current_price"] == waking_close
+    assert snap["timeframes"]["1h"]["ohlcv"][-1][4] == waking_close
+    hit, missed = answers["w1"], answers["w2"]
+    assert hit["status"] == "triggered" and hit["timestamp"] == iso_ms(run_ms)
+    assert hit["ticker"]["price"] == waking_close
+    assert missed["status"] == "timeout" and missed["duration"] == 0.0
+    assert "replay" in missed["warning"] and missed["timestamp"] == iso_ms(run_ms)
+    assert missed["lastTickers"]["BTC-USD"]["price"] == waking_close
+    news = answers["n"]
+    assert news["error"] == "unavailable" and iso_ms(run_ms) in news["message"]
+
+
+def test_the_state_keeps_enough_for_4h_candles_only_with_llm_runs(tmp_path: Path) -> None:
+    """50 whole 4 h candles from 1 m data need 12,000+ of them; without LLM runs no
+    tool reads the state, and the default stands."""
+    base = {"agent_dir": tmp_path, "data": tmp_path / "c.csv", "out": tmp_path / "o"}
+    assert held_candles(BacktestOptions(**base, timeframe="1m")) == 500
+    assert held_candles(BacktestOptions(**base, timeframe="1m", run_llm=True)) == 51 * 240
+    assert held_candles(BacktestOptions(**base, timeframe="1h", run_llm=True)) == 500
+
+
+async def call(ctx: ToolContext, name: str, args: dict[str, Any]) -> Any:
+    return await registry().call(ctx, name, args)
+
+
+async def test_tools_that_read_only_the_present_refuse_a_replay() -> None:
+    """News and prediction markets have no "as of" time: on event time they answer
+    unavailable, naming the run's time, and ask nothing of anyone."""
+    at = ToolContext(market_ms=START_MS)
+    for name, args in (
+        ("fetch_sentiment_data", {"symbol": "BTC-USD"}),
+        ("discover_event", {"query": "bitcoin"}),
+    ):
+        out = await call(at, name, args)
+        assert isinstance(out, ToolError) and out.error == "unavailable", (name, out)
+        assert iso_ms(START_MS) in out.message and out.suggestion
+    live = await call(ToolContext(), "fetch_sentiment_data", {"symbol": "BTC-USD"})
+    assert not isinstance(live, ToolError)  # live, the same call answers (no sources set)
