@@ -42,10 +42,9 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True):
         return round(runs * per_run, 6)
 
 
-def measured(model: CostModel, rows: Iterable[dict[str, Any]], agent: str, where: str) -> CostModel:
-    """``model`` priced by the mean cost of ``agent``'s finished LLM runs in ``rows``
-    (audit records); unchanged when there are none."""
-    costs = [
+def run_costs(rows: Iterable[dict[str, Any]], agent: str) -> list[float]:
+    """The cost of each of ``agent``'s finished LLM runs in ``rows`` (audit records)."""
+    return [
         float(r["llm"]["cost"])
         for r in rows
         if r.get("type") == "run"
@@ -54,6 +53,11 @@ def measured(model: CostModel, rows: Iterable[dict[str, Any]], agent: str, where
         and isinstance(r.get("llm"), dict)
         and isinstance(r["llm"].get("cost"), int | float)
     ]
+
+
+def measured(model: CostModel, costs: Sequence[float], where: str) -> CostModel:
+    """``model`` priced by the mean of ``costs`` (real runs' costs, found in
+    ``where``); unchanged when there are none."""
     if not costs:
         return model
     return msgspec.structs.replace(
@@ -171,6 +175,13 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     status: str | None = None
     event_ts: str | None = None
     symbol: str | None = None
+    llm: RunSpend | None = None
+
+
+class RunSpend(msgspec.Struct, frozen=True):
+    """What a report reads of a run's ``llm`` part."""
+
+    cost: float | None = None
 
 
 _row = msgspec.json.Decoder(AuditRow)
@@ -189,6 +200,7 @@ class Tally:
         self._first_errors: dict[tuple[str, str], str] = {}
         self._suppressed: dict[tuple[str, str], Counter[str]] = {}
         self.wakes = self.runs = 0
+        self.llm_costs: list[float] = []  # of the finished runs that ran a model
         self._wakes_suppressed: Counter[str] = Counter()
         self._first_ms: int | None = None  # the hook rows' first and last event times
         self._last_ms = 0
@@ -213,6 +225,8 @@ class Tally:
         if rec.type == "run":
             if rec.status != "started":
                 self.runs += 1
+            if rec.status == "finished" and rec.llm is not None and rec.llm.cost is not None:
+                self.llm_costs.append(rec.llm.cost)
             return
         if rec.type != "hook":
             return

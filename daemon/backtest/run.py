@@ -36,6 +36,7 @@ from daemon.backtest.report import (
     Tally,
     compare,
     figures,
+    measured,
     timer_baseline,
     trades_of,
 )
@@ -223,8 +224,11 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     tally = Tally(agent).read(iter_lines(out / "state" / "audit"))
     period = tally.period()
     first, last = period or (0, -1)  # none: no timer period
-    baseline = timer_baseline(first, last, opts.baseline_minutes, opts.cost)
-    cost = opts.cost.cost(tally.runs)
+    # Runs that ran a model (--run-llm) price the wakes and the timer baseline at what
+    # they really cost, whatever the options' estimate (or --cost-from) said.
+    model = measured(opts.cost, tally.llm_costs, "this backtest")
+    baseline = timer_baseline(first, last, opts.baseline_minutes, model)
+    cost = model.cost(tally.runs)
     account = load_agent_config(out / "agents" / agent / AGENT_FILE).account or agent
     store = PaperStore(out / "state" / "paper.sqlite3")
     try:
@@ -268,7 +272,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         wakes=tally.wakes,
         runs=tally.runs,
         wakes_suppressed=tally.wakes_suppressed(),
-        cost_model=opts.cost,
+        cost_model=model,
         cost=cost,
         baseline=baseline,
         cost_ratio=round(cost / baseline.cost, 6) if baseline.cost else None,

@@ -154,7 +154,9 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
 @click.option(
     "--run-llm",
     is_flag=True,
-    help="Run the agent's runner on each wake (its LLM, command or log) instead of counting.",
+    help="Run the agent's runner on each wake (its LLM, command or log) instead of "
+    "counting. The tools answer as of each run's market time, from the replayed data; "
+    "the LLM runs' real cost prices the report.",
 )
 def backtest_command(
     agent_dir: Path,
@@ -208,10 +210,10 @@ def backtest_command(
     )
     if cost_from is not None:
         from daemon.audit.reader import AuditFilter, iter_records
-        from daemon.backtest.report import measured
+        from daemon.backtest.report import measured, run_costs
 
         runs = iter_records(cost_from / "audit", AuditFilter(types=frozenset({"run"})))
-        cost = measured(cost, runs, agent_dir.resolve().name, str(cost_from))
+        cost = measured(cost, run_costs(runs, agent_dir.resolve().name), str(cost_from))
         if cost.measured_per_run is None:
             raise click.BadParameter(
                 f"no finished LLM run of {agent_dir.resolve().name!r} in {cost_from / 'audit'}",

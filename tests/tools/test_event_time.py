@@ -36,6 +36,8 @@ kind = "llm"
 provider = "openai"
 model = "fake-gpt"
 base_url = "{url}"
+price_input_per_mtok = 3.0
+price_output_per_mtok = 15.0
 """
 NEVER = {"field": "price", "operator": "gt", "value": 1e12}
 ALWAYS = {"field": "price", "operator": "gt", "value": 1}
@@ -45,7 +47,8 @@ def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
     """backtest --run-llm: the snapshot's 15m and 1h candles are built from the replayed
     5m ones and end at the run's time (none after it), the price is the waking close;
     a wait answers at once on that price (the replay waits for the run: a wait for a
-    level the market has not reached would never see it move); the news is refused."""
+    level the market has not reached would never see it move); the news is refused.
+    The report prices the wakes at the run's real cost."""
     waits = [
         {"subscriptions": [{"productId": "BTC-USD", "conditions": [c]}], "timeout": 55}
         for c in (ALWAYS, NEVER)
@@ -76,7 +79,7 @@ def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
         (agent / "agent.toml").write_text(AGENT.format(url=url))
         (agent / "hooks" / "wake_once.py").write_text(WAKE_ONCE)
         opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
-        run_backtest(opts)
+        report = run_backtest(opts)
     (run,) = [
         r
         for r in iter_records(tmp_path / "out" / "state" / "audit")
@@ -107,6 +110,14 @@ def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
     assert missed["lastTickers"]["BTC-USD"]["price"] == waking_close
     news = answers["n"]
     assert news["error"] == "unavailable" and iso_ms(run_ms) in news["message"]
+    # The report prices the runs at what this one really cost (2 turns of 100 + 20
+    # tokens at 3 and 15 per million), not the token estimate.
+    spent = run["llm"]["cost"]
+    assert spent == (200 * 3.0 + 40 * 15.0) / 1e6
+    model = report.cost_model
+    assert (model.measured_per_run, model.measured_runs) == (spent, 1)
+    assert model.source == "mean of 1 LLM runs in this backtest"
+    assert report.cost == spent and report.baseline.cost == round(report.baseline.runs * spent, 6)
 
 
 def test_the_state_keeps_enough_for_4h_candles_only_with_llm_runs(tmp_path: Path) -> None:
