@@ -332,6 +332,10 @@ class StateCache:
         """The live series object (for in-process readers; do not mutate)."""
         return self._series.get(symbol, {}).get(timeframe)
 
+    def symbols(self) -> list[str]:
+        """Every symbol with a series or a tick, sorted."""
+        return sorted({*self._series, *self._ticks})
+
     def tick(self, symbol: str) -> dict[str, Any] | None:
         """A copy of ``symbol``'s last tick payload (with its event ``ts``), if any."""
         tick = self._ticks.get(symbol)

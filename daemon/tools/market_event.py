@@ -32,11 +32,11 @@ from feeds.coinbase_ws.protocol import Ticker
 
 async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.Struct:
     """Wait until a subscription's conditions hold or ``timeout`` seconds pass."""
+    if ctx.market_ms is not None:
+        return at_market_time(ctx.state or StateCache(), ctx.market_ms, req)
     bad = check_products(req.subscriptions)
     if bad is not None:
         return bad
-    if ctx.market_ms is not None:
-        return at_market_time(ctx, ctx.market_ms, MarketWatch(list(req.subscriptions)))
     if ctx.pool is None:
         return ToolError(
             error="unavailable",
@@ -88,19 +88,32 @@ REPLAY_WARNING = (
 )
 
 
-def at_market_time(ctx: ToolContext, now_ms: int, watch: MarketWatch) -> msgspec.Struct:
+def at_market_time(state: StateCache, now_ms: int, req: WaitRequest) -> msgspec.Struct:
     """On event time: the conditions checked once, on each product's last tick (else
-    its newest close) in the agent's state; the answer never waits."""
-    ticks: dict[str, Tick] = {}
-    for product in sorted(watch.products):
-        tick = replayed_tick(ctx.state, product) if ctx.state is not None else None
-        if tick is None:
-            continue
-        ticks[product] = tick
+    its newest close) in the agent's state; the answer never waits. A product is
+    any symbol the replay holds (``BTCUSDT`` too); one it holds no price of yet is
+    ``not_found``."""
+    ticks = {s.product_id: replayed_tick(state, s.product_id) for s in req.subscriptions}
+    missing = sorted(p for p, t in ticks.items() if t is None)
+    if missing:
+        at = iso_ms(now_ms)
+        return ToolError(
+            error="not_found",
+            message=f"the replay holds no price of {', '.join(missing)} before {at}",
+            problems=[
+                Problem(path=f"subscriptions[{i}].productId", message=f"no price before {at}")
+                for i, s in enumerate(req.subscriptions)
+                if s.product_id in missing
+            ],
+            suggestion=f"use a symbol the replay holds: {', '.join(state.symbols()[:20]) or 'none yet'}",
+        )
+    watch = MarketWatch(list(req.subscriptions))
+    known = {p: t for p, t in sorted(ticks.items()) if t is not None}
+    for tick in known.values():
         hit = watch.check(tick, {}, now_ms)
         if hit is not None:
             return hit
-    return watch.timed_out(0.0, ticks, REPLAY_WARNING, now_ms)
+    return watch.timed_out(0.0, known, REPLAY_WARNING, now_ms)
 
 
 def replayed_tick(state: StateCache, product: str) -> Tick | None:

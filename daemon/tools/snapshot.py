@@ -13,6 +13,7 @@ The price is the last tick the daemon saw, else the newest close.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import quote
@@ -23,20 +24,25 @@ import msgspec
 from daemon.events import TIMEFRAMES, Candle, iso_ms
 from daemon.indicators import CandleIndicators
 from daemon.resample import resample
-from daemon.tools.base import Tool
+from daemon.tools.base import Problem, Tool, ToolError
 from daemon.tools.context import ToolContext
 from feeds.candles.protocol import Window, candle_params, parse_candles
 
 SNAPSHOT_TIMEFRAMES: Final = ("15m", "1h", "4h")
 CANDLES: Final = 50
 PART_SECONDS: Final = 10.0
-Product = Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9]{1,20}-[A-Z0-9]{1,20}$")]
+# A Coinbase product id live; on a replay, any symbol it holds (BTCUSDT too).
+Product = Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9]{1,20}(-[A-Z0-9]{1,20})?$")]
+COINBASE_PRODUCT: Final = re.compile(r"^[A-Z0-9]{1,20}-[A-Z0-9]{1,20}$")
 
 
 class SnapshotRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The product to look at."""
 
-    symbol: Annotated[Product, msgspec.Meta(description="A Coinbase product id, e.g. BTC-USD.")]
+    symbol: Annotated[
+        Product,
+        msgspec.Meta(description="A Coinbase product id, e.g. BTC-USD (a replay: its symbols)."),
+    ]
 
 
 class TimeframeData(msgspec.Struct, frozen=True):
@@ -120,9 +126,16 @@ async def from_coinbase(ctx: ToolContext, symbol: str, timeframe: str) -> Timefr
     return TimeframeData("coinbase", _rows(candles), _indicators(candles))
 
 
-async def fetch_technical_snapshot(ctx: ToolContext, req: SnapshotRequest) -> TechnicalSnapshot:
+async def fetch_technical_snapshot(ctx: ToolContext, req: SnapshotRequest) -> msgspec.Struct:
     """All parts at once; never raises."""
     symbol = req.symbol
+    if ctx.market_ms is None and not COINBASE_PRODUCT.match(symbol):
+        return ToolError(
+            error="invalid_arguments",
+            message=f"fetch_technical_snapshot: {symbol!r} is not a Coinbase product id",
+            problems=[Problem(path="symbol", message="expected BASE-QUOTE, e.g. BTC-USD")],
+            suggestion="use a Coinbase product id such as 'BTC-USD'",
+        )
     frames: dict[str, TimeframeData | None] = dict.fromkeys(SNAPSHOT_TIMEFRAMES)
     warnings: list[str] = []
 

@@ -393,28 +393,42 @@ async def test_the_product_check_fails_open_and_remembers_for_a_while() -> None:
 async def test_on_event_time_the_last_replayed_tick_answers_at_once() -> None:
     """A replay's run: the agent's last tick (its 24 h fields too) is checked once, at
     the run's time, with no pool; a level it does not meet is a timeout of 0 s that
-    says why, with that tick; a product the replay never saw has no ticker."""
-    from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms
+    says why, with that tick. A symbol of a candle replay (BTCUSDT) is a product too,
+    priced at its newest close; one the replay holds no price of is not_found."""
+    from daemon.events import MARKET_PRICE_TICK, Candle, FeedEvent, iso_ms
     from daemon.state import StateCache
 
     state = StateCache()
     payload = {"price": 101.5, "volume24h": 900.0, "percentChange24h": -4.5}
     state.apply(FeedEvent(event_id="t1", ts="2024-03-01T10:00:00.250Z", source="replay",
                           topic=MARKET_PRICE_TICK, payload=payload, symbol="BTC-USD"))  # fmt: skip
+    bar = Candle(open=1.0, high=3.0, low=0.5, close=2.5, volume=1.0,
+                 open_time_ms=1_709_286_900_000, close_time_ms=1_709_287_200_000)  # fmt: skip
+    state.add_closed("BTCUSDT", "5m", bar.payload())
     at = 1_709_287_205_000
     ctx = ToolContext(state=state, market_ms=at)
 
-    def wait(*conds: tuple[str, str, float]) -> dict[str, Any]:
-        subs = [{"productId": "BTC-USD", "conditions": [
-            {"field": f, "operator": o, "value": v} for f, o, v in conds]},
-            {"productId": "ETH-USD", "conditions": [
-                {"field": "price", "operator": "gt", "value": 0}]}]  # fmt: skip
-        return {"subscriptions": subs, "timeout": 55}
+    async def wait(*subs: tuple[str, str, str, float]) -> Any:
+        args = {
+            "subscriptions": [
+                {"productId": p, "conditions": [{"field": f, "operator": o, "value": v}]}
+                for p, f, o, v in subs
+            ],
+            "timeout": 55,
+        }
+        return await registry().call(ctx, "wait_for_market_event", args)
 
-    hit = await registry().call(ctx, "wait_for_market_event", wait(("percentChange24h", "lt", -4)))
+    hit = await wait(("BTC-USD", "percentChange24h", "lt", -4))
     assert isinstance(hit, Triggered) and hit.timestamp == iso_ms(at)
     assert hit.ticker.volume24h == 900.0 and hit.ticker.timestamp == "2024-03-01T10:00:00.250Z"
-    miss = await registry().call(ctx, "wait_for_market_event", wait(("price", "crossAbove", 100)))
+    miss = await wait(("BTC-USD", "price", "crossAbove", 100), ("BTCUSDT", "price", "gt", 3))
     assert isinstance(miss, TimedOut) and miss.duration == 0.0 and miss.timestamp == iso_ms(at)
     assert miss.warning is not None and "replay" in miss.warning
-    assert list(miss.last_tickers) == ["BTC-USD"] and miss.last_tickers["BTC-USD"].price == 101.5
+    assert {p: t.price for p, t in miss.last_tickers.items()} == {"BTC-USD": 101.5, "BTCUSDT": 2.5}
+    assert miss.last_tickers["BTCUSDT"].timestamp == iso_ms(bar.close_time_ms)
+    closing = await wait(("BTCUSDT", "price", "lte", 2.5))
+    assert isinstance(closing, Triggered) and closing.product_id == "BTCUSDT"
+    unknown = await wait(("BTC-USD", "price", "gt", 1), ("ETH-USD", "price", "gt", 1))
+    assert isinstance(unknown, ToolError) and unknown.error == "not_found"
+    assert [p.path for p in unknown.problems] == ["subscriptions[1].productId"]
+    assert "ETH-USD" in unknown.message and "BTC-USD, BTCUSDT" in str(unknown.suggestion)

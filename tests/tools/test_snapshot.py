@@ -179,3 +179,24 @@ async def test_on_event_time_nothing_is_asked_of_the_exchange() -> None:
     (warning,) = out.warnings
     assert warning.startswith("4h data unavailable: the replay holds too few candles")
     assert iso_ms(at) in warning
+
+
+async def test_a_replayed_symbol_need_not_be_a_coinbase_id_but_a_live_one_must() -> None:
+    """A replay of Binance's BTCUSDT answers for BTCUSDT from its own candles; live,
+    the same symbol is an error naming the field (Coinbase would not know it)."""
+    first = 1_704_067_200_000
+    cache = StateCache(max_candles=700)
+    step = 900_000
+    for i in range(60):
+        start = first + i * step
+        c = Candle(open=1.0, high=3.0, low=0.5, close=2.0 + i, volume=1.0,
+                   open_time_ms=start, close_time_ms=start + step)  # fmt: skip
+        cache.add_closed("BTCUSDT", "15m", c.payload())
+    async with context(set(), cache) as (ctx, fake):
+        live = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "BTCUSDT"})
+        ctx.market_ms = first + 60 * step
+        replayed = await registry().call(ctx, "fetch_technical_snapshot", {"symbol": "BTCUSDT"})
+    assert isinstance(live, ToolError) and live.error == "invalid_arguments"
+    assert live.problems[0].path == "symbol" and fake.asked == []
+    assert isinstance(replayed, TechnicalSnapshot) and replayed.current_price == 61.0
+    assert replayed.timeframes["15m"] is not None and replayed.success_count == 2
