@@ -425,6 +425,22 @@ def test_cost_measured_from_the_agents_real_runs(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "no finished LLM run of 'alpha'" in res.output
 
 
+def test_real_runs_price_the_report_by_cost_or_else_by_tokens() -> None:
+    """Runs with a cost give their mean cost; runs that cost nothing (no prices in the
+    runner: a local model) give their mean tokens at the report's prices; none: the
+    estimate as given."""
+    from daemon.backtest.report import RunSpend, priced_by_runs
+
+    estimate = CostModel(price_input_per_mtok=2.0, price_output_per_mtok=10.0)
+    paid = priced_by_runs(estimate, [RunSpend(0.01, 10, 1), RunSpend(0.03, 30, 3)], "here")
+    assert paid.cost(10) == pytest.approx(0.2) and paid.source == "mean of 2 LLM runs in here"
+    free = priced_by_runs(estimate, [RunSpend(0.0, 1000, 100), RunSpend(None, 3000, 300)], "here")
+    assert (free.tokens_in_per_run, free.tokens_out_per_run) == (2000, 200)
+    assert free.cost(10) == pytest.approx(10 * (2000 * 2.0 + 200 * 10.0) / 1e6)
+    assert free.measured_per_run is None and "mean tokens of 2 LLM runs" in free.source
+    assert priced_by_runs(estimate, [], "here") == estimate
+
+
 def test_special_files_in_the_agent_dir_never_hang_the_copy(tmp_path: Path) -> None:
     """A FIFO beside the hooks is left out of the copy; a hook that is a link stays a
     link, which the workspace refuses as live (a clear error naming it, exit 2); a data

@@ -68,6 +68,27 @@ def measured(model: CostModel, costs: Sequence[float], where: str) -> CostModel:
     )
 
 
+def priced_by_runs(model: CostModel, runs: Sequence[RunSpend], where: str) -> CostModel:
+    """``model`` priced by real LLM runs: their mean cost; runs that cost nothing (a
+    runner without prices, e.g. a local model) give their mean tokens instead, at
+    ``model``'s prices, so the comparison with a timer agent still says something."""
+    if not runs:
+        return model
+    costs = [r.cost or 0.0 for r in runs]
+    if sum(costs) > 0:
+        return measured(model, costs, where)
+    n = len(runs)
+    return msgspec.structs.replace(
+        model,
+        tokens_in_per_run=round(sum(r.tokens_in for r in runs) / n),
+        tokens_out_per_run=round(sum(r.tokens_out for r in runs) / n),
+        source=(
+            f"mean tokens of {n} LLM runs in {where} (priced at 0 there), at "
+            f"{model.price_input_per_mtok:g} / {model.price_output_per_mtok:g} per million"
+        ),
+    )
+
+
 class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
     """One hook revision's evaluations and decisions."""
 
@@ -178,10 +199,12 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     llm: RunSpend | None = None
 
 
-class RunSpend(msgspec.Struct, frozen=True):
+class RunSpend(msgspec.Struct, frozen=True, rename="camel"):
     """What a report reads of a run's ``llm`` part."""
 
     cost: float | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
 
 
 _row = msgspec.json.Decoder(AuditRow)
@@ -200,7 +223,7 @@ class Tally:
         self._first_errors: dict[tuple[str, str], str] = {}
         self._suppressed: dict[tuple[str, str], Counter[str]] = {}
         self.wakes = self.runs = 0
-        self.llm_costs: list[float] = []  # of the finished runs that ran a model
+        self.llm_runs: list[RunSpend] = []  # the finished runs that ran a model
         self._wakes_suppressed: Counter[str] = Counter()
         self._first_ms: int | None = None  # the hook rows' first and last event times
         self._last_ms = 0
@@ -225,8 +248,8 @@ class Tally:
         if rec.type == "run":
             if rec.status != "started":
                 self.runs += 1
-            if rec.status == "finished" and rec.llm is not None and rec.llm.cost is not None:
-                self.llm_costs.append(rec.llm.cost)
+            if rec.status == "finished" and rec.llm is not None:
+                self.llm_runs.append(rec.llm)
             return
         if rec.type != "hook":
             return

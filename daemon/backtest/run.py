@@ -36,7 +36,7 @@ from daemon.backtest.report import (
     Tally,
     compare,
     figures,
-    measured,
+    priced_by_runs,
     timer_baseline,
     trades_of,
 )
@@ -226,7 +226,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     first, last = period or (0, -1)  # none: no timer period
     # Runs that ran a model (--run-llm) price the wakes and the timer baseline at what
     # they really cost, whatever the options' estimate (or --cost-from) said.
-    model = measured(opts.cost, tally.llm_costs, "this backtest")
+    model = priced_by_runs(opts.cost, tally.llm_runs, "this backtest")
     baseline = timer_baseline(first, last, opts.baseline_minutes, model)
     cost = model.cost(tally.runs)
     account = load_agent_config(out / "agents" / agent / AGENT_FILE).account or agent
