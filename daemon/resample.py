@@ -42,7 +42,7 @@ def _merged(group: list[Candle], step_ms: int) -> Candle:
         high=max(c.high for c in group),
         low=min(c.low for c in group),
         close=group[-1].close,
-        volume=sum(c.volume for c in group),
+        volume=round(sum(c.volume for c in group), 8),  # no float-sum tail for the model
         open_time_ms=start,
         close_time_ms=start + step_ms,
     )

@@ -16,7 +16,9 @@ the runner bounds the whole run with its deadline.
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from typing import Any, Protocol
 
 import msgspec
@@ -76,6 +78,16 @@ class Conversation(Protocol):
         ...
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """One TLS context for every conversation's HTTP client. Each SDK client builds
+    its own otherwise, loading the CA bundle (~20 ms of CPU a run: a third of a
+    backtest with ``--run-llm`` against a local model)."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
 def _arguments(raw: Any) -> dict[str, Any] | None:
     """Tool arguments as a dict: already one (Anthropic) or JSON text (OpenAI)."""
     if isinstance(raw, dict):
@@ -95,13 +107,14 @@ class AnthropicConversation:
     provider = "anthropic"
 
     def __init__(self, cfg: RunnerConfig, system: str, user: str, tools: list[ToolSpec]) -> None:
-        from anthropic import AsyncAnthropic
+        from anthropic import AsyncAnthropic, DefaultAsyncHttpxClient
 
         self._client = AsyncAnthropic(
             api_key=cfg.api_key.reveal() or "none",
             base_url=cfg.base_url or None,
             timeout=cfg.deadline_seconds,
             max_retries=2,
+            http_client=DefaultAsyncHttpxClient(verify=tls_context()),
         )
         self._cfg = cfg
         self._system = system
@@ -170,13 +183,14 @@ class OpenAIConversation:
     provider = "openai"
 
     def __init__(self, cfg: RunnerConfig, system: str, user: str, tools: list[ToolSpec]) -> None:
-        from openai import AsyncOpenAI
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
         self._client = AsyncOpenAI(
             api_key=cfg.api_key.reveal() or "none",
             base_url=cfg.base_url or None,
             timeout=cfg.deadline_seconds,
             max_retries=2,
+            http_client=DefaultAsyncHttpxClient(verify=tls_context()),
         )
         self._cfg = cfg
         self._tools = [
