@@ -102,6 +102,9 @@ class LlmReport(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     model: str
     tokens_in: int = 0
     tokens_out: int = 0
+    # Of tokens_in: written to and read from the provider's prompt cache.
+    tokens_cache_write: int = 0
+    tokens_cache_read: int = 0
     cost: float = 0.0
     model_calls: int = 0
     stop_reason: str = ""

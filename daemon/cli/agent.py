@@ -125,7 +125,9 @@ def _print(step: Step) -> None:
         click.echo(f"── {title}\n{step.text}\n")
     elif step.turn is not None:
         t = step.turn
-        click.echo(f"── model ({t.tokens_in}+{t.tokens_out} tokens, stop {t.stop_reason})")
+        cached = t.cache_read or t.cache_write
+        cache = f"; cache {t.cache_read} read, {t.cache_write} written" if cached else ""
+        click.echo(f"── model ({t.tokens_in}+{t.tokens_out} tokens{cache}, stop {t.stop_reason})")
         if t.text:
             click.echo(t.text)
         for call in t.tool_calls:

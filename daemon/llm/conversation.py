@@ -56,8 +56,12 @@ class Turn(msgspec.Struct, frozen=True):
     text: str
     tool_calls: list[ToolCall]
     stop_reason: str
+    # Every input token of the request, cached or not; of them, those written to and
+    # read from the provider's prompt cache (priced apart: docs/llm.md).
     tokens_in: int
     tokens_out: int
+    cache_write: int = 0
+    cache_read: int = 0
 
 
 class Conversation(Protocol):
@@ -76,6 +80,9 @@ class Conversation(Protocol):
     async def close(self) -> None:
         """Release the HTTP client."""
         ...
+
+
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}  # Anthropic's 5-minute prompt cache
 
 
 @functools.cache
@@ -117,21 +124,28 @@ class AnthropicConversation:
             http_client=DefaultAsyncHttpxClient(verify=tls_context()),
         )
         self._cfg = cfg
-        self._system = system
         self._tools = [
             {"name": t.name, "description": t.description, "input_schema": t.input_schema}
             for t in tools
         ]
-        self._messages: list[dict[str, Any]] = [{"role": "user", "content": user}]
+        self._system: list[dict[str, Any]] = [{"type": "text", "text": system}]
+        self._messages: list[dict[str, Any]] = [
+            {"role": "user", "content": [{"type": "text", "text": user}]}
+        ]
+        self._marked: dict[str, Any] | None = None
+        if cfg.prompt_cache:
+            self._system[0]["cache_control"] = EPHEMERAL  # the tools and the system prompt
 
     async def turn(self) -> Turn:
         kwargs: dict[str, Any] = {}
         if self._tools:
             kwargs["tools"] = self._tools
+        if self._cfg.prompt_cache:
+            self._mark_newest()
         msg = await self._client.messages.create(
             model=self._cfg.model,
             max_tokens=self._cfg.max_tokens,
-            system=self._system,
+            system=self._system,  # type: ignore[arg-type]
             messages=self._messages,  # type: ignore[arg-type]
             **kwargs,
         )
@@ -149,13 +163,27 @@ class AnthropicConversation:
                 )
         self._messages.append({"role": "assistant", "content": blocks})
         usage = msg.usage
+        written = int(usage.cache_creation_input_tokens or 0)
+        read = int(usage.cache_read_input_tokens or 0)
         return Turn(
             text="\n".join(texts),
             tool_calls=calls,
             stop_reason=str(msg.stop_reason or ""),
-            tokens_in=int(usage.input_tokens or 0),
+            tokens_in=int(usage.input_tokens or 0) + written + read,
             tokens_out=int(usage.output_tokens or 0),
+            cache_write=written,
+            cache_read=read,
         )
+
+    def _mark_newest(self) -> None:
+        """One moving cache breakpoint on the newest block, so each turn of the tool
+        loop reads everything before it from the cache (2 of the 4 allowed, with the
+        system prompt's)."""
+        newest = self._messages[-1]["content"][-1]
+        if self._marked is not None and self._marked is not newest:
+            self._marked.pop("cache_control", None)
+        newest["cache_control"] = EPHEMERAL
+        self._marked = newest
 
     def answer(self, outcomes: list[ToolOutcome]) -> None:
         self._messages.append(
@@ -240,12 +268,15 @@ class OpenAIConversation:
             assistant["tool_calls"] = wire_calls
         self._messages.append(assistant)
         usage = resp.usage
+        details = usage.prompt_tokens_details if usage else None
         return Turn(
             text=message.content or "",
             tool_calls=calls,
             stop_reason=str(choice.finish_reason or ""),
             tokens_in=int(usage.prompt_tokens) if usage else 0,
             tokens_out=int(usage.completion_tokens) if usage else 0,
+            # OpenAI caches long prefixes by itself and says how much it read.
+            cache_read=int(details.cached_tokens or 0) if details else 0,
         )
 
     def answer(self, outcomes: list[ToolOutcome]) -> None:

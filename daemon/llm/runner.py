@@ -12,9 +12,10 @@ the model answers without tools. Bounds:
   asks the model to conclude; a model that keeps calling ends the run.
 * each tool has its own time budget (:meth:`daemon.tools.base.Registry.call`).
 
-Every run reports tokens in and out, its cost at the configured prices, why
-it stopped and each tool call (name, a digest of its arguments, duration, ok
-or the error), for the audit ``run`` record.
+Every run reports tokens in and out (and of the input, what the provider's
+prompt cache wrote and read), its cost at the configured prices, why it
+stopped and each tool call (name, a digest of its arguments, duration, ok or
+the error), for the audit ``run`` record.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ class _Tally:
     def __init__(self) -> None:
         self.tokens_in = 0
         self.tokens_out = 0
+        self.cache_write = 0
+        self.cache_read = 0
         self.model_calls = 0
         self.calls: list[ToolCallReport] = []
         self.text = ""
@@ -190,6 +193,8 @@ class LlmRunner:
             tally.model_calls += 1
             tally.tokens_in += turn.tokens_in
             tally.tokens_out += turn.tokens_out
+            tally.cache_write += turn.cache_write
+            tally.cache_read += turn.cache_read
             if turn.text:
                 tally.text = turn.text
             if not turn.tool_calls:
@@ -241,21 +246,38 @@ class LlmRunner:
 
     def _report(self, tally: _Tally) -> LlmReport:
         cfg = self.config
-        cost = (
-            tally.tokens_in * cfg.price_input_per_mtok
-            + tally.tokens_out * cfg.price_output_per_mtok
-        ) / 1e6
         return LlmReport(
             provider=str(cfg.provider),
             model=cfg.model,
             tokens_in=tally.tokens_in,
             tokens_out=tally.tokens_out,
-            cost=round(cost, 6),
+            tokens_cache_write=tally.cache_write,
+            tokens_cache_read=tally.cache_read,
+            cost=round(run_cost(cfg, tally), 6),
             model_calls=tally.model_calls,
             stop_reason=tally.stop,
             tool_calls=tally.calls,
             text=tally.text[:4000],
         )
+
+
+CACHE_WRITE_FACTOR = 1.25  # Anthropic's price of a cache write, x the input price
+CACHE_READ_FACTOR = 0.1  # and of a read, unless [wake.runner] names its own price
+
+
+def run_cost(cfg: RunnerConfig, tally: _Tally) -> float:
+    """What the run's tokens cost: uncached input, cache writes and reads, output."""
+    p_in = cfg.price_input_per_mtok
+    p_read = cfg.price_cached_input_per_mtok
+    if p_read is None:
+        p_read = p_in * CACHE_READ_FACTOR if cfg.provider == "anthropic" else p_in
+    plain = tally.tokens_in - tally.cache_write - tally.cache_read
+    return (
+        plain * p_in
+        + tally.cache_write * p_in * CACHE_WRITE_FACTOR
+        + tally.cache_read * p_read
+        + tally.tokens_out * cfg.price_output_per_mtok
+    ) / 1e6
 
 
 def _error_of(text: str) -> str:

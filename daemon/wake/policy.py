@@ -45,6 +45,13 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # For the cost in the run record: prices per million tokens.
     price_input_per_mtok: NonNegFloat = 0.0
     price_output_per_mtok: NonNegFloat = 0.0
+    # Input tokens read from the provider's prompt cache; unset: Anthropic's 0.1 x the
+    # input price, the input price for OpenAI-compatible servers (set your model's).
+    price_cached_input_per_mtok: NonNegFloat | None = None
+    # Anthropic: mark the tools, the system prompt and the newest message for its
+    # prompt cache, so each turn of a run reads what the turn before sent (writes cost
+    # 1.25 x the input price, reads 0.1 x). OpenAI-compatible servers cache by themselves.
+    prompt_cache: bool = True
     # submit_trading_signal: the order's notional (quote currency) and the confidence
     # a signal needs to be traded (seed 002: 60).
     signal_notional: PosFloat = 100.0

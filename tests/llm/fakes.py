@@ -65,8 +65,10 @@ def openai_turn(
     text: str | None = None,
     calls: list[tuple[str, str, dict[str, Any]]] = (),  # type: ignore[assignment]
     usage: tuple[int, int] = (100, 20),
+    cached: int = 0,
 ) -> dict[str, Any]:
-    """A Chat Completions response: text and/or tool calls ``(id, name, arguments)``."""
+    """A Chat Completions response: text and/or tool calls ``(id, name, arguments)``;
+    ``cached`` of the prompt tokens were read from OpenAI's prompt cache."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = [
@@ -90,6 +92,7 @@ def openai_turn(
             "prompt_tokens": usage[0],
             "completion_tokens": usage[1],
             "total_tokens": sum(usage),
+            "prompt_tokens_details": {"cached_tokens": cached},
         },
     }
 
@@ -98,8 +101,10 @@ def anthropic_turn(
     text: str | None = None,
     calls: list[tuple[str, str, dict[str, Any]]] = (),  # type: ignore[assignment]
     usage: tuple[int, int] = (100, 20),
+    cache: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
-    """A Messages response: a text block and/or ``tool_use`` blocks."""
+    """A Messages response: a text block and/or ``tool_use`` blocks; ``usage`` is
+    (uncached input, output) tokens, ``cache`` (written, read) prompt-cache tokens."""
     content: list[dict[str, Any]] = []
     if text is not None:
         content.append({"type": "text", "text": text})
@@ -112,5 +117,10 @@ def anthropic_turn(
         "content": content,
         "stop_reason": "tool_use" if calls else "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
+        "usage": {
+            "input_tokens": usage[0],
+            "output_tokens": usage[1],
+            "cache_creation_input_tokens": cache[0],
+            "cache_read_input_tokens": cache[1],
+        },
     }

@@ -128,7 +128,7 @@ async def test_anthropic_tool_errors_go_back_as_error_results(tmp_path: Path) ->
     assert [(c.name, c.ok) for c in calls] == [("nope", False), ("nap", False)]
     assert "no tool named 'nope'" in (calls[0].error or "")
     second = fake.requests[1]
-    assert second["system"].startswith("You are a trading agent")  # no AGENT.md: the default
+    assert second["system"][0]["text"].startswith("You are a trading agent")  # the default
     assert second["messages"][1]["content"][2] == {
         "type": "tool_use", "id": "u2", "name": "nap", "input": {"seconds": "x"},
     }  # fmt: skip
@@ -136,6 +136,50 @@ async def test_anthropic_tool_errors_go_back_as_error_results(tmp_path: Path) ->
     assert [(r["tool_use_id"], r["is_error"]) for r in results] == [("u1", True), ("u2", True)]
     assert "seconds" in results[1]["content"]  # the problem names the bad field
     assert (result.llm.tokens_in, result.llm.tokens_out) == (250, 30)
+
+
+async def test_anthropic_prompt_cache_moves_with_the_tool_loop_and_is_priced() -> None:
+    """The system prompt (and the tools before it) carry a cache breakpoint; a second
+    one moves to the newest block each turn, so turn 2 reads turn 1 from the cache.
+    The cost prices writes at 1.25 x and reads at 0.1 x the input price."""
+    script = [
+        anthropic_turn(calls=[("n1", "nap", {"symbol": "X", "seconds": 0})],
+                       usage=(50, 10), cache=(2000, 0)),
+        anthropic_turn("Done.", usage=(80, 20), cache=(0, 2000)),
+    ]  # fmt: skip
+    async with fake_anthropic(script) as (fake, url):  # priced at 3 in, 15 out
+        result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
+    first, second = fake.requests
+    ephemeral = {"type": "ephemeral"}
+    for request in (first, second):
+        assert request["system"][0]["cache_control"] == ephemeral
+    marked = [
+        (m, i)
+        for m, msg in enumerate(second["messages"])
+        for i, block in enumerate(msg["content"])
+        if "cache_control" in block
+    ]
+    assert first["messages"][0]["content"][-1]["cache_control"] == ephemeral
+    assert marked == [(2, 0)]  # only the tool result: the first message's mark moved
+    assert result.llm is not None
+    assert (result.llm.tokens_in, result.llm.tokens_cache_write) == (4130, 2000)
+    assert result.llm.tokens_cache_read == 2000
+    plain, write, read, out = 130 * 3.0, 2000 * 3.75, 2000 * 0.3, 30 * 15.0
+    assert result.llm.cost == round((plain + write + read + out) / 1e6, 6)
+    async with fake_anthropic([anthropic_turn("ok")]) as (fake, url):
+        await LlmRunner(cfg("anthropic", url, prompt_cache=False), tools=TOOLS).run(CTX)
+    assert "cache_control" not in json.dumps(fake.requests[0])
+
+
+async def test_openai_cached_tokens_are_counted_and_priced_as_configured() -> None:
+    """OpenAI reports the cached part of its prompt tokens: counted, and priced at the
+    input price unless price_cached_input_per_mtok names the model's own."""
+    for price, expected in ((None, 1000 * 3.0), (1.5, 400 * 3.0 + 600 * 1.5)):
+        async with fake_openai([openai_turn("ok", usage=(1000, 0), cached=600)]) as (_, url):
+            config = cfg("openai", url, price_cached_input_per_mtok=price)
+            result = await LlmRunner(config, tools=TOOLS).run(CTX)
+        assert result.llm is not None and result.llm.tokens_cache_read == 600
+        assert (result.llm.tokens_in, result.llm.cost) == (1000, round(expected / 1e6, 6))
 
 
 async def test_a_run_past_its_deadline_is_cut_and_reported() -> None:

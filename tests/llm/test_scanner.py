@@ -113,7 +113,9 @@ async def test_a_mover_runs_the_scanner_in_three_tool_calls(tmp_path: Path) -> N
     assert run["llm"]["cost"] == round((12600 * 3.0 + 270 * 15.0) / 1e6, 6)
     # The system prompt is the shipped AGENT.md; both bundles answered in one turn.
     first = fake.requests[0]
-    assert first["system"].startswith("You are an expert cryptocurrency trading analysis")
+    assert first["system"][0]["text"].startswith(
+        "You are an expert cryptocurrency trading analysis"
+    )
     results = {
         block["tool_use_id"]: json.loads(block["content"])
         for block in fake.requests[1]["messages"][-1]["content"]
