@@ -104,7 +104,8 @@ async def elsewhere(ctx: ToolContext, symbol: str, timeframe: str) -> TimeframeD
     if ctx.market_ms is not None:
         raise LookupError(
             f"the replay holds too few candles of {symbol} before {iso_ms(ctx.market_ms)} "
-            f"to make {CANDLES} whole {timeframe} candles (a replay never asks the exchange)"
+            f"to make {CANDLES} whole {timeframe} candles (a replay never asks the exchange; "
+            "[state] max_candles keeps more)"
         )
     return await from_coinbase(ctx, symbol, timeframe)
 
