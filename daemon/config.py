@@ -64,8 +64,9 @@ class DaemonSection(Base, frozen=True):
     record_max_mb: Annotated[float, msgspec.Meta(ge=0)] = 1024.0
     # A feed that has produced nothing for this long is considered stalled and
     # the systemd watchdog stops being pinged.
-    stall_seconds: float = 120.0
-    status_interval_seconds: float = 60.0
+    stall_seconds: Annotated[float, msgspec.Meta(gt=0)] = 120.0
+    # status.json and the status log line this often (0 would spin).
+    status_interval_seconds: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # Which time the agents live on (docs/daemon.md): "wall" (live), "event" (the
     # time of the last event applied: replays and backtests give the same wakes,
     # runs, orders and fills at any speed), "auto" = event unless a live feed
@@ -110,7 +111,8 @@ class CopytradeSection(Base, frozen=True):
 
 
 class StateSection(Base, frozen=True):
-    max_candles: int = 500
+    # Closed candles kept per series (each cache; ~1 KB each): bounded memory.
+    max_candles: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
     # The daemon's own market state, beside each agent's: what the agents' tools and
     # MCP read, what an agent that starts mid-run (hot reload) is warmed up from, and
     # the snapshot the next start warms up from. false spares every candle one more

@@ -56,11 +56,11 @@ class CandlesSection(_Section, frozen=True):
     products: list[str] = msgspec.field(default_factory=list)
     timeframes: list[str] = msgspec.field(default_factory=lambda: ["5m"])
     # 0 = derive from the timeframe (a tenth of it, clamped to 10..300 s).
-    poll_seconds: float = 0.0
+    poll_seconds: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     emit_updated: bool = False
     # How far back to backfill after downtime, in candles per timeframe.
-    max_backfill: int = 1000
-    request_timeout_seconds: float = 10.0
+    max_backfill: Annotated[int, msgspec.Meta(ge=0)] = 1000
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
 
     def __post_init__(self) -> None:
         check_http_url(self.base_url, "base_url")

@@ -56,6 +56,14 @@ def test_empty_config_uses_defaults() -> None:
             "feeds.replay: from_ms must be before to_ms",
         ),
         ("[state]\nshared = false\n", "state.shared = false needs hooks.run_agents = false"),
+        # Each used to pass `config check` and then crash `run`, spin, or stall every feed.
+        ("[state]\nmax_candles = 0\n", "state.max_candles: expected `int` >= 1 (found 0)"),
+        ("[state]\nmax_candles = 10000000\n", "state.max_candles: expected `int` <= 100000"),
+        ("[daemon]\nstatus_interval_seconds = 0\n", "daemon.status_interval_seconds: expected"),
+        ("[daemon]\nstall_seconds = -1\n", "daemon.stall_seconds: expected `float` > 0.0"),
+        ("[feeds.candles]\npoll_seconds = -5\n", "feeds.candles.poll_seconds: expected"),
+        ("[feeds.candles]\nmax_backfill = -1\n", "feeds.candles.max_backfill: expected"),
+        ("[feeds.candles]\nrequest_timeout_seconds = 0\n", "request_timeout_seconds: expected"),
         (
             "[state]\nshared = false\n[hooks]\nrun_agents = false\n[mcp]\nenabled = true\n",
             "state.shared = false needs mcp.enabled = false",

@@ -125,11 +125,13 @@ def test_the_daemon_refuses_to_start_with_a_broken_agent(tmp_path: Path) -> None
     problem is listed, the first on the first line."""
     agent(tmp_path, "a", "topics = []\n")
     agent(tmp_path, "b", "state_candles = -1\n")
+    agent(tmp_path, "c", "pause_agent_after_paused_hooks = -1\n")  # was: 1
     with pytest.raises(ConfigError) as info:
         run_daemon(config(tmp_path))
-    first, second = str(info.value).splitlines()
+    first, second, third = str(info.value).splitlines()
+    assert third.strip().startswith("agent 'c': ") and "expected `int` >= 0" in third
     assert first.startswith("agent 'a': ") and first.endswith(
-        "topics must list at least one topic pattern (and 1 more below)"
+        "topics must list at least one topic pattern (and 2 more below)"
     )
     assert second.strip().startswith("agent 'b': ") and "state_candles" in second
     assert not (tmp_path / "state").exists()

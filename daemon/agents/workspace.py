@@ -44,7 +44,7 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # Agents naming the same account share positions, orders, PnL and limits' view.
     account: str = ""
     # Pause the whole agent after this many hooks are paused (0 = never).
-    pause_agent_after_paused_hooks: int = 0
+    pause_agent_after_paused_hooks: Annotated[int, msgspec.Meta(ge=0)] = 0
     wake: WakePolicy = msgspec.field(default_factory=WakePolicy)
     risk: RiskLimits = msgspec.field(default_factory=RiskLimits)
     # How this agent copies leaders, if it follows any (docs/copytrade.md).
