@@ -252,7 +252,7 @@ def render_html(report: Report, series: Series) -> str:
         ),
         ("wakes", f"{report.wakes} WAKE decisions -> {report.runs} runs"),
         ("not run", ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items()) or "-"),
-        ("estimated LLM cost", f"{report.cost:.2f} ({report.cost_model.source})"),
+        (report.cost_model.label, f"{report.cost:.2f} ({report.cost_model.source})"),
         (f"timer agent every {b.minutes:g} min", f"{b.runs} runs, {b.cost:.2f}"),
         ("cost ratio", f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"),
         ("trades", f"{t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}"),

@@ -30,6 +30,13 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True):
     measured_per_run: float | None = None
     measured_runs: int = 0
     source: str = "estimate"
+    # Priced by the backtest's own LLM runs at what they cost (--run-llm): not an estimate.
+    actual: bool = False
+
+    @property
+    def label(self) -> str:
+        """How the report names the cost."""
+        return "LLM cost" if self.actual else "estimated LLM cost"
 
     def cost(self, runs: int) -> float:
         """The cost of ``runs`` runs."""
@@ -76,7 +83,7 @@ def priced_by_runs(model: CostModel, runs: Sequence[RunSpend], where: str) -> Co
         return model
     costs = [r.cost or 0.0 for r in runs]
     if sum(costs) > 0:
-        return measured(model, costs, where)
+        return msgspec.structs.replace(measured(model, costs, where), actual=True)
     n = len(runs)
     return msgspec.structs.replace(
         model,

@@ -445,7 +445,7 @@ def render(report: Report) -> str:
     )
     ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"
     lines.append(
-        f"  estimated LLM cost {report.cost:.2f} vs {b.cost:.2f} for a timer agent every "
+        f"  {report.cost_model.label} {report.cost:.2f} vs {b.cost:.2f} for a timer agent every "
         f"{b.minutes:g} min ({b.runs} runs): {ratio} of it ({report.cost_model.source})"
     )
     lines.append(

@@ -10,7 +10,7 @@ from typing import Any
 import anyio.from_thread
 
 from daemon.audit.reader import iter_records
-from daemon.backtest.run import BacktestOptions, held_candles, run_backtest
+from daemon.backtest.run import BacktestOptions, held_candles, render, run_backtest
 from daemon.events import iso_ms
 from daemon.tools import registry
 from daemon.tools.base import ToolError
@@ -116,7 +116,8 @@ def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
     assert spent == (200 * 3.0 + 40 * 15.0) / 1e6
     model = report.cost_model
     assert (model.measured_per_run, model.measured_runs) == (spent, 1)
-    assert model.source == "mean of 1 LLM runs in this backtest"
+    assert model.source == "mean of 1 LLM runs in this backtest" and model.actual
+    assert "LLM cost 0.00 vs" in render(report) and "estimated" not in render(report)
     assert report.cost == spent and report.baseline.cost == round(report.baseline.runs * spent, 6)
 
 
