@@ -37,6 +37,7 @@ from daemon.events import (
     FeedEvent,
     IdentityMemo,
     candle_of,
+    parse_iso_ms,
     signal_of,
 )
 from daemon.indicators import CandleIndicators
@@ -335,6 +336,18 @@ class StateCache:
     def symbols(self) -> list[str]:
         """Every symbol with a series or a tick, sorted."""
         return sorted({*self._series, *self._ticks})
+
+    def newest_ms(self) -> int | None:
+        """The time of the newest thing held (a candle's close, a tick): the market
+        time of a replay, for readers that are not an agent (O(series), not per event)."""
+        times = [int(s.candles[-1]["closeTimeMs"]) for by_tf in self._series.values()
+                 for s in by_tf.values() if s.candles]  # fmt: skip
+        for tick in self._ticks.values():
+            try:
+                times.append(parse_iso_ms(str(tick.get("ts"))))
+            except ValueError:
+                continue
+        return max(times, default=None)
 
     def tick(self, symbol: str) -> dict[str, Any] | None:
         """A copy of ``symbol``'s last tick payload (with its event ``ts``), if any."""

@@ -188,6 +188,9 @@ class ToolContext:
     market_ms: int | None = None
     # On event time, once the agents run: an agent's view for its runs' tools.
     agent_view: Callable[[str], AgentView | None] | None = None
+    # On event time: the daemon's market time, for callers that are not an agent's
+    # run (MCP hosts). None live.
+    market_now: Callable[[], int | None] | None = None
 
     def close(self) -> None:
         """Release what a tool opened lazily (the pattern store)."""
@@ -198,8 +201,15 @@ class ToolContext:
         agent's clock and over its own state."""
         view = self.agent_view(call.agent_id) if self.agent_view is not None else None
         if view is None:
-            return dataclasses.replace(self, agent=call)
+            return dataclasses.replace(self.as_of_now(), agent=call)
         return dataclasses.replace(self, agent=call, state=view.state, market_ms=view.now_ms)
+
+    def as_of_now(self) -> ToolContext:
+        """This context for a call that is no agent's run: on event time, at the
+        daemon's market time (its state's newest candle or tick)."""
+        if self.market_now is None:
+            return self
+        return dataclasses.replace(self, market_ms=self.market_now() or 0)
 
     def present_only(self, tool: str, source: str, instead: str) -> ToolError | None:
         """On event time, the answer of a tool that can read only the present
@@ -240,6 +250,7 @@ async def open_context(
                 dflow=tools.dflow,
                 rag=cfg.rag,
                 http=session,
+                market_now=state.newest_ms if state is not None and cfg.event_time else None,
             )
 
         if pool is not None:

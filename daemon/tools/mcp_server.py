@@ -72,15 +72,18 @@ def build_server(registry: Registry[ToolContext], ctx: ToolContext, agent: str =
         return types.ListToolsResult(tools=listed)
 
     def for_call() -> ToolContext:
+        """The context of one call: on event time, as of the replay's market time
+        (the named agent's, when there is one)."""
         if not agent:
-            return ctx
+            return ctx.as_of_now()
         # MCP requests carry no session (the protocol is stateless): a signal is
         # the same signal when its levels are, within a UTC day ("run" mcp-<day>).
         run = time.strftime("mcp-%Y-%m-%d", time.gmtime())
         call = ctx.agent_call(agent, run) if ctx.agent_call is not None else None
-        if call is not None:
-            call = dataclasses.replace(call, trace_id=f"mcp-{secrets.token_hex(6)}")
-        return dataclasses.replace(ctx, agent=call, acting_for=agent)
+        if call is None:
+            return dataclasses.replace(ctx.as_of_now(), agent=None, acting_for=agent)
+        call = dataclasses.replace(call, trace_id=f"mcp-{secrets.token_hex(6)}")
+        return dataclasses.replace(ctx.for_agent(call), acting_for=agent)
 
     async def call_tool(_rctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         result = await registry.call(for_call(), params.name, params.arguments)

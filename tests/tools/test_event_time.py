@@ -147,3 +147,54 @@ async def test_tools_that_read_only_the_present_refuse_a_replay() -> None:
         assert iso_ms(START_MS) in out.message and out.suggestion
     live = await call(ToolContext(), "fetch_sentiment_data", {"symbol": "BTC-USD"})
     assert not isinstance(live, ToolError)  # live, the same call answers (no sources set)
+
+
+async def test_over_mcp_a_replaying_daemon_answers_as_of_its_market_time() -> None:
+    """An MCP host of a daemon on event time (no agent named) gets answers as of the
+    newest thing the daemon's state holds: the replay's price and time, no wait."""
+    from mcp import Client
+
+    from daemon.config import McpSection
+    from daemon.events import Candle
+    from daemon.state import StateCache
+    from daemon.tools.mcp_server import bound_port, build_server, serve_http
+
+    state = StateCache()
+    for i in range(60):
+        start = START_MS + i * STEP_MS
+        bar = Candle(open=100.0, high=110.0, low=90.0, close=100.0 + i, volume=1.0,
+                     open_time_ms=start, close_time_ms=start + STEP_MS)  # fmt: skip
+        state.add_closed("BTC-USD", "5m", bar.payload())
+    newest = START_MS + 60 * STEP_MS
+    assert state.newest_ms() == newest
+    ctx = ToolContext(state=state, market_now=state.newest_ms)
+    wait = {"subscriptions": [{"productId": "BTC-USD", "conditions": [NEVER]}], "timeout": 55}
+    async with (
+        serve_http(build_server(registry(), ctx, ""), McpSection(port=0)) as http,
+        Client(f"http://127.0.0.1:{bound_port(http)}/mcp") as client,
+    ):
+        with anyio.fail_after(20):
+            snap = await client.call_tool("fetch_technical_snapshot", {"symbol": "BTC-USD"})
+            waited = await client.call_tool("wait_for_market_event", wait)
+    out, missed = snap.structured_content or {}, waited.structured_content or {}
+    assert out["current_price"] == 159.0 and out["timeframes"]["1h"] is None
+    assert any(iso_ms(newest) in w for w in out["warnings"])
+    assert missed["status"] == "timeout" and missed["duration"] == 0.0
+    assert missed["timestamp"] == iso_ms(newest)
+
+
+async def test_the_daemons_tools_follow_its_clock() -> None:
+    """The daemon's tool context reads its state's market time on event time only."""
+    import msgspec
+
+    from daemon.config import Config
+    from daemon.state import StateCache
+    from daemon.tools.context import open_context
+    from feeds.coinbase_ws.pool import CoinbaseWsPool
+
+    for clock, replayed in (("event", True), ("wall", False)):
+        cfg = msgspec.convert({"daemon": {"clock": clock}}, Config)
+        pool = CoinbaseWsPool(cfg.feeds.coinbase_ws, lazy=True)
+        async with open_context(cfg, pool=pool, state=StateCache()) as ctx:
+            assert (ctx.market_now is not None) is replayed, clock
+            assert (ctx.as_of_now().market_ms is not None) is replayed
