@@ -64,6 +64,8 @@ def test_empty_config_uses_defaults() -> None:
         ("[feeds.candles]\npoll_seconds = -5\n", "feeds.candles.poll_seconds: expected"),
         ("[feeds.candles]\nmax_backfill = -1\n", "feeds.candles.max_backfill: expected"),
         ("[feeds.candles]\nrequest_timeout_seconds = 0\n", "request_timeout_seconds: expected"),
+        ("[rag.exchange]\nmax_oi_age_hours = 0\n", "rag.exchange.max_oi_age_hours: expected"),
+        ("[rag.embedding]\ncache_ttl_seconds = -1\n", "cache_ttl_seconds: expected `float` >= 0"),
         (
             "[state]\nshared = false\n[hooks]\nrun_agents = false\n[mcp]\nenabled = true\n",
             "state.shared = false needs mcp.enabled = false",

@@ -67,8 +67,8 @@ class EmbeddingSection(_Section, frozen=True):
     # A Hugging Face cache where fastembed looks for the model (never downloads).
     cache_dir: str = ""
     cache_embeddings: bool = True
-    cache_ttl_seconds: float = 300.0
-    cache_max_entries: int = 4096
+    cache_ttl_seconds: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    cache_max_entries: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 4096
 
 
 class QueryDefaultsSection(_Section, frozen=True):
@@ -78,7 +78,7 @@ class QueryDefaultsSection(_Section, frozen=True):
     min_matches: Annotated[int, msgspec.Meta(ge=0)] = 3
     include_regime_filters: bool = True
     # |OI delta vs 24 h average| below this many percent counts as "flat".
-    oi_flat_band_pct: float = 1.0
+    oi_flat_band_pct: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     # Purge: a point is a candidate only once all its outcome horizons had passed at
     # the query time (t + embargo <= timestamp), so every returned outcome is known and
     # the query's own recent past is never a match.
@@ -92,10 +92,10 @@ class QueryDefaultsSection(_Section, frozen=True):
 
 class ExchangeSection(_Section, frozen=True):
     base_url: str = "https://fapi.binance.com"
-    request_timeout_seconds: float = 10.0
+    request_timeout_seconds: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     # Funding/OI older than this at a bar's close count as missing.
-    max_funding_age_hours: float = 24.0
-    max_oi_age_hours: float = 26.0
+    max_funding_age_hours: Annotated[float, msgspec.Meta(gt=0)] = 24.0
+    max_oi_age_hours: Annotated[float, msgspec.Meta(gt=0)] = 26.0
 
 
 class RagConfig(_Section, frozen=True):
