@@ -50,6 +50,7 @@ from daemon.config import (
 )
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES, iso_ms
+from daemon.rag.config import RagConfig
 from daemon.scratchdir import Scratch
 from daemon.service import Component
 from daemon.status import FeedStatus
@@ -99,6 +100,11 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     state_dir: Path = Path("state")
     costs: FillCosts = msgspec.field(default_factory=FillCosts)
     more_data: list[DataFile] = msgspec.field(default_factory=list)
+    # With run_llm, what query_similar_patterns reads instead of the exchange and the
+    # default store (None: those).
+    funding_file: Path | None = None
+    open_interest_file: Path | None = None
+    rag_store: Path | None = None
 
 
 def replay_section(opts: BacktestOptions) -> ReplaySection:
@@ -116,6 +122,22 @@ def replay_section(opts: BacktestOptions) -> ReplaySection:
             for f in opts.more_data
         ],
     )
+
+
+def rag_config(opts: BacktestOptions) -> RagConfig:
+    """The pattern tool's settings: its store and its funding / open-interest files."""
+    default = RagConfig()
+    exchange = msgspec.structs.replace(
+        default.exchange,
+        funding_file=str(opts.funding_file.resolve()) if opts.funding_file else "",
+        open_interest_file=(
+            str(opts.open_interest_file.resolve()) if opts.open_interest_file else ""
+        ),
+    )
+    store = default.store
+    if opts.rag_store is not None:
+        store = msgspec.structs.replace(store, path=str(opts.rag_store.resolve()))
+    return msgspec.structs.replace(default, exchange=exchange, store=store)
 
 
 def held_candles(opts: BacktestOptions) -> int:
@@ -197,6 +219,7 @@ def prepare(opts: BacktestOptions) -> Config:
             include_disabled=True,  # the agent named, even if not enabled live yet
         ),
         state=StateSection(shared=opts.run_llm, max_candles=held_candles(opts)),
+        rag=rag_config(opts),
         feeds=FeedsSection(replay=replay_section(opts)),
         trading=TradingSection(
             paper_maker_fee_bps=opts.costs.maker_fee_bps,

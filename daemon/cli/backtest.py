@@ -158,6 +158,26 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "counting. The tools answer as of each run's market time, from the replayed data; "
     "the LLM runs' real cost prices the report.",
 )
+@click.option(
+    "--funding",
+    "funding_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --run-llm: query_similar_patterns reads funding from this CSV(.gz) "
+    "(funding_time_ms,funding_rate) as of each run, not from the exchange.",
+)
+@click.option(
+    "--open-interest",
+    "open_interest_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --run-llm: the same for open interest (the CSV `rag ingest` takes).",
+)
+@click.option(
+    "--rag-store",
+    "rag_store",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="With --run-llm: the embedded pattern store query_similar_patterns searches "
+    "(default: [rag.store] path's default, state/rag).",
+)
 def backtest_command(
     agent_dir: Path,
     data_specs: tuple[str, ...],
@@ -180,6 +200,9 @@ def backtest_command(
     taker_fee_bps: float,
     slippage_bps: float,
     run_llm: bool,
+    funding_file: Path | None,
+    open_interest_file: Path | None,
+    rag_store: Path | None,
 ) -> None:
     """Replay DATA through one agent's real pipeline on event time and report what
     its hooks decided, how often it would have woken the LLM and at what cost
@@ -219,6 +242,10 @@ def backtest_command(
                 f"no finished LLM run of {agent_dir.resolve().name!r} in {cost_from / 'audit'}",
                 param_hint="--cost-from",
             )
+    for given, flag in ((funding_file, "--funding"), (open_interest_file, "--open-interest"),
+                        (rag_store, "--rag-store")):  # fmt: skip
+        if given is not None and not run_llm:
+            raise click.UsageError(f"{flag} is read by the LLM runs' tools: it needs --run-llm")
     files = [_data_file(spec) for spec in data_specs]
     data = files[0].path
     symbol, timeframe = files[0].symbol or symbol, files[0].timeframe or timeframe
@@ -239,6 +266,9 @@ def backtest_command(
         costs=FillCosts(
             maker_fee_bps=maker_fee_bps, taker_fee_bps=taker_fee_bps, slippage_bps=slippage_bps
         ),
+        funding_file=funding_file,
+        open_interest_file=open_interest_file,
+        rag_store=rag_store,
     )
     try:
         bar = progress_bar(lambda: count_events(opts))

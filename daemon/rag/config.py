@@ -96,6 +96,12 @@ class ExchangeSection(_Section, frozen=True):
     # Funding/OI older than this at a bar's close count as missing.
     max_funding_age_hours: Annotated[float, msgspec.Meta(gt=0)] = 24.0
     max_oi_age_hours: Annotated[float, msgspec.Meta(gt=0)] = 26.0
+    # The query_similar_patterns tool reads funding / open interest from these files
+    # (the CSVs `rag ingest --funding / --open-interest` takes) instead of asking the
+    # exchange: a replay or backtest offline. Each value is used only from the time
+    # it was known; "" = the exchange.
+    funding_file: str = ""
+    open_interest_file: str = ""
 
 
 class RagConfig(_Section, frozen=True):

@@ -16,7 +16,9 @@ cached 4 h series when the base candles do not reach back far enough.
 
 from __future__ import annotations
 
+import functools
 import math
+from pathlib import Path
 from typing import Annotated, Any, Final
 
 import aiohttp
@@ -26,6 +28,7 @@ import numpy as np
 
 from daemon.errors import FeedError, MarketwakeError, RpcError
 from daemon.events import TIMEFRAMES, Candle
+from daemon.rag.datafiles import read_funding, read_open_interest
 from daemon.rag.exchange import fetch_context
 from daemon.rag.features import STATE_COLUMNS, Bars, Observations, state_columns
 from daemon.rag.indicators import ema
@@ -114,11 +117,64 @@ def live_state(
     return {k: (v if math.isfinite(v) else None) for k, v in out.items()}
 
 
-def _why(name: str, n_candles: int, timeframe: str, context_error: str | None) -> str:
+@functools.lru_cache(maxsize=8)
+def _funding_file(path: str) -> Observations:
+    """A funding file, read once per daemon (a backtest asks on every run)."""
+    return read_funding(Path(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _oi_file(path: str, symbol: str) -> Observations:
+    """An open-interest file's series for ``symbol``, read once per daemon."""
+    return read_open_interest(Path(path), symbol)
+
+
+async def _context(
+    ctx: ToolContext, perp: str, timeframe: str, now_ms: int
+) -> tuple[Observations | None, Observations | None, dict[str, str]]:
+    """Funding and open interest, each from its file if one is set, else from the
+    exchange; and why each one that could not be had is missing."""
+    ex = ctx.rag.exchange
+    funding: Observations | None = None
+    oi: Observations | None = None
+    why: dict[str, str] = {}
+    if not (ex.funding_file and ex.open_interest_file):
+        try:
+            if ctx.http is None:
+                raise FeedError("no HTTP session is open")
+            with anyio.fail_after(ex.request_timeout_seconds):
+                funding, oi = await fetch_context(ctx.http, ex.base_url, perp, timeframe, now_ms)
+        except (FeedError, aiohttp.ClientError, TimeoutError) as exc:
+            said = f"the exchange did not answer: {str(exc) or type(exc).__name__}"
+            why = {"funding": said, "oi": said}
+    for kind, path, read in (
+        ("funding", ex.funding_file, _funding_file),
+        ("oi", ex.open_interest_file, functools.partial(_oi_file, symbol=perp)),
+    ):
+        if not path:
+            continue
+        try:
+            got = await anyio.to_thread.run_sync(read, path)
+        except MarketwakeError as exc:  # the file names itself
+            got, why[kind] = None, str(exc)
+        else:
+            why.pop(kind, None)
+        if kind == "funding":
+            funding = got
+        else:
+            oi = got
+    return funding, oi, why
+
+
+def _why(name: str, n_candles: int, timeframe: str, why: dict[str, str]) -> str:
     if name in ("funding_rate", "open_interest_latest", "open_interest_avg_24h"):
-        if context_error:
-            return f"the exchange did not answer: {context_error}"
-        return "the exchange has no value recent enough ([rag.exchange] max ages)"
+        reason = why.get("funding" if name == "funding_rate" else "oi")
+        if reason:
+            return reason
+        return (
+            "the exchange (or [rag.exchange] funding_file / open_interest_file) has no "
+            "value recent enough ([rag.exchange] max ages)"
+        )
     if name.endswith("_4h") and name.startswith("ema"):
         return (
             f"needs {H4_PERIODS[name]} closed 4 h candles: add 4h to [feeds.candles] "
@@ -141,18 +197,7 @@ async def query_similar_patterns(ctx: ToolContext, req: PatternsRequest) -> msgs
         )
     perp = perp_symbol(req.symbol)
     now_ms = candles[-1].open_time_ms + tf_ms
-    funding: Observations | None = None
-    oi: Observations | None = None
-    context_error: str | None = None
-    try:
-        if ctx.http is None:
-            raise FeedError("no HTTP session is open")
-        with anyio.fail_after(cfg.exchange.request_timeout_seconds):
-            funding, oi = await fetch_context(
-                ctx.http, cfg.exchange.base_url, perp, timeframe, now_ms
-            )
-    except (FeedError, aiohttp.ClientError, TimeoutError) as exc:
-        context_error = str(exc) or type(exc).__name__
+    funding, oi, why = await _context(ctx, perp, timeframe, now_ms)
     _, four_hour = _candles(ctx, product, "4h")
     state = live_state(
         candles,
@@ -174,7 +219,7 @@ async def query_similar_patterns(ctx: ToolContext, req: PatternsRequest) -> msgs
             problems=[
                 Problem(
                     path=f"current_state.{name}",
-                    message=_why(name, len(candles), timeframe, context_error),
+                    message=_why(name, len(candles), timeframe, why),
                 )
                 for name in missing
             ],

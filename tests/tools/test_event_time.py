@@ -198,3 +198,30 @@ async def test_the_daemons_tools_follow_its_clock() -> None:
         async with open_context(cfg, pool=pool, state=StateCache()) as ctx:
             assert (ctx.market_now is not None) is replayed, clock
             assert (ctx.as_of_now().market_ms is not None) is replayed
+
+
+def test_a_backtest_hands_the_pattern_tool_its_files_and_store(tmp_path: Path) -> None:
+    """--funding, --open-interest and --rag-store reach [rag] of the backtest's daemon
+    (as absolute paths); without --run-llm nothing would read them: a usage error."""
+    from click.testing import CliRunner
+
+    from daemon.backtest.run import rag_config
+    from daemon.cli.main import cli
+
+    for name in ("f.csv", "oi.csv"):
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "store").mkdir()
+    opts = BacktestOptions(
+        agent_dir=tmp_path, data=tmp_path / "c.csv", out=tmp_path / "o", run_llm=True,
+        funding_file=tmp_path / "f.csv", open_interest_file=tmp_path / "oi.csv",
+        rag_store=tmp_path / "store",
+    )  # fmt: skip
+    rag = rag_config(opts)
+    assert rag.exchange.funding_file == str((tmp_path / "f.csv").resolve())
+    assert rag.exchange.open_interest_file == str((tmp_path / "oi.csv").resolve())
+    assert rag.store.path == str((tmp_path / "store").resolve())
+    plain = rag_config(BacktestOptions(agent_dir=tmp_path, data=tmp_path, out=tmp_path))
+    assert (plain.exchange.funding_file, plain.store.path) == ("", "state/rag")
+    args = ["backtest", "--agent", str(tmp_path), "--data", str(tmp_path / "f.csv")]
+    res = CliRunner().invoke(cli, [*args, "--funding", str(tmp_path / "f.csv")])
+    assert res.exit_code == 2 and "--funding is read by the LLM runs' tools" in res.output

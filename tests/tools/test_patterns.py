@@ -55,15 +55,16 @@ def state_of(rows: np.ndarray, symbol: str = "BTC-USD", timeframe: str = "15m") 
 
 @asynccontextmanager
 async def context(
-    col: Collection, rows: np.ndarray, *, exchange_up: bool = True
+    col: Collection, rows: np.ndarray, *, exchange_up: bool = True, **files: str
 ) -> AsyncIterator[ToolContext]:
     fake = FakeBinance(col.rows, col.funding, col.oi)
     async with serve_app(fake.app()) as url, aiohttp.ClientSession() as session:
+        base_url = url if exchange_up else "http://127.0.0.1:9"
         cfg = msgspec.convert(
             {
                 "store": {"path": str(col.path)},
                 "query_defaults": {"timeframe": "15m", "min_matches": 1},
-                "exchange": {"base_url": url if exchange_up else "http://127.0.0.1:9"},
+                "exchange": {"base_url": base_url, **files},
             },
             RagConfig,
         )
@@ -99,6 +100,34 @@ async def test_the_live_state_is_the_stored_state_and_matches_come_back(
     assert out.current_state == pytest.approx(expected, rel=1e-9)
     assert out.matches and all(m["timestamp"] <= out.timestamp for m in out.matches)
     assert set(out.statistics) >= {"total_matches"} and out.metadata["embedding_model"]
+
+
+async def test_funding_and_open_interest_from_files_need_no_exchange(
+    collection: Collection, tmp_path: Path
+) -> None:
+    """[rag.exchange] funding_file and open_interest_file (the CSVs ingest reads): the
+    same state as from the exchange, with the exchange down (a backtest offline);
+    values after the query time are in the files but never used. A file that cannot
+    be read names itself in the answer."""
+    from tests.rag.synth import write_csv
+
+    funding = write_csv(tmp_path / "f.csv", "funding_time_ms,funding_rate", collection.funding)
+    oi = write_csv(tmp_path / "oi.csv", "time_ms,open_interest", collection.oi)
+    rows = collection.rows[:2000]
+    files = {"funding_file": str(funding), "open_interest_file": str(oi)}
+    async with context(collection, rows, exchange_up=False, **files) as ctx:
+        out = await registry().call(ctx, "query_similar_patterns", {"symbol": "BTC-USD"})
+    assert isinstance(out, PatternsResult), out
+    expected = stored_state(collection, int(rows[-1, 0]))
+    assert out.current_state == pytest.approx(expected, rel=1e-9)
+    assert collection.oi[-1, 0] > out.timestamp  # the file goes on past the query
+    gone = {**files, "funding_file": str(tmp_path / "gone.csv")}
+    async with context(collection, rows, exchange_up=False, **gone) as ctx:
+        bad = await registry().call(ctx, "query_similar_patterns", {"symbol": "BTC-USD"})
+    assert isinstance(bad, ToolError) and [p.path for p in bad.problems] == [
+        "current_state.funding_rate"
+    ]
+    assert "gone.csv: cannot open" in bad.problems[0].message
 
 
 async def test_runs_share_one_open_store(collection: Collection) -> None:
