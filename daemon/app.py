@@ -12,11 +12,13 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import structlog
 
 from daemon import preflight
 from daemon.agents.pipeline import open_agents
 from daemon.audit.records import SignalRecord
 from daemon.config import Config
+from daemon.errors import ReplayError
 from daemon.llm.runner import RegistryToolBox
 from daemon.service import Component, Consumer, Service
 from daemon.status import Status
@@ -29,6 +31,8 @@ from feeds.coinbase_ws.pool import CoinbaseWsPool
 from feeds.copytrade import CopytradeWebhookFeed, TradingViewFeed
 from feeds.movers import MoversFeed
 from feeds.replay import ReplayFeed
+
+log = structlog.get_logger("daemon")
 
 
 def build_feeds(
@@ -97,6 +101,26 @@ async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[N
             tg.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def warm_up(service: Service) -> AsyncIterator[None]:
+    """A replay that starts later than its data (``from_ms``) primes the state cache
+    with the candles before that time (``ReplayFeed.history``), so indicators start
+    warm, as in a daemon that had been running; each agent's cache is a copy of it.
+    Not when a restart restored the cache. A bad row is left to the replay to report."""
+    replay, state = service.config.feeds.replay, service.state
+    if replay.enabled and replay.from_ms and not state.statistics()["candles_held"]:
+        try:
+            history = await anyio.to_thread.run_sync(ReplayFeed(replay).history, state.max_candles)
+        except ReplayError as exc:
+            log.warning("state not warmed up from the replay's earlier data", error=str(exc))
+        else:
+            n = sum(state.seed(s, tf, (c.payload() for c in candles)) for s, tf, candles in history)
+            log.info(
+                "state warmed up from the replay's earlier data", candles=n, series=len(history)
+            )
+    yield
+
+
 def run_daemon(
     config: Config,
     *,
@@ -112,7 +136,7 @@ def run_daemon(
 
     What ``config check`` would reject stops the start here (ConfigError, exit 2)."""
     preflight.check(config, record_path).raise_for_problems()
-    own: list[Component] = [open_agents] if config.hooks.enabled else []
+    own: list[Component] = [warm_up, open_agents] if config.hooks.enabled else [warm_up]
     pool = shared_pool(config)
     if pool is not None:
         own.insert(0, partial(open_market, pool))

@@ -46,6 +46,7 @@ import heapq
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import closing
 from pathlib import Path
@@ -65,6 +66,7 @@ from daemon.events import (
     TIMEFRAMES,
     Candle,
     FeedEvent,
+    candle_of,
     decode,
     parse_iso_ms,
 )
@@ -215,6 +217,49 @@ class ReplayFeed:
                 continue  # a blank line (a bad row fails the replay itself)
             if t >= lo and (hi is None or t < hi):
                 yield t, close
+
+    def history(self, n: int) -> list[tuple[str, str, list[Candle]]]:
+        """(symbol, timeframe, candles) of each series' last ``n`` closed candles that
+        close before ``from_ms``, oldest first, over every file: what primes the state
+        caches of a replay that starts later than its data (indicators then start
+        warm, as a daemon that had been running). Nothing when ``from_ms`` is 0."""
+        if not self.config.from_ms or n < 1:
+            return []
+        held: dict[tuple[str, str], deque[Candle]] = {}
+        for part in self.parts():
+            for key, candle in part._before(n):
+                held.setdefault(key, deque(maxlen=n)).append(candle)
+        return [(s, tf, list(candles)) for (s, tf), candles in held.items()]
+
+    def _before(self, n: int) -> Iterator[tuple[tuple[str, str], Candle]]:
+        """((symbol, timeframe), candle) of this file's closed candles before
+        ``from_ms`` (a CSV's last ``n`` only: its rows are parsed once they are)."""
+        lo = self.config.from_ms
+        if self.format() != "csv":
+            for ts, event in self._timed():
+                if ts >= lo:
+                    return
+                if event.topic == MARKET_CANDLE_CLOSED and event.symbol and event.timeframe:
+                    candle = candle_of(event.payload)
+                    if candle is not None:
+                        yield (event.symbol, event.timeframe), candle
+            return
+        symbol, timeframe = self.config.symbol, self.config.timeframe
+        if not symbol or timeframe not in TIMEFRAMES:
+            return  # the replay itself reports it
+        tf_ms = TIMEFRAMES[timeframe] * 1000
+        last: deque[tuple[int, str]] = deque(maxlen=n)
+        with closing(self._lines()) as lines:
+            next(lines, None)  # the header (checked by the replay)
+            for lineno, line in lines:
+                try:
+                    if int(line.split(",", 1)[0]) + tf_ms >= lo:
+                        break
+                except ValueError:
+                    continue  # a blank line; a bad row fails the replay itself
+                last.append((lineno, line))
+        for lineno, line in last:
+            yield (symbol, timeframe), _csv_candle(line, tf_ms, f"{self.path}:{lineno}")
 
     def _selected(self) -> Iterator[tuple[int, FeedEvent]]:
         lo, hi = self.config.from_ms, self.config.to_ms or None

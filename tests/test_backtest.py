@@ -441,6 +441,34 @@ def test_real_runs_price_the_report_by_cost_or_else_by_tokens() -> None:
     assert priced_by_runs(estimate, [], "here") == estimate
 
 
+COUNT_HELD = """
+def evaluate(event, state):
+    s, tf = event["symbol"], event["timeframe"]
+    held = len(state["candles"][s][tf])
+    count = state["indicators"][s][tf]["count"]
+    return {"decision": "IGNORE", "reason": str(held) + " " + str(count)}
+"""
+
+
+def test_a_later_from_starts_with_the_candles_before_it(tmp_path: Path) -> None:
+    """--from a day into the data: the first evaluation already sees 50 candles and
+    indicators over the 500 before it (as a daemon that had been running), where a
+    cold start saw one; the candles before --from are never evaluated."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=6, n=900, timeframe="5m")
+    root = tmp_path / "agents" / "alpha"
+    (root / "hooks").mkdir(parents=True)
+    (root / "agent.toml").write_text("")
+    (root / "hooks" / "wake_held.py").write_text(COUNT_HELD)
+    start = 1_704_067_200_000 + 600 * 300_000  # the close of the 600th candle
+    opts = BacktestOptions(agent_dir=root, data=data, out=tmp_path / "o", from_ms=start)
+    report = run_backtest(opts)
+    rows = [r for r in iter_records(tmp_path / "o" / "state" / "audit") if r["type"] == "hook"]
+    assert report.events == len(rows) == 301  # the candles closing at --from and after
+    assert rows[0]["reason"] == "50 501" and rows[-1]["reason"] == "50 801"
+    assert rows[0]["eventTs"] == iso_ms(start)
+
+
 def test_special_files_in_the_agent_dir_never_hang_the_copy(tmp_path: Path) -> None:
     """A FIFO beside the hooks is left out of the copy; a hook that is a link stays a
     link, which the workspace refuses as live (a clear error naming it, exit 2); a data

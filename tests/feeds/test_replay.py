@@ -16,6 +16,7 @@ from daemon.events import (
     ACCOUNT_ORDER_FILLED,
     MARKET_CANDLE_CLOSED,
     MARKET_PRICE_TICK,
+    Candle,
     FeedEvent,
     encode,
     iso_ms,
@@ -325,3 +326,26 @@ async def test_a_file_without_newlines_is_refused_at_the_line_bound(tmp_path: Pa
     ok.write_text(encode(recording()[0]).decode() + "\n" + " " * (MAX_LINE_CHARS - 1) + "\n")
     got, _ = await replay(feed_for(ok))
     assert len(got) == 1  # a line at the bound is read (here: blank, skipped)
+
+
+def test_history_is_the_last_candles_before_from_per_series(tmp_path: Path) -> None:
+    """What warms a replay that starts later than its data: per file and series, the
+    last n candles closing before from_ms (a CSV's and a recording's; ticks and
+    candles at or after from_ms are not history). Nothing without a from_ms."""
+    from feeds.candles.protocol import closed_event
+
+    csv = write_csv(tmp_path / "c.csv")  # 1m candles closing at T0 + 1..5 minutes
+    candles = [
+        Candle(open=1.0, high=2.0, low=0.5, close=10.0 + i, volume=1.0,
+               open_time_ms=T0 + i * 300_000, close_time_ms=T0 + (i + 1) * 300_000)
+        for i in range(4)
+    ]  # fmt: skip
+    events = [closed_event(c, source="rec", symbol="ETH-USD", timeframe="5m",
+                           received_ms=c.close_time_ms) for c in candles]  # fmt: skip
+    rec = write_jsonl(tmp_path / "r.jsonl", [recording()[0], *events])
+    files = [ReplayFileSection(path=str(rec))]
+    feed = feed_for(csv, timeframe="1m", from_ms=T0 + 3 * 300_000, files=files)
+    (btc, btc_tf, btc_held), (eth, eth_tf, eth_held) = feed.history(2)
+    assert (btc, btc_tf, [c.close for c in btc_held]) == ("BTC-USD", "1m", [103.5, 102.5])
+    assert (eth, eth_tf, [c.close for c in eth_held]) == ("ETH-USD", "5m", [10.0, 11.0])
+    assert feed_for(csv, timeframe="1m").history(2) == []
