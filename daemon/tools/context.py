@@ -220,7 +220,7 @@ class ToolContext:
         return ToolError(
             error="unavailable",
             message=(
-                f"{tool} reads {source} as of today; this run is a replay at "
+                f"{tool} reads {source} as of today; this is a replay at "
                 f"{iso_ms(self.market_ms)}, so its answer would come from the future"
             ),
             suggestion=instead,

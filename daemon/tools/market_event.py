@@ -81,10 +81,10 @@ async def wait_for_market_event(ctx: ToolContext, req: WaitRequest) -> msgspec.S
 
 
 REPLAY_WARNING = (
-    "this run is a replay: the market does not move while the agent runs (a run "
-    "takes no event time), so the conditions were checked once, on the last price "
-    "before the run's time, without waiting; a level not reached yet can only be "
-    "watched by your hooks, which wake you when it is"
+    "this is a replay: the conditions were checked once, on the last price before "
+    "its time, without waiting (in an agent's run the market does not move: a run "
+    "takes no event time); a level not reached yet can only be watched by the "
+    "agent's hooks, which wake it when it is"
 )
 
 
