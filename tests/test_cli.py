@@ -226,7 +226,7 @@ def test_demo_refuses_a_dir_it_did_not_make(tmp_path: Path) -> None:
     assert (tmp_path / "state" / "paper.sqlite3").read_bytes() == b"live"
 
 
-@pytest.mark.parametrize("speed", ["1200", "0"])
+@pytest.mark.parametrize("speed", ["2400", "0"])
 def test_demo_copytrade_shows_a_follower_at_half_the_leaders_size(
     tmp_path: Path, speed: str
 ) -> None:
