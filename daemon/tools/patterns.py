@@ -4,7 +4,7 @@ Builds seed 004's ``current_state`` from the daemon's own state cache with the
 very code ingest used for the stored points (:func:`daemon.rag.features.state_columns`
 over the cached candles of ``[rag.query_defaults] timeframe``), adds funding and
 open interest from the exchange configured in ``[rag.exchange]`` (Binance USD-M,
-as ingest), and calls :meth:`RagService.query_patterns` in-process. The query
+as ingest) or from its ``funding_file`` / ``open_interest_file``, and calls :meth:`RagService.query_patterns` in-process. The query
 time is the close of the newest cached candle, so a replay asks about its own
 past, not the wall clock's.
 

@@ -6,9 +6,11 @@ its own 10 s budget; a part that fails becomes ``null`` with a warning and the
 call still answers (``success_count`` says how many of the 4 parts came back).
 A timeframe comes from the daemon's state cache when it holds at least 50
 closed candles of that series (indicators computed over the whole series),
-else from Coinbase's public candles API (the poller's request format;
-indicators computed over the 50 candles, so the 200-period EMA is null).
-The price is the last tick the daemon saw, else the newest close.
+else built from a finer series it holds (:mod:`daemon.resample`), else from
+Coinbase's public candles API (the poller's request format; indicators
+computed over the 50 candles, so the 200-period EMA is null). On event time
+(a replay) the exchange is never asked: the answer is the replay's own, as of
+the run's time. The price is the last tick the daemon saw, else the newest close.
 """
 
 from __future__ import annotations
