@@ -5,16 +5,15 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 import msgspec
 
+from daemon.cli.common import data_spec, utc_ms
 from daemon.demo import self_command
 from daemon.errors import ConfigError
-from daemon.events import TIMEFRAMES
 from daemon.logs import configure as configure_logging
 
 if TYPE_CHECKING:
@@ -259,8 +258,8 @@ def backtest_command(
         baseline_minutes=baseline_minutes,
         cost=cost,
         run_llm=run_llm,
-        from_ms=_when(start, "--from"),
-        to_ms=_when(end, "--to"),
+        from_ms=utc_ms(start, "--from"),
+        to_ms=utc_ms(end, "--to"),
         revisions=_pairs(revisions, "--revision"),
         state_dir=state_dir,
         costs=FillCosts(
@@ -355,55 +354,12 @@ def progress_bar(count: Callable[[], int]) -> list[Component]:
     return [show]
 
 
-def _when(text: str | None, option: str) -> int:
-    """Epoch ms of a UTC date (``2025-03-01``) or time (``2025-03-01T12:00``); 0 if unset."""
-    if not text:
-        return 0
-    try:
-        moment = datetime.fromisoformat(text)  # 3.11 reads a trailing Z too
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r}: expected a date like 2025-03-01 or 2025-03-01T12:00", param_hint=option
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
-
-
 def _data_file(spec: str) -> DataFile:
-    """``FILE[=SYMBOL[:TIMEFRAME]]`` (a file whose name has '=' is taken whole)."""
+    """``FILE[=SYMBOL[:TIMEFRAME]]`` as a backtest's data file."""
     from daemon.backtest.run import DataFile
 
-    path, sep, rest = spec.rpartition("=")
-    if not sep or Path(spec).exists():
-        path, rest = spec, ""
-    symbol, _, timeframe = rest.partition(":")
-    if not Path(path).exists():  # a special file is refused, by name, before reading
-        raise click.BadParameter(f"{path!r}: no such file", param_hint="--data")
-    if timeframe and timeframe not in TIMEFRAMES:
-        raise click.BadParameter(
-            f"{spec!r}: timeframe must be one of {', '.join(TIMEFRAMES)}", param_hint="--data"
-        )
-    if rest and _is_recording(Path(path)):
-        raise click.BadParameter(
-            f"{spec!r}: '={rest}' names a CSV's symbol and timeframe, and this is a "
-            "recording, which carries its own (the agent's `symbols` limit what it evaluates)",
-            param_hint="--data",
-        )
-    return DataFile(path=Path(path), symbol=symbol, timeframe=timeframe)
-
-
-def _is_recording(path: Path) -> bool:
-    """Whether ``path`` replays as a recording (FeedEvents or Coinbase messages), not
-    CSV candles; a file that cannot be read is left to the replay's own checks."""
-    from daemon.errors import ReplayError
-    from feeds.config import ReplaySection
-    from feeds.replay import ReplayFeed
-
-    try:
-        return ReplayFeed(ReplaySection(path=str(path))).format() != "csv"
-    except ReplayError:
-        return False
+    path, symbol, timeframe = data_spec(spec, "--data")
+    return DataFile(path=path, symbol=symbol, timeframe=timeframe)
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -10,6 +11,7 @@ import click
 
 from daemon import config as config_mod
 from daemon.config import Config
+from daemon.events import TIMEFRAMES
 
 # An event or state JSON file a command reads (a state holds a few series of candles).
 MAX_EVENT_FILE_BYTES = 16 * 1024 * 1024
@@ -41,3 +43,54 @@ def resolve_state_dir(config_path: Path | None, state_dir: Path | None) -> Path:
     if state_dir is not None:
         return state_dir
     return Path(load_config_or_defaults(config_path).daemon.state_dir)
+
+
+def utc_ms(text: str | None, option: str) -> int:
+    """Epoch ms of a UTC date (``2025-03-01``) or time (``2025-03-01T12:00``); 0 if unset."""
+    if not text:
+        return 0
+    try:
+        moment = datetime.fromisoformat(text)  # 3.11 reads a trailing Z too
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: expected a date like 2025-03-01 or 2025-03-01T12:00", param_hint=option
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def data_spec(spec: str, option: str) -> tuple[Path, str, str]:
+    """``FILE[=SYMBOL[:TIMEFRAME]]`` as (path, symbol, timeframe), "" where not given
+    (a file whose name has '=' is taken whole). The ``=`` part names a CSV's series;
+    a recording carries its own, and naming one for it is refused."""
+    path, sep, rest = spec.rpartition("=")
+    if not sep or Path(spec).exists():
+        path, rest = spec, ""
+    symbol, _, timeframe = rest.partition(":")
+    if not Path(path).exists():  # a special file is refused, by name, before reading
+        raise click.BadParameter(f"{path!r}: no such file", param_hint=option)
+    if timeframe and timeframe not in TIMEFRAMES:
+        raise click.BadParameter(
+            f"{spec!r}: timeframe must be one of {', '.join(TIMEFRAMES)}", param_hint=option
+        )
+    if rest and is_recording(Path(path)):
+        raise click.BadParameter(
+            f"{spec!r}: '={rest}' names a CSV's symbol and timeframe, and this is a "
+            "recording, which carries its own (the agent's `symbols` limit what it evaluates)",
+            param_hint=option,
+        )
+    return Path(path), symbol, timeframe
+
+
+def is_recording(path: Path) -> bool:
+    """Whether ``path`` replays as a recording (FeedEvents or Coinbase messages), not
+    CSV candles; a file that cannot be read is left to the replay's own checks."""
+    from daemon.errors import ReplayError
+    from feeds.config import ReplaySection
+    from feeds.replay import ReplayFeed
+
+    try:
+        return ReplayFeed(ReplaySection(path=str(path))).format() != "csv"
+    except ReplayError:
+        return False

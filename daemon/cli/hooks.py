@@ -17,12 +17,14 @@ from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
 from daemon.cli.common import (
     MAX_EVENT_FILE_BYTES,
+    data_spec,
     load_config_or_defaults,
     resolve_state_dir,
     state_dir_option,
+    utc_ms,
 )
 from daemon.errors import ConfigError, HookCompileError, ReplayError
-from daemon.events import FeedEvent, to_dict
+from daemon.events import FeedEvent, iso_ms, parse_iso_ms, to_dict
 from daemon.inputfile import read_input
 from daemon.recorder import kept_part
 from daemon.state import StateCache
@@ -94,34 +96,39 @@ async def _run(
 
 
 def replay_state(
-    recordings: list[Path], event_id: str, candles: int, account: str = ""
+    recordings: list[ReplaySection], wanted: str | int, candles: int, account: str = ""
 ) -> tuple[FeedEvent, dict[str, Any]]:
-    """The event ``event_id`` of the recordings, read one after the other (JSONL
-    FeedEvents as ``--record`` writes them, or raw Coinbase messages; gzip or not),
-    and the state a hook saw for it: every event up to it applied to a state cache
-    (exported as the dispatcher does) and to ``account``'s ledger (its working
-    orders and positions)."""
+    """The event ``wanted`` (its id, or the first at or after that epoch ms) of the
+    replays, read one after the other (JSONL FeedEvents as ``--record`` writes them,
+    raw Coinbase messages, or CSV candles; gzip or not), and the state a hook saw for
+    it: every event up to it applied to a state cache (exported as the dispatcher
+    does) and to ``account``'s ledger (its working orders and positions)."""
     cache = StateCache(max_candles=max(candles, 1))
     ledger = Ledger(account)
-    for recording in recordings:
-        feed = ReplayFeed(ReplaySection(path=str(recording)))
+    for section in recordings:
+        feed = ReplayFeed(section)
         try:
-            if feed.format() == "csv":
-                raise click.BadParameter(
-                    f"{recording}: not a recording (CSV candles?): --recording takes what "
-                    "`marketwake run --record` writes, or raw Coinbase messages"
-                )
             for event in feed.recorded():
                 cache.apply(event)
-                if event.event_id == event_id:
+                if _is_wanted(event, wanted):
                     state = market_state(cache, event, candles)
                     state.update(ledger.state(), lastOutputs={})
                     return event, state
                 ledger.apply(event)
         except ReplayError as exc:
             raise click.BadParameter(str(exc)) from None
-    names = " or ".join(str(r) for r in recordings)
-    raise click.BadParameter(f"{names}: no event with id {event_id!r}")
+    names = " or ".join(s.path for s in recordings)
+    what = f"with id {wanted!r}" if isinstance(wanted, str) else f"at or after {iso_ms(wanted)}"
+    raise click.BadParameter(f"{names}: no event {what}")
+
+
+def _is_wanted(event: FeedEvent, wanted: str | int) -> bool:
+    if isinstance(wanted, str):
+        return event.event_id == wanted
+    try:
+        return parse_iso_ms(event.ts) >= wanted
+    except ValueError:
+        return False
 
 
 def _agent_dir(path: Path) -> Path:
@@ -181,11 +188,20 @@ def _live_decisions(audit_dir: Path, event_id: str) -> None:
 )
 @click.option(
     "--recording",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A recording (--record JSONL, or raw Coinbase messages; .gz or not): take the "
-    "event and rebuild its state from it.",
+    "recording_spec",
+    metavar="FILE[=SYMBOL:TIMEFRAME]",
+    help="A recording (--record JSONL, or raw Coinbase messages) or CSV candles (BTC-USD "
+    "5m unless named after '='; .gz or not): take the event and rebuild its state "
+    "from the file.",
 )
 @click.option("--event-id", help="With --recording: which event to test.")
+@click.option(
+    "--at",
+    "at",
+    metavar="TIME",
+    help="With --recording, instead of --event-id: the first event at or after this UTC "
+    "time (2025-03-01T12:00; a candle's time is its close).",
+)
 @click.option(
     "--from-audit",
     "audit_event",
@@ -204,8 +220,9 @@ def test_command(
     path: Path,
     event_path: Path | None,
     state_path: Path | None,
-    recording: Path | None,
+    recording_spec: str | None,
     event_id: str | None,
+    at: str | None,
     audit_event: str | None,
     config_path: Path | None,
     timeout_ms: float | None,
@@ -213,9 +230,9 @@ def test_command(
     """Evaluate one hook file, or every hook of an agent directory in one worker.
 
     The event is --event (with --state), or a real one: --recording FILE
-    --event-id ID rebuilds the candles, indicators and ticks the hook saw from
-    a recording, and --from-audit ID does so from the daemon's own recording
-    and prints what the live hooks decided. Positions and working orders come
+    --event-id ID (or --at TIME) rebuilds the candles, indicators and ticks the
+    hook saw from a recording or CSV candles, and --from-audit ID does so from
+    the daemon's own recording and prints what the live hooks decided. Positions and working orders come
     from the recording's account events; lastOutputs comes from the daemon's
     audit log with --from-audit (a bare --recording has none: empty).
 
@@ -238,15 +255,24 @@ def test_command(
         _live_decisions(cfg.audit_dir, audit_event)
         # What the recorder keeps: the file it moved aside when it was full, then this one.
         earlier = kept_part(recording)
-        recordings = [earlier, recording] if earlier.exists() else [recording]
-    elif recording is not None:
-        recordings = [recording]
-    if recording is not None:
-        if event_id is None or event_path is not None or state_path is not None:
-            raise click.UsageError("--recording takes --event-id, and no --event or --state")
-        live, state = replay_state(recordings, event_id, *_agent_of(path))
+        files = [earlier, recording] if earlier.exists() else [recording]
+        recordings = [ReplaySection(path=str(f)) for f in files]
+    elif recording_spec is not None:
+        file, symbol, timeframe = data_spec(recording_spec, "--recording")
+        recordings = [
+            ReplaySection(path=str(file), symbol=symbol or "BTC-USD", timeframe=timeframe or "5m")
+        ]
+    if audit_event is not None or recording_spec is not None:
+        if (event_id is None) == (at is None) or event_path is not None or state_path:
+            raise click.UsageError(
+                "--recording takes --event-id or --at (one of them), and no --event or --state"
+            )
+        wanted: str | int = event_id if event_id is not None else utc_ms(at, "--at")
+        live, state = replay_state(recordings, wanted, *_agent_of(path))
         if audit_event is not None:
-            state["lastOutputs"] = audit_outputs(cfg.audit_dir, _agent_dir(path).name, event_id)
+            state["lastOutputs"] = audit_outputs(
+                cfg.audit_dir, _agent_dir(path).name, live.event_id
+            )
         event = to_dict(live)
     else:
         if event_path is None:

@@ -717,6 +717,7 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
 
     from daemon.cli.hooks import replay_state
     from daemon.events import MARKET_CANDLE_CLOSED, Candle, FeedEvent, iso_ms
+    from feeds.config import ReplaySection
 
     def bar(i: int, close: float) -> FeedEvent:
         t = 1_767_225_600_000 + i * 60_000
@@ -729,7 +730,7 @@ def test_a_recorded_event_is_replayed_with_the_state_it_had(tmp_path: Path) -> N
     closes = [99.0] * 8 + [101.0, 102.0] + [99.0] * 5  # the 2nd green bar is event t:9
     rec = tmp_path / "rec.jsonl"
     rec.write_bytes(b"".join(msgspec.json.encode(bar(i, c)) + b"\n" for i, c in enumerate(closes)))
-    event, state = replay_state([rec], "t:9", 50)
+    event, state = replay_state([ReplaySection(path=str(rec))], "t:9", 50)
     assert event.event_id == "t:9"
     series = state["candles"]["BTC-USD"]["1m"]
     assert [c["close"] for c in series] == closes[:10]  # nothing after the event
@@ -899,3 +900,39 @@ async def test_a_cleanup_run_by_emptying_the_globals_is_that_hooks_timeout(
     results = await pool.evaluate("held", [held, _ok("wake_after")], EVENT, STATE)
     assert [r.error_kind for r in results] == ["timeout", None], results
     assert results[1].decision == Ignore(reason="ok")
+
+
+def test_a_moment_of_csv_candles_is_replayed_with_the_state_it_had(tmp_path: Path) -> None:
+    """--recording takes CSV candles too (FILE=SYMBOL:TIMEFRAME), and --at a time
+    picks the first candle closing at or after it: the hooks see the state a replay
+    would have given them then (50 candles, indicators over all before)."""
+    from feeds.synthetic import generate_candles
+
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=2, n=300, timeframe="5m")
+    counting = tmp_path / "agent" / "hooks"
+    counting.mkdir(parents=True)
+    (counting / "wake_count.py").write_text(
+        "def evaluate(event, state):\n"
+        "    held = state['candles']['ETHUSDT']['5m']\n"
+        "    count = state['indicators']['ETHUSDT']['5m']['count']\n"
+        "    return {'decision': 'IGNORE', 'reason': event['ts'] + ' ' + str(len(held))\n"
+        "            + ' ' + str(count)}\n"
+    )
+    spec = f"{data}=ETHUSDT:5m"
+    res = invoke(["hooks", "test", str(counting.parent), "--recording", spec,
+                  "--at", "2024-01-01T10:02"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (line,) = map(json.loads, res.stdout.splitlines())
+    # 10:05 is the first close at or after 10:02: the 121st candle
+    assert line["decision"]["reason"] == "2024-01-01T10:05:00.000Z 50 121"
+    by_id = invoke(["hooks", "test", str(counting.parent), "--recording", spec,
+                    "--event-id", "replay:ETHUSDT:5m:1704103500000"])  # fmt: skip
+    assert by_id.exit_code == 0 and json.loads(by_id.stdout)["decision"] == line["decision"]
+    both = invoke(["hooks", "test", str(counting.parent), "--recording", spec,
+                   "--at", "2024-01-01", "--event-id", "x"])  # fmt: skip
+    assert both.exit_code == 2 and "--event-id or --at (one of them)" in both.output
+    late = invoke(
+        ["hooks", "test", str(counting.parent), "--recording", spec, "--at", "2030-01-01"]
+    )
+    assert late.exit_code == 2 and "no event at or after 2030-01-01T00:00:00.000Z" in late.output
