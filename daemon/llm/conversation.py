@@ -140,7 +140,7 @@ class AnthropicConversation:
         kwargs: dict[str, Any] = {}
         if self._tools:
             kwargs["tools"] = self._tools
-        if self._cfg.prompt_cache:
+        if self._cfg.prompt_cache and self._tools:  # no tools: one turn, nothing to re-read
             self._mark_newest()
         msg = await self._client.messages.create(
             model=self._cfg.model,

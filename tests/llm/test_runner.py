@@ -169,6 +169,12 @@ async def test_anthropic_prompt_cache_moves_with_the_tool_loop_and_is_priced() -
     async with fake_anthropic([anthropic_turn("ok")]) as (fake, url):
         await LlmRunner(cfg("anthropic", url, prompt_cache=False), tools=TOOLS).run(CTX)
     assert "cache_control" not in json.dumps(fake.requests[0])
+    # Without tools a run is one turn: only the system prompt (shared by runs) is marked.
+    async with fake_anthropic([anthropic_turn("ok")]) as (fake, url):
+        await LlmRunner(cfg("anthropic", url, max_tool_calls=0), tools=TOOLS).run(CTX)
+    (only,) = fake.requests
+    assert "cache_control" in only["system"][0]
+    assert "cache_control" not in json.dumps(only["messages"])
 
 
 async def test_openai_cached_tokens_are_counted_and_priced_as_configured() -> None:
