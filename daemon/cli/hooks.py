@@ -269,6 +269,7 @@ def test_command(
             )
         wanted: str | int = event_id if event_id is not None else utc_ms(at, "--at")
         live, state = replay_state(recordings, wanted, *_agent_of(path))
+        click.echo(f"event {live.event_id} ({live.topic}) at {live.ts}", err=True)
         if audit_event is not None:
             state["lastOutputs"] = audit_outputs(
                 cfg.audit_dir, _agent_dir(path).name, live.event_id

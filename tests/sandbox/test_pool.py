@@ -926,6 +926,9 @@ def test_a_moment_of_csv_candles_is_replayed_with_the_state_it_had(tmp_path: Pat
     (line,) = map(json.loads, res.stdout.splitlines())
     # 10:05 is the first close at or after 10:02: the 121st candle
     assert line["decision"]["reason"] == "2024-01-01T10:05:00.000Z 50 121"
+    assert "event replay:ETHUSDT:5m:1704103500000 (market.candle.closed) at 2024-01-01T10:05" in (
+        res.stderr
+    )
     by_id = invoke(["hooks", "test", str(counting.parent), "--recording", spec,
                     "--event-id", "replay:ETHUSDT:5m:1704103500000"])  # fmt: skip
     assert by_id.exit_code == 0 and json.loads(by_id.stdout)["decision"] == line["decision"]
