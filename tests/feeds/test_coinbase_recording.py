@@ -17,6 +17,7 @@ from feeds.base import FeedHealth
 from feeds.candles.protocol import closed_event, parse_candles
 from feeds.coinbase_ws.feed import CoinbaseWsFeed
 from feeds.coinbase_ws.recording import Recording, is_coinbase_message, parse_recorded
+from feeds.config import ReplaySection
 from tests.coinbase_fake import TS, WAIT, fake_server, ticker
 from tests.feeds.test_coinbase_ws_pool import settings
 from tests.feeds.test_replay import feed_for, recording, replay, write_jsonl
@@ -159,16 +160,20 @@ def test_hooks_test_takes_its_event_and_state_from_a_raw_or_gzipped_recording(
         + message(2, ("BTC-USD", "101.5"), ts="2026-05-06T07:08:10Z")
         + "\n"
     )
-    event, state = replay_state([raw], "coinbase:tick:BTC-USD:2026-05-06T07:08:10Z:2:0", 50)
+    event, state = replay_state(
+        [ReplaySection(path=str(raw))], "coinbase:tick:BTC-USD:2026-05-06T07:08:10Z:2:0", 50
+    )
     assert event.payload["price"] == 101.5
     assert state["ticks"]["BTC-USD"]["price"] == 101.5
     packed = write_jsonl(tmp_path / "rec.jsonl.gz", recording())
-    event, _ = replay_state([packed], recording()[1].event_id, 50)
+    event, _ = replay_state([ReplaySection(path=str(packed))], recording()[1].event_id, 50)
     assert event == recording()[1]  # as recorded: its own receivedTs
-    csv = tmp_path / "candles.csv"
+    csv = tmp_path / "candles.csv"  # CSV candles too (tests/sandbox/test_pool.py), named
     csv.write_text("open_time_ms,open,high,low,close,volume\n")
-    with pytest.raises(click.BadParameter, match="not a recording"):
-        replay_state([csv], "x", 50)
+    with pytest.raises(click.BadParameter, match=r"feeds\.replay\.symbol must be set"):
+        replay_state([ReplaySection(path=str(csv))], "x", 50)
+    with pytest.raises(click.BadParameter, match="no event with id 'x'"):
+        replay_state([ReplaySection(path=str(csv), symbol="BTC-USD", timeframe="5m")], "x", 50)
 
 
 # --- the candles channel ----------------------------------------------------------
