@@ -3,8 +3,8 @@
 Decoding ``config.toml`` catches wrong keys, types and URL shapes. What needs
 the filesystem is checked here, once, by both ``marketwake config check`` and
 the daemon's start: the replay file (it exists and its first record parses),
-the agents directory, and every agent workspace (``agent.toml`` decodes, hook
-files are readable). At start any problem is one :class:`ConfigError`
+the agents directory, every agent workspace (``agent.toml`` decodes, hook
+files are readable) and the pattern tool's funding / open-interest files. At start any problem is one :class:`ConfigError`
 (exit 2) naming the file and key; during a hot reload the manager keeps the
 previous version of a broken agent running instead.
 """
@@ -42,9 +42,24 @@ def check(cfg: Config, record: Path | None = None) -> Report:
     _check_dirs(cfg, report)
     _check_record(record or (Path(cfg.daemon.record) if cfg.daemon.record else None), report)
     _check_feeds(cfg, report)
+    _check_rag_files(cfg, report)
     if cfg.hooks.enabled:
         _check_agents(cfg, report)
     return report
+
+
+def _check_rag_files(cfg: Config, report: Report) -> None:
+    """The pattern tool's funding / open-interest files, when named: regular files
+    (read on the first call, then kept; a bad row is that call's answer)."""
+    ex = cfg.rag.exchange
+    for key, name in (
+        ("funding_file", ex.funding_file),
+        ("open_interest_file", ex.open_interest_file),
+    ):
+        path = Path(name)
+        if name and not path.is_file():
+            what = "is not a regular file" if path.exists() else "does not exist"
+            report.problems.append(f"rag.exchange.{key}: {name!r} {what}")
 
 
 def _check_dirs(cfg: Config, report: Report) -> None:

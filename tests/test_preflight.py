@@ -202,3 +202,17 @@ def test_a_record_file_that_is_a_directory_or_a_fifo_stops_the_start(tmp_path: P
         f'[daemon]\nstate_dir = "{tmp_path / "s"}"\nrecord = "{tmp_path / "r.jsonl"}"\n', "c"
     )
     assert problems(fine) == []
+
+
+def test_the_pattern_tools_files_must_exist(tmp_path: Path) -> None:
+    """[rag.exchange] funding_file / open_interest_file that are not regular files are
+    config errors naming the key (else the tool would say so only when first called)."""
+    funding = tmp_path / "f.csv"
+    funding.write_text("funding_time_ms,funding_rate\n")
+    cfg = parse(
+        f'[hooks]\nenabled = false\n[rag.exchange]\nfunding_file = "{funding}"\n'
+        f'open_interest_file = "{tmp_path}"\n',
+        "c.toml",
+    )
+    (problem,) = preflight.check(cfg).problems
+    assert problem == f"rag.exchange.open_interest_file: {str(tmp_path)!r} is not a regular file"
