@@ -179,6 +179,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     # Recorded lines not replayed: a recording's account events (this run's broker
     # makes its own) and Coinbase messages with no ticks or candles (heartbeats, acks...).
     left_out: int = 0
+    # Runs that ended failed or timed out (a model that did not answer, a bad key).
+    runs_failed: int = 0
 
     def incomplete(self) -> tuple[str, str] | None:
         """(heading, explanation) of a report that covers part of the data only."""
@@ -229,7 +231,7 @@ class Tally:
         self._errors: Counter[tuple[str, str]] = Counter()
         self._first_errors: dict[tuple[str, str], str] = {}
         self._suppressed: dict[tuple[str, str], Counter[str]] = {}
-        self.wakes = self.runs = 0
+        self.wakes = self.runs = self.runs_failed = 0
         self.llm_runs: list[RunSpend] = []  # the finished runs that ran a model
         self._wakes_suppressed: Counter[str] = Counter()
         self._first_ms: int | None = None  # the hook rows' first and last event times
@@ -255,6 +257,7 @@ class Tally:
         if rec.type == "run":
             if rec.status != "started":
                 self.runs += 1
+                self.runs_failed += rec.status in ("failed", "timeout")
             if rec.status == "finished" and rec.llm is not None:
                 self.llm_runs.append(rec.llm)
             return

@@ -47,6 +47,7 @@ from daemon.config import (
     HooksSection,
     StateSection,
     TradingSection,
+    unexpanded,
 )
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES, iso_ms
@@ -183,6 +184,15 @@ def check(opts: BacktestOptions) -> None:
     OUT.refuse_inside(opts.out, inputs)
     if opts.from_ms and opts.to_ms and opts.from_ms >= opts.to_ms:
         raise ConfigError("--from must be before --to: nothing lies between them")
+    if opts.run_llm:
+        runner = load_agent_config(agent_dir / AGENT_FILE).wake.runner
+        missing = unexpanded(runner.api_key.reveal()) if runner.kind == "llm" else []
+        if missing:  # every run would fail the same way, and the report look fine
+            raise ConfigError(
+                f"--run-llm: {agent_dir.name}'s [wake.runner] api_key reads ${{{missing[0]}}}, "
+                "which is not set in the environment (export it, or point base_url at a "
+                "local model)"
+            )
 
 
 def prepare(opts: BacktestOptions) -> Config:
@@ -294,6 +304,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         hooks=tally.hooks(),
         wakes=tally.wakes,
         runs=tally.runs,
+        runs_failed=tally.runs_failed,
         wakes_suppressed=tally.wakes_suppressed(),
         cost_model=model,
         cost=cost,
@@ -465,6 +476,7 @@ def render(report: Report) -> str:
     lines.append(
         f"  {report.wakes} WAKE decisions -> {report.runs} agent runs"
         + (f" (not run: {why})" if why else "")
+        + (f"; {report.runs_failed} of the runs failed or timed out" if report.runs_failed else "")
     )
     ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"
     lines.append(

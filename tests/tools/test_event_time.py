@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio.from_thread
+import msgspec
+import pytest
 
 from daemon.audit.reader import iter_records
 from daemon.backtest.run import BacktestOptions, held_candles, render, run_backtest
+from daemon.errors import ConfigError
 from daemon.events import iso_ms
 from daemon.tools import registry
 from daemon.tools.base import ToolError
@@ -225,3 +228,30 @@ def test_a_backtest_hands_the_pattern_tool_its_files_and_store(tmp_path: Path) -
     args = ["backtest", "--agent", str(tmp_path), "--data", str(tmp_path / "f.csv")]
     res = CliRunner().invoke(cli, [*args, "--funding", str(tmp_path / "f.csv")])
     assert res.exit_code == 2 and "--funding is read by the LLM runs' tools" in res.output
+
+
+def test_failed_llm_runs_are_counted_and_a_missing_key_stops_the_backtest(
+    tmp_path: Path,
+) -> None:
+    """A model that refuses (HTTP 400) fails the run: the report counts it and says so.
+    A runner whose key reads an unset variable would fail every run: refused before
+    anything runs, naming the variable."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=WAKING + 5, timeframe="5m")
+    refusal = (400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(fake_openai([refusal])) as (_, url),
+    ):
+        agent = tmp_path / "agents" / "alpha"
+        (agent / "hooks").mkdir(parents=True)
+        (agent / "agent.toml").write_text(AGENT.format(url=url))
+        (agent / "hooks" / "wake_once.py").write_text(WAKE_ONCE)
+        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
+        report = run_backtest(opts)
+    assert (report.runs, report.runs_failed) == (1, 1)
+    assert "1 agent runs; 1 of the runs failed or timed out" in render(report)
+    keyed = AGENT.format(url="").replace('base_url = ""', 'api_key = "${MW_TEST_UNSET_KEY}"')
+    (agent / "agent.toml").write_text("enabled = false\n" + keyed)
+    with pytest.raises(ConfigError, match=r"reads \$\{MW_TEST_UNSET_KEY\}, which is not set"):
+        run_backtest(msgspec.structs.replace(opts, out=tmp_path / "out2"))
