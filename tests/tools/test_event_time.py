@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from daemon.audit.reader import iter_records
+from daemon.backtest.report import Report
 from daemon.backtest.run import BacktestOptions, held_candles, render, run_backtest
 from daemon.errors import ConfigError
 from daemon.events import iso_ms
@@ -19,7 +20,7 @@ from daemon.tools import registry
 from daemon.tools.base import ToolError
 from daemon.tools.context import ToolContext
 from feeds.synthetic import generate_candles
-from tests.llm.fakes import fake_openai, openai_turn
+from tests.llm.fakes import FakeModel, fake_openai, openai_turn
 
 START_MS = 1_704_067_200_000  # generate_candles' first open (2024-01-01)
 STEP_MS = 300_000
@@ -44,6 +45,23 @@ price_output_per_mtok = 15.0
 """
 NEVER = {"field": "price", "operator": "gt", "value": 1e12}
 ALWAYS = {"field": "price", "operator": "gt", "value": 1}
+
+
+def backtest_with_model(
+    tmp_path: Path, data: Path, script: list[Any]
+) -> tuple[FakeModel, BacktestOptions, Report]:
+    """``backtest --run-llm`` of an agent woken once (WAKE_ONCE), its model a loopback
+    fake playing ``script`` (served from a thread: the backtest blocks this one)."""
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(fake_openai(script)) as (fake, url),
+    ):
+        agent = tmp_path / "agents" / "alpha"
+        (agent / "hooks").mkdir(parents=True)
+        (agent / "agent.toml").write_text(AGENT.format(url=url))
+        (agent / "hooks" / "wake_once.py").write_text(WAKE_ONCE)
+        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
+        return fake, opts, run_backtest(opts)
 
 
 def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
@@ -73,16 +91,7 @@ def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
         int(row.split(",")[0]): float(row.split(",")[4])
         for row in data.read_text().splitlines()[1:]
     }
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(fake_openai(script)) as (fake, url),
-    ):
-        agent = tmp_path / "agents" / "alpha"
-        (agent / "hooks").mkdir(parents=True)
-        (agent / "agent.toml").write_text(AGENT.format(url=url))
-        (agent / "hooks" / "wake_once.py").write_text(WAKE_ONCE)
-        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
-        report = run_backtest(opts)
+    fake, _, report = backtest_with_model(tmp_path, data, script)
     (run,) = [
         r
         for r in iter_records(tmp_path / "out" / "state" / "audit")
@@ -239,19 +248,10 @@ def test_failed_llm_runs_are_counted_and_a_missing_key_stops_the_backtest(
     data = tmp_path / "c.csv"
     generate_candles(data, seed=5, n=WAKING + 5, timeframe="5m")
     refusal = (400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(fake_openai([refusal])) as (_, url),
-    ):
-        agent = tmp_path / "agents" / "alpha"
-        (agent / "hooks").mkdir(parents=True)
-        (agent / "agent.toml").write_text(AGENT.format(url=url))
-        (agent / "hooks" / "wake_once.py").write_text(WAKE_ONCE)
-        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
-        report = run_backtest(opts)
+    _, opts, report = backtest_with_model(tmp_path, data, [refusal])
     assert (report.runs, report.runs_failed) == (1, 1)
     assert "1 agent runs; 1 of the runs failed or timed out" in render(report)
     keyed = AGENT.format(url="").replace('base_url = ""', 'api_key = "${MW_TEST_UNSET_KEY}"')
-    (agent / "agent.toml").write_text("enabled = false\n" + keyed)
+    (opts.agent_dir / "agent.toml").write_text("enabled = false\n" + keyed)
     with pytest.raises(ConfigError, match=r"reads \$\{MW_TEST_UNSET_KEY\}, which is not set"):
         run_backtest(msgspec.structs.replace(opts, out=tmp_path / "out2"))
