@@ -271,7 +271,8 @@ def run_cost(cfg: RunnerConfig, tally: _Tally) -> float:
     p_read = cfg.price_cached_input_per_mtok
     if p_read is None:
         p_read = p_in * CACHE_READ_FACTOR if cfg.provider == "anthropic" else p_in
-    plain = tally.tokens_in - tally.cache_write - tally.cache_read
+    # A server that reports more cached tokens than input ones never earns a refund.
+    plain = max(0, tally.tokens_in - tally.cache_write - tally.cache_read)
     return (
         plain * p_in
         + tally.cache_write * p_in * CACHE_WRITE_FACTOR

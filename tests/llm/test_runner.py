@@ -186,6 +186,10 @@ async def test_openai_cached_tokens_are_counted_and_priced_as_configured() -> No
             result = await LlmRunner(config, tools=TOOLS).run(CTX)
         assert result.llm is not None and result.llm.tokens_cache_read == 600
         assert (result.llm.tokens_in, result.llm.cost) == (1000, round(expected / 1e6, 6))
+    # A server claiming more cached tokens than it was sent: never a negative price.
+    async with fake_openai([openai_turn("ok", usage=(100, 0), cached=10_000)]) as (_, url):
+        odd = await LlmRunner(cfg("openai", url), tools=TOOLS).run(CTX)
+    assert odd.llm is not None and odd.llm.cost == round(10_000 * 3.0 / 1e6, 6)
 
 
 async def test_a_run_past_its_deadline_is_cut_and_reported() -> None:
