@@ -128,6 +128,16 @@ async def test_funding_and_open_interest_from_files_need_no_exchange(
         "current_state.funding_rate"
     ]
     assert "gone.csv: cannot open" in bad.problems[0].message
+    garbage = tmp_path / "oi-bad.csv"
+    garbage.write_bytes(b"time_ms,open_interest\n1,not a number\n\xff\xfe")
+    broken = {**files, "open_interest_file": str(garbage)}
+    async with context(collection, rows, exchange_up=False, **broken) as ctx:
+        worse = await registry().call(ctx, "query_similar_patterns", {"symbol": "BTC-USD"})
+    assert isinstance(worse, ToolError)  # only OI is missing; funding came from its file
+    assert [p.path for p in worse.problems] == [
+        "current_state.open_interest_latest", "current_state.open_interest_avg_24h",
+    ]  # fmt: skip
+    assert "oi-bad.csv: cannot read header" in worse.problems[0].message
 
 
 async def test_runs_share_one_open_store(collection: Collection) -> None:
