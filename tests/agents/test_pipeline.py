@@ -70,6 +70,7 @@ class PacedFeed:
         self.gap = gap
         self.published = 0
         self.reached: dict[int, anyio.Event] = {}
+        self.gates: dict[int, anyio.Event] = {}
         # hold: once published, stay up (the daemon keeps running) until released.
         self.hold = hold
         self.release = anyio.Event()
@@ -77,6 +78,11 @@ class PacedFeed:
     def when(self, n: int) -> anyio.Event:
         """An event set once ``n`` events have been published."""
         return self.reached.setdefault(n, anyio.Event())
+
+    def gate(self, n: int) -> anyio.Event:
+        """An event the feed waits for after publishing ``n`` events, so a test's
+        action lands at that point however loaded the machine is."""
+        return self.gates.setdefault(n, anyio.Event())
 
     async def run(
         self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
@@ -88,6 +94,8 @@ class PacedFeed:
             self.published += 1
             if self.published in self.reached:
                 self.reached[self.published].set()
+            if self.published in self.gates:
+                await self.gates[self.published].wait()
             if self.gap:
                 await anyio.sleep(self.gap)
         if self.hold:
@@ -282,6 +290,7 @@ async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path:
     )
     feed = PacedFeed([candle(i) for i in range(40)], gap=0.03)
     paused_seen = feed.when(10)
+    resumed = feed.gate(10)  # the rest of the feed waits for the CLI, however slow it starts
 
     async def resume() -> None:
         await paused_seen.wait()
@@ -290,6 +299,7 @@ async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path:
              "--state-dir", str(tmp_path / "state")],
             check=True,
         )  # fmt: skip
+        resumed.set()
 
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
