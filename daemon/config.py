@@ -130,7 +130,7 @@ class HooksSection(Base, frozen=True):
     # agents are loaded once, at start (no hot reload; `hooks resume` applies at the
     # next start).
     reload_seconds: Annotated[float, msgspec.Meta(ge=0)] = 2.0
-    # POST every ALERT as JSON here too ("" = log only).
+    # POST every live ALERT as JSON here too ("" = log only; a replay's are not posted).
     alert_webhook: str = ""
     # Dedupe keys kept per agent (the oldest go first; keys are also dropped after
     # 30 days of event time). Bounds hooks.sqlite3 whatever keys hooks invent.

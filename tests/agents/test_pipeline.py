@@ -10,6 +10,7 @@ import anyio
 import msgspec
 import pytest
 import structlog.testing
+from aiohttp import web
 from anyio.abc import TaskStatus
 
 from daemon.agents.pipeline import open_agents
@@ -27,6 +28,11 @@ def evaluate(event, state):
     closes = state["candles"][event["symbol"]][event["timeframe"]]
     return {"decision": "WAKE", "reason": "seen " + str(len(closes)),
             "dedupeKey": "k:" + event["eventId"]}
+"""
+
+ALERT_EVERY = """
+def evaluate(event, state):
+    return {"decision": "ALERT", "reason": "close " + str(event["payload"]["close"])}
 """
 
 COOL = """
@@ -347,6 +353,51 @@ async def test_absurd_cooldown_is_clamped_not_fatal(tmp_path: Path) -> None:
     await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(3)]))
     got = [r["suppressedBy"] for r in audit(tmp_path) if r["type"] == "hook"]
     assert got == ["none", "cooldown", "cooldown"]
+
+
+@pytest.mark.parametrize("clock", ["event", "wall"])
+async def test_a_replays_alerts_are_audited_not_posted_on_event_time(
+    tmp_path: Path, clock: str
+) -> None:
+    """History's ALERTs go to the audit and the log; the webhook gets only the wall
+    clock's (the same replay with ``clock = "wall"`` posts each one)."""
+    posted: list[Any] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        posted.append(json.loads(await request.read()))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/alerts", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    agents = workspace(tmp_path, {"wake_alert.py": ALERT_EVERY})
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state"), "clock": clock},
+            "hooks": {
+                "agents_dir": str(agents),
+                "alert_webhook": f"http://127.0.0.1:{port}/alerts",
+            },
+        },
+        Config,
+    )
+    try:
+        feed = PacedFeed([candle(i) for i in range(3)])
+        svc = Service(cfg, lambda _: [feed], components=[open_agents])
+        with anyio.fail_after(30):
+            await svc.run()
+    finally:
+        await runner.cleanup()
+    alerts = [r for r in audit(tmp_path) if r["type"] == "hook" and r["decision"] == "ALERT"]
+    assert len(alerts) == 3
+    if clock == "event":
+        assert posted == []
+    else:
+        assert [p["eventId"] for p in posted] == [r["eventId"] for r in alerts]
 
 
 async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> None:
