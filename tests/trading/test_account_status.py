@@ -3,12 +3,17 @@ orders, PnL (realized net of fees, today's on the broker's clock), fees, fills."
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import structlog.testing
 
+from daemon.agents.pipeline import _accounts
 from daemon.status import MAX_ORDERS_SHOWN, render_accounts
 from daemon.trading.account_status import DAY_MS, account_status
+from daemon.trading.desk import TradeDesk
 from daemon.trading.matching import FillCosts
 from daemon.trading.paper import PaperBroker
 from tests.trading.test_paper import T0, Sink, request
@@ -84,3 +89,23 @@ def test_a_status_file_whose_accounts_do_not_decode_shows_none(tmp_path: Path) -
     )
     status = read_status(tmp_path)
     assert status.accounts == {} and status.bus.published == 0
+
+
+async def test_a_paper_store_that_cannot_be_read_leaves_the_accounts_out(tmp_path: Path) -> None:
+    """The status of a daemon whose paper store broke under it (here its fills table
+    is gone) shows no accounts and logs why; it does not raise into the status loop."""
+    broker = PaperBroker(tmp_path, Sink())
+    try:
+        await broker.on_tick("BTC", 100.0, DAY0)
+        await broker.submit(request("in", volume=1.0))
+        desk = TradeDesk(broker)
+        manager = SimpleNamespace(runtimes={})
+        assert list(_accounts(desk, manager)) == ["agent"]  # type: ignore[arg-type]
+        with sqlite3.connect(tmp_path / "paper.sqlite3") as other:
+            other.execute("DROP TABLE fills")
+        with structlog.testing.capture_logs() as logs:
+            assert _accounts(desk, manager) == {}  # type: ignore[arg-type]
+    finally:
+        broker.close()
+    [line] = [e for e in logs if e["event"] == "accounts left out of the status"]
+    assert "no such table: fills" in line["error"] and "paper.sqlite3" in line["error"]
