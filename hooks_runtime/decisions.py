@@ -157,7 +157,7 @@ def to_decision(value: dict[str, Any], kind: str) -> Decision:
     allowed = ALLOWED_DECISIONS.get(kind, frozenset())
     if type(name) is not str or name not in allowed:
         raise HookResultInvalid(
-            f"decision {name!r} is not allowed for a {kind} hook (one of {sorted(allowed)})"
+            f"decision {name!r} is not allowed in {kind}_* hooks (one of {sorted(allowed)})"
         )
     try:
         return msgspec.convert(value, _BY_NAME[name])

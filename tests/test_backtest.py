@@ -730,14 +730,21 @@ def test_hooks_that_fail_or_never_compile_are_in_the_report(tmp_path: Path) -> N
     out = tmp_path / "out"
     report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=out))
     failing = next(h for h in report.hooks if h.hook == "wake_imports")
-    assert failing.errors == failing.evaluations == 40
+    # Five failures pause it (the defaults); the rest are skipped, not failed, and
+    # the report says from when, since nobody resumes a hook during a backtest.
+    assert failing.errors == 5 and failing.skipped == {"paused": 35}
+    assert failing.errors + sum(failing.skipped.values()) == failing.evaluations == 40
     assert "import of 'os' is not allowed" in failing.first_error
+    rows = iter_records(out / "state" / "audit")
+    paused = [r for r in rows if (r.get("error") or "").startswith("paused:")]
+    assert failing.paused_from == paused[0]["eventTs"]
     (broken,) = report.broken
     assert broken.hook == "wake_broken" and "SyntaxError" in broken.error
     assert "wake_broken" not in {h.hook for h in report.hooks}
     text = render(report)
     assert "wake_broken @" in text and "did not compile, never ran" in text
     assert "(first: " in text and "did not compile" in (out / "report.html").read_text()
+    assert f"not run: paused 35 (paused from {failing.paused_from} to the end" in text
 
 
 WAKE_HIGH_TICK = """

@@ -106,6 +106,17 @@ class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
     errors: int
     suppressed: dict[str, int]
     first_error: str = ""  # the first failed evaluation's error, as audited
+    # Evaluations the breaker skipped (backing off after a failure, or paused: in a
+    # backtest nobody resumes a hook, so a pause lasts to the end of the data).
+    skipped: dict[str, int] = {}
+    paused_from: str = ""  # event time of the first evaluation skipped as paused
+
+    def not_run(self) -> str:
+        """The evaluations the breaker skipped, and since when a paused hook stayed off."""
+        text = "not run: " + ", ".join(f"{k} {v}" for k, v in self.skipped.items())
+        if self.paused_from:
+            text += f" (paused from {self.paused_from} to the end: fix the hook and run again)"
+        return text
 
 
 class BrokenHook(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,6 +229,9 @@ class RunSpend(msgspec.Struct, frozen=True, rename="camel"):
 
 _row = msgspec.json.Decoder(AuditRow)
 
+#: Audited errors that are not failures: the breaker's gates (hooks_runtime/breaker.py).
+SKIPPED = ("backoff", "paused")
+
 
 class Tally:
     """One pass over the audit: what the report needs of ``agent``'s rows, held in
@@ -230,6 +244,8 @@ class Tally:
         self._decisions: dict[tuple[str, str], Counter[str]] = {}
         self._errors: Counter[tuple[str, str]] = Counter()
         self._first_errors: dict[tuple[str, str], str] = {}
+        self._skipped: dict[tuple[str, str], Counter[str]] = {}
+        self._paused_from: dict[tuple[str, str], str] = {}
         self._suppressed: dict[tuple[str, str], Counter[str]] = {}
         self.wakes = self.runs = self.runs_failed = 0
         self.llm_runs: list[RunSpend] = []  # the finished runs that ran a model
@@ -273,6 +289,12 @@ class Tally:
             self.symbols.setdefault(rec.symbol)
         decision = rec.decision
         if decision is None:
+            gate = (rec.error or "").partition(":")[0]
+            if gate in SKIPPED:
+                self._skipped.setdefault(key, Counter())[gate] += 1
+                if gate == "paused":
+                    self._paused_from.setdefault(key, rec.event_ts or "")
+                return
             self._errors[key] += 1
             self._first_errors.setdefault(key, rec.error or "")
             return
@@ -303,6 +325,8 @@ class Tally:
                 errors=self._errors[(hook, revision)],
                 suppressed=dict(sorted(self._suppressed.get((hook, revision), Counter()).items())),
                 first_error=self._first_errors.get((hook, revision), ""),
+                skipped=dict(sorted(self._skipped.get((hook, revision), Counter()).items())),
+                paused_from=self._paused_from.get((hook, revision), ""),
             )
             for (hook, revision), n in sorted(self._evals.items())
         ]

@@ -468,6 +468,7 @@ def render(report: Report) -> str:
         lines.append(
             f"  {h.hook} @{h.revision[:8]}: {h.evaluations} evaluations: {decided}"
             + (f"; {h.errors} errors{first}" if h.errors else "")
+            + (f"; {h.not_run()}" if h.skipped else "")
             + (f"; suppressed: {held}" if held else "")
         )
     for bad in report.broken:

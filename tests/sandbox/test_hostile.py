@@ -224,7 +224,7 @@ MESSAGES = {
     "system_exit": "name 'SystemExit' is not defined",
     "class_def": "class definitions are not allowed",
     "gi_frame_walk": "forbidden to access",
-    "trade_from_wake": "not allowed for a wake hook",
+    "trade_from_wake": "not allowed in wake_* hooks",
     "surrogate_result": "not valid UTF-8",
     "oversized_result": "size cap",
     "wide_chars_result": "larger than the size cap",
@@ -280,5 +280,5 @@ async def test_autotrade_may_not_wake(pool: WorkerPool, sentinels: Sentinels) ->
     hook = spec_from_source("autotrade_waker", "autotrade", _body(OK))
     results = await pool.evaluate("victim", [hook, CANARY], EVENT, STATE)
     assert results[0].error_kind == "invalid_result"
-    assert "not allowed for a autotrade hook" in (results[0].error or "")
+    assert "not allowed in autotrade_* hooks" in (results[0].error or "")
     assert results[1].ok
