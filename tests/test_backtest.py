@@ -95,8 +95,38 @@ def test_same_data_same_report_and_the_counts_are_the_audits(tmp_path: Path) -> 
     assert first.cost_ratio == pytest.approx(first.cost / first.baseline.cost, abs=1e-6)
     trades = hooks["autotrade_tenth"].decisions["TRADE_INTENT"]
     assert first.trades.fills == trades and first.trades.closing_fills == trades // 2
+    assert (first.intents_approved, first.intents_rejected) == (trades, 0)
     # the copy that ran is kept beside the report
     assert (tmp_path / "out" / "agents" / "alpha" / "hooks" / "wake_green.py").exists()
+
+
+def test_intents_the_risk_engine_refused_are_counted_by_reason(tmp_path: Path) -> None:
+    """Every other intent lacks its stop-loss: the report counts those rejections by
+    the risk engine's code, beside the approved ones, as the audit recorded them."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=40, timeframe="5m")
+    hooks = tmp_path / "agents" / "alpha" / "hooks"
+    hooks.mkdir(parents=True)
+    (hooks.parent / "agent.toml").write_text(TOML)
+    (hooks / "autotrade_sloppy.py").write_text(
+        "def evaluate(event, state):\n"
+        "    c = event['payload']\n"
+        "    intent = {'action': 'PLACE_MARKET_ORDER', 'symbol': event['symbol'],\n"
+        "              'side': 'buy', 'volume': 0.0001}\n"
+        "    if int(c['closeTimeMs'] / 300000) % 2:\n"
+        "        intent['stopLoss'] = c['close'] * 0.5\n"
+        "    return {'decision': 'TRADE_INTENT', 'reason': 'x', 'intent': intent}\n"
+    )
+    out = tmp_path / "out"
+    report = run_backtest(BacktestOptions(agent_dir=hooks.parent, data=data, out=out))
+    risk = [r for r in iter_records(out / "state" / "audit") if r["type"] == "risk"]
+    refused = [r for r in risk if not r["approved"]]
+    assert len(risk) == 40 and len(refused) == 20
+    assert report.intents_approved == 20 == report.trades.fills
+    assert report.intents_rejected == 20
+    assert report.rejected_by == {"STOP_LOSS_REQUIRED": 20}
+    assert "risk: 20 intents approved, 20 rejected (STOP_LOSS_REQUIRED 20)" in render(report)
+    assert "STOP_LOSS_REQUIRED 20" in (out / "report.html").read_text()
 
 
 def test_timer_baseline_and_cost_arithmetic() -> None:

@@ -255,6 +255,7 @@ def render_html(report: Report, series: Series) -> str:
         (report.cost_model.label, f"{report.cost:.2f} ({report.cost_model.source})"),
         (f"timer agent every {b.minutes:g} min", f"{b.runs} runs, {b.cost:.2f}"),
         ("cost ratio", f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"),
+        ("risk", report.verdicts() or "no trade intents"),
         ("trades", f"{t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}"),
         ("realized PnL / max drawdown", f"{t.realized_pnl:.2f} / {t.max_drawdown:.2f}"),
         (

@@ -192,6 +192,20 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     left_out: int = 0
     # Runs that ended failed or timed out (a model that did not answer, a bad key).
     runs_failed: int = 0
+    # The risk engine's verdicts on the intents that reached it: approved, and the
+    # rejected ones by reason code (an intent refused for two reasons counts twice).
+    intents_approved: int = 0
+    intents_rejected: int = 0
+    rejected_by: dict[str, int] = {}
+
+    def verdicts(self) -> str:
+        """The risk engine's verdicts in one line ("" when no intent reached it)."""
+        if not self.intents_approved and not self.intents_rejected:
+            return ""
+        why = ", ".join(f"{k} {v}" for k, v in self.rejected_by.items())
+        return f"{self.intents_approved} intents approved, {self.intents_rejected} rejected" + (
+            f" ({why})" if why else ""
+        )
 
     def incomplete(self) -> tuple[str, str] | None:
         """(heading, explanation) of a report that covers part of the data only."""
@@ -217,6 +231,14 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     event_ts: str | None = None
     symbol: str | None = None
     llm: RunSpend | None = None
+    approved: bool | None = None  # risk rows
+    reasons: list[Reason] = []
+
+
+class Reason(msgspec.Struct, frozen=True):
+    """What a report reads of a risk row's reason: its code."""
+
+    code: str = ""
 
 
 class RunSpend(msgspec.Struct, frozen=True, rename="camel"):
@@ -248,6 +270,8 @@ class Tally:
         self._paused_from: dict[tuple[str, str], str] = {}
         self._suppressed: dict[tuple[str, str], Counter[str]] = {}
         self.wakes = self.runs = self.runs_failed = 0
+        self.approved = self.rejected = 0
+        self._rejected_by: Counter[str] = Counter()
         self.llm_runs: list[RunSpend] = []  # the finished runs that ran a model
         self._wakes_suppressed: Counter[str] = Counter()
         self._first_ms: int | None = None  # the hook rows' first and last event times
@@ -276,6 +300,13 @@ class Tally:
                 self.runs_failed += rec.status in ("failed", "timeout")
             if rec.status == "finished" and rec.llm is not None:
                 self.llm_runs.append(rec.llm)
+            return
+        if rec.type == "risk":
+            if rec.approved:
+                self.approved += 1
+            else:
+                self.rejected += 1
+                self._rejected_by.update(r.code for r in rec.reasons)
             return
         if rec.type != "hook":
             return
@@ -330,6 +361,10 @@ class Tally:
             )
             for (hook, revision), n in sorted(self._evals.items())
         ]
+
+    def rejected_by(self) -> dict[str, int]:
+        """Rejected intents by the risk engine's reason code, most frequent first."""
+        return dict(self._rejected_by.most_common())
 
     def wakes_suppressed(self) -> dict[str, int]:
         """WAKE decisions that did not run, by why."""
@@ -468,6 +503,7 @@ def figures(a: Report, b: Report) -> dict[str, tuple[float, float]]:
         "wakes": (a.wakes, b.wakes),
         "runs": (a.runs, b.runs),
         "cost": (a.cost, b.cost),
+        "intents_rejected": (a.intents_rejected, b.intents_rejected),
         "fills": (a.trades.fills, b.trades.fills),
         "realized_pnl": (a.trades.realized_pnl, b.trades.realized_pnl),
         "max_drawdown": (a.trades.max_drawdown, b.trades.max_drawdown),

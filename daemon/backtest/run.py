@@ -305,6 +305,9 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         wakes=tally.wakes,
         runs=tally.runs,
         runs_failed=tally.runs_failed,
+        intents_approved=tally.approved,
+        intents_rejected=tally.rejected,
+        rejected_by=tally.rejected_by(),
         wakes_suppressed=tally.wakes_suppressed(),
         cost_model=model,
         cost=cost,
@@ -484,6 +487,8 @@ def render(report: Report) -> str:
         f"  {report.cost_model.label} {report.cost:.2f} vs {b.cost:.2f} for a timer agent every "
         f"{b.minutes:g} min ({b.runs} runs): {ratio} of it ({report.cost_model.source})"
     )
+    if verdicts := report.verdicts():
+        lines.append(f"  risk: {verdicts}")
     lines.append(
         f"  trades: {t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}, "
         f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f} "
