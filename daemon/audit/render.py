@@ -149,6 +149,14 @@ def _risk(rec: Record, line: Text) -> None:
         )
 
 
+def price_text(price: object) -> str:
+    """A price as a trader reads it: every digit that matters, no float tail
+    (an average of partial fills may end in ...0000000002); not a number: as is."""
+    if isinstance(price, bool) or not isinstance(price, int | float):
+        return str(price)
+    return f"{price:.12f}".rstrip("0").rstrip(".")
+
+
 def _order(rec: Record, line: Text) -> None:
     status = _s(rec, "status")
     style = {"FILLED": "bold magenta", "CANCELED": "yellow", "REJECTED": "red"}.get(
@@ -156,7 +164,7 @@ def _order(rec: Record, line: Text) -> None:
     )
     line.append(f"order {status}", style=style)
     price = rec.get("price")
-    at = f" @ {price}" if price is not None else ""
+    at = f" @ {price_text(price)}" if price is not None else ""
     size = _s(rec, "volume")
     if rec.get("filled") is not None:
         size = f"{_s(rec, 'filled')} of {size}"

@@ -19,7 +19,7 @@ import msgspec
 from rich.text import Text
 
 from daemon.audit.reader import AuditFilter, Record, decision_of, iter_records
-from daemon.audit.render import market_time, visible_record
+from daemon.audit.render import market_time, price_text, visible_record
 
 Outcome = Literal[
     "TRADED", "TRADE_REJECTED", "WOKE", "QUEUED", "SUPPRESSED", "HOOK_ERROR", "NO_WAKE", "NOT_SEEN"
@@ -119,7 +119,7 @@ def _other_line(r: Record) -> str:
         )
         return f"risk rejected {r.get('symbol')}: {text}"
     if kind == "order":
-        price = f" @ {r['price']}" if r.get("price") is not None else ""
+        price = f" @ {price_text(r['price'])}" if r.get("price") is not None else ""
         return (
             f"order {r.get('clientOrderId')} {r.get('status')} {r.get('side')} {r.get('volume')} "
             f"{r.get('symbol')}{price} ({r.get('role')}){_at(r)}"
@@ -131,13 +131,13 @@ def _trade_summary(orders: list[Record]) -> str:
     """'entry X FILLED @ p; closed by stop_loss @ q' from the order records, in order."""
     entries = [r for r in orders if r.get("role") in ("entry", "close")] or orders
     last = entries[-1]
-    price = f" @ {last['price']}" if last.get("price") is not None else ""
+    price = f" @ {price_text(last['price'])}" if last.get("price") is not None else ""
     text = f"order {last.get('clientOrderId')} {last.get('status')}{price}"
     exits = [
         r for r in orders if r is not last and r.get("status") == "FILLED" and r not in entries
     ]
     if exits:
-        text += f"; closed by {exits[-1].get('role')} @ {exits[-1].get('price')}{_at(exits[-1])}"
+        text += f"; closed by {exits[-1].get('role')} @ {price_text(exits[-1].get('price'))}{_at(exits[-1])}"
     return text
 
 

@@ -112,7 +112,9 @@ class Applied(NamedTuple):
 
 def apply_fill(quantity: float, avg_price: float, signed_qty: float, price: float) -> Applied:
     """Net a fill into a position; closing volume realizes PnL at ``price``."""
-    if quantity == 0 or (quantity > 0) == (signed_qty > 0):
+    if quantity == 0:  # opened at price exactly ((q * p) / q is not always p in floats)
+        return Applied(signed_qty, price, 0.0)
+    if (quantity > 0) == (signed_qty > 0):
         new_qty = quantity + signed_qty
         avg = (quantity * avg_price + signed_qty * price) / new_qty
         return Applied(new_qty, avg, 0.0)

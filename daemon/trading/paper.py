@@ -483,7 +483,8 @@ class PaperBroker:
         filled = msgspec.structs.replace(
             order,
             status="FILLED" if done else "OPEN",
-            fill_price=average / total if total else price,
+            # One fill so far: its price exactly, not (p * v) / v a last digit off.
+            fill_price=average / total if total and order.filled_volume else price,
             filled_volume=order.volume if done and order.role not in _CHILD_ROLES else total,
             last_fill_volume=size,
             fees=round(order.fees + fee, 10),

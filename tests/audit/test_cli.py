@@ -43,7 +43,7 @@ def test_tail_prints_readable_lines(logdir: Path) -> None:
     assert len(lines) == 3
     assert "beta autotrade_doji TRADE_INTENT" in lines[0]
     assert "alpha wake woke" in lines[1]
-    assert "order FILLED buy 0.01 ETH-USD @ 1000.0" in lines[2]
+    assert "order FILLED buy 0.01 ETH-USD @ 1000" in lines[2]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from daemon.audit.render import price_text
 from daemon.audit.why import collect, explain
 from daemon.audit.writer import AuditWriter
 from daemon.cli.audit import audit_group, why_command
@@ -66,7 +67,7 @@ def test_why_explains_each_agent(logdir: Path, ident: str) -> None:
     alpha = next(s for s in exp.agents if s.agent_id == "alpha")
     assert len(alpha.records) == 8
     assert any("run r1 (log) finished" in d for d in alpha.details)
-    assert alpha.why == "order mw-1 FILLED @ 1000.0"
+    assert alpha.why == "order mw-1 FILLED @ 1000"
 
 
 def test_why_an_order_tells_its_agents_story(logdir: Path) -> None:
@@ -76,11 +77,26 @@ def test_why_an_order_tells_its_agents_story(logdir: Path) -> None:
     exp = explain(collect(logdir, "mw-1"), "mw-1")
     [alpha] = exp.agents
     assert alpha.agent_id == "alpha" and alpha.outcome == "TRADED"
-    assert alpha.why == "order mw-1 FILLED @ 1000.0"
+    assert alpha.why == "order mw-1 FILLED @ 1000"
     assert len(alpha.records) == 8 and exp.event_ids == [EVENT]  # the same rows as by event
     text = CliRunner().invoke(why_command, ["mw-1", "--dir", str(logdir)])
     assert text.exit_code == 0 and "agent alpha: TRADED" in text.output
     assert "agent beta" not in text.output
+
+
+def test_prices_read_without_a_float_tail(tmp_path: Path) -> None:
+    """`why` and `audit tail` print a fill's price with the digits that matter: an
+    average of partial fills ending in ...0000000002 reads 1696.81."""
+    assert [price_text(p) for p in (1696.8100000000002, 65000.0, 0.00001234, 2, "n/a")] == [
+        "1696.81", "65000", "0.00001234", "2", "n/a"
+    ]  # fmt: skip
+    w = AuditWriter(tmp_path)
+    w.write(order(status="FILLED", price=1696.8100000000002))
+    w.close()
+    exp = explain(collect(tmp_path, "mw-1"), "mw-1")
+    assert exp.agents[0].why == "order mw-1 FILLED @ 1696.81"
+    tail = CliRunner().invoke(audit_group, ["tail", "--dir", str(tmp_path)])
+    assert tail.exit_code == 0 and "@ 1696.81 (limit" in tail.output
 
 
 def test_why_reasons_are_specific(logdir: Path) -> None:

@@ -339,3 +339,18 @@ async def test_an_account_with_its_own_cursor_trades_on_its_own_events(
     await broker.on_market_event(_event(ev.MARKET_PRICE_TICK, dip, T0 + MIN), cursor="a")
     assert broker.get_order(mine_order.client_order_id).status == "FILLED"  # type: ignore[union-attr]
     assert broker.now_ms("a") == T0 + MIN
+
+
+async def test_one_fill_keeps_its_price_to_the_last_digit(tmp_path: Path) -> None:
+    """A whole fill at 1696.81 of 0.61881 is at 1696.81, not (p * v) / v =
+    1696.8100000000002, in the order and in the position it opens."""
+    broker = PaperBroker(tmp_path, Sink())
+    try:
+        await broker.on_tick("BTC", 1696.81, T0)
+        await broker.submit(request("odd", volume=0.61881, stopLoss=1500.0))
+        order = broker.get_order(client_order_id("agent", "odd"))
+        pos = broker.positions("agent")["BTC"]
+    finally:
+        broker.close()
+    assert order is not None and order.fill_price == 1696.81
+    assert pos.avg_price == 1696.81
