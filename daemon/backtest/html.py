@@ -15,7 +15,7 @@ from html import escape
 
 import msgspec
 
-from daemon.backtest.report import Report
+from daemon.backtest.report import Report, counted
 from daemon.events import iso_ms
 from daemon.trading.paper_store import FillRow
 
@@ -250,13 +250,16 @@ def render_html(report: Report, series: Series) -> str:
             "data",
             f"{report.data}: {report.events} events, {report.first_event} .. {report.last_event}",
         ),
-        ("wakes", f"{report.wakes} WAKE decisions -> {report.runs} runs"),
+        ("wakes", f"{counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'run')}"),
         ("not run", ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items()) or "-"),
         (report.cost_model.label, f"{report.cost:.2f} ({report.cost_model.source})"),
-        (f"timer agent every {b.minutes:g} min", f"{b.runs} runs, {b.cost:.2f}"),
+        (f"timer agent every {b.minutes:g} min", f"{counted(b.runs, 'run')}, {b.cost:.2f}"),
         ("cost ratio", f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"),
         ("risk", report.verdicts() or "no trade intents"),
-        ("trades", f"{t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}"),
+        (
+            "trades",
+            f"{counted(t.fills, 'fill')}, {t.closing_fills} closing, win rate {t.win_rate:.0%}",
+        ),
         ("realized PnL / max drawdown", f"{t.realized_pnl:.2f} / {t.max_drawdown:.2f}"),
         (
             "marked to market: max drawdown / open at the end",

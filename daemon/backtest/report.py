@@ -96,6 +96,11 @@ def priced_by_runs(model: CostModel, runs: Sequence[RunSpend], where: str) -> Co
     )
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless one: "1 run", "3 runs"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
     """One hook revision's evaluations and decisions."""
 
@@ -203,7 +208,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
         if not self.intents_approved and not self.intents_rejected:
             return ""
         why = ", ".join(f"{k} {v}" for k, v in self.rejected_by.items())
-        return f"{self.intents_approved} intents approved, {self.intents_rejected} rejected" + (
+        approved = counted(self.intents_approved, "intent")
+        return f"{approved} approved, {self.intents_rejected} rejected" + (
             f" ({why})" if why else ""
         )
 

@@ -35,6 +35,7 @@ from daemon.backtest.report import (
     Report,
     Tally,
     compare,
+    counted,
     figures,
     priced_by_runs,
     timer_baseline,
@@ -469,8 +470,8 @@ def render(report: Report) -> str:
         held = ", ".join(f"{k} {v}" for k, v in h.suppressed.items())
         first = f" (first: {h.first_error})" if h.first_error else ""
         lines.append(
-            f"  {h.hook} @{h.revision[:8]}: {h.evaluations} evaluations: {decided}"
-            + (f"; {h.errors} errors{first}" if h.errors else "")
+            f"  {h.hook} @{h.revision[:8]}: {counted(h.evaluations, 'evaluation')}: {decided}"
+            + (f"; {counted(h.errors, 'error')}{first}" if h.errors else "")
             + (f"; {h.not_run()}" if h.skipped else "")
             + (f"; suppressed: {held}" if held else "")
         )
@@ -478,19 +479,19 @@ def render(report: Report) -> str:
         lines.append(f"  {bad.hook} @{bad.revision[:8]}: did not compile, never ran: {bad.error}")
     why = ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items())
     lines.append(
-        f"  {report.wakes} WAKE decisions -> {report.runs} agent runs"
+        f"  {counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'agent run')}"
         + (f" (not run: {why})" if why else "")
         + (f"; {report.runs_failed} of the runs failed or timed out" if report.runs_failed else "")
     )
     ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"
     lines.append(
         f"  {report.cost_model.label} {report.cost:.2f} vs {b.cost:.2f} for a timer agent every "
-        f"{b.minutes:g} min ({b.runs} runs): {ratio} of it ({report.cost_model.source})"
+        f"{b.minutes:g} min ({counted(b.runs, 'run')}): {ratio} of it ({report.cost_model.source})"
     )
     if verdicts := report.verdicts():
         lines.append(f"  risk: {verdicts}")
     lines.append(
-        f"  trades: {t.fills} fills, {t.closing_fills} closing, win rate {t.win_rate:.0%}, "
+        f"  trades: {counted(t.fills, 'fill')}, {t.closing_fills} closing, win rate {t.win_rate:.0%}, "
         f"realized PnL {t.realized_pnl:.2f}, max drawdown {t.max_drawdown:.2f} "
         f"({t.max_drawdown_marked:.2f} marked to market), exposure {t.exposure:.0%}, "
         f"fees {t.fees:.2f}"

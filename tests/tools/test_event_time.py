@@ -250,7 +250,7 @@ def test_failed_llm_runs_are_counted_and_a_missing_key_stops_the_backtest(
     refusal = (400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
     _, opts, report = backtest_with_model(tmp_path, data, [refusal])
     assert (report.runs, report.runs_failed) == (1, 1)
-    assert "1 agent runs; 1 of the runs failed or timed out" in render(report)
+    assert "1 agent run; 1 of the runs failed or timed out" in render(report)
     keyed = AGENT.format(url="").replace('base_url = ""', 'api_key = "${MW_TEST_UNSET_KEY}"')
     (opts.agent_dir / "agent.toml").write_text("enabled = false\n" + keyed)
     with pytest.raises(ConfigError, match=r"reads \$\{MW_TEST_UNSET_KEY\}, which is not set"):
