@@ -10,7 +10,6 @@ import anyio
 import msgspec
 import pytest
 import structlog.testing
-from aiohttp import web
 from anyio.abc import TaskStatus
 
 from daemon.agents.pipeline import open_agents
@@ -20,6 +19,7 @@ from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, candle_event_id, iso_
 from daemon.service import Service
 from daemon.status import read_status
 from feeds.base import Feed, FeedHealth, Publish
+from tests.test_alerts import serve
 
 T0 = 1_700_000_000_000
 
@@ -361,27 +361,12 @@ async def test_a_replays_alerts_are_audited_not_posted_on_event_time(
 ) -> None:
     """History's ALERTs go to the audit and the log; the webhook gets only the wall
     clock's (the same replay with ``clock = "wall"`` posts each one)."""
-    posted: list[Any] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        posted.append(json.loads(await request.read()))
-        return web.Response(status=204)
-
-    app = web.Application()
-    app.router.add_post("/alerts", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url, posted = await serve(204)
     agents = workspace(tmp_path, {"wake_alert.py": ALERT_EVERY})
     cfg = msgspec.convert(
         {
             "daemon": {"state_dir": str(tmp_path / "state"), "clock": clock},
-            "hooks": {
-                "agents_dir": str(agents),
-                "alert_webhook": f"http://127.0.0.1:{port}/alerts",
-            },
+            "hooks": {"agents_dir": str(agents), "alert_webhook": url},
         },
         Config,
     )
