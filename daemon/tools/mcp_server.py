@@ -53,6 +53,25 @@ marketwake's market tools. Prefer wait_for_market_event over sleeping: it return
 as soon as your conditions hold (or after at most 55 s with the latest tickers)."""
 
 
+def call_context(ctx: ToolContext, agent: str) -> ToolContext:
+    """The context of one MCP call: on event time, as of the replay's market time
+    (the named agent's, when there is one)."""
+    if not agent:
+        return ctx.as_of_now()
+    # MCP requests carry no session (the protocol is stateless): a signal is the same
+    # signal when its levels are, within a UTC day ("run" mcp-<day>): the market's
+    # day on event time (the agent's clock), else today's.
+    view = ctx.agent_view(agent) if ctx.agent_view is not None else None
+    at_ms = view.now_ms if view is not None else ctx.as_of_now().market_ms
+    day = time.gmtime(at_ms / 1000 if at_ms else time.time())
+    run = time.strftime("mcp-%Y-%m-%d", day)
+    call = ctx.agent_call(agent, run) if ctx.agent_call is not None else None
+    if call is None:
+        return dataclasses.replace(ctx.as_of_now(), agent=None, acting_for=agent)
+    call = dataclasses.replace(call, trace_id=f"mcp-{secrets.token_hex(6)}")
+    return dataclasses.replace(ctx.for_agent(call), acting_for=agent)
+
+
 def build_server(registry: Registry[ToolContext], ctx: ToolContext, agent: str = "") -> Server[Any]:
     """An MCP server exposing every tool of ``registry`` against ``ctx``, the trading
     tools acting for ``agent`` (none: they answer ``unavailable``)."""
@@ -71,22 +90,8 @@ def build_server(registry: Registry[ToolContext], ctx: ToolContext, agent: str =
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=listed)
 
-    def for_call() -> ToolContext:
-        """The context of one call: on event time, as of the replay's market time
-        (the named agent's, when there is one)."""
-        if not agent:
-            return ctx.as_of_now()
-        # MCP requests carry no session (the protocol is stateless): a signal is
-        # the same signal when its levels are, within a UTC day ("run" mcp-<day>).
-        run = time.strftime("mcp-%Y-%m-%d", time.gmtime())
-        call = ctx.agent_call(agent, run) if ctx.agent_call is not None else None
-        if call is None:
-            return dataclasses.replace(ctx.as_of_now(), agent=None, acting_for=agent)
-        call = dataclasses.replace(call, trace_id=f"mcp-{secrets.token_hex(6)}")
-        return dataclasses.replace(ctx.for_agent(call), acting_for=agent)
-
     async def call_tool(_rctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        result = await registry.call(for_call(), params.name, params.arguments)
+        result = await registry.call(call_context(ctx, agent), params.name, params.arguments)
         data, is_error = render(result)
         return types.CallToolResult(
             content=[types.TextContent(text=msgspec.json.encode(data).decode())],

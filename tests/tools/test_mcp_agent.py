@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,10 @@ from daemon.agents.pipeline import open_agents
 from daemon.app import open_market, shared_pool
 from daemon.config import Config, McpSection
 from daemon.service import Service
+from daemon.state import StateCache
 from daemon.tools import registry
-from daemon.tools.context import ToolContext
-from daemon.tools.mcp_server import bound_port, build_server, serve_http
+from daemon.tools.context import AgentCall, AgentView, ToolContext
+from daemon.tools.mcp_server import bound_port, build_server, call_context, serve_http
 from tests.agents.test_pipeline import PacedFeed, audit, candle, workspace
 
 pytestmark = pytest.mark.anyio
@@ -96,3 +99,27 @@ async def test_without_a_running_agent_the_trading_tools_say_why() -> None:
             with anyio.fail_after(20):
                 (out,) = await _call(url, ("get_orders", {}))
         assert out["error"] == "unavailable" and says in out["message"], out
+
+
+def test_a_replays_signals_are_one_per_market_day_not_wall_day() -> None:
+    """Over MCP a signal is deduplicated within a "run" of one UTC day: on event time
+    the agent's market day (two replayed days are two runs, whatever the wall clock
+    says), live today's; without the agent's view, the replay's market time."""
+    day_ms = 1_700_000_000_000  # 2023-11-14T22:13:20Z
+    views = {"alpha": AgentView(now_ms=day_ms, state=StateCache())}
+    ctx = ToolContext(
+        agent_view=views.get,
+        agent_call=lambda agent, run: AgentCall(agent_id=agent, run_id=run),
+        market_now=lambda: day_ms + 86_400_000,
+    )
+    replayed = call_context(ctx, "alpha")
+    assert replayed.agent is not None and replayed.agent.run_id == "mcp-2023-11-14"
+    assert replayed.market_ms == day_ms and replayed.acting_for == "alpha"
+    views["alpha"] = AgentView(now_ms=day_ms + 86_400_000, state=StateCache())
+    assert call_context(ctx, "alpha").agent.run_id == "mcp-2023-11-15"  # type: ignore[union-attr]
+    unviewed = dataclasses.replace(ctx, agent_view=None)
+    assert call_context(unviewed, "alpha").agent.run_id == "mcp-2023-11-15"  # type: ignore[union-attr]
+    live = ToolContext(agent_call=ctx.agent_call)
+    today = time.strftime("mcp-%Y-%m-%d", time.gmtime())
+    assert call_context(live, "alpha").agent.run_id == today  # type: ignore[union-attr]
+    assert call_context(live, "alpha").market_ms is None
