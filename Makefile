@@ -15,12 +15,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/marketwake demo
 
+# compileall: bytecode even where PYTHONDONTWRITEBYTECODE is set; the suite starts the
+# CLI and sandbox workers as subprocesses, each of which would compile every module.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	# Bytecode even where PYTHONDONTWRITEBYTECODE is set: the suite starts the CLI
-	# and sandbox workers as subprocesses, each of which would compile every module.
 	$(BIN)/python -m compileall -q daemon feeds hooks_runtime >/dev/null
 	$(BIN)/python -m pytest -q
 
