@@ -120,15 +120,23 @@ class _Scale:
         return round(H - PAD - (v - self.lo) / self.range * (H - 2 * PAD), 1)
 
 
-def _frame(title: str, s: _Scale, lo_label: str, hi_label: str) -> list[str]:
+def _frame(title: str, s: _Scale) -> list[str]:
     return [
         f'<svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="{escape(title)}">',
         f'<rect x="{PAD}" y="{PAD}" width="{W - 2 * PAD}" height="{H - 2 * PAD}" class="frame"/>',
         f'<text x="{PAD}" y="{PAD - 8}" class="title">{escape(title)}</text>',
-        f'<text x="{PAD + 4}" y="{H - PAD - 4}" class="axis">{escape(lo_label)}</text>',
-        f'<text x="{PAD + 4}" y="{PAD + 14}" class="axis">{escape(hi_label)}</text>',
         f'<text x="{PAD}" y="{H - 12}" class="axis">{iso_ms(s.t0)[:16]}</text>',
         f'<text x="{W - PAD}" y="{H - 12}" class="axis end">{iso_ms(s.t0 + s.span)[:16]}</text>',
+    ]
+
+
+def _closed(s: _Scale) -> list[str]:
+    """The low and high value labels, drawn last (over the lines, with a halo, so a
+    series that starts at its low does not strike its label through), then the end."""
+    return [
+        f'<text x="{PAD + 4}" y="{H - PAD - 4}" class="axis value">{s.lo:,.2f}</text>',
+        f'<text x="{PAD + 4}" y="{PAD + 14}" class="axis value">{s.lo + s.range:,.2f}</text>',
+        "</svg>",
     ]
 
 
@@ -148,7 +156,7 @@ def _price_plot(series: Series, symbol: str) -> str:
         return f"<p>No prices of {escape(symbol)} in the data (candles, or ticks).</p>"
     s = _Scale(pts[0][0], pts[-1][0], min(p for _, p in pts), max(p for _, p in pts))
     title = f"{symbol}: price, with wakes (blue), alerts (orange) and fills (green buy, red sell)"
-    out = _frame(title, s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")
+    out = _frame(title, s)
     line = " ".join(f"{s.x(t)},{s.y(p)}" for t, p in pts)
     out.append(f'<polyline points="{line}" class="price"/>')
     closes = series.marked.get(symbol, {})
@@ -163,7 +171,7 @@ def _price_plot(series: Series, symbol: str) -> str:
             f'<rect x="{s.x(f.ts_ms) - 2}" y="{s.y(f.price) - 2}" width="4" height="4" '
             f'class="{cls}"/>'
         )
-    out.append("</svg>")
+    out += _closed(s)
     return "\n".join(out)
 
 
@@ -186,13 +194,13 @@ def _equity_plot(series: Series) -> str:
         "Equity, net of fees (quote currency): realized (green), "
         "marked to market at each close (gray)"
     )
-    out = _frame(title, s, f"{s.lo:,.2f}", f"{s.lo + s.range:,.2f}")
+    out = _frame(title, s)
     out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
     for cls, line in (("marked", marked), ("equity", pts)):
         if line:
             drawn = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in line)
             out.append(f'<polyline points="{drawn}" class="{cls}"/>')
-    out.append("</svg>")
+    out += _closed(s)
     return "\n".join(out)
 
 
@@ -232,6 +240,7 @@ STYLE = """
 body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1040px;color:#222}
 .frame{fill:none;stroke:#ccc}.title{font-size:14px;font-weight:600}
 .axis{font-size:11px;fill:#666}.end{text-anchor:end}
+.value{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
 .price{fill:none;stroke:#444;stroke-width:1}.equity{fill:none;stroke:#2a7;stroke-width:1.5}
 .marked{fill:none;stroke:#999;stroke-width:1}
 .zero{stroke:#bbb;stroke-dasharray:4 3}.wake{fill:#36c;opacity:.6}.alert{fill:#e80}
