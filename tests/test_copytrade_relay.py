@@ -111,7 +111,8 @@ def test_kept_records_that_are_not_a_small_regular_file_start_from_zero(tmp_path
     fresh records; the daemon goes on."""
     import os
 
-    from daemon.agents.pipeline import MAX_LEADER_STATS_BYTES, load_leader_stats
+    from daemon.agents.pipeline import load_leader_stats
+    from daemon.copytrade.relay import MAX_LEADER_STATS_BYTES
 
     good = LeaderRelay({"lead": "alice"})
     good.stats["alice"].closed_positions = 3

@@ -36,7 +36,7 @@ from daemon.backlog import open_backlog
 from daemon.bus import Bus, Subscription
 from daemon.config import Config, CopytradeSection
 from daemon.copytrade.follow import FollowSettings
-from daemon.copytrade.relay import LeaderRelay
+from daemon.copytrade.relay import LEADER_STATS_FILE, MAX_LEADER_STATS_BYTES, LeaderRelay
 from daemon.errors import StoreError, WorkspaceFileError
 from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent
 from daemon.state import StateCache, write_snapshot
@@ -56,9 +56,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("pipeline")
 
-LEADER_STATS_FILE = "copytrade-leaders.json"  # the leader agents' running records
 SETTLE_LIMIT_SECONDS = 30.0
-MAX_LEADER_STATS_BYTES = 1024 * 1024
 OUTBOX_SIZE = 10_000
 
 

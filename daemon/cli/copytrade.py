@@ -10,6 +10,8 @@ audit log (the last signal answers).
 from __future__ import annotations
 
 import json
+import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +23,21 @@ from daemon.audit.reader import AuditFilter, tail
 from daemon.cli.common import load_config_or_defaults, state_dir_option
 from daemon.config import Config
 from daemon.copytrade.mirror import mirrored
+from daemon.copytrade.relay import (
+    LEADER_STATS_FILE,
+    MAX_LEADER_STATS_BYTES,
+    StrategyStats,
+    decode_stats,
+)
 from daemon.copytrade.view import checks
-from daemon.errors import MarketwakeError
+from daemon.errors import MarketwakeError, WorkspaceFileError
 from daemon.events import COPYTRADE_SIGNAL_OPENED, iso_ms, parse_iso_ms, topic_matches
 from daemon.state import StateCache, read_snapshot
 from daemon.statedir import SNAPSHOT_FILE
 from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import Order
 from feeds.copytrade import CopytradeWebhookFeed, TradingViewFeed
+from hooks_runtime.safe_read import read_regular
 
 
 @click.group("copytrade")
@@ -101,14 +110,25 @@ def gather(cfg: Config, last: int, state_dir: Path | None = None) -> dict[str, A
                 }
         finally:
             inbox.close()
-    for name in sorted(set(configured) | set(seen)):
-        leaders.append(seen.get(name, {"leader": name, "signals": 0}))
-
     cache = StateCache()
     snapshot = read_snapshot(state_dir / SNAPSHOT_FILE)
     if snapshot is not None:
         cache.load(snapshot)
     positions = cache.copytrade.export()["leaders"]
+
+    # Leader agents of this daemon: their signals never pass an inbox; their running
+    # records (closed positions, win rate, PnL) are kept in the state dir.
+    records = {r.leader: r for r in _leader_records(state_dir / LEADER_STATS_FILE)}
+    agent_leaders = {*cfg.copytrade.leader_agents, *records}
+    holding = Counter(str(p["leader"]) for p in positions)
+    for name in sorted({*configured, *seen, *agent_leaders, *holding}):
+        entry = seen.get(name, {"leader": name, "signals": 0})
+        entry["openPositions"] = holding.get(name, 0)
+        if name in agent_leaders:
+            entry["agent"] = True
+            if name in records:
+                entry["record"] = msgspec.to_builtins(records[name])
+        leaders.append(entry)
 
     agents = followers(cfg)
     paper_path = state_dir / "paper.sqlite3"
@@ -130,6 +150,18 @@ def gather(cfg: Config, last: int, state_dir: Path | None = None) -> dict[str, A
 
     rows = tail(audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
     return {"leaders": leaders, "positions": positions, "drift": drift, "lastSignals": rows}
+
+
+def _leader_records(path: Path) -> list[StrategyStats]:
+    """The leader agents' records the daemon keeps; none when there is no such file,
+    or it is not a small regular file, or it does not decode (said on stderr)."""
+    if not os.path.lexists(path):
+        return []
+    try:
+        return decode_stats(read_regular(path, MAX_LEADER_STATS_BYTES, "the leader records"))
+    except (WorkspaceFileError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        click.echo(f"warning: leader records not shown: {exc}", err=True)
+        return []
 
 
 def _drift(
@@ -171,11 +203,27 @@ def copytrade_status(
     if not data["leaders"]:
         click.echo(
             "  none configured ([feeds.copytrade_webhook.leaders.<name>], "
-            "[feeds.tradingview.hooks.<name>])"
+            "[feeds.tradingview.hooks.<name>], [copytrade] leader_agents)"
         )
     for leader in data["leaders"]:
+        held = leader["openPositions"]
+        holds = f"; {held} open position{'s' if held != 1 else ''}" if held else ""
+        if leader.get("agent"):
+            r = leader.get("record")
+            click.echo(
+                f"  {leader['leader']}: an agent of this daemon"
+                + (
+                    f": {r['closedPositions']} closed position"
+                    f"{'s' if r['closedPositions'] != 1 else ''}, win rate {r['winRate']:.0%}, "
+                    f"realized PnL {r['realizedPnl']:+.2f}, max drawdown {r['maxDrawdown']:.2f}"
+                    if r
+                    else ": no position closed yet"
+                )
+                + holds
+            )
+            continue
         if not leader["signals"]:
-            click.echo(f"  {leader['leader']}: no signals yet")
+            click.echo(f"  {leader['leader']}: no signals yet{holds}")
             continue
         click.echo(
             f"  {leader['leader']}: {leader['signals']} signals, last {leader['lastEventId']} "

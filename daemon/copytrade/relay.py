@@ -44,6 +44,9 @@ from daemon.events import (
 
 SOURCE: Final = "copytrade_leader"
 EPS: Final = 1e-12
+#: Where the pipeline keeps the leader agents' running records, under the state dir.
+LEADER_STATS_FILE: Final = "copytrade-leaders.json"
+MAX_LEADER_STATS_BYTES: Final = 1024 * 1024
 
 
 class StrategyStats(msgspec.Struct, kw_only=True, rename="camel"):
@@ -56,6 +59,12 @@ class StrategyStats(msgspec.Struct, kw_only=True, rename="camel"):
     realized_pnl: float = 0.0
     max_drawdown: float = 0.0
     peak_pnl: float = 0.0
+
+
+def decode_stats(data: bytes) -> list[StrategyStats]:
+    """The records :meth:`LeaderRelay.dump_stats` kept; raises ``msgspec.DecodeError``
+    / ``ValidationError`` on bad bytes."""
+    return msgspec.json.decode(data, type=list[StrategyStats])
 
 
 class _Open(msgspec.Struct, kw_only=True):
@@ -84,7 +93,7 @@ class LeaderRelay:
     def load_stats(self, data: bytes) -> None:
         """Continue the records :meth:`dump_stats` kept (leaders no longer named are
         dropped); raises ``msgspec.DecodeError`` / ``ValidationError`` on bad bytes."""
-        for s in msgspec.json.decode(data, type=list[StrategyStats]):
+        for s in decode_stats(data):
             if s.leader in self.stats:
                 self.stats[s.leader] = s
 

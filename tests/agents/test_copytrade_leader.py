@@ -9,9 +9,12 @@ from pathlib import Path
 
 import anyio
 import msgspec
+from click.testing import CliRunner
 
-from daemon.agents.pipeline import LEADER_STATS_FILE, open_agents
+from daemon.agents.pipeline import open_agents
+from daemon.cli.main import cli
 from daemon.config import Config
+from daemon.copytrade.relay import LEADER_STATS_FILE
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, candle_event_id, decode, iso_ms
 from daemon.service import Service
 from tests.agents.test_pipeline import PacedFeed, audit
@@ -107,6 +110,19 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
     # kept for the next run: the record continues across restarts
     kept = msgspec.json.decode((tmp_path / "state" / LEADER_STATS_FILE).read_bytes())
     assert kept == [stats]
+    # ... and `copytrade status` lists the leader agent with that record
+    cfg_file = tmp_path / "config.toml"
+    cfg_file.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n[hooks]\nagents_dir = "{agents}"\n'
+        '[copytrade]\nleader_agents = ["leader"]\n'
+    )
+    shown = CliRunner().invoke(cli, ["copytrade", "status", "--config", str(cfg_file)])
+    assert shown.exit_code == 0, shown.output
+    assert (
+        "  leader: an agent of this daemon: 1 closed position, win rate 100%, "
+        f"realized PnL {stats['realizedPnl']:+.2f}, max drawdown 0.00"
+    ) in shown.output
+    assert "none configured" not in shown.output
     # the leader's equity rides on its signals (capital + PnL) for equity-ratio sizing
     assert signals[0].payload["leaderEquity"] == 10_000.0
     assert signals[-1].payload["leaderEquity"] > 10_000.0  # after the gains of the add
