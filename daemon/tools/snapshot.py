@@ -94,7 +94,7 @@ def from_state(ctx: ToolContext, symbol: str, timeframe: str) -> TimeframeData |
         held = ctx.state.series(symbol, tf)
         if held is None or len(held.candles) < CANDLES * step // TIMEFRAMES[tf]:
             continue
-        built = resample((msgspec.convert(c, Candle) for c in held.candles), step * 1000)
+        built = resample(msgspec.convert(list(held.candles), list[Candle]), step * 1000)
         if len(built) >= CANDLES:
             return TimeframeData("state", _rows(built[-CANDLES:]), _indicators(built), tf)
     return None
