@@ -262,6 +262,12 @@ class Config(Base, frozen=True):
     tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
 
     def __post_init__(self) -> None:
+        if not self.rag.store.path:  # the pattern store lives beside the daemon's state
+            store = msgspec.structs.replace(
+                self.rag.store, path=str(Path(self.daemon.state_dir) / "rag")
+            )
+            rag = msgspec.structs.replace(self.rag, store=store)
+            msgspec.structs.force_setattr(self, "rag", rag)
         if not self.state.shared and (self.hooks.enabled and self.hooks.run_agents):
             raise ValueError(
                 "state.shared = false needs hooks.run_agents = false (the agents' tools "

@@ -61,7 +61,6 @@ install -d -m 0750 -o "$OWNER" -g "$SVC_GROUP" "$ETC"
 if [ ! -e "$ETC/config.toml" ]; then
     sed -e 's|^state_dir = "state"|state_dir = "/var/lib/marketwake"|' \
         -e 's|^agents_dir = "agents"|agents_dir = "/var/lib/marketwake/agents"|' \
-        -e 's|^path = "state/rag"|path = "/var/lib/marketwake/rag"|' \
         "$SRC/config.toml" > "$ETC/config.toml.new"
     install -m 0640 -o "$OWNER" -g "$SVC_GROUP" "$ETC/config.toml.new" "$ETC/config.toml"
     rm -f "$ETC/config.toml.new"

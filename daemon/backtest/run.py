@@ -136,9 +136,9 @@ def rag_config(opts: BacktestOptions) -> RagConfig:
             str(opts.open_interest_file.resolve()) if opts.open_interest_file else ""
         ),
     )
-    store = default.store
-    if opts.rag_store is not None:
-        store = msgspec.structs.replace(store, path=str(opts.rag_store.resolve()))
+    # A daemon's store at its default state dir (./state/rag), unless one is named.
+    where = opts.rag_store.resolve() if opts.rag_store is not None else Path("state", "rag")
+    store = msgspec.structs.replace(default.store, path=str(where))
     return msgspec.structs.replace(default, exchange=exchange, store=store)
 
 

@@ -175,7 +175,7 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "rag_store",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="With --run-llm: the embedded pattern store query_similar_patterns searches "
-    "(default: [rag.store] path's default, state/rag).",
+    "(default: ./state/rag, a daemon's store at its default state dir).",
 )
 def backtest_command(
     agent_dir: Path,

@@ -51,7 +51,7 @@ class StoreSection(_Section, frozen=True):
     # "embedded": memory-mapped numpy arrays under ``path`` (no server).
     # "qdrant": a Qdrant server at ``url`` through qdrant-client, same schema.
     kind: Literal["embedded", "qdrant"] = "embedded"
-    path: str = "state/rag"
+    path: str = ""  # "" = <[daemon] state_dir>/rag (set when the config is loaded)
     url: str = "http://localhost:6333"
     qdrant_api_key: Secret = msgspec.field(default_factory=Secret)
     collection_name: str = "trading_patterns"

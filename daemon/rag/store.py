@@ -8,6 +8,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from daemon.errors import StoreError
 from daemon.rag.config import StoreSection
 from daemon.rag.schema import CollectionMeta
 
@@ -118,4 +119,6 @@ def open_store(cfg: StoreSection) -> Store:
         return QdrantStore.connect(cfg)
     from daemon.rag.store_embedded import EmbeddedStore
 
+    if not cfg.path:  # a loaded Config sets it; never a store in the working directory
+        raise StoreError("[rag.store] path is not set (the embedded store's directory)")
     return EmbeddedStore(cfg.path, cfg.collection_name)

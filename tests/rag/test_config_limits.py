@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from daemon.config import parse
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, StoreError
 from daemon.rag.config import RagConfig
 from daemon.rag.limits import RateLimiter
+from daemon.rag.store import open_store
 from daemon.secret import Secret
 
 
 def test_absent_section_gives_defaults() -> None:
-    """No [rag] at all: loopback 7879, embedded store, numeric embedding, seed query defaults."""
+    """No [rag] at all: loopback 7879, an embedded store beside the daemon's state,
+    numeric embedding, seed query defaults."""
     rag = parse("").rag
-    assert rag == RagConfig()
+    assert rag == msgspec.structs.replace(
+        RagConfig(), store=msgspec.structs.replace(RagConfig().store, path="state/rag")
+    )
     assert (rag.server.host, rag.server.port) == ("127.0.0.1", 7879)
     assert (rag.store.kind, rag.embedding.model) == ("embedded", "numeric")
     q = rag.query_defaults
     assert (q.lookback_days, q.top_k, q.min_similarity, q.min_matches) == (90, 5, 0.7, 3)
+
+
+def test_the_store_path_follows_the_state_dir_unless_set() -> None:
+    """Unset, the embedded store is <state_dir>/rag, wherever the state dir is moved; a
+    path given is kept; a store config used without a loaded Config opens nowhere."""
+    moved = parse('[daemon]\nstate_dir = "/srv/mw"\n').rag.store.path
+    assert moved == "/srv/mw/rag"
+    kept = parse('[daemon]\nstate_dir = "/srv/mw"\n[rag.store]\npath = "/data/rag"\n')
+    assert kept.rag.store.path == "/data/rag"
+    with pytest.raises(StoreError, match=r"\[rag.store\] path is not set"):
+        open_store(RagConfig().store)
 
 
 def test_nested_sections_decode() -> None:
