@@ -4,17 +4,19 @@ record goes out as marketplace.strategy.updated."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import anyio
 import msgspec
+import pytest
 from click.testing import CliRunner
 
 from daemon.agents.pipeline import open_agents
 from daemon.cli.main import cli
 from daemon.config import Config
-from daemon.copytrade.relay import LEADER_STATS_FILE
+from daemon.copytrade.relay import LEADER_STATS_FILE, MAX_LEADER_STATS_BYTES
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, candle_event_id, decode, iso_ms
 from daemon.service import Service
 from tests.agents.test_pipeline import PacedFeed, audit
@@ -139,3 +141,31 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
         if r["type"] == "order" and r["agentId"] == "follower" and r["status"] == "FILLED"
     ]
     assert fills == [("buy", 0.002), ("buy", 0.001), ("sell", 0.0015), ("sell", 0.0015)]
+
+
+@pytest.mark.parametrize("bad", ["garbage", "huge", "fifo", "link"])
+def test_status_survives_leader_records_it_cannot_read(tmp_path: Path, bad: str) -> None:
+    """A records file that does not decode, is over 1 MiB, is a FIFO (never waited on)
+    or a symlink: `copytrade status` says so on stderr and shows the rest; a good
+    file beside a config naming no leader agent still lists its leader."""
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / LEADER_STATS_FILE
+    if bad == "garbage":
+        path.write_bytes(b"\xff{not json")
+    elif bad == "huge":
+        path.write_bytes(b" " * (MAX_LEADER_STATS_BYTES + 1))
+    elif bad == "fifo":
+        os.mkfifo(path)
+    else:
+        (tmp_path / "elsewhere.json").write_text('[{"leader": "x"}]')
+        path.symlink_to(tmp_path / "elsewhere.json")
+    args = ["copytrade", "status", "--state-dir", str(state)]
+    shown = CliRunner().invoke(cli, args)  # (a FIFO opened for reading would block here)
+    assert shown.exit_code == 0, shown.output
+    assert "warning: leader records not shown" in shown.stderr
+    assert "LEADERS\n  none configured" in shown.stdout
+    path.unlink()
+    path.write_text('[{"leader": "trend", "closedPositions": 2, "winRate": 0.5}]')
+    shown = CliRunner().invoke(cli, args)
+    assert "  trend: an agent of this daemon: 2 closed positions, win rate 50%" in shown.stdout
