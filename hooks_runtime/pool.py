@@ -26,7 +26,7 @@ from daemon.errors import (
     HookResultInvalid,
     SandboxUnavailable,
 )
-from hooks_runtime.breaker import HookBreaker
+from hooks_runtime.breaker import Gate, HookBreaker
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.decisions import Decision
 from hooks_runtime.hookfile import HookSpec
@@ -76,6 +76,21 @@ class HookResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     def ok(self) -> bool:
         """True when the hook produced a valid decision."""
         return self.error_kind is None
+
+
+# Results of hooks that did not run: their gate was closed (see HookBreaker.gate).
+GATED: frozenset[str] = frozenset({"paused", "backoff"})
+
+
+def _fill(
+    hooks: Sequence[HookSpec], gates: list[tuple[Gate, str] | None], ran: list[HookResult]
+) -> list[HookResult]:
+    """One result per hook: ``ran`` (the results of the hooks whose gate is open, in
+    order) with the others' gate as their error."""
+    it = iter(ran)
+    return [
+        next(it) if g is None else _error(h, g[0], g[1]) for h, g in zip(hooks, gates, strict=True)
+    ]
 
 
 def _error(h: HookSpec, kind: ErrorKind, msg: str, ms: float = 0.0) -> HookResult:
@@ -156,7 +171,9 @@ class WorkerPool:
         state (``HookResult.reads``) is what that event's real state has, and only
         once accepted with :meth:`record`. No lookahead while any hook is backing
         off or paused (its gate could change within the steps). ``candles``: the
-        table the steps' series refer to (``Batch.candles``)."""
+        table the steps' series refer to (``Batch.candles``). A paused hook is left out
+        of the request and stands paused in every step (a pause lasts until someone
+        lifts it; the caller checks it still stands when it uses a step)."""
         return await self._gated(agent_id, hooks, event, state, False, now, ahead, candles)
 
     async def speculate(
@@ -172,27 +189,43 @@ class WorkerPool:
         """Evaluate ``event`` and ``ahead``, every one ahead of its turn (event time),
         while the caller goes on with other work: one result list per step, for as
         many steps as came back whole, each result with its reads. Nothing is
-        recorded (see :meth:`record`), a dead worker is not retried, and nothing
-        runs while any hook is backing off or paused."""
-        gates = (self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks)
-        if not hooks or any(g is not None for g in gates):
+        recorded (see :meth:`record`), a dead worker is not retried, nothing runs
+        while any hook is backing off, and a paused hook stands paused in every step."""
+        gates = self._gates(agent_id, hooks, now)
+        if not hooks or any(g is not None and g[0] != "paused" for g in gates):
             return []
-        state_raw = _prepare(state)
-        async with self._lock(agent_id):
-            worker = await self._worker_for(agent_id)
-            try:
-                done = await self._batch(
-                    worker, list(hooks), event, state_raw, False, ahead, candles, speculative=True
-                )
-            finally:
-                self._release(agent_id, worker)
-        n = len(hooks)
-        return [done[i : i + n] for i in range(0, len(done) - n + 1, n)]
+        runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
+        steps = 1 + len(ahead)
+        done: list[HookResult] = []
+        if runnable:
+            state_raw = _prepare(state)
+            async with self._lock(agent_id):
+                worker = await self._worker_for(agent_id)
+                try:
+                    done = await self._batch(
+                        worker, runnable, event, state_raw, False, ahead, candles, speculative=True
+                    )
+                finally:
+                    self._release(agent_id, worker)
+            steps = len(done) // len(runnable)
+        n = len(runnable)
+        return [_fill(hooks, gates, done[i * n : (i + 1) * n]) for i in range(steps)]
+
+    def paused(self, agent_id: str, hooks: Sequence[HookSpec]) -> frozenset[str]:
+        """Which of ``hooks`` are paused now (by hook id)."""
+        if self.breaker.idle:
+            return frozenset()
+        gates = self._gates(agent_id, hooks, None)
+        return frozenset(
+            h.hook_id for h, g in zip(hooks, gates, strict=True) if g and g[0] == "paused"
+        )
 
     def record(self, agent_id: str, results: Sequence[HookResult], now: float | None) -> None:
-        """Count results in each hook's failure history (lookahead results, once used)."""
+        """Count results in each hook's failure history (lookahead results, once used).
+        A hook that did not run (paused, backing off) has nothing to count."""
         for r in results:
-            self.breaker.record((agent_id, r.hook_id), r.revision, r.error, now, r.error_kind)
+            if r.error_kind not in GATED:
+                self.breaker.record((agent_id, r.hook_id), r.revision, r.error, now, r.error_kind)
 
     async def compile(self, agent_id: str, hooks: Sequence[HookSpec]) -> list[HookResult]:
         """Compile ``hooks`` in the agent's worker without running them (for the loader:
@@ -231,20 +264,20 @@ class WorkerPool:
             if not all(r.error_kind is None for r in done):
                 self.record(agent_id, done, now)
             return done, later
-        gates = [self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks]
+        gates = self._gates(agent_id, hooks, now)
         runnable = [h for h, g in zip(hooks, gates, strict=True) if g is None]
-        if len(runnable) < len(hooks):
-            ahead = ()
+        if any(g is not None and g[0] != "paused" for g in gates):
+            ahead = ()  # a backoff ends with time: it could within the steps
         done, later = await self._run(
             agent_id, runnable, event, state, compile_only, ahead, candles
         )
         self.record(agent_id, done, now)
-        ran = iter(done)
-        out = [
-            next(ran) if g is None else _error(h, g[0], g[1])
-            for h, g in zip(hooks, gates, strict=True)
-        ]
-        return out, later
+        return _fill(hooks, gates, done), [_fill(hooks, gates, step) for step in later]
+
+    def _gates(
+        self, agent_id: str, hooks: Sequence[HookSpec], now: float | None
+    ) -> list[tuple[Gate, str] | None]:
+        return [self.breaker.gate((agent_id, h.hook_id), h.revision, now) for h in hooks]
 
     async def _run(
         self,
@@ -258,8 +291,8 @@ class WorkerPool:
     ) -> tuple[list[HookResult], list[list[HookResult]]]:
         results: list[HookResult] = []
         later: list[list[HookResult]] = []
-        if not hooks:
-            return results, later
+        if not hooks:  # every hook paused: each step is all pauses (see _gated)
+            return results, [[] for _ in ahead]
         state_raw = _prepare(state)
         async with self._lock(agent_id):
             pending = list(hooks)

@@ -44,7 +44,7 @@ import structlog
 from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.health import HealthTracker
-from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep
+from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, settled
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
@@ -289,7 +289,8 @@ class Dispatcher:
             await rt.prefetch.wait()  # this event may be in the request in flight
         rt.pacing.step()
         if early is not None and early.results is not None:
-            if early.holds(hooks, self._account(rt), rt.last_outputs):
+            paused = self.pool.paused(rt.agent_id, hooks)
+            if early.holds(hooks, self._account(rt), rt.last_outputs, paused):
                 results = early.results
                 self.ahead_used += 1
                 rt.pacing.held(self.lookahead)
@@ -343,9 +344,10 @@ class Dispatcher:
             )
         except HookRequestTooLarge as exc:
             return [_oversized(h, exc, rt.last_outputs) for h in hooks]
-        outputs = dict(state[LAST_OUTPUTS])
-        carry(outputs, results)
-        keep(entries, later, hooks, assumed, outputs)
+        if settled(results):  # else the steps assumed a failure history it changed
+            outputs = dict(state[LAST_OUTPUTS])
+            carry(outputs, results)
+            keep(entries, later, hooks, assumed, outputs)
         return results
 
     def _steps(

@@ -40,10 +40,19 @@ class Lookahead:
     portfolio: Portfolio = ({}, ())
     outputs: dict[str, Any] | None = None  # its lastOutputs (None: no hook read them)
 
-    def holds(self, hooks: list[HookSpec], account: Portfolio, outputs: dict[str, Any]) -> bool:
-        """Whether the results stand for the real state: the same hook revisions, and
-        every part of the state a hook read is as assumed."""
+    def holds(
+        self,
+        hooks: list[HookSpec],
+        account: Portfolio,
+        outputs: dict[str, Any],
+        paused: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Whether the results stand for the real state: the same hook revisions, the
+        same hooks ``paused`` (a pause lifted since: they run now), and every part of
+        the state a hook read is as assumed."""
         if self.results is None or self.revisions != tuple(h.revision for h in hooks):
+            return False
+        if paused != {r.hook_id for r in self.results if r.error_kind == "paused"}:
             return False
         reads = {key for r in self.results for key in r.reads}
         if not reads:
@@ -69,12 +78,19 @@ def keep(
     revisions = tuple(h.revision for h in hooks)
     tracked = any(READ_ALL in r.reads or LAST_OUTPUTS in r.reads for s in steps for r in s)
     for entry, step in zip(entries, steps, strict=False):
-        if not all(r.ok for r in step):
+        if not settled(step):
             break  # the hooks' failure history changes here: nothing after it holds
         entry.results, entry.revisions, entry.portfolio = step, revisions, portfolio
         if tracked:
             entry.outputs = dict(outputs)
             carry(outputs, step)
+
+
+def settled(results: list[HookResult]) -> bool:
+    """Whether ``results`` leave the hooks' failure history as it was: every hook ran
+    well or is paused (a failure starts a backoff or a pause, which changes what the
+    events after it would get)."""
+    return all(r.ok or r.error_kind == "paused" for r in results)
 
 
 def carry(outputs: dict[str, Any], results: list[HookResult]) -> None:

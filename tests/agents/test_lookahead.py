@@ -63,11 +63,16 @@ def _agent(root: Path, hooks: dict[str, str]) -> Path:
 
 
 def _run(
-    agent_dir: Path, data: Path, out: Path, lookahead: int
+    agent_dir: Path, data: Path, out: Path, lookahead: int, tf: str = "5m", **sandbox: Any
 ) -> tuple[HooksStatus, list[dict[str, Any]]]:
-    opts = BacktestOptions(agent_dir=agent_dir, data=data, out=out, state_dir=out.parent / "kept")
+    kept = out.parent / "kept"
+    opts = BacktestOptions(agent_dir=agent_dir, data=data, out=out, state_dir=kept, timeframe=tf)
     config = prepare(opts)
-    hooks = msgspec.structs.replace(config.hooks, lookahead_events=lookahead)
+    hooks = msgspec.structs.replace(
+        config.hooks,
+        lookahead_events=lookahead,
+        sandbox=msgspec.structs.replace(config.hooks.sandbox, **sandbox),
+    )
     status = run_daemon(msgspec.structs.replace(config, hooks=hooks))
     assert status.hooks is not None
     rows = [
@@ -102,6 +107,47 @@ def test_hooks_reading_only_the_market_use_what_was_evaluated_ahead(tmp_path: Pa
     assert rows_on == rows_off
     assert on.lookahead_missed == 0
     assert on.lookahead_used > 350  # most of the 700: the replay runs ahead of the agent
+
+
+# Fails on every 9th one-minute candle: with a 90 s backoff the next candle is skipped.
+FLAKY = """
+def evaluate(event, state):
+    if int(event["payload"]["closeTimeMs"] / 60000) % 9 == 0:
+        raise ValueError("every ninth")
+    return {"decision": "IGNORE", "reason": "fine"}
+"""
+# Fails from its 100th candle on: paused after a few failures, for the rest of the run.
+BROKEN = """
+def evaluate(event, state):
+    if len(state["candles"][event["symbol"]]["1m"]) >= 50 and event["payload"]["close"] > 0:
+        return {"decision": "IGNORE", "reason": "x" + None}
+    return {"decision": "IGNORE", "reason": "warming up"}
+"""
+GREEN_1M = WAKE_GREEN.replace('"5m"', '"1m"')
+
+
+@pytest.mark.parametrize("hook", ["flaky", "broken"])
+def test_failing_hooks_decide_the_same_with_lookahead(tmp_path: Path, hook: str) -> None:
+    """A hook backing off skips the same events with lookahead as without (an event
+    evaluated ahead while the hook was still running is evaluated again in its
+    turn), and a paused hook does not stop the agent's other hooks from being
+    evaluated ahead."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=9, n=600, timeframe="1m")
+    source = FLAKY if hook == "flaky" else BROKEN
+    hooks = {"wake_green.py": GREEN_1M, f"wake_{hook}.py": source}
+    agent_dir = _agent(tmp_path / "agents" / "gamma", hooks)
+    knobs = {"backoff_base_seconds": 90.0, "pause_after_failures": 1000 if hook == "flaky" else 5}
+    _, rows_off = _run(agent_dir, data, tmp_path / "off", 0, "1m", **knobs)
+    on, rows_on = _run(agent_dir, data, tmp_path / "on", 16, "1m", **knobs)
+    assert len(rows_on) == len(rows_off) == 2 * 600
+    assert rows_on == rows_off
+    errors = [(r["error"] or ":").split(":")[0] for r in rows_off if r["hookId"] == f"wake_{hook}"]
+    if hook == "flaky":
+        assert errors.count("backoff") > 50 and errors.count("runtime") > 50
+    else:
+        assert errors.count("paused") > 500
+        assert on.lookahead_used > 400  # the healthy hook is still evaluated ahead
 
 
 # The newest candle a hook sees must be its event's own, never a later one.
@@ -209,3 +255,30 @@ def test_a_steps_candles_are_indexed_from_the_previous_window_as_one_by_one(
     assert [table[i] for i in ids] == window
     assert size == sum(len(c) for c in window)
     assert len(table) == len(before) + added
+
+
+def test_a_result_evaluated_ahead_with_a_hook_paused_holds_only_while_it_is() -> None:
+    """A step's paused hook stood for a pause that may have been lifted since (hooks
+    resume): then the step is evaluated again, with the hook running; a failure in
+    a step ends what is kept, a pause does not."""
+    from daemon.agents.lookahead import Lookahead, keep, settled
+    from hooks_runtime.decisions import Ignore
+    from hooks_runtime.hookfile import HookSpec
+    from hooks_runtime.pool import HookResult
+
+    hooks = [HookSpec(hook_id=h, kind="wake", revision="r1", source="") for h in ("a", "b")]
+    ok = HookResult(
+        hook_id="a", kind="wake", revision="r1", runtime_ms=0.1, decision=Ignore(reason="x")
+    )
+    paused = HookResult(
+        hook_id="b", kind="wake", revision="r1", runtime_ms=0, error_kind="paused", error="p"
+    )
+    failed = msgspec.structs.replace(paused, error_kind="runtime")
+    assert settled([ok, paused]) and not settled([ok, failed])
+    entries = [Lookahead({}) for _ in range(3)]
+    keep(entries, [[ok, paused], [ok, failed], [ok, paused]], hooks, ({}, ()), {})
+    assert [e.results is not None for e in entries] == [True, False, False]
+    first = entries[0]
+    assert first.holds(hooks, ({}, ()), {}, frozenset({"b"}))
+    assert not first.holds(hooks, ({}, ()), {}, frozenset())  # resumed since
+    assert not first.holds(hooks, ({}, ()), {}, frozenset({"a", "b"}))
