@@ -451,7 +451,7 @@ class Service:
             running,
             stats,
             feeds,
-            self.state.statistics(),
+            self.state.statistics() if self._shared_state else {},
             {name: provider() for name, provider in self.status_providers.items()},
             self.run_id,
         )

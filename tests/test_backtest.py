@@ -231,6 +231,9 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     status_cmd, tail_cmd = (shlex.split(c) for c in hint.removeprefix("look inside: ").split("; "))
     status = CliRunner().invoke(cli, status_cmd[status_cmd.index("status") :])
     assert status.exit_code == 0 and "account " in status.output, status.output
+    assert "agent alpha: 2 hooks," in status.output
+    # A backtest keeps no shared market cache: status says so instead of zeros.
+    assert "state: no shared cache" in status.output and "candles_held" not in status.output
     tail_args = tail_cmd[tail_cmd.index("audit") :]
     tail = CliRunner().invoke(cli, [*tail_args, "-n", "1", "--type", "hook"])
     assert tail.exit_code == 0 and len(tail.output.splitlines()) == 1, tail.output

@@ -9,6 +9,7 @@ import click
 import msgspec
 
 from daemon import config as config_mod
+from daemon.backtest.report import counted
 from daemon.cli.common import resolve_state_dir, state_dir_option
 from daemon.control import CONTROL_SOCKET, ask_status
 from daemon.errors import StoreError
@@ -134,7 +135,11 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
         flat = {k: v for k, v in feed.stats.items() if isinstance(v, (int, float, str))}
         if flat:
             lines.append("    " + ", ".join(f"{k} {v}" for k, v in flat.items()))
-    lines.append("state: " + ", ".join(f"{k} {v}" for k, v in st.state.items()))
+    lines.append(
+        "state: " + ", ".join(f"{k} {v}" for k, v in st.state.items())
+        if st.state
+        else "state: no shared cache ([state] shared = false: each agent keeps its own)"
+    )
     hooks = st.hooks
     if hooks is not None:
         health = [h for a in hooks.agents.values() for h in a.hook_health.values()]
@@ -156,7 +161,8 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             )
             disk = f" (+{a.backlog} on disk)" if a.backlog else ""
             lines.append(
-                f"  agent {agent}{paused}: {len(a.hooks)} hooks, queue {a.queue_depth}{disk}"
+                f"  agent {agent}{paused}: {counted(len(a.hooks), 'hook')}, "
+                f"queue {a.queue_depth}{disk}"
                 f"{held}{spend}"
             )
             if a.lagging:
