@@ -333,6 +333,10 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
     head = next(i for i, line in enumerate(out) if line.rstrip().endswith("B - A"))
     table = out[head : head + 1 + len(both["diff"])]
     assert len({len(line) for line in table}) == 1, table  # aligned, however long a name
+    shown = {line.split()[0]: line.split()[1:] for line in table[1:]}
+    assert shown["win_rate"][0].endswith("%") and shown["win_rate"][-2:][1] == "pp"
+    assert all(x.lstrip("+-").replace(",", "").isdigit() for x in shown["fills"])
+    assert all(x.rsplit(".", 1)[1].isdigit() and len(x.rsplit(".")[1]) == 2 for x in shown["cost"])
 
     unknown = CliRunner().invoke(cli, [*args[:7], "--revision", "wake_green=abcdef99"])
     assert unknown.exit_code == 2 and "is not kept in" in unknown.output

@@ -436,8 +436,22 @@ def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
     width = max(map(len, rows)) + 2
     lines.append(f"  {'':<{width}}{'A':>14}{'B':>14}{'B - A':>14}")
     for name, (va, vb) in rows.items():
-        lines.append(f"  {name:<{width}}{va:>14,.4g}{vb:>14,.4g}{result.diff[name]:>+14,.4g}")
+        shown = (_figure(name, va), _figure(name, vb), _figure(name, result.diff[name], "+"))
+        lines.append(f"  {name:<{width}}" + "".join(f"{x:>14}" for x in shown))
     return "\n".join(lines)
+
+
+COUNTS = frozenset({"wakes", "runs", "intents_rejected", "fills"})
+
+
+def _figure(name: str, value: float, sign: str = "") -> str:
+    """A compared figure as a trader reads it: counts whole, money to the cent, the
+    win rate in percent (its difference in percentage points)."""
+    if name in COUNTS:
+        return f"{value:{sign},.0f}"
+    if name == "win_rate":
+        return f"{value * 100:+.1f} pp" if sign else f"{value:.1%}"
+    return f"{value:{sign},.2f}"
 
 
 def render(report: Report) -> str:
