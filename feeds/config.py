@@ -30,6 +30,28 @@ def check_http_url(url: str, key: str) -> None:
         raise ValueError(f"{key} must be an http:// or https:// URL with a host (got {url!r})")
 
 
+# A Coinbase product id: upper case, dash-separated (BTC-USD, ETH-USDC, BTC-PERP-INTX).
+COINBASE_PRODUCT: Final = re.compile(r"^[A-Z0-9]{1,20}(-[A-Z0-9]{1,20}){1,3}$")
+
+
+def product_problem(product: str) -> str | None:
+    """Why ``product`` is not a Coinbase product id (None when it is), with the id
+    meant when only the case is wrong: events carry Coinbase's own spelling, so a
+    lower-case id would match none of them."""
+    if COINBASE_PRODUCT.match(product):
+        return None
+    upper = product.upper()
+    hint = f" (did you mean {upper!r}?)" if COINBASE_PRODUCT.match(upper) else ""
+    return f"{product!r} is not a Coinbase product id like 'BTC-USD'{hint}"
+
+
+def _check_products(products: list[str]) -> None:
+    for i, product in enumerate(products):
+        why = product_problem(product)
+        if why is not None:
+            raise ValueError(f"products[{i}]: {why}")
+
+
 # A copy-trade leader's name: it is a URL path segment and part of event ids.
 LEADER_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -49,6 +71,9 @@ class CoinbaseWsSection(_Section, frozen=True):
     backoff_max_seconds: float = 60.0
     max_message_bytes: int = 10 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        _check_products(self.products)
+
 
 class CandlesSection(_Section, frozen=True):
     enabled: bool = False
@@ -64,6 +89,7 @@ class CandlesSection(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         check_http_url(self.base_url, "base_url")
+        _check_products(self.products)
         for tf in self.timeframes:
             if tf not in TIMEFRAMES:
                 raise ValueError(

@@ -31,6 +31,20 @@ def test_empty_config_uses_defaults() -> None:
         ("[bus]\nqueue_sise = 3\n", "bus: unknown key 'queue_sise'"),
         ("[bus]\nqueue_size = 'big'\n", "bus.queue_size: expected `int`, got `str` (found 'big')"),
         ("[feeds.candles]\ntimeframes = ['7m']\n", "feeds.candles: unknown timeframe '7m'"),
+        # Product ids: `config check` used to pass these and `run` to fail (or subscribe
+        # to an id no event would ever carry).
+        (
+            "[feeds.coinbase_ws]\nproducts = ['BTC-USD', 'eth-usd']\n",
+            (
+                "feeds.coinbase_ws: products[1]: 'eth-usd' is not a Coinbase product id like "
+                "'BTC-USD' (did you mean 'ETH-USD'?)"
+            ),
+        ),
+        (
+            "[feeds.coinbase_ws]\nproducts = ['BTCUSD']\n",
+            "feeds.coinbase_ws: products[0]: 'BTCUSD' is not a Coinbase product id",
+        ),
+        ("[feeds.candles]\nproducts = ['SOL-usd']\n", "(did you mean 'SOL-USD'?)"),
         (
             "[daemon]\nlog_format = 'xml'\n",
             "daemon.log_format: expected one of 'auto', 'console', 'json' (found 'xml')",

@@ -11,7 +11,6 @@ returns a trigger or None, so every operator is tested without a socket.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,9 +22,9 @@ import msgspec
 from daemon.events import iso_ms
 from daemon.tools.base import Problem, ToolError
 from feeds.coinbase_ws.pool import PoolStatistics, Tick
+from feeds.config import product_problem
 
 MAX_TIMEOUT = 55.0
-_PRODUCT = re.compile(r"^[A-Z0-9]{1,20}-[A-Z0-9]{1,20}$")
 
 
 class Field(StrEnum):
@@ -298,19 +297,11 @@ def _met(sub: Subscription, tick: Tick, prev: Mapping[Field, float]) -> list[Tri
 
 
 def check_products(subs: Iterable[Subscription]) -> ToolError | None:
-    """Product ids must look like ``BTC-USD`` (upper case, base-quote)."""
+    """Product ids must look like ``BTC-USD`` (upper case, dash-separated)."""
     problems = [
-        Problem(
-            path=f"subscriptions[{i}].productId",
-            message=f"{s.product_id!r} is not a Coinbase product id like 'BTC-USD'"
-            + (
-                f" (did you mean {s.product_id.upper()!r}?)"
-                if _PRODUCT.match(s.product_id.upper())
-                else ""
-            ),
-        )
+        Problem(path=f"subscriptions[{i}].productId", message=why)
         for i, s in enumerate(subs)
-        if not _PRODUCT.match(s.product_id)
+        if (why := product_problem(s.product_id)) is not None
     ]
     if not problems:
         return None

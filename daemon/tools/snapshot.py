@@ -15,7 +15,6 @@ the run's time. The price is the last tick the daemon saw, else the newest close
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import quote
@@ -29,13 +28,13 @@ from daemon.resample import resample
 from daemon.tools.base import Problem, Tool, ToolError
 from daemon.tools.context import ToolContext
 from feeds.candles.protocol import Window, candle_params, parse_candles
+from feeds.config import COINBASE_PRODUCT
 
 SNAPSHOT_TIMEFRAMES: Final = ("15m", "1h", "4h")
 CANDLES: Final = 50
 PART_SECONDS: Final = 10.0
 # A Coinbase product id live; on a replay, any symbol it holds (BTCUSDT too).
 Product = Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9]{1,20}(-[A-Z0-9]{1,20})?$")]
-COINBASE_PRODUCT: Final = re.compile(r"^[A-Z0-9]{1,20}-[A-Z0-9]{1,20}$")
 
 
 class SnapshotRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -289,7 +289,8 @@ async def test_feed_starts_offline_and_connects_when_the_server_appears() -> Non
 
 
 def test_bad_settings_and_products_are_config_errors() -> None:
-    """A bad URL, backoff, idle timeout or product id fails at construction, naming the key."""
+    """A bad URL, backoff, idle timeout or product id fails at construction, naming the key
+    (a product id already when the section is built: `config check` sees it)."""
     with pytest.raises(ConfigError, match="ws://"):
         CoinbaseWsPool(settings("https://example.invalid"))
     good = settings("ws://127.0.0.1:1")
@@ -301,8 +302,14 @@ def test_bad_settings_and_products_are_config_errors() -> None:
     ):
         with pytest.raises(ConfigError, match=key):
             CoinbaseWsPool(msgspec.structs.replace(good, **{key: value}))
-    with pytest.raises(ConfigError, match=r"products\[1\]"):
-        CoinbaseWsFeed(settings("ws://127.0.0.1:1", ["BTC-USD", "btc usd"]))
+    with pytest.raises(ValueError, match=r"products\[1\]: 'btc usd' is not a Coinbase product"):
+        settings("ws://127.0.0.1:1", ["BTC-USD", "btc usd"])
+    assert CoinbaseWsFeed(
+        settings("ws://127.0.0.1:1", ["ETH-USD", "BTC-USD", "ETH-USD"])
+    ).products == [
+        "BTC-USD",
+        "ETH-USD",
+    ]
 
 
 async def test_slow_subscriber_drops_oldest_without_blocking_others() -> None:
