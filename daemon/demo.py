@@ -235,9 +235,10 @@ def _run_demo(opts: DemoOptions, console: Console) -> int:
     generate_candles(csv_path, seed=opts.seed, n=opts.candles, timeframe=DEMO_TIMEFRAME)
     record_path = opts.directory / "recording.jsonl"
     record_path.unlink(missing_ok=True)
+    pace = f"at {opts.speed:g}x" if opts.speed else "as fast as possible"
     console.print(
         f"[bold]marketwake demo[/] - replaying {opts.candles} SYNTHETIC {DEMO_TIMEFRAME} "
-        f"candles (seed {opts.seed}) at {opts.speed:g}x; no network used"
+        f"candles (seed {opts.seed}) {pace}; no network used"
     )
     if opts.copytrade:
         copytrade_agents(opts)
@@ -245,7 +246,10 @@ def _run_demo(opts: DemoOptions, console: Console) -> int:
             "copy trading: agent 'leader' trades, agent 'follower' mirrors it at half size"
         )
     elif not opts.agents_dir.is_dir():
-        console.print(f"[yellow]no agents directory at {opts.agents_dir}: running without hooks[/]")
+        console.print(
+            f"[yellow]no agents directory at {opts.agents_dir}: running without hooks "
+            "(--agents DIR names one; the repository's agents/ holds the example)[/]"
+        )
     audit_dir = opts.directory / "state" / "audit"
     printer = Printer(console, opts.quiet, audit_dir)
     started = time.perf_counter()

@@ -210,10 +210,19 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "SYNTHETIC" in res.stdout and "summary" in res.stdout
     assert "market.candle.closed         120" in res.stdout
+    assert "(seed 7) as fast as possible;" in " ".join(res.stdout.split())  # not "at 0x"
     recorded = [decode(line) for line in (tmp_path / "recording.jsonl").read_bytes().splitlines()]
     assert sum(e.topic == "market.candle.closed" for e in recorded) == 120
     # the paper broker's account events are on the bus (and in the recording) too
     assert all(e.topic.startswith(("market.", "account.")) for e in recorded)
+
+
+def test_demo_without_agents_says_how_to_name_them(tmp_path: Path) -> None:
+    args = ["--dir", str(tmp_path / "d"), "--candles", "20", "--speed", "0", "--quiet"]
+    res = mw("demo", *args, "--agents", str(tmp_path / "none"))
+    assert res.returncode == 0, res.stderr
+    said = " ".join(res.stdout.split())
+    assert "running without hooks (--agents DIR names one" in said, res.stdout
 
 
 def test_demo_refuses_a_dir_it_did_not_make(tmp_path: Path) -> None:
