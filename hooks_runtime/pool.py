@@ -223,6 +223,8 @@ class WorkerPool:
     def record(self, agent_id: str, results: Sequence[HookResult], now: float | None) -> None:
         """Count results in each hook's failure history (lookahead results, once used).
         A hook that did not run (paused, backing off) has nothing to count."""
+        if self.breaker.idle and all(r.error_kind is None for r in results):
+            return  # healthy hooks and no history: nothing to keep
         for r in results:
             if r.error_kind not in GATED:
                 self.breaker.record((agent_id, r.hook_id), r.revision, r.error, now, r.error_kind)

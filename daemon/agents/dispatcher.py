@@ -44,7 +44,7 @@ import structlog
 from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints
 from daemon.agents.health import HealthTracker
-from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, settled
+from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, stood_paused
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
@@ -344,7 +344,7 @@ class Dispatcher:
             )
         except HookRequestTooLarge as exc:
             return [_oversized(h, exc, rt.last_outputs) for h in hooks]
-        if settled(results):  # else the steps assumed a failure history it changed
+        if stood_paused(results) is not None:  # else the steps assumed the wrong history
             outputs = dict(state[LAST_OUTPUTS])
             carry(outputs, results)
             keep(entries, later, hooks, assumed, outputs)

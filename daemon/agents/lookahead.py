@@ -39,6 +39,7 @@ class Lookahead:
     revisions: tuple[str, ...] = ()
     portfolio: Portfolio = ({}, ())
     outputs: dict[str, Any] | None = None  # its lastOutputs (None: no hook read them)
+    paused: frozenset[str] = frozenset()  # the hooks that stood paused in it
 
     def holds(
         self,
@@ -52,7 +53,7 @@ class Lookahead:
         the state a hook read is as assumed."""
         if self.results is None or self.revisions != tuple(h.revision for h in hooks):
             return False
-        if paused != {r.hook_id for r in self.results if r.error_kind == "paused"}:
+        if paused != self.paused:
             return False
         reads = {key for r in self.results for key in r.reads}
         if not reads:
@@ -78,19 +79,31 @@ def keep(
     revisions = tuple(h.revision for h in hooks)
     tracked = any(READ_ALL in r.reads or LAST_OUTPUTS in r.reads for s in steps for r in s)
     for entry, step in zip(entries, steps, strict=False):
-        if not settled(step):
+        paused = stood_paused(step)
+        if paused is None:
             break  # the hooks' failure history changes here: nothing after it holds
         entry.results, entry.revisions, entry.portfolio = step, revisions, portfolio
+        entry.paused = paused
         if tracked:
             entry.outputs = dict(outputs)
             carry(outputs, step)
 
 
-def settled(results: list[HookResult]) -> bool:
-    """Whether ``results`` leave the hooks' failure history as it was: every hook ran
-    well or is paused (a failure starts a backoff or a pause, which changes what the
-    events after it would get)."""
-    return all(r.ok or r.error_kind == "paused" for r in results)
+NONE_PAUSED: frozenset[str] = frozenset()
+
+
+def stood_paused(results: list[HookResult]) -> frozenset[str] | None:
+    """The hooks that stood paused in ``results``; None unless the results leave the
+    hooks' failure history as it was (every other hook ran well: a failure starts a
+    backoff or a pause, which changes what the events after it would get)."""
+    paused = NONE_PAUSED
+    for r in results:
+        if r.error_kind is None:
+            continue
+        if r.error_kind != "paused":
+            return None
+        paused = paused | {r.hook_id}
+    return paused
 
 
 def carry(outputs: dict[str, Any], results: list[HookResult]) -> None:

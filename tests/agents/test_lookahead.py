@@ -261,7 +261,7 @@ def test_a_result_evaluated_ahead_with_a_hook_paused_holds_only_while_it_is() ->
     """A step's paused hook stood for a pause that may have been lifted since (hooks
     resume): then the step is evaluated again, with the hook running; a failure in
     a step ends what is kept, a pause does not."""
-    from daemon.agents.lookahead import Lookahead, keep, settled
+    from daemon.agents.lookahead import Lookahead, keep, stood_paused
     from hooks_runtime.decisions import Ignore
     from hooks_runtime.hookfile import HookSpec
     from hooks_runtime.pool import HookResult
@@ -274,7 +274,8 @@ def test_a_result_evaluated_ahead_with_a_hook_paused_holds_only_while_it_is() ->
         hook_id="b", kind="wake", revision="r1", runtime_ms=0, error_kind="paused", error="p"
     )
     failed = msgspec.structs.replace(paused, error_kind="runtime")
-    assert settled([ok, paused]) and not settled([ok, failed])
+    assert stood_paused([ok, paused]) == {"b"} and stood_paused([ok, failed]) is None
+    assert stood_paused([ok]) == frozenset()
     entries = [Lookahead({}) for _ in range(3)]
     keep(entries, [[ok, paused], [ok, failed], [ok, paused]], hooks, ({}, ()), {})
     assert [e.results is not None for e in entries] == [True, False, False]
