@@ -31,6 +31,7 @@ from daemon.backtest.report import (
 )
 from daemon.backtest.run import OUT, BacktestOptions, render, run_backtest, run_comparison
 from daemon.cli.main import cli
+from daemon.config import Config
 from daemon.errors import ConfigError, StateDirInUse
 from daemon.events import iso_ms
 from daemon.service import Component, Service
@@ -237,6 +238,14 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     tail_args = tail_cmd[tail_cmd.index("audit") :]
     tail = CliRunner().invoke(cli, [*tail_args, "-n", "1", "--type", "hook"])
     assert tail.exit_code == 0 and len(tail.output.splitlines()) == 1, tail.output
+    # Rows by market time: the wakes and runs of those hours too, not by when written.
+    hours = ["--from", "2024-01-01T01:00", "--to", "2024-01-01T05:00", "-n", "1000", "--json"]
+    window = CliRunner().invoke(cli, [*tail_args, *hours])
+    assert window.exit_code == 0, window.output
+    rows = [json.loads(line) for line in window.output.splitlines()]
+    assert all("2024-01-01T01:00" <= r["eventTs"] < "2024-01-01T05:00" for r in rows)
+    assert {"hook", "wake", "run"} <= {r["type"] for r in rows}
+    assert sum(r["type"] == "hook" for r in rows) == 2 * 48  # two hooks, 48 bars
     assert "replaying" not in res.stderr  # no terminal, no progress bar
     # In a terminal the bar reads the feeds' counters; it shows the whole replay at the end.
     shown = CliRunner().invoke(cli, args, env={"TTY_COMPATIBLE": "1"})
@@ -673,9 +682,24 @@ def stop_after(published: int) -> Component:
     return component
 
 
-def test_a_stopped_backtest_says_its_report_is_partial(tmp_path: Path) -> None:
+def test_a_stopped_backtest_says_its_report_is_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ctrl-C / SIGTERM: the report of what was replayed is written, marked
     incomplete (json, terminal, html), and a comparison does not start B."""
+    import daemon.backtest.run as backtest_run
+
+    real = backtest_run.prepare
+
+    def roomy(o: BacktestOptions) -> Config:
+        # The agent drains a full queue at the stop: on a loaded box that outlasts the
+        # default 8 s stop timeout, whose cut (events left for a restart) is not the point.
+        cfg = real(o)
+        return msgspec.structs.replace(
+            cfg, daemon=msgspec.structs.replace(cfg.daemon, stop_timeout_seconds=300)
+        )
+
+    monkeypatch.setattr(backtest_run, "prepare", roomy)
     data = tmp_path / "c.csv"
     generate_candles(data, seed=5, n=20_000, timeframe="5m")
     opts = BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=data, out=tmp_path / "out")

@@ -49,6 +49,10 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
     symbol: str | None = None
     since_ms: int | None = None
     types: frozenset[str] | None = None
+    # Market time (a row's ``eventTs``): from_ms <= it < to_ms (None: no bound); a row
+    # without one is left out when either is set.
+    from_ms: int | None = None
+    to_ms: int | None = None
 
     def matches(self, rec: Record) -> bool:
         """True when ``rec`` passes every set criterion."""
@@ -62,7 +66,16 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
             return False
         if self.decision is not None and decision_of(rec) != self.decision.upper():
             return False
-        return self.since_ms is None or _ts_ms(rec) >= self.since_ms
+        if self.since_ms is not None and _ts_ms(rec) < self.since_ms:
+            return False
+        if self.from_ms is None and self.to_ms is None:
+            return True
+        at = _ts_ms(rec, "eventTs")
+        return (
+            at > 0
+            and (self.from_ms is None or at >= self.from_ms)
+            and (self.to_ms is None or at < self.to_ms)
+        )
 
 
 def decision_of(rec: Record) -> str:
@@ -72,8 +85,8 @@ def decision_of(rec: Record) -> str:
     return str(rec.get("decision") or "ERROR").upper()
 
 
-def _ts_ms(rec: Record) -> int:
-    ts = rec.get("ts")
+def _ts_ms(rec: Record, key: str = "ts") -> int:
+    ts = rec.get(key)
     try:
         return parse_iso_ms(ts) if isinstance(ts, str) else 0
     except ValueError:

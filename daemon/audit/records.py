@@ -40,6 +40,11 @@ class _Record(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_fie
     trace_id: str | None = None
     # Which daemon run wrote it (stamped by the writer): tells a restart's rows apart.
     daemon_run: str | None = None
+    # The market time the row is about (``ts`` is when it was written, seconds apart
+    # in a backtest of a year): a hook row's event's time, an order change's broker
+    # time, the agent's time for wakes, runs and risk verdicts (the event time on a
+    # replay). ``audit tail --from/--to`` select by it.
+    event_ts: str | None = None
 
 
 class HookRecord(_Record, frozen=True, kw_only=True, tag="hook"):
@@ -55,8 +60,6 @@ class HookRecord(_Record, frozen=True, kw_only=True, tag="hook"):
     event_id: str
     topic: str
     symbol: str | None = None
-    # The event's own time (``ts`` is when it was evaluated): a replay read by date.
-    event_ts: str | None = None
     decision: str | None = None
     reason: str = ""
     dedupe_key: str | None = None
@@ -155,10 +158,6 @@ class OrderRecord(_Record, frozen=True, kw_only=True, tag="order"):
     price: float | None = None
     reason: str = ""
     filled: float | None = None  # filled so far, on PARTIALLY_FILLED
-    # The broker's time of the change: on a replay, the event time of the candle or
-    # tick that filled it (``ts`` is when the row was written, seconds apart in a
-    # backtest of a year).
-    event_ts: str | None = None
 
 
 class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):

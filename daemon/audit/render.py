@@ -105,6 +105,12 @@ def _event_time(rec: Record) -> str:
     return f" event {when}" if when else ""
 
 
+def _at_market_time(rec: Record, line: Text) -> None:
+    """End the line with the row's market time (the event time on a replay)."""
+    if when := _event_time(rec):
+        line.append(f" {when.strip()}", style="dim")
+
+
 def _wake(rec: Record, line: Text) -> None:
     outcome = _s(rec, "outcome")
     style = {"woke": "bold green", "queued": "green", "suppressed": "yellow"}.get(outcome, "bold")
@@ -116,6 +122,7 @@ def _wake(rec: Record, line: Text) -> None:
     reasons = rec.get("reasons") or []
     if reasons:
         line.append(f" ({'; '.join(str(r) for r in reasons)})", style="dim")
+    _at_market_time(rec, line)
 
 
 def _run(rec: Record, line: Text) -> None:
@@ -130,6 +137,7 @@ def _run(rec: Record, line: Text) -> None:
         line.append(f" error: {rec['error']}", style="red")
     if rec.get("summary"):
         line.append(f" {rec['summary']}")
+    _at_market_time(rec, line)
 
 
 def _risk(rec: Record, line: Text) -> None:
@@ -147,6 +155,7 @@ def _risk(rec: Record, line: Text) -> None:
             f"{_s(rec, 'symbol')}",
             style="dim",
         )
+    _at_market_time(rec, line)
 
 
 def price_text(price: object) -> str:
@@ -172,8 +181,7 @@ def _order(rec: Record, line: Text) -> None:
         f" {_s(rec, 'side')} {size} {_s(rec, 'symbol')}{at} "
         f"({_s(rec, 'orderType')}, {_s(rec, 'role')}) {_s(rec, 'clientOrderId')}"
     )
-    if when := _event_time(rec):
-        line.append(f" {when.strip()}", style="dim")
+    _at_market_time(rec, line)
 
 
 def _signal(rec: Record, line: Text) -> None:

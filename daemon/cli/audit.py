@@ -19,7 +19,7 @@ from rich.console import Console
 from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
 from daemon.audit.render import render, to_json
 from daemon.audit.why import collect, explain, render_explanation
-from daemon.cli.common import load_config_or_defaults, state_dir_option
+from daemon.cli.common import load_config_or_defaults, state_dir_option, utc_ms
 
 DIR_HELP = (
     "Audit directory (default: STATE_DIR/audit with --state-dir, else [audit] dir of "
@@ -87,6 +87,14 @@ def audit_group() -> None:
 @click.option("--symbol", help="Only this symbol.")
 @click.option("--since", help="Only records newer than this: 15m, 2h, 3d or an RFC 3339 time.")
 @click.option(
+    "--from",
+    "start",
+    metavar="TIME",
+    help="Only rows about market time at or after this (UTC date or time; the event "
+    "time in a backtest or replay, where --since is when a row was written).",
+)
+@click.option("--to", "end", metavar="TIME", help="Only rows about market time before this.")
+@click.option(
     "--type",
     "--kind",
     "types",
@@ -119,6 +127,8 @@ def tail_command(
     decision: str | None,
     symbol: str | None,
     since: str | None,
+    start: str | None,
+    end: str | None,
     types: tuple[str, ...],
     as_json: bool,
     directory: Path | None,
@@ -135,6 +145,8 @@ def tail_command(
         symbol=symbol,
         since_ms=_since(since),
         types=frozenset(types) if types else None,
+        from_ms=utc_ms(start, "--from") if start else None,
+        to_ms=utc_ms(end, "--to") if end else None,
     )
     console = _console()
 

@@ -19,7 +19,7 @@ from typing import Protocol
 import msgspec
 
 from daemon.audit.records import AuditRecord
-from daemon.events import FeedEvent, Publish
+from daemon.events import FeedEvent, Publish, iso_ms
 from daemon.trading.broker import Broker, OrderRequest, client_order_id
 from daemon.trading.intents import ORDER_ACTIONS, RiskLimits, TradeIntent, TradingState
 from daemon.trading.portfolio import Order
@@ -133,6 +133,7 @@ class TradeDesk:
                 hook_id=hook_id,
                 event_id=event_id,
                 client_order_id=coid,
+                event_ts=iso_ms(broker.now_ms(account)),
             )
         )
         if not verdict.approved or verdict.order is None:
@@ -194,6 +195,7 @@ class TradeDesk:
                 hook_id=hook_id,
                 event_id=event_id,
                 client_order_id=coid,
+                event_ts=iso_ms(broker.now_ms(account)),
             )
         )
         if not verdict.approved:

@@ -30,8 +30,10 @@ def risk_record(
     hook_id: str | None = None,
     event_id: str | None = None,
     client_order_id: str | None = None,
+    event_ts: str | None = None,
 ) -> RiskRecord:
-    """The audit record of one risk verdict on ``intent``."""
+    """The audit record of one risk verdict on ``intent`` (``event_ts``: the broker's
+    time of it)."""
     return RiskRecord(
         ts=now_ts(),
         agent_id=agent_id,
@@ -43,6 +45,7 @@ def risk_record(
         reasons=[{"code": r.code, "message": r.message} for r in verdict.reasons],
         intent=msgspec.to_builtins(intent),
         client_order_id=client_order_id,
+        event_ts=event_ts,
     )
 
 

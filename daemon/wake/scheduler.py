@@ -512,6 +512,14 @@ class WakeScheduler:
             )
         )
 
+    def _market_ts(self) -> str | None:
+        """The agent's time for a wake or run row: the event time on a replay (None
+        before its first event), the wall clock live."""
+        clock = self.clock
+        if isinstance(clock, EventClock) and not clock.started:
+            return None
+        return iso_ms(int(clock.now() * 1000))
+
     def _wake_record(
         self,
         wake: WakeRequest | None,
@@ -523,6 +531,7 @@ class WakeScheduler:
     ) -> WakeRecord:
         return WakeRecord(
             ts=now_ts(),
+            event_ts=self._market_ts(),
             agent_id=self.agent_id,
             trace_id=wake.trace_id if wake else None,
             event_id=wake.event_id if wake else None,
@@ -546,6 +555,7 @@ class WakeScheduler:
             summary += f"; {result.summary()}"
         return RunRecord(
             ts=now_ts(),
+            event_ts=self._market_ts(),
             agent_id=self.agent_id,
             trace_id=trace_id,
             run_id=run.run_id,

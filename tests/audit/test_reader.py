@@ -152,3 +152,35 @@ def test_recent_rows_rebuild_each_agents_last_outputs(tmp_path: Path) -> None:
         "alpha": {"wake_two_green": {"decision": "WAKE", "reason": "second", "dedupeKey": "k2"}},
         "beta": {"h": full},
     }
+
+
+def test_market_time_window_selects_by_event_ts(tmp_path: Path) -> None:
+    """--from/--to select rows by the market time they are about (``eventTs``), which a
+    backtest writes seconds after one another for a whole year; rows without one are
+    left out of a window, and every row type shows its market time when rendered."""
+    from daemon.audit.render import render
+    from tests.audit.factory import risk, run
+
+    def at(hhmm: str) -> str:
+        return f"2025-03-01T{hhmm}:00.000Z"
+
+    w = AuditWriter(tmp_path)
+    w.write(hook(event_ts=at("11:55"), reason="before"))
+    w.write(hook(event_ts=at("12:00"), decision="WAKE", reason="first in"))
+    w.write(wake(event_ts=at("12:00")))
+    w.write(run(event_ts=at("12:00")))
+    w.write(risk(event_ts=at("12:05")))
+    w.write(order(event_ts=at("12:05")))
+    w.write(wake())  # no market time: in no window
+    w.write(hook(event_ts=at("12:10"), reason="at the end: out"))
+    w.close()
+    window = AuditFilter(from_ms=parse_iso_ms(at("12:00")), to_ms=parse_iso_ms(at("12:10")))
+    got = list(iter_records(tmp_path, window))
+    assert [r["type"] for r in got] == ["hook", "wake", "run", "risk", "order"]
+    assert got[0]["reason"] == "first in"
+    assert len(list(iter_records(tmp_path, AuditFilter(from_ms=parse_iso_ms(at("12:05")))))) == 3
+    assert [
+        r["reason"] for r in tail(tmp_path, AuditFilter(to_ms=parse_iso_ms(at("12:00"))), 5)
+    ] == ["before"]
+    for rec in got:
+        assert "event 2025-03-01 12:0" in render(rec).plain, rec
