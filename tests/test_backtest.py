@@ -396,6 +396,19 @@ def test_the_html_report_draws_what_the_audit_holds(tmp_path: Path) -> None:
     assert page.tags[("rect", "bar")] == len(days)
 
 
+def test_realized_equity_is_drawn_in_steps_over_the_whole_period() -> None:
+    """Between two closing fills months apart realized PnL did not move: the curve is
+    flat there and steps at each fill, from 0 at the start to the end of the run."""
+    from daemon.backtest.html import _steps
+
+    drawn = _steps([(100, 5.0), (900, -2.0)], start=0, end=1000)
+    assert drawn == [(0, 0.0), (100, 0.0), (100, 5.0), (900, 5.0), (900, -2.0), (1000, -2.0)]
+    from itertools import pairwise
+
+    assert all(a[0] == b[0] or a[1] == b[1] for a, b in pairwise(drawn))  # no slope
+    assert _steps([], 0, 10) == []
+
+
 def test_thinning_keeps_the_extremes() -> None:
     from daemon.backtest.html import thin
 

@@ -184,7 +184,9 @@ def _equity_plot(series: Series) -> str:
             curve.append((f.ts_ms, equity))
     if not series.fills:
         return "<p>No trades: no equity curve.</p>"
-    pts, marked = thin(curve), series.equity
+    marked = series.equity
+    span = [t for t, _ in marked] or [f.ts_ms for f in series.fills]
+    pts = _steps(thin(curve), min(span), max(span))
     both = [*pts, *marked]
     values = [v for _, v in both]
     s = _Scale(
@@ -202,6 +204,18 @@ def _equity_plot(series: Series) -> str:
             out.append(f'<polyline points="{drawn}" class="{cls}"/>')
     out += _closed(s)
     return "\n".join(out)
+
+
+def _steps(pts: list[tuple[int, float]], start: int, end: int) -> list[tuple[int, float]]:
+    """Realized equity as it moves: flat from ``start`` (at 0) until a fill changes it,
+    then flat again to ``end``; a line straight from one closing fill to the next
+    would draw months without a trade as a gain or loss made day by day."""
+    out: list[tuple[int, float]] = [(min(start, pts[0][0]), 0.0)] if pts else []
+    for t, v in pts:
+        out += [(t, out[-1][1]), (t, v)]
+    if out and end > out[-1][0]:
+        out.append((end, out[-1][1]))
+    return out
 
 
 def _wakes_plot(series: Series) -> str:
