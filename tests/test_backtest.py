@@ -396,6 +396,38 @@ def test_the_html_report_draws_what_the_audit_holds(tmp_path: Path) -> None:
     assert page.tags[("rect", "bar")] == len(days)
 
 
+# One limit buy far below the market, on the first candle: it never fills.
+LOWBALL = """
+def evaluate(event, state):
+    c = event["payload"]["close"]
+    return {"decision": "TRADE_INTENT", "reason": "lowball", "dedupeKey": "once",
+            "intent": {"action": "PLACE_LIMIT_ORDER", "symbol": event["symbol"], "side": "buy",
+                       "volume": 0.01, "openPrice": round(c * 0.2, 2),
+                       "stopLoss": round(c * 0.1, 2)}}
+"""
+
+
+def test_an_entry_order_still_working_at_the_end_is_reported(tmp_path: Path) -> None:
+    """An entry that never filled held the account's orders open for the whole run:
+    the summary, report.json and the page name it, and when it was placed."""
+    root = tmp_path / "agents" / "low"
+    (root / "hooks").mkdir(parents=True)
+    (root / "agent.toml").write_text("[risk]\nlimit_price_band_pct = 90\n")
+    (root / "hooks" / "autotrade_low.py").write_text(LOWBALL)
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=2, n=100, timeframe="5m")
+    report = run_backtest(BacktestOptions(agent_dir=root, data=data, out=tmp_path / "out"))
+    [held] = report.working_at_end
+    assert (held.side, held.order_type, held.volume) == ("buy", "limit", 0.01)
+    assert held.since == report.first_event and held.price is not None
+    said = render(report)
+    assert "still working at the end: 1 entry order, the oldest a buy limit 0.01 BTC-USD @ " in said
+    assert f"working since {report.first_event[:10]} " in said
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["working_at_end"][0]["since"] == report.first_event
+    assert "entry orders working at the end" in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_realized_equity_is_drawn_in_steps_over_the_whole_period() -> None:
     """Between two closing fills months apart realized PnL did not move: the curve is
     flat there and steps at each fill, from 0 at the start to the end of the run."""

@@ -289,6 +289,7 @@ def render_html(report: Report, series: Series) -> str:
             f"{t.max_drawdown_marked:.2f} / {t.unrealized_at_end:+.2f}",
         ),
         ("exposure / fees", f"{t.exposure:.0%} / {t.fees:.2f}"),
+        ("entry orders working at the end", report.still_working() or "none"),
         (
             "average win / loss, largest loss, profit factor",
             f"{t.avg_win:.2f} / {t.avg_loss:.2f}, {t.largest_loss:.2f}, "

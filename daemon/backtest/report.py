@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from daemon.audit.render import price_text
 from daemon.events import parse_iso_ms
 from daemon.trading.matching import FillCosts, apply_fill
 from daemon.trading.paper_store import FillRow
@@ -155,6 +156,25 @@ class Trades(msgspec.Struct, frozen=True, kw_only=True):
     profit_factor: float | None = None
 
 
+class WorkingOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """An entry order still working when the run ended: never filled, it may have
+    held the agent's later entries back (a hook that waits for no open orders)."""
+
+    symbol: str
+    side: str
+    order_type: str
+    volume: float
+    price: float | None
+    since: str  # when it was placed (market time)
+
+    def text(self) -> str:
+        at = f" @ {price_text(self.price)}" if self.price is not None else ""
+        return (
+            f"{self.side} {self.order_type} {price_text(self.volume)} {self.symbol}{at}, "
+            f"working since {self.since[:16].replace('T', ' ')}"
+        )
+
+
 class Baseline(msgspec.Struct, frozen=True, kw_only=True):
     """A timer agent woken every ``minutes`` over the same market time."""
 
@@ -186,6 +206,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     # The paper fills' costs the trades were simulated with (fees, slippage).
     fill_costs: FillCosts = FillCosts()
     broken: list[BrokenHook] = []  # hook revisions that did not compile (never ran)
+    # Entry orders still working at the end, oldest first.
+    working_at_end: list[WorkingOrder] = []
     seconds: float = 0.0
     events_per_second: float = 0.0
     # False: the replay ended before the data's end, for ``stopped_by``: "signal"
@@ -202,6 +224,17 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     intents_approved: int = 0
     intents_rejected: int = 0
     rejected_by: dict[str, int] = {}
+
+    def still_working(self) -> str:
+        """The entry orders the run ended with, the oldest named ("" for none)."""
+        held = self.working_at_end
+        if not held:
+            return ""
+        return (
+            f"{counted(len(held), 'entry order')}, the oldest a {held[0].text()} (never "
+            "filled; it counts against max_open_orders and holds back a hook that waits "
+            "for no working order)"
+        )
 
     def verdicts(self) -> str:
         """The risk engine's verdicts in one line ("" when no intent reached it)."""

@@ -34,6 +34,7 @@ from daemon.backtest.report import (
     MarkToMarket,
     Report,
     Tally,
+    WorkingOrder,
     compare,
     counted,
     figures,
@@ -267,6 +268,18 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     store = PaperStore(out / "state" / "paper.sqlite3")
     try:
         fills = store.fills(account)
+        working = [
+            WorkingOrder(
+                symbol=o.symbol,
+                side=o.side,
+                order_type=o.order_type,
+                volume=o.volume,
+                price=o.limit_price or o.stop_price,
+                since=iso_ms(o.created_ms),
+            )
+            for o in sorted(store.working_orders(), key=lambda o: o.created_ms)
+            if o.account_id == account and o.role == "entry"
+        ]
     finally:
         store.close()
     stopped_by = _stopped_by(status.feeds)
@@ -317,6 +330,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         trades=trades,
         fill_costs=opts.costs,
         broken=broken,
+        working_at_end=working,
         seconds=round(seconds, 3),
         events_per_second=round(events / seconds, 1) if seconds else 0.0,
         complete=not stopped_by,
@@ -511,6 +525,8 @@ def render(report: Report) -> str:
         f"fees {t.fees:.2f}"
         + (f", open at the end {t.unrealized_at_end:+.2f}" if t.unrealized_at_end else "")
     )
+    if report.working_at_end:
+        lines.append(f"  still working at the end: {report.still_working()}")
     if t.closing_fills:
         pf = f"{t.profit_factor:.2f}" if t.profit_factor is not None else "n/a (no loss)"
         lines.append(
