@@ -170,10 +170,10 @@ class WorkerPool:
         whole. Those are speculative: each holds only if what its hooks read of the
         state (``HookResult.reads``) is what that event's real state has, and only
         once accepted with :meth:`record`. No lookahead while any hook is backing
-        off or paused (its gate could change within the steps). ``candles``: the
-        table the steps' series refer to (``Batch.candles``). A paused hook is left out
-        of the request and stands paused in every step (a pause lasts until someone
-        lifts it; the caller checks it still stands when it uses a step)."""
+        off (its backoff could end within the steps); a paused hook is left out of
+        the request and stands paused in every step (a pause lasts until someone
+        lifts it: the caller checks it still stands when it uses a step).
+        ``candles``: the table the steps' series refer to (``Batch.candles``)."""
         return await self._gated(agent_id, hooks, event, state, False, now, ahead, candles)
 
     async def speculate(
