@@ -71,6 +71,20 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     return sorted([*direct, *linked], key=_order)
 
 
+def event_at(
+    directory: Path, at_ms: int, symbol: str | None = None, agent: str | None = None
+) -> str | None:
+    """The eventId of the first event at or after ``at_ms`` (market time) a hook
+    evaluated, of ``symbol`` / ``agent`` if given; None when there is none."""
+    flt = AuditFilter(types=frozenset({"hook"}), from_ms=at_ms, symbol=symbol, agent=agent)
+    best: tuple[str, str] | None = None
+    for r in iter_records(directory, flt, contains=['"type":"hook"']):
+        key = (str(r["eventTs"]), str(r["eventId"]))
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[1]
+
+
 def _names(r: Record, ident: str) -> bool:
     """Whether the record is about ``ident``: its event, trace or order."""
     return ident in (r.get("eventId"), r.get("traceId"), r.get("clientOrderId")) or ident in (

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
 from daemon.audit.render import render, to_json
-from daemon.audit.why import collect, explain, render_explanation
+from daemon.audit.why import collect, event_at, explain, render_explanation
 from daemon.cli.common import load_config_or_defaults, state_dir_option, utc_ms
 
 DIR_HELP = (
@@ -176,7 +176,15 @@ def tail_command(
 
 
 @click.command("why")
-@click.argument("ident")
+@click.argument("ident", required=False)
+@click.option(
+    "--at",
+    metavar="TIME",
+    help="Instead of IDENT: the first event at or after this market time (UTC date or "
+    "time, as a backtest's dates) a hook evaluated.",
+)
+@click.option("--symbol", help="With --at: only this symbol's events.")
+@click.option("--agent", help="With --at: only the events this agent evaluated.")
 @click.option("--since", help="Only search records newer than this: 15m, 2h, 3d or a time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
 @click.option("--dir", "directory", type=click.Path(path_type=Path), help=DIR_HELP)
@@ -188,7 +196,10 @@ def tail_command(
     help="Config file (TOML) for state_dir.",
 )
 def why_command(
-    ident: str,
+    ident: str | None,
+    at: str | None,
+    symbol: str | None,
+    agent: str | None,
     since: str | None,
     as_json: bool,
     directory: Path | None,
@@ -198,9 +209,20 @@ def why_command(
     """Explain what happened to an event (eventId) or trace (traceId), per agent,
     or how an order (its clientOrderId, as status and audit tail show it) came about.
 
-    Exits 1 when the audit log has no record of IDENT.
+    With --at TIME (and --symbol, --agent) instead of IDENT: the first event at or
+    after that market time. Exits 1 when the audit log has no record of it.
     """
+    if (ident is None) == (at is None):
+        raise click.UsageError("name an eventId, traceId or clientOrderId, or --at TIME")
+    if ident is not None and (symbol or agent):
+        raise click.UsageError("--symbol and --agent go with --at")
     where = audit_dir(directory, config_path, state_dir)
+    if ident is None:
+        found = event_at(where, utc_ms(at, "--at"), symbol, agent)
+        if found is None:
+            click.echo(f"no event at or after {at} in {where}", err=True)
+            sys.exit(1)
+        ident = found
     exp = explain(collect(where, ident, _since(since)), ident)
     if as_json:
         click.echo(msgspec.json.encode(exp).decode())

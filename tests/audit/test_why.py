@@ -126,3 +126,33 @@ def test_why_is_also_an_audit_subcommand(logdir: Path) -> None:
     """`marketwake audit why` reaches the same command."""
     out = CliRunner().invoke(audit_group, ["why", "t1", "--dir", str(logdir)]).output
     assert "agent beta: WOKE" in out
+
+
+def test_why_at_a_market_time_explains_the_first_event_then(tmp_path: Path) -> None:
+    """`why --at TIME` finds the first event at or after it (of --symbol / --agent when
+    given) by the hook rows' eventTs, whatever order the rows were written in."""
+    from daemon.audit.why import event_at
+    from daemon.events import parse_iso_ms
+
+    w = AuditWriter(tmp_path)
+    for event_id, symbol, at in [
+        ("e:ETH:1205", "ETH-USD", "2025-03-01T12:05:00.000Z"),
+        ("e:BTC:1200", "BTC-USD", "2025-03-01T12:00:00.000Z"),  # written later, earlier time
+        ("e:ETH:1210", "ETH-USD", "2025-03-01T12:10:00.000Z"),
+    ]:
+        w.write(hook(event_id=event_id, symbol=symbol, event_ts=at, trace_id=event_id))
+    w.close()
+    noon = parse_iso_ms("2025-03-01T12:00:00Z")
+    assert event_at(tmp_path, noon) == "e:BTC:1200"
+    assert event_at(tmp_path, noon, symbol="ETH-USD") == "e:ETH:1205"
+    assert event_at(tmp_path, noon + 6 * 60_000) == "e:ETH:1210"
+    assert event_at(tmp_path, noon, agent="nobody") is None
+
+    cli = CliRunner()
+    res = cli.invoke(why_command, ["--dir", str(tmp_path), "--at", "2025-03-01T12:01"])
+    assert res.exit_code == 0 and "e:ETH:1205" in res.output, res.output
+    late = cli.invoke(why_command, ["--dir", str(tmp_path), "--at", "2025-03-02"])
+    assert late.exit_code == 1 and "no event at or after 2025-03-02" in late.output
+    for args in ([], ["e:ETH:1205", "--at", "2025-03-01"], ["e:ETH:1205", "--symbol", "ETH-USD"]):
+        bad = cli.invoke(why_command, ["--dir", str(tmp_path), *args])
+        assert bad.exit_code == 2, (args, bad.output)
