@@ -156,7 +156,34 @@ async def test_a_stop_with_events_on_disk_then_a_restart_evaluates_each_once(
     rows = Counter((r["agentId"], r["eventId"]) for r in audit(root) if r["type"] == "hook")
     assert len(rows) == 2 * 2 * N and set(rows.values()) == {1}
     slow_alone, _ = await run(tmp_path / "slow", {"slow": SLOW}, queue_size=4, ticks=True)
-    assert [f for f in both if f[0] == "slow"] == slow_alone and slow_alone
+    mine = [f for f in both if f[0] == "slow"]
+    assert mine == slow_alone and slow_alone, _story(root, "slow")
+
+
+def _story(root: Path, agent: str) -> str:
+    """What an account did, for a failure message: its risk and order rows by run,
+    and the orders its store holds (a rare failure of the stop/restart test lost a
+    closing fill; these say where)."""
+    from daemon.trading.paper_store import PaperStore
+
+    rows = [
+        f"{r['type']} run {str(r.get('daemonRun'))[-4:]} {r.get('status', r.get('approved'))} "
+        f"{r.get('role', '')} {r.get('side', '')} {r.get('price', '')} at {r.get('eventTs')} "
+        f"{r.get('clientOrderId')}"
+        for r in audit(root)
+        if r.get("agentId") == agent and r["type"] in ("risk", "order")
+    ]
+    store = PaperStore(root / "state" / "paper.sqlite3")
+    try:
+        rows += [
+            f"stored {o.client_order_id} {o.status} {o.role} {o.side} created {o.created_ms} "
+            f"filled {o.filled_ms} @ {o.fill_price}"
+            for o in store.all_orders()
+            if o.agent_id == agent
+        ]
+    finally:
+        store.close()
+    return "\n".join(rows)
 
 
 async def test_on_event_time_a_queue_half_full_reads_as_lagging() -> None:
