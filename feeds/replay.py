@@ -144,8 +144,14 @@ class ReplayFeed:
 
     def recorded(self) -> Generator[FeedEvent, None, None]:
         """Every event of the file as recorded, in order: a recording's ``account.*``
-        events and ``receivedTs`` kept (what rebuilds the state its hooks saw)."""
-        for _, event in self._timed(as_recorded=True):
+        events and ``receivedTs`` kept (what rebuilds the state its hooks saw); with
+        ``files``, every file's, merged by event time as :meth:`selected` does."""
+        if not self.config.files:
+            for _, event in self._timed(as_recorded=True):
+                yield event
+            return
+        timed = (part._timed(as_recorded=True) for part in self.parts())
+        for _, event in heapq.merge(*timed, key=lambda te: te[0]):
             yield event
 
     def _timed(self, as_recorded: bool = False) -> Generator[tuple[int, FeedEvent], None, None]:

@@ -29,7 +29,7 @@ from daemon.inputfile import read_input
 from daemon.recorder import kept_part
 from daemon.state import StateCache
 from daemon.trading.ledger import Ledger
-from feeds.config import ReplaySection
+from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
 from hooks_runtime import HookSpec, SandboxConfig, hook_paths, load_hook, open_worker_pool
 from hooks_runtime.hookfile import HOOK_NAME
@@ -190,9 +190,11 @@ def _live_decisions(audit_dir: Path, event_id: str) -> None:
     "--recording",
     "recording_spec",
     metavar="FILE[=SYMBOL:TIMEFRAME]",
+    multiple=True,
     help="A recording (--record JSONL, or raw Coinbase messages) or CSV candles (BTC-USD "
     "5m unless named after '='; .gz or not): take the event and rebuild its state "
-    "from the file.",
+    "from the file. Repeat it for several (1h and 4h candles: merged by time, as "
+    "backtest --data does).",
 )
 @click.option("--event-id", help="With --recording: which event to test.")
 @click.option(
@@ -220,7 +222,7 @@ def test_command(
     path: Path,
     event_path: Path | None,
     state_path: Path | None,
-    recording_spec: str | None,
+    recording_spec: tuple[str, ...],
     event_id: str | None,
     at: str | None,
     audit_event: str | None,
@@ -257,12 +259,17 @@ def test_command(
         earlier = kept_part(recording)
         files = [earlier, recording] if earlier.exists() else [recording]
         recordings = [ReplaySection(path=str(f)) for f in files]
-    elif recording_spec is not None:
-        file, symbol, timeframe = data_spec(recording_spec, "--recording")
+    elif recording_spec:
+        (file, symbol, timeframe), *more = [data_spec(s, "--recording") for s in recording_spec]
         recordings = [
-            ReplaySection(path=str(file), symbol=symbol or "BTC-USD", timeframe=timeframe or "5m")
+            ReplaySection(
+                path=str(file),
+                symbol=symbol or "BTC-USD",
+                timeframe=timeframe or "5m",
+                files=[ReplayFileSection(path=str(f), symbol=s, timeframe=t) for f, s, t in more],
+            )
         ]
-    if audit_event is not None or recording_spec is not None:
+    if audit_event is not None or recording_spec:
         if (event_id is None) == (at is None) or event_path is not None or state_path:
             raise click.UsageError(
                 "--recording takes --event-id or --at (one of them), and no --event or --state"

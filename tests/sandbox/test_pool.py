@@ -942,3 +942,30 @@ def test_a_moment_of_csv_candles_is_replayed_with_the_state_it_had(tmp_path: Pat
         ["hooks", "test", str(counting.parent), "--recording", spec, "--at", "2030-01-01"]
     )
     assert late.exit_code == 2 and "no event at or after 2030-01-01T00:00:00.000Z" in late.output
+
+
+def test_several_csv_files_are_merged_by_time_as_a_backtest_merges_them(tmp_path: Path) -> None:
+    """--recording repeats: a hook reading 5m and 1h candles of one symbol gets both
+    series, merged by time, as in a backtest (a 5m close at a full hour comes before
+    that hour's close, as the files are given)."""
+    from feeds.synthetic import generate_candles
+
+    fine, coarse = tmp_path / "5m.csv", tmp_path / "1h.csv"
+    generate_candles(fine, seed=2, n=300, timeframe="5m")
+    generate_candles(coarse, seed=3, n=30, timeframe="1h")
+    hooks = tmp_path / "agent" / "hooks"
+    hooks.mkdir(parents=True)
+    (hooks / "wake_both.py").write_text(
+        "def evaluate(event, state):\n"
+        "    held = state['candles']['ETHUSDT']\n"
+        "    last = {tf: held[tf][-1]['closeTime'][11:16] for tf in sorted(held)}\n"
+        "    return {'decision': 'IGNORE', 'reason': event['timeframe'] + ' ' + str(last)}\n"
+    )
+    specs = ["--recording", f"{fine}=ETHUSDT:5m", "--recording", f"{coarse}=ETHUSDT:1h"]
+    res = invoke(["hooks", "test", str(hooks.parent), *specs, "--at", "2024-01-01T10:00"])
+    assert res.exit_code == 0, res.output
+    reason = json.loads(res.stdout)["decision"]["reason"]
+    assert reason == "5m {'1h': '09:00', '5m': '10:00'}", reason
+    later = invoke(["hooks", "test", str(hooks.parent), *specs,
+                    "--event-id", "replay:ETHUSDT:1h:1704103200000"])  # fmt: skip
+    assert json.loads(later.stdout)["decision"]["reason"] == "1h {'1h': '10:00', '5m': '10:00'}"
