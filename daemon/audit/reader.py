@@ -70,7 +70,7 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
             return False
         if self.from_ms is None and self.to_ms is None:
             return True
-        at = _ts_ms(rec, "eventTs")
+        at = event_ms(rec)
         return (
             at > 0
             and (self.from_ms is None or at >= self.from_ms)
@@ -83,6 +83,12 @@ def decision_of(rec: Record) -> str:
     if rec.get("type") != "hook":
         return ""
     return str(rec.get("decision") or "ERROR").upper()
+
+
+def event_ms(rec: Record) -> int:
+    """The row's market time (``eventTs``) in epoch ms; 0 when it has none or it does
+    not parse."""
+    return _ts_ms(rec, "eventTs")
 
 
 def _ts_ms(rec: Record, key: str = "ts") -> int:

@@ -18,7 +18,7 @@ from typing import Literal
 import msgspec
 from rich.text import Text
 
-from daemon.audit.reader import AuditFilter, Record, decision_of, iter_records
+from daemon.audit.reader import AuditFilter, Record, decision_of, event_ms, iter_records
 from daemon.audit.render import market_time, price_text, visible_record
 
 Outcome = Literal[
@@ -77,9 +77,12 @@ def event_at(
     """The eventId of the first event at or after ``at_ms`` (market time) a hook
     evaluated, of ``symbol`` / ``agent`` if given; None when there is none."""
     flt = AuditFilter(types=frozenset({"hook"}), from_ms=at_ms, symbol=symbol, agent=agent)
-    best: tuple[str, str] | None = None
+    best: tuple[int, str] | None = None
     for r in iter_records(directory, flt, contains=['"type":"hook"']):
-        key = (str(r["eventTs"]), str(r["eventId"]))
+        event_id = r.get("eventId")
+        if not isinstance(event_id, str) or not event_id:
+            continue  # a damaged row: nothing to explain
+        key = (event_ms(r), event_id)  # by time, whatever format the row spells it in
         if best is None or key < best:
             best = key
     return None if best is None else best[1]

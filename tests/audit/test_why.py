@@ -156,3 +156,15 @@ def test_why_at_a_market_time_explains_the_first_event_then(tmp_path: Path) -> N
     for args in ([], ["e:ETH:1205", "--at", "2025-03-01"], ["e:ETH:1205", "--symbol", "ETH-USD"]):
         bad = cli.invoke(why_command, ["--dir", str(tmp_path), *args])
         assert bad.exit_code == 2, (args, bad.output)
+    # Damaged rows (no event id, an odd or unparsable time, not an object) are skipped;
+    # a time spelled without milliseconds still sorts by what it means.
+    with (tmp_path / "audit-2025-03-01.jsonl").open("a") as f:
+        f.write('{"type":"hook","ts":"2025-03-01T13:00:00.000Z","agentId":"alpha",'
+                '"eventTs":"2025-03-01T11:00:00.000Z"}\n'
+                '{"type":"hook","ts":"2025-03-01T13:00:00.000Z","agentId":"alpha",'
+                '"eventTs":12345,"eventId":"num"}\n'
+                '{"type":"hook","ts":"2025-03-01T13:00:00.000Z","agentId":"alpha",'
+                '"eventTs":"2025-03-01T12:01:00Z","eventId":"e:short"}\n'
+                '[1,2]\n{"type":"hook"\n')  # fmt: skip
+    assert event_at(tmp_path, noon + 60_000) == "e:short"
+    assert event_at(tmp_path, noon) == "e:BTC:1200"
