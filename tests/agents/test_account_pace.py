@@ -77,7 +77,13 @@ async def run(
                 "clock": "event",
                 "stop_timeout_seconds": 0.5,
             },
-            "hooks": {"agents_dir": str(root / "agents"), "reload_seconds": 60},
+            # a wall-clock timeout is not what these runs are about: on a loaded box the
+            # slow hook's ~30 ms took over 250 ms, and the account missed that trade
+            "hooks": {
+                "agents_dir": str(root / "agents"),
+                "reload_seconds": 60,
+                "sandbox": {"timeout_ms": 10_000},
+            },
             "bus": {"queue_size": queue_size},
         },
         Config,
@@ -157,13 +163,13 @@ async def test_a_stop_with_events_on_disk_then_a_restart_evaluates_each_once(
     assert len(rows) == 2 * 2 * N and set(rows.values()) == {1}
     slow_alone, _ = await run(tmp_path / "slow", {"slow": SLOW}, queue_size=4, ticks=True)
     mine = [f for f in both if f[0] == "slow"]
-    assert mine == slow_alone and slow_alone, _story(root, "slow")
+    story = _story(root, "slow") + "\n-- alone --\n" + _story(tmp_path / "slow", "slow")
+    assert mine == slow_alone and slow_alone, story
 
 
 def _story(root: Path, agent: str) -> str:
-    """What an account did, for a failure message: its risk and order rows by run,
-    and the orders its store holds (a rare failure of the stop/restart test lost a
-    closing fill; these say where)."""
+    """What an account did, for a failure message: its failed hook evaluations, risk
+    and order rows by run, and the orders its store holds."""
     from daemon.trading.paper_store import PaperStore
 
     rows = [
@@ -172,6 +178,11 @@ def _story(root: Path, agent: str) -> str:
         f"{r.get('clientOrderId')}"
         for r in audit(root)
         if r.get("agentId") == agent and r["type"] in ("risk", "order")
+    ]
+    rows += [
+        f"hook failed at {r['eventTs']}: {r['error']}"
+        for r in audit(root)
+        if r.get("agentId") == agent and r["type"] == "hook" and r.get("error")
     ]
     store = PaperStore(root / "state" / "paper.sqlite3")
     try:
