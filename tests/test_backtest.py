@@ -255,7 +255,7 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     assert bad.exit_code == 2 and "not an agent directory" in bad.output
     for option, value in [("--from", "yesterday"), ("--revision", "wake_green"),
                           ("--revision", "../x=abcdef12"), ("--tokens-in", "-5"),
-                          ("--price-out", "-1")]:  # fmt: skip
+                          ("--price-out", "-1"), ("--hook-timeout-ms", "0")]:  # fmt: skip
         bad = CliRunner().invoke(cli, [*args, option, value])
         assert bad.exit_code == 2 and option in bad.output, bad.output
     backwards = CliRunner().invoke(cli, [*args, "--from", "2026-02-01", "--to", "2026-01-01"])
@@ -851,6 +851,41 @@ def test_hooks_that_fail_or_never_compile_are_in_the_report(tmp_path: Path) -> N
     assert "wake_broken @" in text and "did not compile, never ran" in text
     assert "(first: " in text and "did not compile" in (out / "report.html").read_text()
     assert f"not run: paused 35 (paused from {failing.paused_from} to the end" in text
+
+
+def test_timeouts_are_counted_apart_with_the_budget_the_run_gave(tmp_path: Path) -> None:
+    """A timeout is the one outcome a busier machine can change: the report counts
+    them apart from other errors and names the knob; --hook-timeout-ms sets it."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=30, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    hooks = alpha / "hooks"
+    (hooks / "wake_spin.py").write_text(
+        "def evaluate(e, s):\n"
+        "    if e['payload']['close'] * 100 % 3 < 1:\n"
+        "        while True:\n"
+        "            pass\n"
+        "    if e['payload']['close'] * 100 % 3 < 2:\n"
+        "        return {'decision': 'IGNORE', 'reason': 'x' + 1}\n"
+        "    return {'decision': 'IGNORE', 'reason': 'fine'}\n"
+    )
+    out = tmp_path / "out"
+    report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=out, hook_timeout_ms=120))
+    spin = next(h for h in report.hooks if h.hook == "wake_spin")
+    rows = [r for r in iter_records(out / "state" / "audit") if r.get("hookId") == "wake_spin"]
+    failed = [r["error"] for r in rows if r.get("error") and r["error"].split(":")[0] not in (
+        "paused", "backoff")]  # fmt: skip
+    timeouts = [e for e in failed if e.startswith("timeout:")]
+    assert timeouts and len(timeouts) < len(failed) == spin.errors, failed
+    assert spin.timeouts == len(timeouts)
+    # the run's budget, not the default 250 ms (a fresh worker's first evaluation
+    # has the compile budget on top: 1120 ms)
+    assert all(e.endswith("120 ms budget") for e in timeouts), timeouts
+    text = render(report)
+    assert f"{spin.errors} errors, {spin.timeouts} of them timeouts (wall clock" in text
+    assert "--hook-timeout-ms" in text and "of them timeouts" in (out / "report.html").read_text()
+    others = next(h for h in report.hooks if h.hook != "wake_spin")
+    assert others.timeouts == 0 and "timeouts" not in others.failed()
 
 
 WAKE_HIGH_TICK = """

@@ -306,8 +306,7 @@ def render_html(report: Report, series: Series) -> str:
     hooks = "".join(
         f"<tr><td>{escape(h.hook)}</td><td>{escape(h.revision)}</td><td>{h.evaluations}</td>"
         f"<td>{escape(', '.join(f'{k} {v}' for k, v in h.decisions.items()))}</td>"
-        f"<td>{h.errors}{escape(f' (first: {h.first_error})' if h.first_error else '')}"
-        f"{escape(f'; {h.not_run()}' if h.skipped else '')}</td>"
+        f"<td>{escape(h.failed() or '0')}{escape(f'; {h.not_run()}' if h.skipped else '')}</td>"
         f"<td>{escape(', '.join(f'{k} {v}' for k, v in h.suppressed.items()))}</td></tr>"
         for h in report.hooks
     ) + "".join(

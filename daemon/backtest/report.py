@@ -116,6 +116,22 @@ class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
     # backtest nobody resumes a hook, so a pause lasts to the end of the data).
     skipped: dict[str, int] = {}
     paused_from: str = ""  # event time of the first evaluation skipped as paused
+    # Errors that were the sandbox's wall-clock timeout: the one outcome of a replay
+    # that depends on how busy the machine was, so a rerun may decide differently.
+    timeouts: int = 0
+
+    def failed(self) -> str:
+        """The errors, how many were timeouts, and the first error ("" when none)."""
+        if not self.errors:
+            return ""
+        text = counted(self.errors, "error")
+        if self.timeouts:
+            text += (
+                f", {self.timeouts} of them timeouts (wall clock: a busier machine can change "
+                "this run's decisions; give the hook more time: backtest --hook-timeout-ms, or [hooks.sandbox] "
+                "timeout_ms live)"
+            )
+        return text + (f" (first: {self.first_error})" if self.first_error else "")
 
     def not_run(self) -> str:
         """The evaluations the breaker skipped, and since when a paused hook stayed off."""
@@ -305,6 +321,7 @@ class Tally:
         self._decisions: dict[tuple[str, str], Counter[str]] = {}
         self._errors: Counter[tuple[str, str]] = Counter()
         self._first_errors: dict[tuple[str, str], str] = {}
+        self._timeouts: Counter[tuple[str, str]] = Counter()
         self._skipped: dict[tuple[str, str], Counter[str]] = {}
         self._paused_from: dict[tuple[str, str], str] = {}
         self._suppressed: dict[tuple[str, str], Counter[str]] = {}
@@ -366,6 +383,7 @@ class Tally:
                     self._paused_from.setdefault(key, rec.event_ts or "")
                 return
             self._errors[key] += 1
+            self._timeouts[key] += gate == "timeout"
             self._first_errors.setdefault(key, rec.error or "")
             return
         self._decisions.setdefault(key, Counter())[decision] += 1
@@ -397,6 +415,7 @@ class Tally:
                 first_error=self._first_errors.get((hook, revision), ""),
                 skipped=dict(sorted(self._skipped.get((hook, revision), Counter()).items())),
                 paused_from=self._paused_from.get((hook, revision), ""),
+                timeouts=self._timeouts[(hook, revision)],
             )
             for (hook, revision), n in sorted(self._evals.items())
         ]

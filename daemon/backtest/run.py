@@ -62,6 +62,7 @@ from daemon.trading.matching import FillCosts
 from daemon.trading.paper_store import FillRow, PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
+from hooks_runtime.config import SandboxConfig
 from hooks_runtime.hookfile import HOOK_NAME
 
 REPLACED = ("agents", "state")  # in --out, by each run
@@ -108,6 +109,8 @@ class BacktestOptions(msgspec.Struct, frozen=True, kw_only=True):
     funding_file: Path | None = None
     open_interest_file: Path | None = None
     rag_store: Path | None = None
+    # The sandbox's wall-clock budget per hook evaluation (the daemon's default).
+    hook_timeout_ms: float = SandboxConfig().timeout_ms
 
 
 def replay_section(opts: BacktestOptions) -> ReplaySection:
@@ -229,6 +232,7 @@ def prepare(opts: BacktestOptions) -> Config:
             run_agents=opts.run_llm,
             reload_seconds=0,
             include_disabled=True,  # the agent named, even if not enabled live yet
+            sandbox=SandboxConfig(timeout_ms=opts.hook_timeout_ms),
         ),
         state=StateSection(shared=opts.run_llm, max_candles=held_candles(opts)),
         rag=rag_config(opts),
@@ -496,10 +500,9 @@ def render(report: Report) -> str:
     for h in report.hooks:
         decided = ", ".join(f"{k} {v}" for k, v in h.decisions.items()) or "none"
         held = ", ".join(f"{k} {v}" for k, v in h.suppressed.items())
-        first = f" (first: {h.first_error})" if h.first_error else ""
         lines.append(
             f"  {h.hook} @{h.revision[:8]}: {counted(h.evaluations, 'evaluation')}: {decided}"
-            + (f"; {counted(h.errors, 'error')}{first}" if h.errors else "")
+            + (f"; {h.failed()}" if h.errors else "")
             + (f"; {h.not_run()}" if h.skipped else "")
             + (f"; suppressed: {held}" if held else "")
         )

@@ -151,6 +151,15 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "(a limit never past its limit).",
 )
 @click.option(
+    "--hook-timeout-ms",
+    default=250.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True, max=60_000),
+    help="Each hook evaluation's wall-clock budget in the sandbox, as [hooks.sandbox] "
+    "timeout_ms live. The one limit a busier machine can change a run by: the report "
+    "counts the timeouts.",
+)
+@click.option(
     "--run-llm",
     is_flag=True,
     help="Run the agent's runner on each wake (its LLM, command or log) instead of "
@@ -198,6 +207,7 @@ def backtest_command(
     maker_fee_bps: float,
     taker_fee_bps: float,
     slippage_bps: float,
+    hook_timeout_ms: float,
     run_llm: bool,
     funding_file: Path | None,
     open_interest_file: Path | None,
@@ -268,6 +278,7 @@ def backtest_command(
         funding_file=funding_file,
         open_interest_file=open_interest_file,
         rag_store=rag_store,
+        hook_timeout_ms=hook_timeout_ms,
     )
     try:
         bar = progress_bar(lambda: count_events(opts))
