@@ -354,8 +354,9 @@ def _summary(
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     ind = printer.state.export(candles=0)["indicators"].get(DEMO_SYMBOL, {}).get(DEMO_TIMEFRAME)
     console.rule("summary")
+    width = max(map(len, printer.topics), default=0)  # (marketplace.strategy.updated)
     for topic, n in sorted(printer.topics.items()):
-        console.print(f"  {topic:<24} {n:>7}")
+        console.print(f"  {topic:<{width}} {n:>7}")
     console.print(
         f"  bus: published {bus.published}, delivered {bus.delivered}, coalesced {bus.coalesced}"
     )

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -209,7 +210,7 @@ def test_demo_runs_offline(tmp_path: Path) -> None:
     res = mw("demo", "--dir", str(tmp_path), "--candles", "120", "--speed", "0", "--quiet")
     assert res.returncode == 0, res.stderr
     assert "SYNTHETIC" in res.stdout and "summary" in res.stdout
-    assert "market.candle.closed         120" in res.stdout
+    assert re.search(r"^  market\.candle\.closed +120$", res.stdout, re.MULTILINE), res.stdout
     assert "(seed 7) as fast as possible;" in " ".join(res.stdout.split())  # not "at 0x"
     recorded = [decode(line) for line in (tmp_path / "recording.jsonl").read_bytes().splitlines()]
     assert sum(e.topic == "market.candle.closed" for e in recorded) == 120
