@@ -72,13 +72,15 @@ class HookHealth(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AgentStatus(msgspec.Struct, frozen=True):
-    """One loaded agent: hook revisions, pauses, its queue, unreadable files."""
+    """One loaded agent: hook revisions, pauses, its queue, files not running."""
 
     hooks: dict[str, str]
     paused: bool
     paused_hooks: list[str]
     queue_depth: int
     file_errors: dict[str, str] = {}
+    # Hooks whose file's revision did not compile (an earlier one may still run).
+    compile_errors: dict[str, str] = {}
     # Runs since 00:00 UTC (of the agent's clock) and what LLM runs among them used.
     runs_today: int = 0
     cost_today: float = 0.0

@@ -113,6 +113,8 @@ class AgentManager:
         self.reloads = 0
         self._config_errors: dict[str, str] = {}
         self._file_errors: dict[tuple[str, str], str] = {}
+        # (agent, hook) -> why the file's revision is not running: it did not compile.
+        self._compile_errors: dict[tuple[str, str], str] = {}
         self._warned_missing = False
         self._bad_revisions: set[tuple[str, str, str]] = set()
 
@@ -166,6 +168,9 @@ class AgentManager:
                     paused_hooks=sorted(rt.paused_hooks),
                     queue_depth=rt.sub.statistics().depth,
                     file_errors={h: e for (a, h), e in self._file_errors.items() if a == agent_id},
+                    compile_errors={
+                        h: e for (a, h), e in self._compile_errors.items() if a == agent_id
+                    },
                     runs_today=usage[agent_id][0],
                     cost_today=round(usage[agent_id][1], 6),
                     tokens_in_today=usage[agent_id][2],
@@ -249,7 +254,16 @@ class AgentManager:
             except ConfigError as exc:
                 if self._config_errors.get(path.name) != str(exc):
                     self._config_errors[path.name] = str(exc)
-                    log.error("agent config invalid; keeping what runs", error=str(exc))
+                    log.error(
+                        "agent config invalid",
+                        agent=path.name,
+                        error=str(exc),
+                        running=(
+                            "its last good config"
+                            if path.name in self.runtimes
+                            else "not started (see `marketwake status`)"
+                        ),
+                    )
                 seen.add(path.name)
                 continue
             self._config_errors.pop(path.name, None)
@@ -277,6 +291,9 @@ class AgentManager:
             if self._file_errors.get((agent.agent_id, hook_id)) != problem:
                 self._file_errors[(agent.agent_id, hook_id)] = problem
                 log.error("hook file refused", agent=agent.agent_id, hook=hook_id, error=problem)
+        for agent_id, hook_id in list(self._compile_errors):
+            if agent_id == agent.agent_id and hook_id not in agent.hooks:
+                del self._compile_errors[(agent_id, hook_id)]  # removed, or now unreadable
         bad = self._bad_revisions
         changed = [
             s
@@ -318,9 +335,19 @@ class AgentManager:
             if res.ok:
                 accepted[spec.hook_id] = spec
                 store.unpause(agent.agent_id, spec.hook_id)
+                self._compile_errors.pop((agent.agent_id, spec.hook_id), None)
                 continue
             if res.error_kind == "compile":  # a broken revision is not compiled again
                 bad.add((agent.agent_id, spec.hook_id, spec.revision))
+                running = current.get(spec.hook_id)
+                self._compile_errors[(agent.agent_id, spec.hook_id)] = (
+                    f"{path}: revision {spec.revision[:8]} does not compile ({res.error}); "
+                    + (
+                        f"revision {running.revision[:8]} keeps running"
+                        if running is not None
+                        else "the hook does not run"
+                    )
+                )
             if spec.hook_id in current:
                 log.error(
                     "new revision failed to compile; previous revision keeps running",

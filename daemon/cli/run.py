@@ -156,7 +156,7 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             paused = " PAUSED" if a.paused else ""
             held = f", paused hooks: {', '.join(a.paused_hooks)}" if a.paused_hooks else ""
             spend = (
-                f", today {a.runs_today} runs, {a.tokens_in_today}+{a.tokens_out_today} tokens, "
+                f", today {counted(a.runs_today, 'run')}, {a.tokens_in_today}+{a.tokens_out_today} tokens, "
                 f"cost {a.cost_today:.4f}"
             )
             disk = f" (+{a.backlog} on disk)" if a.backlog else ""
@@ -167,6 +167,8 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             )
             if a.lagging:
                 lines.append(f"    LAGGING: {a.lagging}")
+            for error in [*a.file_errors.values(), *a.compile_errors.values()]:
+                lines.append(f"    NOT LOADED: {error}")  # each names its file
             for hook, h in a.hook_health.items():
                 if not (h.timeouts or h.errors or h.backoffs or h.state != "ok"):
                     continue
@@ -176,6 +178,8 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
                     f"timeouts, {h.errors} errors, {h.backoffs} backoffs"
                     + (f" (last: {h.last_error})" if h.last_error else "")
                 )
+        for agent, error in hooks.config_errors.items():
+            lines.append(f"  agent {agent} NOT LOADED: {error}")
     lines += render_accounts(st.accounts)
     return "\n".join(lines)
 

@@ -228,9 +228,16 @@ async def test_hot_reload_under_a_stream_keeps_every_event(tmp_path: Path) -> No
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(edit)
-        await run_service(tmp_path, agents, feed)
+        svc = await run_service(tmp_path, agents, feed)
     hooks = [r for r in audit(tmp_path) if r["type"] == "hook"]
     assert [r["eventId"] for r in hooks] == [e.event_id for e in events]
+    # status says which file is not running, and what runs instead
+    stats = svc.status(running=False).hooks
+    assert stats is not None
+    running = hooks[-1]["revision"]
+    (why,) = stats.agents["alpha"].compile_errors.values()
+    assert why.startswith(f"{hook}: revision ") and "does not compile" in why, why
+    assert why.endswith(f"revision {running[:8]} keeps running"), why
     versions = [r["reason"].split()[0] for r in hooks]
     assert versions[0] == "v1" and versions[-1] == "v2"
     switch = versions.index("v2")

@@ -8,9 +8,11 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from daemon.agents.pipeline import open_agents
 from daemon.agents.workspace import load_agent
+from daemon.cli.main import cli
 from daemon.config import Config
 from daemon.service import Service
 from tests.agents.test_pipeline import WAKE_EVERY, PacedFeed, audit, candle
@@ -87,6 +89,7 @@ async def test_the_daemon_serves_other_agents_beside_hostile_workspaces(tmp_path
     secret = tmp_path / "secret.env"
     secret.write_text(SECRET)
     (agent(tmp_path, "leaky") / "hooks" / "wake_x.py").symlink_to(secret)
+    broken = agent(tmp_path, "broken", {"wake_typo.py": "def evaluate(e, s)\n    return 1\n"})
     cfg = msgspec.convert(
         {
             "daemon": {"state_dir": str(tmp_path / "state")},
@@ -104,5 +107,14 @@ async def test_the_daemon_serves_other_agents_beside_hostile_workspaces(tmp_path
     hooks = status.hooks
     assert hooks is not None and sorted(hooks.config_errors) == ["fifo", "zero"]
     assert "symbolic link" in hooks.agents["leaky"].file_errors["wake_x"]
+    typo = hooks.agents["broken"].compile_errors["wake_typo"]
+    assert typo.startswith(f"{broken}/hooks/wake_typo.py: revision ") and "SyntaxError" in typo
+    assert "does not compile" in typo and typo.endswith("the hook does not run")
+    # and `status` shows each, under its agent
+    shown = CliRunner().invoke(cli, ["status", "--state-dir", str(tmp_path / "state")]).stdout
+    assert f"agent fifo NOT LOADED: {hooks.config_errors['fifo']}" in shown
+    leaky = shown.index("agent leaky:")
+    assert shown.index("NOT LOADED: " + hooks.agents["leaky"].file_errors["wake_x"]) > leaky
+    assert f"    NOT LOADED: {typo}" in shown
     everything = b"".join(f.read_bytes() for f in (tmp_path / "state").rglob("*") if f.is_file())
     assert SECRET.encode() not in everything
