@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import structlog
@@ -129,13 +130,17 @@ def run_daemon(
     consumers: Sequence[tuple[str, Consumer]] = (),
     components: Sequence[Component] = (),
     from_start: bool = False,
+    agents: Literal["all", "some"] = "some",
 ) -> Status:
     """Run one daemon until a signal or until its finite feeds end. ``consumers``
     read the bus; ``components`` run beside the daemon's own, entered first and
     left last (after the agents drained).
 
-    What ``config check`` would reject stops the start here (ConfigError, exit 2)."""
-    preflight.check(config, record_path).raise_for_problems()
+    What ``config check`` would reject stops the start here (ConfigError, exit 2),
+    but a broken agent only when no agent would start (``agents="some"``; "all": any
+    broken agent stops it). The others start; the broken files are logged and in
+    ``status``, as in a hot reload."""
+    preflight.check(config, record_path).raise_for_problems(agents)
     own: list[Component] = [warm_up, open_agents] if config.hooks.enabled else [warm_up]
     pool = shared_pool(config)
     if pool is not None:

@@ -4,15 +4,21 @@ Decoding ``config.toml`` catches wrong keys, types and URL shapes. What needs
 the filesystem is checked here, once, by both ``marketwake config check`` and
 the daemon's start: the replay file (it exists and its first record parses),
 the agents directory, every agent workspace (``agent.toml`` decodes, hook
-files are readable) and the pattern tool's funding / open-interest files. At start any problem is one :class:`ConfigError`
-(exit 2) naming the file and key; during a hot reload the manager keeps the
-previous version of a broken agent running instead.
+files are readable) and the pattern tool's funding / open-interest files.
+``config check`` reports every problem as one :class:`ConfigError` (exit 2).
+At the daemon's start the daemon's own problems stop it the same way, while an
+agent's problems are that agent's: the others start (a service that restarts
+after a reboot must not leave every agent down for one stray file), the broken
+files are logged and ``status`` lists them, as during a hot reload. Only when
+no agent would start at all does the start stop (or when the caller runs one
+agent, ``agents="all"``: a backtest).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.config import Config, unexpanded
@@ -25,14 +31,22 @@ from feeds.replay import ReplayFeed
 class Report:
     """The problems found, one line each, and a line per agent for ``config check``."""
 
+    # The daemon's own: its config and what it points at.
     problems: list[str] = field(default_factory=list)
-    agents: list[str] = field(default_factory=list)
+    # One agent's: its agent.toml, its hook files.
+    agent_problems: list[str] = field(default_factory=list)
+    agents: list[str] = field(default_factory=list)  # the agents that load
+    enabled: int = 0  # of them, those a daemon starts
 
-    def raise_for_problems(self) -> None:
-        """One ConfigError listing every problem (the first on the first line)."""
-        if self.problems:
-            more = f" (and {len(self.problems) - 1} more below)" if len(self.problems) > 1 else ""
-            raise ConfigError("\n  ".join([self.problems[0] + more, *self.problems[1:]]))
+    def raise_for_problems(self, agents: Literal["all", "some"] = "all") -> None:
+        """One ConfigError listing every problem (the first on the first line).
+        ``agents="some"``: an agent's problems only count when no agent loads."""
+        found = self.problems + self.agent_problems
+        if agents == "some" and not self.problems and self.enabled:
+            found = []
+        if found:
+            more = f" (and {len(found) - 1} more below)" if len(found) > 1 else ""
+            raise ConfigError("\n  ".join([found[0] + more, *found[1:]]))
 
 
 def check(cfg: Config, record: Path | None = None) -> Report:
@@ -138,12 +152,13 @@ def _check_agents(cfg: Config, report: Report) -> None:
         try:
             agent = load_agent(path, sandbox.max_source_bytes, sandbox.max_agent_source_bytes)
         except ConfigError as exc:
-            report.problems.append(f"agent {path.name!r}: {exc}")
+            report.agent_problems.append(f"agent {path.name!r}: {exc}")
             continue
-        report.problems += [
+        report.agent_problems += [
             f"agent {agent.agent_id!r}: {problem}" for problem in agent.errors.values()
         ]
         report.agents.append(describe(agent))
+        report.enabled += agent.config.enabled
 
 
 def describe(agent: Agent) -> str:

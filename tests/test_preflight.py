@@ -36,14 +36,15 @@ def agent(root: Path, name: str, toml: str, hooks: dict[str, str] | None = None)
 
 
 def problems(cfg: Config) -> list[str]:
-    return preflight.check(cfg).problems
+    report = preflight.check(cfg)
+    return report.problems + report.agent_problems
 
 
 def test_a_good_setup_has_no_problems_and_describes_each_agent(tmp_path: Path) -> None:
     agent(tmp_path, "alpha", "", {"wake_x.py": "def evaluate(e, s):\n    return None\n"})
     agent(tmp_path, "scanner", "enabled = false\n" + LLM + 'api_key = "${MW_UNSET_KEY}"\n')
     report = preflight.check(config(tmp_path))
-    assert report.problems == []
+    assert report.problems == report.agent_problems == []
     assert report.agents == [
         "alpha: enabled, 1 hook, runner log",
         # not a problem while disabled, but said before it is enabled (or run anyway)
@@ -120,9 +121,9 @@ def test_urls_are_checked_after_variable_expansion(monkeypatch: pytest.MonkeyPat
         parse('[hooks]\nalert_webhook = "slack"\n', "c.toml")
 
 
-def test_the_daemon_refuses_to_start_with_a_broken_agent(tmp_path: Path) -> None:
-    """At start a broken agent is exit 2 (ConfigError) before anything runs; every
-    problem is listed, the first on the first line."""
+def test_the_daemon_refuses_to_start_when_no_agent_would(tmp_path: Path) -> None:
+    """Every agent broken: exit 2 (ConfigError) before anything runs; every problem
+    is listed, the first on the first line."""
     agent(tmp_path, "a", "topics = []\n")
     agent(tmp_path, "b", "state_candles = -1\n")
     agent(tmp_path, "c", "pause_agent_after_paused_hooks = -1\n")  # was: 1
@@ -135,6 +136,38 @@ def test_the_daemon_refuses_to_start_with_a_broken_agent(tmp_path: Path) -> None
     )
     assert second.strip().startswith("agent 'b': ") and "state_candles" in second
     assert not (tmp_path / "state").exists()
+
+
+def test_one_broken_agent_does_not_keep_the_others_down(tmp_path: Path) -> None:
+    """A restart after a reboot must not leave every agent down for one stray file:
+    the good agent starts and evaluates, the broken agent and the refused hook file
+    are in `status`. A backtest (agents="all") and `config check` still refuse it, as
+    does a start where the only good agent is disabled (nothing would run)."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=1, n=10, timeframe="1m")
+    replay = f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
+    hook = "def evaluate(e, s):\n    return {'decision': 'IGNORE', 'reason': 'ok'}\n"
+    agent(tmp_path, "good", "", {"wake_ok.py": hook, "wake_bad-name.py": hook})
+    agent(tmp_path, "typo", 'topic = ["x"]\n')
+    cfg = config(tmp_path, replay)
+    status = run_daemon(cfg)
+    assert status.hooks is not None and status.hooks.evaluations == 10
+    assert "unknown key 'topic'" in status.hooks.config_errors["typo"]
+    assert "rename it to wake_<name>.py" in status.hooks.agents["good"].file_errors["wake_bad-name"]
+    shown = mw("status", "--state-dir", str(tmp_path / "state")).stdout
+    assert "agent typo NOT LOADED: " in shown and "    NOT LOADED: 'wake_bad-name.py'" in shown
+    with pytest.raises(ConfigError, match="unknown key 'topic'"):
+        run_daemon(cfg, agents="all")
+    file = tmp_path / "c.toml"
+    file.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n' + replay
+    )
+    checked = mw("config", "check", str(file))
+    assert checked.returncode == 2 and "unknown key 'topic'" in checked.stderr
+    (tmp_path / "agents" / "good" / "agent.toml").write_text("enabled = false\n")
+    with pytest.raises(ConfigError, match="unknown key 'topic'"):
+        run_daemon(cfg)
 
 
 def test_config_check_prints_every_problem_and_exits_2(tmp_path: Path) -> None:

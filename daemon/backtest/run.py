@@ -256,7 +256,7 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
 def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     config = prepare(opts)
     started = time.perf_counter()
-    status = run_daemon(config, components=components)
+    status = run_daemon(config, components=components, agents="all")  # the one it runs
     seconds = time.perf_counter() - started
     out = opts.out.resolve()
     agent = opts.agent_dir.resolve().name
