@@ -322,7 +322,8 @@ class AgentManager:
         for spec, res in zip(changed, results, strict=True):
             path = str(agent.hook_paths[spec.hook_id])
             error = None if res.ok else f"{res.error_kind}: {res.error}"
-            if store.record_revision(agent.agent_id, spec.hook_id, spec.revision, path, error):
+            new = store.record_revision(agent.agent_id, spec.hook_id, spec.revision, path, error)
+            if new:
                 if self.revisions is not None:
                     self._keep_source(spec)
                 (log.error if error else log.info)(
@@ -334,7 +335,10 @@ class AgentManager:
                 )
             if res.ok:
                 accepted[spec.hook_id] = spec
-                store.unpause(agent.agent_id, spec.hook_id)
+                if new or spec.hook_id in current:
+                    # An edit starts fresh; a restart keeps the revision's pause (it
+                    # lifted every pause: a hook failing on each event failed again).
+                    store.unpause(agent.agent_id, spec.hook_id)
                 self._compile_errors.pop((agent.agent_id, spec.hook_id), None)
                 continue
             if res.error_kind == "compile":  # a broken revision is not compiled again

@@ -350,6 +350,40 @@ async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path:
     assert "ZeroDivisionError" in health["wake_boom"].last_error
 
 
+async def test_a_pause_outlives_a_restart_and_an_edit_lifts_it(tmp_path: Path) -> None:
+    """A hook paused for failing stays paused when the daemon restarts (each start
+    lifted every pause: the same revision failed again on each restart); a new
+    revision of it starts fresh."""
+    boom = "def evaluate(event, state):\n    return 1 / 0\n"
+    agents = workspace(tmp_path, {"wake_boom.py": boom})
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state")},
+            "hooks": {
+                "agents_dir": str(agents),
+                "sandbox": {"pause_after_failures": 2, "backoff_base_seconds": 0.001},
+            },
+        },
+        Config,
+    )
+
+    async def run(first: int, last: int) -> list[str]:
+        before = len(audit(tmp_path))
+        feed = PacedFeed([candle(i) for i in range(first, last)])
+        with anyio.fail_after(30):
+            await Service(cfg, lambda _: [feed], components=[open_agents]).run()
+        return [
+            str(r["error"]).split(":")[0] for r in audit(tmp_path)[before:] if r["type"] == "hook"
+        ]
+
+    first = await run(0, 6)
+    assert first[:2] == ["runtime", "runtime"] and set(first[2:]) == {"paused"}, first
+    assert await run(6, 10) == ["paused"] * 4  # restarted: still paused, not run
+    (agents / "alpha" / "hooks" / "wake_boom.py").write_text(boom.replace("1 / 0", "2 / 0"))
+    edited = await run(10, 14)
+    assert edited[:2] == ["runtime", "runtime"] and set(edited[2:]) == {"paused"}, edited
+
+
 async def test_absurd_cooldown_is_clamped_not_fatal(tmp_path: Path) -> None:
     """A hook asking for a 1e18 s cooldown gets a year, and the agent keeps serving."""
     src = (
