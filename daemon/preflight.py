@@ -40,7 +40,7 @@ class Report:
 
     def raise_for_problems(self, agents: Literal["all", "some"] = "all") -> None:
         """One ConfigError listing every problem (the first on the first line).
-        ``agents="some"``: an agent's problems only count when no agent loads."""
+        ``agents="some"``: an agent's problems only count when no enabled agent loads."""
         found = self.problems + self.agent_problems
         if agents == "some" and not self.problems and self.enabled:
             found = []
