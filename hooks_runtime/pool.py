@@ -448,8 +448,9 @@ class WorkerPool:
 
         try:
             results, failure, msg = await worker.collect(
-                batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone, accept
-            )
+                batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone, accept,
+                runtime_limit=budget,
+            )  # fmt: skip
         except BaseException:  # cancelled mid-batch: its results would confuse the next one
             worker.kill()
             raise
@@ -465,7 +466,12 @@ class WorkerPool:
         if failure is not None:
             worker.kill()
             culprit = hooks[len(results) % n]
-            out.append(_error(culprit, failure, msg, budgets[len(results)] * 1000))
+            # (a timeout's message names the budget it broke: the deadline's or the
+            # evaluation's own, shorter for a first hook that had the compile's too)
+            spent = budgets[len(results)]
+            if msg == f"exceeded its {budget * 1000:.0f} ms budget":
+                spent = budget
+            out.append(_error(culprit, failure, msg, spent * 1000))
         return out
 
     def _accept(self, h: HookSpec, res: Result, compile_only: bool) -> HookResult:

@@ -237,6 +237,7 @@ class WorkerProcess:
         spin: float = 0.0,
         alone: Callable[[], bool] = lambda: False,
         on_result: Callable[[Result], object] | None = None,
+        runtime_limit: float = float("inf"),
     ) -> tuple[list[Result], Literal["timeout", "crashed"] | None, str]:
         """Results of a batch of ``len(budgets)`` hooks, each held to its own budget
         (seconds, counted from the previous hook's finish), each handed to
@@ -247,6 +248,10 @@ class WorkerProcess:
         flight (waking up costs more): the caller checks each result while the
         worker runs the next hook, and only the last one's check is left when the
         batch ends. Past the spin it sleeps on the doorbell, rung once per batch.
+
+        ``runtime_limit``: the longest evaluation (seconds, as the worker measured it,
+        its compile apart): a fresh worker's first hook also has the compile budget,
+        which must not lengthen its evaluation.
 
         Returns (results so far, failure kind or None, message). On a failure the
         hook at ``len(results)`` is the culprit and the worker must be killed.
@@ -263,7 +268,17 @@ class WorkerProcess:
                 return results, "crashed", str(exc)
             now = time.monotonic()
             for r in got:  # a lying worker can only move each start between prev and now
-                start = min(max(r.done_at, start), now)
+                done = min(max(r.done_at, start), now)
+                # Held to its budget however late this task looks: asleep on an earlier
+                # deadline (a fresh worker's compile budget, a speculative request whose
+                # caller is busy), it would find results that overran theirs already in.
+                if done - start > budgets[len(results)]:
+                    ms = budgets[len(results)] * 1000
+                    return results, "timeout", f"exceeded its {ms:.0f} ms budget"
+                if r.runtime_us > runtime_limit * 1e6:
+                    ms = runtime_limit * 1000
+                    return results, "timeout", f"exceeded its {ms:.0f} ms budget"
+                start = done
                 results.append(r)
                 if on_result is not None:
                     on_result(r)

@@ -324,7 +324,8 @@ class Evaluator:
         return value
 
     def _code(self, call: HookCall) -> types.CodeType:
-        if call.source is not None:
+        held = self.cache.get(call.hook_id)
+        if call.source is not None and (held is None or held[0] != call.revision):
             try:
                 code: types.CodeType | str = policy.compile_hook(
                     call.source, self._filename(call), self.cfg.max_source_bytes
@@ -430,6 +431,8 @@ class Evaluator:
         limit = self.cfg.max_error_chars
         kind, msg, value, output = "", "", None, ""
         try:
+            self._code(call)  # a source compiles off the evaluation's clock (its own budget)
+            t0 = time.perf_counter_ns()
             value, output = self.evaluate(call, event, state, batch.compile_only)
         except HookCompileError as exc:
             kind, msg = "compile", _clip(str(exc), limit)

@@ -888,6 +888,33 @@ def test_timeouts_are_counted_apart_with_the_budget_the_run_gave(tmp_path: Path)
     assert others.timeouts == 0 and "timeouts" not in others.failed()
 
 
+def test_an_evaluation_over_its_budget_is_a_timeout_however_late_it_is_read(
+    tmp_path: Path,
+) -> None:
+    """A hook of ~100+ ms under a 20 ms budget: every evaluation is a timeout. Before,
+    a lookahead request's results were read once they were all in (its caller busy
+    elsewhere) and each was accepted, as was a fresh worker's first evaluation under
+    the compile budget: the hook never timed out after its first worker."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=30, timeframe="5m")
+    alpha = agent(tmp_path / "agents")
+    for hook in (alpha / "hooks").iterdir():
+        hook.unlink()
+    (alpha / "hooks" / "wake_heavy.py").write_text(
+        "def evaluate(e, s):\n"
+        "    total = 0\n"
+        "    for i in range(1000000):\n"
+        "        total += i\n"
+        "    return {'decision': 'IGNORE', 'reason': str(total)}\n"
+    )
+    report = run_backtest(
+        BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "out", hook_timeout_ms=20)
+    )
+    (heavy,) = report.hooks
+    assert heavy.decisions == {}, heavy
+    assert heavy.errors == heavy.timeouts == 5 and heavy.skipped == {"paused": 25}
+
+
 WAKE_HIGH_TICK = """
 def evaluate(event, state):
     if event["payload"]["price"] > 102:

@@ -126,8 +126,13 @@ class HookSummary(msgspec.Struct, frozen=True, kw_only=True):
             return ""
         text = counted(self.errors, "error")
         if self.timeouts:
+            share = (
+                "a timeout" if self.errors == 1
+                else "all timeouts" if self.timeouts == self.errors
+                else f"{self.timeouts} of them timeouts"
+            )  # fmt: skip
             text += (
-                f", {self.timeouts} of them timeouts (wall clock: a busier machine can change "
+                f", {share} (wall clock: a busier machine can change "
                 "this run's decisions; give the hook more time: backtest --hook-timeout-ms, or [hooks.sandbox] "
                 "timeout_ms live)"
             )
