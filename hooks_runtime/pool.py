@@ -447,7 +447,7 @@ class WorkerPool:
             out.append(self._accept(hooks[len(out) % n], res, compile_only))
 
         try:
-            results, failure, msg = await worker.collect(
+            results, failure, msg, spent = await worker.collect(
                 batch_id, budgets, time.monotonic(), spin_us / 1e6, self._spin.alone, accept,
                 runtime_limit=budget,
             )  # fmt: skip
@@ -466,11 +466,6 @@ class WorkerPool:
         if failure is not None:
             worker.kill()
             culprit = hooks[len(results) % n]
-            # (a timeout's message names the budget it broke: the deadline's or the
-            # evaluation's own, shorter for a first hook that had the compile's too)
-            spent = budgets[len(results)]
-            if msg == f"exceeded its {budget * 1000:.0f} ms budget":
-                spent = budget
             out.append(_error(culprit, failure, msg, spent * 1000))
         return out
 

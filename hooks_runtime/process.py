@@ -238,7 +238,7 @@ class WorkerProcess:
         alone: Callable[[], bool] = lambda: False,
         on_result: Callable[[Result], object] | None = None,
         runtime_limit: float = float("inf"),
-    ) -> tuple[list[Result], Literal["timeout", "crashed"] | None, str]:
+    ) -> tuple[list[Result], Literal["timeout", "crashed"] | None, str, float]:
         """Results of a batch of ``len(budgets)`` hooks, each held to its own budget
         (seconds, counted from the previous hook's finish), each handed to
         ``on_result`` as soon as it is read.
@@ -253,10 +253,15 @@ class WorkerProcess:
         its compile apart): a fresh worker's first hook also has the compile budget,
         which must not lengthen its evaluation.
 
-        Returns (results so far, failure kind or None, message). On a failure the
-        hook at ``len(results)`` is the culprit and the worker must be killed.
+        Returns (results so far, failure kind or None, message, the culprit's time in
+        seconds: the budget it broke). On a failure the hook at ``len(results)`` is
+        the culprit and the worker must be killed.
         """
         results: list[Result] = []
+
+        def overran(budget: float) -> tuple[list[Result], Literal["timeout"], str, float]:
+            return results, "timeout", f"exceeded its {budget * 1000:.0f} ms budget", budget
+
         start = sent_at
         rung = False  # this batch's doorbell byte has been read
         spin_end = time.monotonic() + spin if spin > 0 else 0.0
@@ -265,7 +270,7 @@ class WorkerProcess:
             try:
                 got = self._drain_results(batch_id, len(results), len(budgets))
             except HookCrashed as exc:
-                return results, "crashed", str(exc)
+                return results, "crashed", str(exc), budgets[len(results)]
             now = time.monotonic()
             for r in got:  # a lying worker can only move each start between prev and now
                 done = min(max(r.done_at, start), now)
@@ -273,11 +278,9 @@ class WorkerProcess:
                 # deadline (a fresh worker's compile budget, a speculative request whose
                 # caller is busy), it would find results that overran theirs already in.
                 if done - start > budgets[len(results)]:
-                    ms = budgets[len(results)] * 1000
-                    return results, "timeout", f"exceeded its {ms:.0f} ms budget"
+                    return overran(budgets[len(results)])
                 if r.runtime_us > runtime_limit * 1e6:
-                    ms = runtime_limit * 1000
-                    return results, "timeout", f"exceeded its {ms:.0f} ms budget"
+                    return overran(runtime_limit)
                 start = done
                 results.append(r)
                 if on_result is not None:
@@ -285,11 +288,10 @@ class WorkerProcess:
             if len(results) >= len(budgets):
                 if not rung:  # (a ring still to come is read with a later batch)
                     self._drain_bell()
-                return results, None, ""
+                return results, None, "", 0.0
             deadline = start + budgets[len(results)]
             if now >= deadline:
-                ms = budgets[len(results)] * 1000
-                return results, "timeout", f"exceeded its {ms:.0f} ms budget"
+                return overran(budgets[len(results)])
             if spin_end:
                 if now < spin_end and alone():
                     if now >= slice_end:  # tight polls for one slice, then let others run

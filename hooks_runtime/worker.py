@@ -324,8 +324,7 @@ class Evaluator:
         return value
 
     def _code(self, call: HookCall) -> types.CodeType:
-        held = self.cache.get(call.hook_id)
-        if call.source is not None and (held is None or held[0] != call.revision):
+        if call.source is not None:
             try:
                 code: types.CodeType | str = policy.compile_hook(
                     call.source, self._filename(call), self.cfg.max_source_bytes
@@ -345,10 +344,15 @@ class Evaluator:
         return f"<hook {call.hook_id}@{call.revision[:12]}>"
 
     def evaluate(
-        self, call: HookCall, event: dict[str, Any], state: Any, compile_only: bool
+        self,
+        code: types.CodeType,
+        call: HookCall,
+        event: dict[str, Any],
+        state: Any,
+        compile_only: bool,
     ) -> tuple[Any, str]:
-        """Run one hook; returns (its checked result dict, printed output)."""
-        code = self._code(call)
+        """Run one hook's compiled ``code``; returns (its checked result dict, printed
+        output)."""
         if compile_only:
             return None, ""
         out = policy.OutputBuffer(self.cfg.max_output_bytes)
@@ -431,9 +435,9 @@ class Evaluator:
         limit = self.cfg.max_error_chars
         kind, msg, value, output = "", "", None, ""
         try:
-            self._code(call)  # a source compiles off the evaluation's clock (its own budget)
+            code = self._code(call)  # a source compiles off the evaluation's clock
             t0 = time.perf_counter_ns()
-            value, output = self.evaluate(call, event, state, batch.compile_only)
+            value, output = self.evaluate(code, call, event, state, batch.compile_only)
         except HookCompileError as exc:
             kind, msg = "compile", _clip(str(exc), limit)
         except HookResultInvalid as exc:

@@ -605,7 +605,7 @@ async def test_polling_hands_each_result_over_as_the_worker_writes_it() -> None:
     try:
         calls = [HookCall(h.hook_id, h.revision, h.kind, h.source) for h in (fast, slow)]
         await worker.send(worker.encoder.encode(Batch(1, EVENT, encode_state(STATE), calls)))
-        results, failure, _ = await worker.collect(
+        results, failure, _, _ = await worker.collect(
             1,
             [5.0, 5.0],
             time.monotonic(),
