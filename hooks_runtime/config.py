@@ -21,11 +21,12 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Limits and policy knobs of the hook sandbox."""
 
     # Per-hook wall-clock budget; the parent SIGKILLs the worker when it passes.
-    timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 250.0
+    # Bounded: an infinite one (TOML's `inf`) would let a looping hook hold its agent.
+    timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=60_000)] = 250.0
     # Extra budget for a hook whose source is compiled in the same request.
-    compile_timeout_ms: Annotated[float, msgspec.Meta(ge=0)] = 1000.0
+    compile_timeout_ms: Annotated[float, msgspec.Meta(ge=0, le=60_000)] = 1000.0
     # How long a fresh worker may take to import, harden itself and say READY.
-    startup_timeout_ms: float = 10_000.0
+    startup_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=600_000)] = 10_000.0
     # RLIMIT_AS of a worker (virtual address space).
     memory_mb: Annotated[int, msgspec.Meta(ge=64)] = 256  # the interpreter needs 64
     # RLIMIT_CPU of a worker: a lifetime backstop; workers recycle at half of it.

@@ -80,6 +80,11 @@ def test_empty_config_uses_defaults() -> None:
         ("[feeds.candles]\nrequest_timeout_seconds = 0\n", "request_timeout_seconds: expected"),
         ("[rag.exchange]\nmax_oi_age_hours = 0\n", "rag.exchange.max_oi_age_hours: expected"),
         ("[rag.embedding]\ncache_ttl_seconds = -1\n", "cache_ttl_seconds: expected `float` >= 0"),
+        # an infinite hook budget would let a looping hook hold its agent for good
+        ("[hooks.sandbox]\ntimeout_ms = inf\n", "hooks.sandbox.timeout_ms: expected `float` <="),
+        ("[hooks.sandbox]\ntimeout_ms = nan\n", "hooks.sandbox.timeout_ms: expected `float` >"),
+        ("[hooks.sandbox]\ncompile_timeout_ms = inf\n", "compile_timeout_ms: expected `float` <="),
+        ("[hooks.sandbox]\nstartup_timeout_ms = 0\n", "startup_timeout_ms: expected `float` >"),
         (
             "[state]\nshared = false\n[hooks]\nrun_agents = false\n[mcp]\nenabled = true\n",
             "state.shared = false needs mcp.enabled = false",
