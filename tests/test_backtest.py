@@ -255,7 +255,9 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     assert bad.exit_code == 2 and "not an agent directory" in bad.output
     for option, value in [("--from", "yesterday"), ("--revision", "wake_green"),
                           ("--revision", "../x=abcdef12"), ("--tokens-in", "-5"),
-                          ("--price-out", "-1"), ("--hook-timeout-ms", "0")]:  # fmt: skip
+                          ("--price-out", "-1"), ("--hook-timeout-ms", "0"),
+                          ("--hook-timeout-ms", "60001"), ("--hook-timeout-ms", "nan"),
+                          ("--baseline-minutes", "nan"), ("--price-in", "inf")]:  # fmt: skip
         bad = CliRunner().invoke(cli, [*args, option, value])
         assert bad.exit_code == 2 and option in bad.output, bad.output
     backwards = CliRunner().invoke(cli, [*args, "--from", "2026-02-01", "--to", "2026-01-01"])

@@ -88,6 +88,12 @@ def test_every_command_loads() -> None:
         (["demo", "--candles", "5"], "--candles"),
         (["demo", "--speed", "-3"], "--speed"),
         (["rag", "ingest", "--from-exchange", "--symbol", "BTCUSDT", "--days", "-3"], "--days"),
+        # a range lets nan through (it compares false) and, unbounded, inf: a NaN hook
+        # budget stopped every worker, a NaN baseline was a traceback
+        (["hooks", "test", str(HOOK), "--timeout-ms", "nan"], "--timeout-ms"),
+        (["demo", "--speed", "nan"], "--speed"),
+        (["audit", "tail", "--poll", "inf"], "--poll"),
+        (["rag", "ingest", "--from-exchange", "--symbol", "BTCUSDT", "--days", "inf"], "--days"),
     ],
 )
 def test_out_of_range_numbers_are_refused_naming_the_option(args: list[str], option: str) -> None:

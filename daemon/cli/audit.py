@@ -19,7 +19,7 @@ from rich.console import Console
 from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
 from daemon.audit.render import render, to_json
 from daemon.audit.why import collect, event_at, explain, render_explanation
-from daemon.cli.common import load_config_or_defaults, state_dir_option, utc_ms
+from daemon.cli.common import Number, load_config_or_defaults, state_dir_option, utc_ms
 
 DIR_HELP = (
     "Audit directory (default: STATE_DIR/audit with --state-dir, else [audit] dir of "
@@ -114,7 +114,7 @@ def audit_group() -> None:
 @click.option(
     "--poll",
     default=0.25,
-    type=click.FloatRange(min=0.01),
+    type=Number(min=0.01),
     show_default=True,
     hidden=True,
     help="Follow poll interval (s).",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from daemon.cli.common import data_spec, utc_ms
+from daemon.cli.common import Number, data_spec, utc_ms
 from daemon.demo import self_command
 from daemon.errors import ConfigError
 from daemon.logs import configure as configure_logging
@@ -60,7 +60,7 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "--baseline-minutes",
     default=3.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Number(min=0.1),
     help="The timer agent compared against wakes every this many minutes.",
 )
 @click.option(
@@ -80,14 +80,14 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
 @click.option(
     "--price-in",
     default=3.0,
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     show_default=True,
     help="Price per million input tokens.",
 )
 @click.option(
     "--price-out",
     default=15.0,
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     show_default=True,
     help="Price per million output tokens.",
 )
@@ -132,21 +132,21 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "--maker-fee-bps",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(min=0, max=1000),
+    type=Number(min=0, max=1000),
     help="Paper fee, basis points of notional, for a resting limit the market reached.",
 )
 @click.option(
     "--taker-fee-bps",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(min=0, max=1000),
+    type=Number(min=0, max=1000),
     help="Paper fee, basis points of notional, for market, stop and marketable orders.",
 )
 @click.option(
     "--slippage-bps",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(min=0, max=1000),
+    type=Number(min=0, max=1000),
     help="Market, stop and marketable orders fill this many basis points worse "
     "(a limit never past its limit).",
 )
@@ -154,7 +154,7 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "--hook-timeout-ms",
     default=250.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True, max=60_000),
+    type=Number(min=0, min_open=True, max=60_000),
     help="Each hook evaluation's wall-clock budget in the sandbox, as [hooks.sandbox] "
     "timeout_ms live. The one limit a busier machine can change a run by: the report "
     "counts the timeouts.",

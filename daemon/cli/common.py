@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -17,6 +18,20 @@ from daemon.events import TIMEFRAMES
 MAX_EVENT_FILE_BYTES = 16 * 1024 * 1024
 
 F = TypeVar("F", bound=Callable[..., object])
+
+
+class Number(click.FloatRange):
+    """A float option within a range that is a finite number: click's range lets
+    ``nan`` through (it compares false with both bounds), and an unbounded one ``inf``
+    (a NaN hook budget stopped every worker; a NaN baseline raised a traceback)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def state_dir_option(fn: F) -> F:

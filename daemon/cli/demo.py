@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from daemon.cli.common import Number
 from daemon.logs import configure as configure_logging
 
 
@@ -29,7 +30,7 @@ from daemon.logs import configure as configure_logging
 @click.option(
     "--speed",
     default=2400.0,
-    type=click.FloatRange(min=0),
+    type=Number(min=0),
     show_default=True,
     help="Replay speed (60 = a minute per second; 0 = as fast as possible).",
 )

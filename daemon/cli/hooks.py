@@ -17,6 +17,7 @@ from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
 from daemon.cli.common import (
     MAX_EVENT_FILE_BYTES,
+    Number,
     data_spec,
     load_config_or_defaults,
     resolve_state_dir,
@@ -214,7 +215,7 @@ def _live_decisions(audit_dir: Path, event_id: str) -> None:
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Config file.")
 @click.option(
     "--timeout-ms",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     default=None,
     help="Per-hook budget (default 250).",
 )

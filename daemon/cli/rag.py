@@ -14,7 +14,7 @@ import click
 import msgspec
 import structlog
 
-from daemon.cli.common import load_config_or_defaults
+from daemon.cli.common import Number, load_config_or_defaults
 from daemon.events import now_ms
 from daemon.inputfile import read_input
 from daemon.rag.config import RagConfig
@@ -71,7 +71,7 @@ def _files(
 @click.option(
     "--days",
     default=30.0,
-    type=click.FloatRange(min=0, min_open=True),
+    type=Number(min=0, min_open=True),
     show_default=True,
     help="History to fetch with --from-exchange.",
 )
