@@ -401,11 +401,19 @@ def _copy_state(state: StateCache) -> StateCache:
 
 async def _post(outbox: MemoryObjectSendStream[FeedEvent], event: FeedEvent) -> None:
     """Put a broker event in the outbox; wait only when it is full. anyio's ``send``
-    gives the loop a turn before every item, one per order event in a backtest."""
+    gives the loop a turn before every item, one per order event in a backtest.
+
+    After a cut drain the outbox is closed while an agent task may still be placing
+    an order in a shielded step: its events are dropped with the bus, not raised. A
+    raise stopped the broker's emitting half way, so the fill it had stored never
+    reached the audit log (the audit row is written before this call)."""
     try:
-        outbox.send_nowait(event)
-    except anyio.WouldBlock:
-        await outbox.send(event)
+        try:
+            outbox.send_nowait(event)
+        except anyio.WouldBlock:
+            await outbox.send(event)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        log.debug("account event after the outbox closed", event_id=event.event_id)
 
 
 async def _forward(receive: anyio.abc.ObjectReceiveStream[FeedEvent], service: Service) -> None:

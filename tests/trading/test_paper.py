@@ -354,3 +354,28 @@ async def test_one_fill_keeps_its_price_to_the_last_digit(tmp_path: Path) -> Non
         broker.close()
     assert order is not None and order.fill_price == 1696.81
     assert pos.avg_price == 1696.81
+
+
+async def test_an_order_placed_after_the_outbox_closed_is_audited_whole(tmp_path: Path) -> None:
+    """After a cut drain the outbox is closed while an agent task may still place an
+    order: every event of it is audited (placed, filled) and the broker does not
+    raise. A raise stopped its emitting after `placed`: the stored fill was never in
+    the audit log (a rare failure of the stop/restart account test)."""
+    import anyio
+
+    from daemon.agents.pipeline import _post
+    from daemon.trading.desk import audited_publish
+    from tests.trading.conftest import Audit
+
+    send, receive = anyio.create_memory_object_stream[FeedEvent](4)
+    send.close()
+    receive.close()
+    audit = Audit()
+    broker = PaperBroker(tmp_path, audited_publish(lambda e: _post(send, e), audit))
+    try:
+        await broker.on_tick("BTC", 100.0, T0)
+        order = await broker.submit(request())
+    finally:
+        broker.close()
+    assert order.status == "FILLED"
+    assert [getattr(r, "status", None) for r in audit] == ["OPEN", "FILLED"]
