@@ -7,13 +7,13 @@ yellow, so a wall of IGNOREs does not hide the one line that mattered.
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Any
 
 import msgspec
 from rich.text import Text
 
 from daemon.audit.reader import Record, decision_of
+from daemon.printable import visible
 
 _DECISION_STYLE = {
     "WAKE": "bold green",
@@ -23,28 +23,6 @@ _DECISION_STYLE = {
     "ERROR": "bold red",
 }
 _encoder = msgspec.json.Encoder()
-
-
-# Invisible or layout-changing characters beyond the C0/C1 controls: line and paragraph
-# separators and the bidi overrides/isolates that can reorder what a terminal shows.
-_INVISIBLE = frozenset("\u2028\u2029\u200e\u200f") | frozenset(
-    chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
-)
-
-
-def visible(text: str) -> str:
-    """``text`` with every control or layout character escaped visibly (``\\x1b``,
-    ``\\n``, ``\\u202e``): hook-controlled strings can then neither move the cursor,
-    recolour the terminal nor forge a line that looks like another agent's."""
-    if text.isprintable() and not _INVISIBLE.intersection(text):
-        return text
-    out = []
-    for ch in text:
-        if ch in _INVISIBLE or (not ch.isprintable() and unicodedata.category(ch) != "Zs"):
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def visible_record(value: Any) -> Any:

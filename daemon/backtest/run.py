@@ -53,6 +53,7 @@ from daemon.config import (
 )
 from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES, iso_ms
+from daemon.printable import visible
 from daemon.rag.config import RagConfig
 from daemon.scratchdir import Scratch
 from daemon.service import Component
@@ -456,7 +457,7 @@ def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
     for name, (va, vb) in rows.items():
         shown = (_figure(name, va), _figure(name, vb), _figure(name, result.diff[name], "+"))
         lines.append(f"  {name:<{width}}" + "".join(f"{x:>14}" for x in shown))
-    return "\n".join(lines)
+    return "\n".join(map(visible, lines))
 
 
 COUNTS = frozenset({"wakes", "runs", "intents_rejected", "fills"})
@@ -542,4 +543,4 @@ def render(report: Report) -> str:
             f"  simulated with fees {c.maker_fee_bps:g} bps maker, {c.taker_fee_bps:g} bps "
             f"taker, slippage {c.slippage_bps:g} bps on taker fills"
         )
-    return "\n".join(lines)
+    return "\n".join(map(visible, lines))  # hook errors are quoted

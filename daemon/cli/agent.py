@@ -18,7 +18,7 @@ import msgspec
 
 from daemon import logs
 from daemon.agents.workspace import load_agent_config
-from daemon.cli.common import MAX_EVENT_FILE_BYTES, load_config_or_defaults
+from daemon.cli.common import MAX_EVENT_FILE_BYTES, echo, load_config_or_defaults
 from daemon.config import Config
 from daemon.errors import StoreError
 from daemon.events import decode, iso_ms, now_ms
@@ -68,7 +68,9 @@ def agent_run(agent_id: str, config_path: Path | None, event_path: Path | None) 
         state=_state(cfg),
     )
     result = anyio.run(_run, cfg, runner, agent_dir, ctx)
-    click.echo(f"── {result.summary()}" + (f"\n   {result.error}" if result.error else ""))
+    echo(f"── {result.summary()}")
+    if result.error:
+        echo(f"   {result.error}")
     sys.exit(0 if result.status == "ok" else 1)
 
 
@@ -102,7 +104,7 @@ def _state(cfg: Config) -> dict[str, object] | None:
         cache = StateCache.from_config(cfg.state)
         cache.load(data)
     except StoreError as exc:
-        click.echo(f"(state snapshot not used: {exc})", err=True)
+        echo(f"(state snapshot not used: {exc})", err=True)
         return None
     return cache.export(None, candles=10)
 
@@ -122,17 +124,18 @@ def _print(step: Step) -> None:
     """One transcript entry on stdout."""
     if step.kind in ("system", "user"):
         title = "system prompt (AGENT.md)" if step.kind == "system" else "wake context"
-        click.echo(f"── {title}\n{step.text}\n")
+        echo(f"── {title}")
+        echo(f"{step.text}\n", lines=True)
     elif step.turn is not None:
         t = step.turn
         cached = t.cache_read or t.cache_write
         cache = f"; cache {t.cache_read} read, {t.cache_write} written" if cached else ""
-        click.echo(f"── model ({t.tokens_in}+{t.tokens_out} tokens{cache}, stop {t.stop_reason})")
+        echo(f"── model ({t.tokens_in}+{t.tokens_out} tokens{cache}, stop {t.stop_reason})")
         if t.text:
-            click.echo(t.text)
+            echo(t.text, lines=True)
         for call in t.tool_calls:
-            click.echo(f"  → {call.name} {json.dumps(call.arguments)}")
-        click.echo("")
+            echo(f"  → {call.name} {json.dumps(call.arguments)}")
+        echo("")
     elif step.call is not None and step.outcome is not None:
         mark = "error" if step.outcome.is_error else "ok"
-        click.echo(f"  ← {step.call.name} {mark}: {step.outcome.content[:500]}")
+        echo(f"  ← {step.call.name} {mark}: {step.outcome.content[:500]}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from daemon.cli.common import Number, data_spec, utc_ms
+from daemon.cli.common import Number, data_spec, echo, utc_ms
 from daemon.demo import self_command
 from daemon.errors import ConfigError
 from daemon.logs import configure as configure_logging
@@ -297,15 +297,13 @@ def backtest_command(
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if isinstance(result, Comparison):
-        click.echo(render_comparison(result, labels))
+        echo(render_comparison(result, labels), lines=True)
     else:
-        click.echo(render(result))
-    click.echo(f"report: {out / 'report.json'}")
+        echo(render(result), lines=True)
+    echo(f"report: {out / 'report.json'}")
     if not isinstance(result, Comparison):
         mw, state = self_command(), shlex.quote(str(out / "state"))
-        click.echo(
-            f"look inside: {mw} status --state-dir {state}; {mw} audit tail --state-dir {state}"
-        )
+        echo(f"look inside: {mw} status --state-dir {state}; {mw} audit tail --state-dir {state}")
     if isinstance(result, Report) and not result.complete:  # the report covers a part
         sys.exit(INTERRUPTED_EXIT if result.stopped_by == "signal" else DATA_ERROR_EXIT)
 

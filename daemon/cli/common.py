@@ -13,11 +13,26 @@ import click
 from daemon import config as config_mod
 from daemon.config import Config
 from daemon.events import TIMEFRAMES
+from daemon.printable import visible, visible_json, visible_lines
 
 # An event or state JSON file a command reads (a state holds a few series of candles).
 MAX_EVENT_FILE_BYTES = 16 * 1024 * 1024
 
 F = TypeVar("F", bound=Callable[..., object])
+
+
+def echo(text: str, err: bool = False, lines: bool = False) -> None:
+    """``click.echo`` for text that quotes what hooks, models or webhooks wrote: their
+    escape sequences and line breaks are shown, not obeyed (``daemon.printable``).
+    ``lines``: the text's own line breaks and tabs are layout and stay (its parts
+    from others must then have been made :func:`visible` one by one)."""
+    click.echo(visible_lines(text) if lines else visible(text), err=err)
+
+
+def echo_json(text: str) -> None:
+    """Print a JSON document with what would act on a terminal spelled as ``\\u``
+    escapes (the same JSON for a parser)."""
+    click.echo(visible_json(text))
 
 
 class Number(click.FloatRange):

@@ -20,7 +20,7 @@ import msgspec
 
 from daemon.agents.workspace import AgentConfig, load_agent_config
 from daemon.audit.reader import AuditFilter, tail
-from daemon.cli.common import load_config_or_defaults, state_dir_option
+from daemon.cli.common import echo, echo_json, load_config_or_defaults, state_dir_option
 from daemon.config import Config
 from daemon.copytrade.mirror import mirrored
 from daemon.copytrade.relay import (
@@ -160,7 +160,7 @@ def _leader_records(path: Path) -> list[StrategyStats]:
     try:
         return decode_stats(read_regular(path, MAX_LEADER_STATS_BYTES, "the leader records"))
     except (WorkspaceFileError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        click.echo(f"warning: leader records not shown: {exc}", err=True)
+        echo(f"warning: leader records not shown: {exc}", err=True)
         return []
 
 
@@ -197,11 +197,11 @@ def copytrade_status(
     cfg = load_config_or_defaults(config_path)
     data = gather(cfg, last, state_dir)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        echo_json(json.dumps(data, indent=2))
         return
-    click.echo("LEADERS")
+    echo("LEADERS")
     if not data["leaders"]:
-        click.echo(
+        echo(
             "  none configured ([feeds.copytrade_webhook.leaders.<name>], "
             "[feeds.tradingview.hooks.<name>], [copytrade] leader_agents)"
         )
@@ -210,7 +210,7 @@ def copytrade_status(
         holds = f"; {held} open position{'s' if held != 1 else ''}" if held else ""
         if leader.get("agent"):
             r = leader.get("record")
-            click.echo(
+            echo(
                 f"  {leader['leader']}: an agent of this daemon"
                 + (
                     f": {r['closedPositions']} closed position"
@@ -223,41 +223,41 @@ def copytrade_status(
             )
             continue
         if not leader["signals"]:
-            click.echo(f"  {leader['leader']}: no signals yet{holds}")
+            echo(f"  {leader['leader']}: no signals yet{holds}")
             continue
-        click.echo(
+        echo(
             f"  {leader['leader']}: {leader['signals']} signals, last {leader['lastEventId']} "
             f"({leader['lastTopic'].rsplit('.', 1)[-1]}) at {leader['lastTime']}, "
             f"received {leader['lagSeconds']:+.1f} s later"
             + (f", {leader['unpublished']} not yet published" if leader["unpublished"] else "")
         )
-    click.echo("OPEN LEADER POSITIONS")
+    echo("OPEN LEADER POSITIONS")
     if not data["positions"]:
-        click.echo("  none")
+        echo("  none")
     for p in data["positions"]:
         size = p["quantity"] if p["quantity"] is not None else f"{p['equityFraction']} of equity"
         mirrored_by = ", ".join(
             f"{agent} {got['quantity']:g}" for agent, got in p["followers"].items()
         )
-        click.echo(
+        echo(
             f"  {p['leader']}/{p['positionId']}: {p['side']} {size} {p['symbol']}"
             f" (signals {', '.join(p['signalIds'])})"
             + (f"; mirrored: {mirrored_by}" if mirrored_by else "")
         )
     if data["drift"]:
-        click.echo("DRIFT")
+        echo("DRIFT")
         for d in data["drift"]:
             state = "" if d["open"] else " (closed by the leader)"
-            click.echo(
+            echo(
                 f"  {d['agent']} on {d['leader']}/{d['positionId']}{state}: "
                 f"holds {d['held']:g} {d['symbol']}, target {d['target']:g}"
             )
-    click.echo("LAST SIGNALS")
+    echo("LAST SIGNALS")
     if not data["lastSignals"]:
-        click.echo("  none")
+        echo("  none")
     for r in data["lastSignals"]:
         reason = f": {r['reason']}" if r.get("reason") else ""
-        click.echo(
+        echo(
             f"  {r['ts']} {r['leader']}/{r.get('signalId') or '?'} "
             f"{r['status']} ({r['httpStatus']}){reason}"
         )

@@ -19,6 +19,8 @@ from daemon.cli.common import (
     MAX_EVENT_FILE_BYTES,
     Number,
     data_spec,
+    echo,
+    echo_json,
     load_config_or_defaults,
     resolve_state_dir,
     state_dir_option,
@@ -74,10 +76,10 @@ async def _run(
             specs.append((f, load_hook(f, config.max_source_bytes)))
         except HookCompileError as exc:
             all_ok = False
-            click.echo(_record(f, hook=f.stem, error_kind="compile", error=str(exc)))
+            echo_json(_record(f, hook=f.stem, error_kind="compile", error=str(exc)))
     async with open_worker_pool(config) as pool:
         if pool.ready is not None:
-            click.echo(f"sandbox layers active: {', '.join(pool.ready.active)}", err=True)
+            echo(f"sandbox layers active: {', '.join(pool.ready.active)}", err=True)
         # Compile first, as the daemon does when a file changes: the evaluation then runs
         # under the daemon's own deadline (timeout_ms), and the compile time is reported
         # on its own instead of being hidden in a first call's allowance.
@@ -86,12 +88,12 @@ async def _run(
         for (f, _), c in zip(specs, compiled, strict=True):
             if not c.ok:
                 all_ok = False
-                click.echo(_record(f, hook=c.hook_id, error_kind=c.error_kind, error=c.error))
+                echo_json(_record(f, hook=c.hook_id, error_kind=c.error_kind, error=c.error))
         results = await pool.evaluate(agent, [s for _, s, _ in runnable], event, state)
     for (f, _, c), r in zip(runnable, results, strict=True):
         fields = msgspec.to_builtins(r)
         fields.pop("hook_id", None)
-        click.echo(_record(f, hook=r.hook_id, compile_ms=round(c.runtime_ms, 3), **fields))
+        echo_json(_record(f, hook=r.hook_id, compile_ms=round(c.runtime_ms, 3), **fields))
         all_ok = all_ok and r.ok
     return all_ok
 
@@ -166,7 +168,7 @@ def _live_decisions(audit_dir: Path, event_id: str) -> None:
     for rec in iter_records(audit_dir, AuditFilter(types=frozenset({"hook"})), contains=[event_id]):
         if rec.get("eventId") == event_id:
             decided = rec.get("decision") or f"ERROR ({rec.get('error')})"
-            click.echo(
+            echo(
                 f"live: {rec.get('agentId')}/{rec.get('hookId')} decided {decided}: "
                 f"{rec.get('reason', '')}",
                 err=True,
@@ -277,7 +279,7 @@ def test_command(
             )
         wanted: str | int = event_id if event_id is not None else utc_ms(at, "--at")
         live, state = replay_state(recordings, wanted, *_agent_of(path))
-        click.echo(f"event {live.event_id} ({live.topic}) at {live.ts}", err=True)
+        echo(f"event {live.event_id} ({live.topic}) at {live.ts}", err=True)
         if audit_event is not None:
             state["lastOutputs"] = audit_outputs(
                 cfg.audit_dir, _agent_dir(path).name, live.event_id
@@ -336,9 +338,9 @@ def resume_command(
     finally:
         store.close()
     target = f"{agent}/{hook}" if hook else f"agent {agent}"
-    click.echo(f"resumed {target}" if was_paused else f"{target} was not paused (resume sent)")
+    echo(f"resumed {target}" if was_paused else f"{target} was not paused (resume sent)")
     for a, h, reason in paused:
-        click.echo(f"  still paused: {a}/{h}: {reason}")
+        echo(f"  still paused: {a}/{h}: {reason}")
 
 
 @hooks_group.command("paused")
@@ -352,6 +354,6 @@ def paused_command(config_path: Path | None, state_dir: Path | None) -> None:
     finally:
         store.close()
     if not rows:
-        click.echo("nothing is paused")
+        echo("nothing is paused")
     for agent, hook, reason, _ in rows:
-        click.echo(f"{agent}/{hook}: {reason}")
+        echo(f"{agent}/{hook}: {reason}")

@@ -10,10 +10,11 @@ import msgspec
 
 from daemon import config as config_mod
 from daemon.backtest.report import counted
-from daemon.cli.common import resolve_state_dir, state_dir_option
+from daemon.cli.common import echo, echo_json, resolve_state_dir, state_dir_option
 from daemon.control import CONTROL_SOCKET, ask_status
 from daemon.errors import StoreError
 from daemon.logs import configure as configure_logging
+from daemon.printable import visible
 from daemon.statedir import STATUS_FILE, holder
 from daemon.status import Status, read_status, render_accounts
 
@@ -90,13 +91,13 @@ def config_check(path: Path | None) -> None:
         )
         if on
     ]
-    click.echo(f"{p}: ok")
-    click.echo(f"  feeds: {', '.join(enabled) or 'none'}")
-    click.echo(f"  state_dir: {cfg.daemon.state_dir}")
+    echo(f"{p}: ok")
+    echo(f"  feeds: {', '.join(enabled) or 'none'}")
+    echo(f"  state_dir: {cfg.daemon.state_dir}")
     if cfg.hooks.enabled:
-        click.echo(f"  agents ({cfg.hooks.agents_dir}): {len(report.agents) or 'none'}")
+        echo(f"  agents ({cfg.hooks.agents_dir}): {len(report.agents) or 'none'}")
         for line in report.agents:
-            click.echo(f"    {line}")
+            echo(f"    {line}")
 
 
 def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
@@ -181,7 +182,7 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
         for agent, error in hooks.config_errors.items():
             lines.append(f"  agent {agent} NOT LOADED: {error}")
     lines += render_accounts(st.accounts)
-    return "\n".join(lines)
+    return "\n".join(map(visible, lines))  # hook errors are quoted in them
 
 
 @click.command("status")
@@ -205,9 +206,9 @@ def status_command(config_path: Path | None, state_dir: Path | None, as_json: bo
             live = None
         if live is not None:
             if as_json:
-                click.echo(msgspec.json.format(raw).decode())
+                echo_json(msgspec.json.format(raw).decode())
             else:
-                click.echo(_render_status(live, pid, live=True))
+                echo(_render_status(live, pid, live=True), lines=True)
             return
     try:
         status = read_status(state)
@@ -218,6 +219,6 @@ def status_command(config_path: Path | None, state_dir: Path | None, as_json: bo
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(msgspec.json.format(msgspec.json.encode(status)).decode())
+        echo_json(msgspec.json.format(msgspec.json.encode(status)).decode())
     else:
-        click.echo(_render_status(status, pid))
+        echo(_render_status(status, pid), lines=True)
