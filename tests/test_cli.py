@@ -267,6 +267,14 @@ def test_demo_copytrade_shows_a_follower_at_half_the_leaders_size(
     pnl = [float(x.replace(",", "")) for x in rows["realized"]]
     assert abs(pnl[1] - pnl[0] / 2) < 0.02 * abs(pnl[0]) + 0.01
     assert "copytrade.signal.opened" in res.stdout and "risk rejected" not in res.stdout
+    # The state dir alone is enough for `copytrade status`: the follower is the demo's
+    # (./agents ships it disabled), and the leader agent's signals are listed.
+    shown = mw("copytrade", "status", "--state-dir", str(tmp_path / "state"), "--json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["positions"] and status["lastSignals"]
+    for position in status["positions"]:
+        assert position["followers"]["follower"]["quantity"] == position["quantity"] / 2
 
 
 def test_demo_streams_decisions_and_its_commands_work_when_pasted(tmp_path: Path) -> None:

@@ -161,6 +161,7 @@ class AgentManager:
             config_errors=dict(self._config_errors),
             lookahead_used=d.ahead_used,
             lookahead_missed=d.ahead_missed,
+            agents_dir=str(self.agents_dir.absolute()),
             agents={
                 agent_id: AgentStatus(
                     hooks={h: s.revision for h, s in rt.agent.hooks.items()},

@@ -31,6 +31,7 @@ from daemon.agents.revisions import RevisionStore
 from daemon.agents.store import HookStore
 from daemon.alerts import AlertNotifier, AlertQueue, build_notifier
 from daemon.audit.reader import Recent, recent_evaluations
+from daemon.audit.records import SignalRecord, now_ts
 from daemon.audit.writer import open_audit
 from daemon.backlog import open_backlog
 from daemon.bus import Bus, Subscription
@@ -38,7 +39,7 @@ from daemon.config import Config, CopytradeSection
 from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LEADER_STATS_FILE, MAX_LEADER_STATS_BYTES, LeaderRelay
 from daemon.errors import StoreError, WorkspaceFileError
-from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent
+from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent, signal_of
 from daemon.state import StateCache, write_snapshot
 from daemon.status import AccountStatus
 from daemon.trading.account_status import account_status
@@ -188,7 +189,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)
             relayed = _leader_relay(cfg.copytrade.leader_agents, desk, manager, service)
             if relayed is not None:
-                io.start(_relay, *relayed, send, state_dir / LEADER_STATS_FILE)
+                io.start(_relay, *relayed, send, state_dir / LEADER_STATS_FILE, audit.write)
                 if cfg.event_time:
                     # A replay with leaders: what a candle causes (the leader's fills, their
                     # signals, the followers' copies) is handled before the next candle.
@@ -337,10 +338,11 @@ async def _relay(
     relay: LeaderRelay,
     send: anyio.abc.ObjectSendStream[FeedEvent],
     stats_path: Path,
+    audit: Callable[[SignalRecord], None],
 ) -> None:
     """Publish the signals the leaders' account events make (until the drain closes
-    ``sub``; what comes after the outbox closed is dropped with the daemon); keep the
-    leaders' records after each close."""
+    ``sub``; what comes after the outbox closed is dropped with the daemon), each in
+    the audit log as the doors' are; keep the leaders' records after each close."""
     async for event in sub:
         try:
             signals = relay.on_event(event)
@@ -353,10 +355,28 @@ async def _relay(
             except StoreError as exc:
                 log.warning("leader records not kept", error=str(exc))
         for out in signals:
+            if out.topic != MARKETPLACE_STRATEGY_UPDATED:
+                audit(_signal_record(out))
             try:
                 await send.send(out)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
+
+
+def _signal_record(event: FeedEvent) -> SignalRecord:
+    """The audit row of a leader agent's signal, as published."""
+    signal = signal_of(event.payload)
+    return SignalRecord(
+        ts=now_ts(),
+        agent_id="-",
+        trace_id=event.trace_id,
+        event_ts=event.ts,
+        source=event.source,
+        leader=signal.leader if signal is not None else "?",
+        signal_id=signal.signal_id if signal is not None else None,
+        event_id=event.event_id,
+        status="accepted",
+    )
 
 
 async def _settled(bus: Bus, outbox: MemoryObjectSendStream[FeedEvent]) -> None:

@@ -163,6 +163,8 @@ class OrderRecord(_Record, frozen=True, kw_only=True, tag="order"):
 class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):
     """A copy-trade signal at the door: ``accepted`` (published), ``duplicate`` (a
     redelivery, answered but not published again) or ``rejected`` (``reason``).
+    A leader agent's signal (``source`` copytrade_leader) is published as it is
+    made: ``accepted``, no ``httpStatus``.
 
     ``agentId`` is ``-``: a signal belongs to a leader, not to an agent."""
 
@@ -171,7 +173,7 @@ class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):
     signal_id: str | None = None
     event_id: str | None = None
     status: Literal["accepted", "duplicate", "rejected"]
-    http_status: int
+    http_status: int | None = None  # the answer at a door (webhook, TradingView)
     reason: str = ""
     remote: str = ""
 

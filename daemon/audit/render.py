@@ -166,11 +166,15 @@ def _signal(rec: Record, line: Text) -> None:
     status = _s(rec, "status")
     style = {"accepted": "bold cyan", "duplicate": "dim", "rejected": "red"}.get(status, "cyan")
     line.append(f"signal {status}", style=style)
-    line.append(f" {_s(rec, 'leader')}/{_s(rec, 'signalId', '?')} ({_s(rec, 'httpStatus')})")
+    answer = (
+        f"({_s(rec, 'httpStatus')})" if rec.get("httpStatus") is not None else "(a leader agent's)"
+    )
+    line.append(f" {_s(rec, 'leader')}/{_s(rec, 'signalId', '?')} {answer}")
     if rec.get("reason"):
         line.append(f": {_s(rec, 'reason')}")
     if rec.get("remote"):
         line.append(f" from {_s(rec, 'remote')}", style="dim")
+    _at_market_time(rec, line)
 
 
 _RENDERERS = {

@@ -11,12 +11,14 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import click
 import msgspec
 from rich.console import Console
 
 from daemon.audit.reader import AuditFilter, Follower, parse_since, tail
+from daemon.audit.records import AuditRecord
 from daemon.audit.render import render, to_json
 from daemon.audit.why import collect, event_at, explain, render_explanation
 from daemon.cli.common import Number, load_config_or_defaults, state_dir_option, utc_ms
@@ -25,7 +27,8 @@ DIR_HELP = (
     "Audit directory (default: STATE_DIR/audit with --state-dir, else [audit] dir of "
     "--config or ./config.toml, else ./state/audit)."
 )
-RECORD_TYPES = ("hook", "wake", "run", "risk", "order")
+# Every record type the log holds (copy-trade signals included), in the union's order.
+RECORD_TYPES = tuple(str(t.__struct_config__.tag) for t in get_args(AuditRecord))
 DECISIONS = ("WAKE", "IGNORE", "ALERT", "TRADE_INTENT", "ERROR")
 
 

@@ -30,10 +30,11 @@ from daemon.copytrade.relay import (
     decode_stats,
 )
 from daemon.copytrade.view import checks
-from daemon.errors import MarketwakeError, WorkspaceFileError
+from daemon.errors import MarketwakeError, StoreError, WorkspaceFileError
 from daemon.events import COPYTRADE_SIGNAL_OPENED, iso_ms, parse_iso_ms, topic_matches
 from daemon.state import StateCache, read_snapshot
 from daemon.statedir import SNAPSHOT_FILE
+from daemon.status import read_status
 from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import Order
 from feeds.copytrade import CopytradeWebhookFeed, TradingViewFeed
@@ -45,10 +46,10 @@ def copytrade_group() -> None:
     """Copy trading: leaders' signals and what followers made of them."""
 
 
-def followers(cfg: Config) -> dict[str, AgentConfig]:
-    """Agent id -> its config, for the agents whose topics take leader signals."""
+def followers(root: Path) -> dict[str, AgentConfig]:
+    """Agent id -> its config, for the agents under ``root`` whose topics take leader
+    signals."""
     out: dict[str, AgentConfig] = {}
-    root = Path(cfg.hooks.agents_dir)
     for toml in sorted(root.glob("*/agent.toml")) if root.is_dir() else []:
         try:
             agent = load_agent_config(toml)
@@ -82,9 +83,12 @@ class StoredAccounts:
         return self.store.realized_since(account, 0) + unrealized
 
 
-def gather(cfg: Config, last: int, state_dir: Path | None = None) -> dict[str, Any]:
+def gather(
+    cfg: Config, last: int, state_dir: Path | None = None, agents_dir: Path | None = None
+) -> dict[str, Any]:
     """Everything the status shows, as plain data (``--json`` prints it); the state
-    under ``state_dir`` (default: the config's; given, its audit log is under it too)."""
+    under ``state_dir`` (default: the config's; given, its audit log is under it too),
+    the follower agents under ``agents_dir`` (default: the config's)."""
     audit_dir = state_dir / "audit" if state_dir is not None else cfg.audit_dir
     state_dir = state_dir or Path(cfg.daemon.state_dir)
     leaders: list[dict[str, Any]] = []
@@ -130,7 +134,7 @@ def gather(cfg: Config, last: int, state_dir: Path | None = None) -> dict[str, A
                 entry["record"] = msgspec.to_builtins(records[name])
         leaders.append(entry)
 
-    agents = followers(cfg)
+    agents = followers(agents_dir or Path(cfg.hooks.agents_dir))
     paper_path = state_dir / "paper.sqlite3"
     store = PaperStore(paper_path) if paper_path.exists() and agents else None
     drift: list[dict[str, Any]] = []
@@ -150,6 +154,16 @@ def gather(cfg: Config, last: int, state_dir: Path | None = None) -> dict[str, A
 
     rows = tail(audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
     return {"leaders": leaders, "positions": positions, "drift": drift, "lastSignals": rows}
+
+
+def agents_dir_of(state_dir: Path) -> Path | None:
+    """The agents directory of the daemon (or backtest, or demo) that wrote
+    ``state_dir``, as its last status says; None when it says nothing."""
+    try:
+        hooks = read_status(state_dir).hooks
+    except (FileNotFoundError, StoreError):
+        return None
+    return Path(hooks.agents_dir) if hooks is not None and hooks.agents_dir else None
 
 
 def _leader_records(path: Path) -> list[StrategyStats]:
@@ -195,7 +209,10 @@ def copytrade_status(
     """Leaders (signals, the newest one's lag), open leader positions with what each
     follower agent mirrored of them, drift, and the last signal answers."""
     cfg = load_config_or_defaults(config_path)
-    data = gather(cfg, last, state_dir)
+    agents_dir = None
+    if config_path is None and state_dir is not None:
+        agents_dir = agents_dir_of(state_dir)
+    data = gather(cfg, last, state_dir, agents_dir)
     if as_json:
         echo_json(json.dumps(data, indent=2))
         return
@@ -259,5 +276,6 @@ def copytrade_status(
         reason = f": {r['reason']}" if r.get("reason") else ""
         echo(
             f"  {r['ts']} {r['leader']}/{r.get('signalId') or '?'} "
-            f"{r['status']} ({r['httpStatus']}){reason}"
+            f"{r['status']} ({r.get('httpStatus') or 'a leader agent'}){reason}"
+            + (f", leader's time {r['eventTs']}" if r.get("eventTs") else "")
         )

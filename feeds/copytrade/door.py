@@ -200,7 +200,8 @@ class SignalDoor:
                 remote=record.remote,
             )
         body = {"status": record.status, "eventId": record.event_id, "reason": record.reason}
-        return web.json_response({k: v for k, v in body.items() if v}, status=record.http_status)
+        status = record.http_status or 200  # a door's records always carry their answer
+        return web.json_response({k: v for k, v in body.items() if v}, status=status)
 
     def _record_refusal(self) -> bool:
         """Whether this refusal gets its audit row and log line: at most

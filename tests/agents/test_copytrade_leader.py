@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.agents.pipeline import open_agents
+from daemon.cli.copytrade import agents_dir_of
 from daemon.cli.main import cli
 from daemon.config import Config
 from daemon.copytrade.relay import LEADER_STATS_FILE, MAX_LEADER_STATS_BYTES
@@ -125,6 +126,20 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
         f"realized PnL {stats['realizedPnl']:+.2f}, max drawdown 0.00"
     ) in shown.output
     assert "none configured" not in shown.output
+    # Each signal is in the audit log as the doors' are (no HTTP answer), and the status
+    # lists them with no config: the state dir's status names the agents dir.
+    rows = [r for r in audit(tmp_path) if r["type"] == "signal"]
+    assert [(r["eventId"], r["eventTs"]) for r in rows] == [(e.event_id, e.ts) for e in signals]
+    assert {(r["source"], r["leader"], r["status"], r["httpStatus"]) for r in rows} == {
+        ("copytrade_leader", "leader", "accepted", None)
+    }
+    assert agents_dir_of(tmp_path / "state") == agents.absolute()
+    bare = ["copytrade", "status", "--state-dir", str(tmp_path / "state")]
+    shown = CliRunner().invoke(cli, bare)
+    assert shown.exit_code == 0, shown.output
+    last = shown.output.split("LAST SIGNALS\n", 1)[1].splitlines()
+    assert len(last) == 4 and all("accepted (a leader agent)" in line for line in last)
+    assert f"leader's time {signals[-1].ts}" in last[-1]
     # the leader's equity rides on its signals (capital + PnL) for equity-ratio sizing
     assert signals[0].payload["leaderEquity"] == 10_000.0
     assert signals[-1].payload["leaderEquity"] > 10_000.0  # after the gains of the add
