@@ -86,6 +86,11 @@ class AgentStatus(msgspec.Struct, frozen=True):
     cost_today: float = 0.0
     tokens_in_today: int = 0
     tokens_out_today: int = 0
+    # Runs that failed or timed out since the daemon started, those in a row up to the
+    # latest run (0: it succeeded), and the last failure's error.
+    runs_failed: int = 0
+    runs_failing: int = 0
+    last_run_error: str = ""
     # Per hook that ran: evaluations, failures, backoffs, pause.
     hook_health: dict[str, HookHealth] = {}
     # Why the agent is behind ("" = it is not), and its events waiting on disk.

@@ -176,6 +176,9 @@ class AgentManager:
                     cost_today=round(usage[agent_id][1], 6),
                     tokens_in_today=usage[agent_id][2],
                     tokens_out_today=usage[agent_id][3],
+                    runs_failed=rt.scheduler.runs_failed,
+                    runs_failing=rt.scheduler.runs_failing,
+                    last_run_error=rt.scheduler.last_run_error,
                     hook_health=d.health.of(agent_id),
                     # as of now, not as of its last event (it may be deep in one)
                     lagging=d.lag_reason(rt),

@@ -166,6 +166,16 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
                 f"queue {a.queue_depth}{disk}"
                 f"{held}{spend}"
             )
+            if a.runs_failing:
+                lines.append(
+                    f"    RUNS FAILING: the last {counted(a.runs_failing, 'run')} failed "
+                    f"({a.runs_failed} since the start; last: {a.last_run_error})"
+                )
+            elif a.runs_failed:
+                lines.append(
+                    f"    {counted(a.runs_failed, 'run')} failed since the start, the latest "
+                    f"run succeeded (last failure: {a.last_run_error})"
+                )
             if a.lagging:
                 lines.append(f"    LAGGING: {a.lagging}")
             for error in [*a.file_errors.values(), *a.compile_errors.values()]:

@@ -174,6 +174,11 @@ class WakeScheduler:
         self._changed = anyio.Event()
         self.counters: Counter[str] = Counter()
         self._today: _DayUsage | None = None
+        # Runs that ended failed or timed out, since this scheduler started: all, the
+        # latest ones in a row, and the last one's error (for status).
+        self.runs_failed = 0
+        self.runs_failing = 0
+        self.last_run_error = ""
         self._restore()
 
     def _restore(self) -> None:
@@ -479,12 +484,22 @@ class WakeScheduler:
             llm = result.llm
             usage = (llm.cost, llm.tokens_in, llm.tokens_out) if llm else (0.0, 0, 0)
             self._persist(self.store.record_finish, run.run_id, end, result.status, usage)
+            self._note_outcome(result)
             day = self._today
             if day is not None and day.start == _utc_day(self._last_start):
                 day.cost += usage[0]
                 day.tokens_in += usage[1]
                 day.tokens_out += usage[2]
             self.sink(self._run_record(run, trace, duration_ms, result))
+
+    def _note_outcome(self, result: RunResult) -> None:
+        if result.status == "ok":
+            self.runs_failing = 0
+            return
+        self.runs_failed += 1
+        self.runs_failing += 1
+        error = result.error or (f"exit code {result.exit_code}" if result.exit_code else "")
+        self.last_run_error = f"{result.status}: {error}"[:300].rstrip(": ")
 
     async def _call_runner(self, ctx: WakeContext) -> RunResult:
         try:

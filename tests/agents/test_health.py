@@ -54,3 +54,26 @@ def test_status_shows_each_troubled_hook() -> None:
         "(last: timeout: exceeded its 250 ms budget)"
     ) in text
     assert "wake_fine" not in text.split("hook wake_loop")[1]
+
+
+def test_status_says_when_the_agents_runs_fail() -> None:
+    def shown(failed: int = 0, failing: int = 0, error: str = "") -> str:
+        agent = AgentStatus(hooks={}, paused=False, paused_hooks=[], queue_depth=0, runs_today=9,
+                            runs_failed=failed, runs_failing=failing, last_run_error=error)  # fmt: skip
+        hooks = HooksStatus(sandbox_layers=[], evaluations=0, suppressed=0, failures=0,
+                            agents={"alpha": agent})  # fmt: skip
+        st = Status(pid=1, started_at=0.0, written_at=0.0, running=False,
+                    bus=BusStatus(published=0, delivered=0, coalesced=0, subscriptions=()),
+                    feeds=[], state={}, components={"hooks": hooks})  # fmt: skip
+        return _render_status(st, None)
+
+    error = "failed: APIConnectionError: Connection error."
+    assert f"    RUNS FAILING: the last 3 runs failed (5 since the start; last: {error})" in shown(
+        5, 3, error
+    )
+    recovered = shown(1, 0, error)
+    assert (
+        f"    1 run failed since the start, the latest run succeeded (last failure: {error})"
+        in recovered
+    )
+    assert "FAIL" not in shown() and "failed" not in shown()

@@ -461,3 +461,39 @@ async def test_an_unreadable_queued_run_is_dropped_not_fatal(tmp_path: Path) -> 
     h = Harness(tmp_path, policy())
     assert h.sched.counters["restored"] == 1 and h.sched.busy
     assert [run_id for run_id, _, _ in h.store.pending("a1")] == ["a1-good"]
+
+
+class ScriptedRunner:
+    """Each run ends as the next of ``outcomes`` says."""
+
+    name = "scripted"
+
+    def __init__(self, *outcomes: RunResult) -> None:
+        self.outcomes = list(outcomes)
+
+    async def run(self, ctx: WakeContext) -> RunResult:
+        return self.outcomes.pop(0)
+
+
+async def test_failed_runs_are_counted_for_status_with_the_last_error(tmp_path: Path) -> None:
+    """A model endpoint that refuses: status must say the runs fail, not only count
+    them; a run that succeeds ends the streak, the count since the start stays."""
+    refused = RunResult(status="failed", error="APIConnectionError: Connection error.")
+    runner = ScriptedRunner(
+        refused, RunResult(status="timeout", error="deadline 45 s"), refused,
+        RunResult(status="ok"), RunResult(status="failed", exit_code=3),
+    )  # fmt: skip
+    h = Harness(tmp_path, policy(queue_mode="immediate"), runner=runner)
+    seen = []
+    async with h.running():
+        for i in range(5):
+            assert h.sched.submit(wake(i)).outcome == "woke"
+            await h.settle()
+            seen.append((h.sched.runs_failed, h.sched.runs_failing, h.sched.last_run_error))
+    assert seen == [
+        (1, 1, "failed: APIConnectionError: Connection error."),
+        (2, 2, "timeout: deadline 45 s"),
+        (3, 3, "failed: APIConnectionError: Connection error."),
+        (3, 0, "failed: APIConnectionError: Connection error."),
+        (4, 1, "failed: exit code 3"),
+    ]
