@@ -28,6 +28,9 @@ ORDER_ACTIONS: Final = frozenset({"MODIFY_ORDER", "CANCEL_ORDER"})
 Positive = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
 Symbol = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 OrderId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+#: The longest a limit order may be good for (a year).
+MAX_EXPIRY_SECONDS: Final = 366 * 86400.0
+Expiry = Annotated[float, msgspec.Meta(gt=0, le=MAX_EXPIRY_SECONDS)]
 MAX_DEDUPE_KEY: Final = 256
 
 
@@ -41,7 +44,9 @@ class TradeIntent(
 ):
     """One order action a hook (or the LLM) proposes; camelCase on the wire.
 
-    * ``PLACE_*``: ``side`` and ``volume`` required; a limit also ``openPrice``.
+    * ``PLACE_*``: ``side`` and ``volume`` required; a limit also ``openPrice``,
+      and it may say ``expiresInSeconds``: good till then, canceled at the first
+      price after (else it works until filled or canceled).
     * ``CLOSE_POSITION``: closes the whole position in ``symbol`` at market
       (or ``volume`` of it); the side comes from the position.
     * ``MODIFY_ORDER``: ``orderId`` (a working order's ``clientOrderId``) and
@@ -63,10 +68,13 @@ class TradeIntent(
     take_profit: Positive | None = None
     order_id: OrderId | None = None
     comment: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    expires_in_seconds: Expiry | None = None
 
     def __post_init__(self) -> None:
         # Only the rules between fields; bounds live in the annotations.
         a = self.action
+        if self.expires_in_seconds is not None and a != "PLACE_LIMIT_ORDER":
+            raise ValueError(f"expiresInSeconds is only for PLACE_LIMIT_ORDER, not {a}")
         if a in ORDER_ACTIONS:
             if self.order_id is None:
                 raise ValueError(f"{a} needs orderId (the clientOrderId of a working order)")

@@ -137,6 +137,7 @@ class AgentManager:
             run_id=run_id,
             signal_notional=runner.signal_notional,
             min_confidence=runner.min_confidence,
+            signal_expiry_seconds=runner.signal_expiry_seconds,
             one_signal_per_symbol=False,
         )
 

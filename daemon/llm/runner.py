@@ -100,6 +100,7 @@ class RegistryToolBox:
             event_id=first.event_id if first else None,
             signal_notional=config.signal_notional,
             min_confidence=config.min_confidence,
+            signal_expiry_seconds=config.signal_expiry_seconds,
         )
         return RegistryToolBox(self.registry, self.ctx.for_agent(call))
 

@@ -114,6 +114,7 @@ class AgentCall:
     # How a signal becomes an order ([wake.runner] of the agent).
     signal_notional: float = 100.0
     min_confidence: float = 60.0
+    signal_expiry_seconds: float = 0.0  # 0: the entry works until filled or canceled
     # An LLM run trades a symbol once (a retried call returns the first order); over
     # MCP (no runs, no sessions) each distinct signal is traded once per "run" (day).
     one_signal_per_symbol: bool = True

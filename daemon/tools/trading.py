@@ -136,6 +136,7 @@ async def submit_trading_signal(ctx: ToolContext, req: SignalRequest) -> msgspec
         stop_loss=req.stop_loss,
         take_profit=req.tp1,
         comment=f"signal {req.confidence:g}: {req.analysis}"[:256],
+        expires_in_seconds=call.signal_expiry_seconds or None,
     )
     outcome = await desk.handle(
         intent,

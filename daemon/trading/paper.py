@@ -317,7 +317,9 @@ class PaperBroker:
         """A trade at ``price``: update the mark, fill what it reaches."""
         self._cursors[cursor].advance(symbol, price, ts_ms)
         out: list[FeedEvent] = []
-        for order in self._symbol_orders(symbol, cursor=cursor):
+        orders = self._symbol_orders(symbol, cursor=cursor)
+        self._expire(orders, ts_ms, ts_ms, out)
+        for order in orders:
             stale = order.created_ms > ts_ms and order.order_type != "market"
             if order.status != "OPEN" or stale:
                 continue  # a tick older than a resting order cannot have traded against it
@@ -335,12 +337,18 @@ class PaperBroker:
         self._cursors[cursor].advance(symbol, candle.close, candle.close_time_ms)
         out: list[FeedEvent] = []
         filled_now: set[str] = set()
-        for order in self._symbol_orders(symbol, entries=True, cursor=cursor):
+        entries = self._symbol_orders(symbol, entries=True, cursor=cursor)
+        for order in entries:
+            if order.expires_ms is not None and order.expires_ms <= candle.open_time_ms:
+                continue  # it expired before any of the candle's trades
             fill = candle_fill(order, candle)
             if fill is not None and order.status == "OPEN":
                 part = self._part(order, candle)
                 self._fill_in_txn(order, fill, candle.close_time_ms, out, part)
                 filled_now.add(order.client_order_id)
+        # An entry that expired within the candle may have traded in it (above); what
+        # is left of it, and of one that expired before it, is canceled now.
+        self._expire(entries, candle.close_time_ms, candle.close_time_ms, out)
         for order in self._symbol_orders(symbol, entries=False, cursor=cursor):
             if order.client_order_id not in self._working:
                 continue  # its sibling filled earlier in this loop
@@ -400,6 +408,11 @@ class PaperBroker:
             take_profit=intent.take_profit,
             trace_id=request.trace_id,
             reason=intent.comment,
+            expires_ms=(
+                None
+                if intent.expires_in_seconds is None
+                else now + round(intent.expires_in_seconds * 1000)
+            ),
         )
         with self._store.transaction():
             self._store.put_order(order)
@@ -614,6 +627,24 @@ class PaperBroker:
             )
             self._save(child)
             out.append(self._order_event(ev.ACCOUNT_ORDER_PLACED, child, "placed"))
+
+    def _expire(self, orders: list[Order], until_ms: int, ts_ms: int, out: list[FeedEvent]) -> None:
+        """Cancel, at ``ts_ms``, those of ``orders`` still working that are good till
+        ``until_ms`` or earlier (brackets keep protecting what of their entry filled)."""
+        expired = [
+            (now, till)
+            for o in orders
+            if (till := o.expires_ms) is not None
+            and till <= until_ms
+            and (now := self._working.get(o.client_order_id)) is not None
+            and now.status == "OPEN"
+        ]
+        if not expired:
+            return
+        with self._store.transaction():
+            for order, till in expired:
+                reason = f"expired: good till {ev.iso_ms(till)}"
+                self._cancel(order, reason, max(ts_ms, order.updated_ms), out)
 
     def _cancel(self, order: Order, reason: str, ts_ms: int, out: list[FeedEvent]) -> None:
         canceled = msgspec.structs.replace(

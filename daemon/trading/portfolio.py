@@ -53,6 +53,9 @@ class Order(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     filled_volume: float = 0.0
     last_fill_volume: float | None = None
     fees: float = 0.0  # paid on its fills so far (quote currency)
+    # A limit entry good till then (epoch ms; the broker's clock): canceled at the
+    # first price after it. None: until filled or canceled.
+    expires_ms: int | None = None
 
     @property
     def signed_volume(self) -> float:

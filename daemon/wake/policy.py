@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from daemon.secret import Secret
+from hooks_runtime.decisions import MAX_EXPIRY_SECONDS
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
@@ -56,6 +57,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # a signal needs to be traded (seed 002: 60).
     signal_notional: PosFloat = 100.0
     min_confidence: Annotated[float, msgspec.Meta(ge=0, le=100)] = 60.0
+    # How long a signal's limit entry works before it is canceled (0: until filled
+    # or canceled); at most a year.
+    signal_expiry_seconds: Annotated[float, msgspec.Meta(ge=0, le=MAX_EXPIRY_SECONDS)] = 0.0
 
     def __post_init__(self) -> None:
         if self.kind == "command" and not self.command:

@@ -51,7 +51,8 @@ async def test_signals_over_mcp_trade_in_the_named_agents_account(tmp_path: Path
     """The same signal twice (even from another connection) is one order; a different
     one is a second; get_orders and get_positions read that agent's account; the risk
     rows name it, each call under its own trace id."""
-    agents = workspace(tmp_path, {}, "[wake.runner]\nsignal_notional = 50.0\n")
+    runner = "[wake.runner]\nsignal_notional = 50.0\nsignal_expiry_seconds = 600\n"
+    agents = workspace(tmp_path, {}, runner)
     cfg = config(tmp_path, agents, "alpha")
     pool = shared_pool(cfg)
     assert pool is not None
@@ -81,6 +82,10 @@ async def test_signals_over_mcp_trade_in_the_named_agents_account(tmp_path: Path
     assert orders["account"] == "alpha" and positions["account"] == "alpha"
     entries = {o["clientOrderId"] for o in orders["orders"] if o["role"] == "entry"}
     assert entries == {first["order_id"], second["order_id"]}
+    # each signal's limit entry is good for the agent's signal_expiry_seconds
+    assert {o["expiresMs"] - o["createdMs"] for o in orders["orders"] if o["role"] == "entry"} == {
+        600_000
+    }
     risk = [r for r in audit(tmp_path) if r["type"] == "risk"]
     assert [r["agentId"] for r in risk] == ["alpha"] * 2  # duplicates are not re-checked
     assert [r["intent"]["volume"] for r in risk] == [0.5, 50.0 / 99.0]

@@ -379,3 +379,85 @@ async def test_an_order_placed_after_the_outbox_closed_is_audited_whole(tmp_path
         broker.close()
     assert order.status == "FILLED"
     assert [getattr(r, "status", None) for r in audit] == ["OPEN", "FILLED"]
+
+
+def good_till(seconds: float, key: str = "k1") -> OrderRequest:
+    return request(key, action="PLACE_LIMIT_ORDER", openPrice=98.0, expiresInSeconds=seconds)
+
+
+async def test_a_limit_good_till_a_time_is_canceled_at_the_first_price_after(
+    broker: PaperBroker, sink: Sink
+) -> None:
+    """Ticks: a tick before the expiry can fill it, one at or after it finds it canceled."""
+    await broker.on_tick("BTC", 100.0, T0)
+    order = await broker.submit(good_till(60))
+    assert order.expires_ms == T0 + 60_000
+    await broker.on_tick("BTC", 99.0, T0 + 30_000)
+    assert broker.get_order(order.client_order_id).status == "OPEN"  # type: ignore[union-attr]
+    await broker.on_tick("BTC", 97.0, T0 + 60_000)  # would have filled it
+    gone = broker.get_order(order.client_order_id)
+    assert gone is not None and (gone.status, gone.fill_price) == ("CANCELED", None)
+    assert gone.reason == "expired: good till 2023-11-14T22:14:20.000Z"
+    assert sink.topics()[-1] == "order.canceled" and not broker.positions("agent")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "open_ms", "status"),
+    [
+        (90, T0 + MIN, "FILLED"),  # expires inside the candle: it may have traded in it
+        (30, T0, "CANCELED"),  # expires inside a candle that does not reach it
+        (30, T0 + 5 * MIN, "CANCELED"),  # expired in a gap before the candle opened
+    ],
+)
+async def test_candles_fill_a_good_till_limit_only_while_it_lives(
+    broker: PaperBroker, seconds: float, open_ms: int, status: str
+) -> None:
+    await broker.on_tick("BTC", 100.0, T0)
+    order = await broker.submit(good_till(seconds))
+    if open_ms == T0:
+        candle = bar(100, 101, 99, 100, T0 + MIN)  # never down to 98
+    else:
+        candle = Candle(open=100, high=101, low=97, close=99, volume=0.0,
+                        open_time_ms=open_ms, close_time_ms=open_ms + MIN)  # fmt: skip
+    await broker.on_candle("BTC", candle)
+    got = broker.get_order(order.client_order_id)
+    assert got is not None and got.status == status
+    assert (got.fill_price == 98.0) == (status == "FILLED")
+
+
+async def test_a_good_till_limit_expires_after_a_restart(tmp_path: Path, sink: Sink) -> None:
+    b1 = PaperBroker(tmp_path, sink)
+    await b1.on_tick("BTC", 100.0, T0)
+    order = await b1.submit(good_till(60))
+    b1.close()
+    b2 = PaperBroker(tmp_path, sink)
+    try:
+        await b2.on_tick("BTC", 99.0, T0 + 61_000)
+        assert b2.get_order(order.client_order_id).status == "CANCELED"  # type: ignore[union-attr]
+    finally:
+        b2.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"expiresInSeconds": 60}, "only for PLACE_LIMIT_ORDER, not PLACE_MARKET_ORDER"),
+        (
+            {
+                "action": "CANCEL_ORDER",
+                "orderId": "x",
+                "side": None,
+                "volume": None,
+                "expiresInSeconds": 60,
+            },
+            "only for PLACE_LIMIT_ORDER, not CANCEL_ORDER",
+        ),
+        ({"action": "PLACE_LIMIT_ORDER", "openPrice": 9.0, "expiresInSeconds": 0}, "> 0"),
+        ({"action": "PLACE_LIMIT_ORDER", "openPrice": 9.0, "expiresInSeconds": 4e7}, "<= 3"),
+    ],
+)
+def test_expires_in_seconds_is_for_limit_orders_and_bounded(
+    fields: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(Exception, match=error):
+        request(**fields)
