@@ -355,12 +355,12 @@ async def _relay(
             except StoreError as exc:
                 log.warning("leader records not kept", error=str(exc))
         for out in signals:
-            if out.topic != MARKETPLACE_STRATEGY_UPDATED:
-                audit(_signal_record(out))
             try:
                 await send.send(out)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
+            if out.topic != MARKETPLACE_STRATEGY_UPDATED:  # "accepted": it was published
+                audit(_signal_record(out))
 
 
 def _signal_record(event: FeedEvent) -> SignalRecord:
