@@ -7,6 +7,7 @@ yellow, so a wall of IGNOREs does not hide the one line that mattered.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -137,11 +138,16 @@ def _risk(rec: Record, line: Text) -> None:
 
 
 def price_text(price: object) -> str:
-    """A price as a trader reads it: every digit that matters, no float tail
-    (an average of partial fills may end in ...0000000002); not a number: as is."""
+    """A price as a trader reads it: its 12 significant digits, no float tail (an
+    average of partial fills may end in ...0000000002; 92265.66 is 92265.660000000003
+    to 12 decimals), never an exponent; not a number: as is."""
     if isinstance(price, bool) or not isinstance(price, int | float):
         return str(price)
-    return f"{price:.12f}".rstrip("0").rstrip(".")
+    if not math.isfinite(price) or price == 0:
+        return f"{price:g}"
+    decimals = max(0, 11 - math.floor(math.log10(abs(price))))
+    text = f"{price:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _order(rec: Record, line: Text) -> None:
@@ -159,6 +165,8 @@ def _order(rec: Record, line: Text) -> None:
         f" {_s(rec, 'side')} {size} {_s(rec, 'symbol')}{at} "
         f"({_s(rec, 'orderType')}, {_s(rec, 'role')}) {_s(rec, 'clientOrderId')}"
     )
+    if status in ("CANCELED", "REJECTED") and rec.get("reason"):
+        line.append(f": {_s(rec, 'reason')}")  # canceled by request, expired, one-cancels-other
     _at_market_time(rec, line)
 
 

@@ -139,7 +139,7 @@ def _other_line(r: Record) -> str:
         price = f" @ {price_text(r['price'])}" if r.get("price") is not None else ""
         return (
             f"order {r.get('clientOrderId')} {r.get('status')} {r.get('side')} {r.get('volume')} "
-            f"{r.get('symbol')}{price} ({r.get('role')}){_at(r)}"
+            f"{r.get('symbol')}{price} ({r.get('role')}){_why_ended(r)}{_at(r)}"
         )
     return f"{kind} record"
 
@@ -149,13 +149,21 @@ def _trade_summary(orders: list[Record]) -> str:
     entries = [r for r in orders if r.get("role") in ("entry", "close")] or orders
     last = entries[-1]
     price = f" @ {price_text(last['price'])}" if last.get("price") is not None else ""
-    text = f"order {last.get('clientOrderId')} {last.get('status')}{price}"
+    text = f"order {last.get('clientOrderId')} {last.get('status')}{price}{_why_ended(last)}"
     exits = [
         r for r in orders if r is not last and r.get("status") == "FILLED" and r not in entries
     ]
     if exits:
         text += f"; closed by {exits[-1].get('role')} @ {price_text(exits[-1].get('price'))}{_at(exits[-1])}"
     return text
+
+
+def _why_ended(r: Record) -> str:
+    """': <reason>' of a canceled or rejected order row (expired, one-cancels-other, by
+    request), or ''."""
+    if r.get("status") in ("CANCELED", "REJECTED") and r.get("reason"):
+        return f": {r.get('reason')}"
+    return ""
 
 
 def _at(r: Record) -> str:

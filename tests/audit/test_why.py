@@ -87,8 +87,11 @@ def test_why_an_order_tells_its_agents_story(logdir: Path) -> None:
 def test_prices_read_without_a_float_tail(tmp_path: Path) -> None:
     """`why` and `audit tail` print a fill's price with the digits that matter: an
     average of partial fills ending in ...0000000002 reads 1696.81."""
-    assert [price_text(p) for p in (1696.8100000000002, 65000.0, 0.00001234, 2, "n/a")] == [
-        "1696.81", "65000", "0.00001234", "2", "n/a"
+    prices = (1696.8100000000002, 65000.0, 0.00001234, 2, "n/a", 92265.66, 1.2345678901234e-05,
+              123456789012345.0, 0.0, -0.5)  # fmt: skip
+    assert [price_text(p) for p in prices] == [
+        "1696.81", "65000", "0.00001234", "2", "n/a", "92265.66", "0.0000123456789012",
+        "123456789012345", "0", "-0.5",
     ]  # fmt: skip
     w = AuditWriter(tmp_path)
     w.write(order(status="FILLED", price=1696.8100000000002))
@@ -97,6 +100,21 @@ def test_prices_read_without_a_float_tail(tmp_path: Path) -> None:
     assert exp.agents[0].why == "order mw-1 FILLED @ 1696.81"
     tail = CliRunner().invoke(audit_group, ["tail", "--dir", str(tmp_path)])
     assert tail.exit_code == 0 and "@ 1696.81 (limit" in tail.output
+
+
+def test_an_order_that_ended_unfilled_says_why(tmp_path: Path) -> None:
+    """A canceled order's row says why it ended (here: a limit good till a time) in
+    `why` and in `audit tail`; a filled one has no such tail."""
+    expired = "expired: good till 2025-01-10T07:20:00.000Z"
+    w = AuditWriter(tmp_path)
+    w.write(order(status="OPEN", reason="far bid"))
+    w.write(order(status="CANCELED", reason=expired))
+    w.close()
+    exp = explain(collect(tmp_path, "mw-1"), "mw-1")
+    assert exp.agents[0].why == f"order mw-1 CANCELED @ 1000: {expired}"
+    tail = CliRunner().invoke(audit_group, ["tail", "--dir", str(tmp_path)])
+    opened, canceled = tail.output.splitlines()
+    assert "far bid" not in opened and f"(limit, entry) mw-1: {expired}" in canceled
 
 
 def test_why_reasons_are_specific(logdir: Path) -> None:
