@@ -11,9 +11,11 @@ slower than the producers), ``write()`` flushes inline rather than dropping
 records; ``inline_flushes`` counts how often that happened.
 
 A failed write (disk full, directory gone) never takes the daemon down: the
-flusher logs it, counts it in ``errors``, keeps the batch and retries on the
-next interval; only beyond ``max_pending`` are the oldest records dropped
-(``dropped``). A batch that failed halfway may be written twice on retry.
+flusher counts it in ``errors``, keeps the batch and retries after a second,
+then after twice as long each time up to 30 s (no inline write meanwhile);
+only beyond ``max_pending`` are the oldest records dropped (``dropped``). The
+log says so once when the writes start failing, then once a minute, and once
+when they work again. A batch that failed halfway may be written twice on retry.
 
 Disk stays bounded: files are ``audit-YYYY-MM-DD[.N].jsonl`` (the day of the
 record's ``ts``); a part rolls over at ``max_file_bytes``; a part the writer
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import date, timedelta
@@ -51,6 +54,12 @@ log = structlog.get_logger("audit")
 
 class AuditWriter:
     """Appends audit records under ``directory`` (created on first write)."""
+
+    # A failing disk: the first retry after this many seconds, doubling up to the most;
+    # the log repeats the failure once per ``failure_log_every`` seconds.
+    retry_first = 1.0
+    retry_most = 30.0
+    failure_log_every = 60.0
 
     def __init__(
         self,
@@ -92,6 +101,11 @@ class AuditWriter:
         self._wake: anyio.Event | None = None
         self._flushed: anyio.Event | None = None
         self._io_lock = threading.Lock()
+        # While writes fail: when the streak began, the next retry and the next log.
+        self._failing_since: float | None = None
+        self._retry_delay = 0.0
+        self._retry_at = 0.0
+        self._next_log = 0.0
         self._fh: BinaryIO | None = None
         self._fh_key: tuple[str, int] | None = None
         self._closed = False
@@ -111,12 +125,19 @@ class AuditWriter:
         if self._closed:
             self.flush_sync()
         elif len(self._pending) >= self.max_pending:
+            if self._backing_off():  # the disk failed a moment ago: drop, do not block
+                overflow = len(self._pending) - self.max_pending + 1
+                del self._pending[:overflow]
+                self.dropped += overflow
+                return
             self.inline_flushes += 1
             batch, self._pending = self._pending, []
             try:
                 self._write_batch(batch)
             except StoreError as exc:
                 self._keep(batch, exc)
+            else:
+                self._recovered()
         elif len(self._pending) >= self.flush_every and self._wake is not None:
             self._wake.set()
 
@@ -139,8 +160,12 @@ class AuditWriter:
         self._wake = anyio.Event()
         task_status.started()
         while True:
-            with anyio.move_on_after(self.flush_interval):
-                await self._wake.wait()
+            backoff = self._retry_at - time.monotonic()
+            if backoff > 0:  # a failing disk is not hammered on every full batch
+                await anyio.sleep(backoff)
+            else:
+                with anyio.move_on_after(self.flush_interval):
+                    await self._wake.wait()
             self._wake = anyio.Event()
             if self._pending:
                 batch, self._pending = self._pending, []
@@ -148,21 +173,54 @@ class AuditWriter:
                     await anyio.to_thread.run_sync(self._write_batch, batch)
                 except StoreError as exc:
                     self._keep(batch, exc)
+                else:
+                    self._recovered()
                 if self._flushed is not None:
                     self._flushed.set()
                     self._flushed = None
 
     def _keep(self, batch: list[tuple[str, bytes]], exc: StoreError) -> None:
-        """A write failed: requeue the batch (oldest dropped beyond max_pending), log it."""
+        """A write failed: requeue the batch (oldest dropped beyond max_pending), retry
+        later, and log it when the failures start (then once a minute)."""
         self.errors += 1
         self.last_error = str(exc)
         keep = batch + self._pending
         overflow = max(0, len(keep) - self.max_pending)
         self.dropped += overflow
         self._pending = keep[overflow:]
+        now = time.monotonic()
+        self._retry_delay = min(self.retry_most, self._retry_delay * 2 or self.retry_first)
+        self._retry_at = now + self._retry_delay
+        if self._failing_since is None:
+            self._failing_since = now
+            what = "audit writes failing; rows are kept in memory and retried"
+        elif now >= self._next_log:
+            what = "audit writes still failing"
+        else:
+            return
+        self._next_log = now + self.failure_log_every
         log.warning(
-            "audit_write_failed", error=str(exc), pending=len(self._pending), dropped=self.dropped
+            what,
+            error=str(exc),
+            failing_for_s=round(now - self._failing_since),
+            pending=len(self._pending),
+            dropped=self.dropped,
+            retry_in_s=self._retry_delay,
         )
+
+    def _backing_off(self) -> bool:
+        return self._failing_since is not None and time.monotonic() < self._retry_at
+
+    def _recovered(self) -> None:
+        """A write worked: after a failing streak, say so once."""
+        if self._failing_since is None:
+            return
+        log.info(
+            "audit writes recovered",
+            failed_for_s=round(time.monotonic() - self._failing_since),
+            dropped=self.dropped,
+        )
+        self._failing_since, self._retry_delay, self._retry_at = None, 0.0, 0.0
 
     async def next_flush(self) -> None:
         """Wait for the flusher task's next write attempt (health checks, tests)."""

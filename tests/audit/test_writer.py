@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import structlog.testing
 
 from daemon.audit.files import AuditFile, list_files, open_lines
 from daemon.audit.records import encode_line
@@ -195,6 +196,35 @@ async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
             await w.next_flush()
     assert [r["reason"] for r in lines(target)] == ["first", "second"]
     assert w.dropped == 0
+
+
+async def test_a_failing_disk_is_logged_once_backed_off_and_bounded(tmp_path: Path) -> None:
+    """Disk full for a while: one warning when it starts (not one per batch, which
+    were 1,961 lines in 10 s), no write attempt between retries (the producer is not
+    blocked and memory stays at max_pending, the oldest dropped), and one line when
+    the writes work again, with nothing lost but what was dropped."""
+    target = tmp_path / "audit"
+    target.write_text("not a directory")
+    with structlog.testing.capture_logs() as logs:
+        async with open_audit(target, flush_every=2, flush_interval=0.01, max_pending=10) as w:
+            w.retry_first, w.retry_most = 0.2, 0.2
+            for i in range(200):
+                w.write(hook(reason=f"r{i}"))
+                await anyio.sleep(0.002)
+            assert w.errors <= 4 and w.inline_flushes == 0  # retried every 0.2 s at most
+            assert w.pending <= 10 and w.dropped >= 190
+            target.unlink()
+            with anyio.fail_after(5):
+                while w.pending:  # noqa: ASYNC110 - the flusher's retry empties it
+                    await anyio.sleep(0.05)
+    said = [(e["log_level"], e["event"]) for e in logs]
+    assert said == [
+        ("warning", "audit writes failing; rows are kept in memory and retried"),
+        ("info", "audit writes recovered"),
+    ]
+    kept = [r["reason"] for r in lines(target)]
+    assert kept == [f"r{i}" for i in range(200 - len(kept), 200)]
+    assert len(kept) + w.dropped == 200
 
 
 def test_a_follower_reads_the_rest_of_a_part_from_its_gz(tmp_path: Path) -> None:
