@@ -229,10 +229,11 @@ class AuditWriter:
         await self._flushed.wait()
 
     async def flush(self) -> None:
-        """Write everything queued so far, from a worker thread."""
-        if self._pending:
-            batch, self._pending = self._pending, []
-            await anyio.to_thread.run_sync(self._write_batch, batch)
+        """Write everything queued so far, from a worker thread; on return a batch the
+        flusher was writing meanwhile is written too (``durable`` counts it: the
+        checkpoints' stop relies on that)."""
+        batch, self._pending = self._pending, []
+        await anyio.to_thread.run_sync(self._write_batch, batch)
 
     def flush_sync(self) -> None:
         """Write everything queued so far in this thread (shutdown, back-pressure)."""
@@ -259,6 +260,8 @@ class AuditWriter:
 
     def _write_batch(self, batch: list[tuple[str, bytes]]) -> None:
         with self._io_lock:
+            if not batch:  # (a flush that only waits for the batch in flight)
+                return
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 start = 0
@@ -274,7 +277,7 @@ class AuditWriter:
                     self._opened, self._unchecked = False, 0
             except OSError as exc:
                 raise StoreError(f"{self.directory}: cannot write audit log: {exc}") from None
-        self.written += len(batch)
+            self.written += len(batch)  # under the lock: a waiting flush() sees it counted
 
     def _append(self, day: str, data: bytes) -> None:
         fh = self._open_for(day)
