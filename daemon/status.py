@@ -111,6 +111,9 @@ class HooksStatus(msgspec.Struct, frozen=True):
     # did not hold (the account or lastOutputs a hook read had changed).
     lookahead_used: int = 0
     lookahead_missed: int = 0
+    # The hook store's failure while it lasts (disk full): decisions that would act
+    # are suppressed ("store").
+    store_error: str = ""
     # Where the agents' workspaces were (absolute): commands given only the state dir
     # read the same agents (a backtest's or the demo's are not ./agents).
     agents_dir: str = ""

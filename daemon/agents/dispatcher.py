@@ -52,7 +52,7 @@ from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
 from daemon.copytrade.view import follower_view
-from daemon.errors import HookRequestTooLarge
+from daemon.errors import HookRequestTooLarge, StoreError
 from daemon.events import (
     COPYTRADE_SIGNALS,
     FeedEvent,
@@ -179,6 +179,9 @@ class Dispatcher:
     cpu: CpuBudget | None = None
     # (agent, signal event id) of copied orders already alerted as refused
     _refused: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
+    # The hook store's failure while it lasts ("" = it works): decisions that would act
+    # are suppressed ("store"), logged when it starts and when it ends.
+    store_error: str = ""
 
     # -- the per-agent loop ----------------------------------------------------
 
@@ -604,9 +607,31 @@ class Dispatcher:
         return None
 
     def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: Decision) -> str:
-        """dedupe / cooldown / paused, or ``none``; records the key and cooldown if acting."""
+        """dedupe / cooldown / paused / store, or ``none``; records the key and cooldown
+        if acting. A store that cannot record them (disk full) acts on nothing: an
+        intent acted on without its key could be placed again after a restart."""
         if rt.paused:
             return "paused"
+        try:
+            blocked = self._dedupe_and_cooldown(rt, event, hook, d)
+        except StoreError as exc:
+            if not self.store_error:
+                log.error(
+                    "hook store failing: decisions that would act are suppressed (store)",
+                    agent=rt.agent_id,
+                    error=str(exc),
+                )
+            self.store_error = str(exc)
+            return "store"
+        wrote = blocked == "none" and (d.dedupe_key is not None or bool(d.cooldown_seconds))
+        if self.store_error and wrote:
+            log.info("hook store works again", agent=rt.agent_id)
+            self.store_error = ""
+        return blocked
+
+    def _dedupe_and_cooldown(
+        self, rt: AgentRuntime, event: FeedEvent, hook: str, d: Decision
+    ) -> str:
         event_ms = parse_iso_ms(event.ts)
         scope = event.symbol or "*"
         key = d.dedupe_key
@@ -626,7 +651,7 @@ class Dispatcher:
         if r.hook_id in rt.paused_hooks:
             return
         rt.paused_hooks.add(r.hook_id)
-        self.store.pause(rt.agent_id, r.hook_id, r.error or "paused")  # logged by self.health
+        self._keep_pause(rt, r.hook_id, r.error or "paused")  # logged by self.health
         limit = rt.agent.config.pause_agent_after_paused_hooks
         if limit and len(rt.paused_hooks) >= limit and not rt.paused:
             self.pause_agent(rt, f"{len(rt.paused_hooks)} hooks paused")
@@ -635,8 +660,16 @@ class Dispatcher:
         """Stop acting for this agent (hooks still evaluate and are audited)."""
         rt.paused = True
         rt.scheduler.set_paused(True)
-        self.store.pause(rt.agent_id, AGENT_WIDE, reason)
+        self._keep_pause(rt, AGENT_WIDE, reason)
         log.warning("agent paused", agent=rt.agent_id, reason=reason)
+
+    def _keep_pause(self, rt: AgentRuntime, hook: str, reason: str) -> None:
+        """Persist a pause; one the store cannot keep holds until the daemon stops."""
+        try:
+            self.store.pause(rt.agent_id, hook, reason)
+        except StoreError as exc:
+            log.error("pause not saved: it holds until the daemon stops", agent=rt.agent_id,
+                      hook=hook, error=str(exc))  # fmt: skip
 
     def resume_agent(self, rt: AgentRuntime) -> None:
         """Act again for this agent."""

@@ -116,6 +116,7 @@ class AgentManager:
         # (agent, hook) -> why the file's revision is not running: it did not compile.
         self._compile_errors: dict[tuple[str, str], str] = {}
         self._warned_missing = False
+        self._rescan_error = ""  # the store failure the last rescans hit ("" = none)
         self._bad_revisions: set[tuple[str, str, str]] = set()
 
     def _keep_source(self, spec: HookSpec) -> None:
@@ -163,6 +164,7 @@ class AgentManager:
             lookahead_used=d.ahead_used,
             lookahead_missed=d.ahead_missed,
             agents_dir=str(self.agents_dir.absolute()),
+            store_error=d.store_error,
             agents={
                 agent_id: AgentStatus(
                     hooks={h: s.revision for h, s in rt.agent.hooks.items()},
@@ -240,8 +242,17 @@ class AgentManager:
         cannot start) is logged and retried next time; running agents are untouched."""
         try:
             await self.rescan()
+        except StoreError as exc:  # (disk full) once, not once a second
+            if str(exc) != self._rescan_error:
+                log.error("agents rescan failed; will retry", error=str(exc))
+            self._rescan_error = str(exc)
+            return
         except Exception:
             log.exception("agents rescan failed; will retry", path=str(self.agents_dir))
+            return
+        if self._rescan_error:
+            log.info("agents rescan works again")
+            self._rescan_error = ""
 
     async def rescan(self) -> None:
         """Apply every change on disk since the last scan (problems logged once each)."""

@@ -14,10 +14,12 @@ leaves a resume request the daemon picks up on its next reload tick.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Concatenate, Literal, ParamSpec, TypeVar
 
 from daemon.errors import StoreError
 from daemon.sqlite import open_sqlite
@@ -50,6 +52,26 @@ PRUNE_EVERY = 512  # marks between retention sweeps
 MAX_COOLDOWNS_CACHED = 65_536  # (agent, hook, scope) cooldowns held in memory
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _store_errors(
+    fn: Callable[Concatenate[HookStore, _P], _R],
+) -> Callable[Concatenate[HookStore, _P], _R]:
+    """A method's SQLite failure (disk full, a corrupt file) as one :exc:`StoreError`
+    naming the file and the method: callers handle that, not sqlite3's exceptions."""
+
+    @functools.wraps(fn)
+    def checked(self: HookStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: hook store ({fn.__name__}): {exc}") from None
+
+    return checked
+
+
 class HookStore:
     """One SQLite file under the state dir; every method is a short transaction."""
 
@@ -79,6 +101,7 @@ class HookStore:
 
     # -- revisions -----------------------------------------------------------
 
+    @_store_errors
     def record_revision(
         self, agent: str, hook: str, revision: str, path: str, compile_error: str | None
     ) -> bool:
@@ -89,10 +112,12 @@ class HookStore:
         )
         return cur.rowcount == 1
 
+    @_store_errors
     def agents(self) -> list[str]:
         """Every agent some hook revision was recorded for (the agents that ran)."""
         return [str(a) for (a,) in self._db.execute("SELECT DISTINCT agent FROM revisions")]
 
+    @_store_errors
     def compile_errors(self, agent: str) -> list[tuple[str, str, str]]:
         """(hook, revision, error) of the agent's revisions that did not compile."""
         rows = self._db.execute(
@@ -102,6 +127,7 @@ class HookStore:
         )
         return [(str(h), str(r), str(e)) for h, r, e in rows]
 
+    @_store_errors
     def revisions(self, agent: str, hook: str) -> list[tuple[str, float, str | None]]:
         """(revision, first_seen, compile_error) of one hook, oldest first."""
         rows = self._db.execute(
@@ -113,15 +139,18 @@ class HookStore:
 
     # -- dedupe and cooldown ---------------------------------------------------
 
+    @_store_errors
     def seen(self, agent: str, key: str) -> bool:
         """Whether this agent already acted on ``key``."""
         row = self._db.execute("SELECT 1 FROM dedupe WHERE agent=? AND key=?", (agent, key))
         return row.fetchone() is not None
 
+    @_store_errors
     def mark(self, agent: str, key: str, event_ms: int) -> None:
         """Record that the agent acted on ``key`` (see :meth:`claim`)."""
         self.claim(agent, key, event_ms)
 
+    @_store_errors
     def claim(self, agent: str, key: str, event_ms: int) -> bool:
         """Record that the agent acts on ``key``: False if it already had (nothing
         written), in one statement where ``seen`` then ``mark`` took two. Now and then
@@ -135,6 +164,7 @@ class HookStore:
             self.prune_dedupe(agent, event_ms)
         return cur.rowcount == 1
 
+    @_store_errors
     def prune_dedupe(self, agent: str, event_ms: int) -> int:
         """Apply retention and the per-agent key cap; returns how many keys were dropped."""
         with self._db:
@@ -154,6 +184,7 @@ class HookStore:
                 ).rowcount
         return dropped
 
+    @_store_errors
     def cooling(self, agent: str, hook: str, scope: str, event_ms: int) -> bool:
         """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``."""
         at = (agent, hook, scope)
@@ -167,6 +198,7 @@ class HookStore:
             until = self._cooldowns[at] = int(row[0]) if row is not None else 0
         return event_ms < until
 
+    @_store_errors
     def start_cooldown(self, agent: str, hook: str, scope: str, until_ms: int) -> None:
         """Suppress this hook's actions for ``scope`` until ``until_ms`` (event time)."""
         self._db.execute(
@@ -176,20 +208,24 @@ class HookStore:
 
     # -- pauses ----------------------------------------------------------------
 
+    @_store_errors
     def pause(self, agent: str, hook: str, reason: str) -> None:
         """Persist a pause (``hook`` = AGENT_WIDE pauses the whole agent)."""
         self._db.execute(
             "INSERT OR REPLACE INTO pauses VALUES (?, ?, ?, ?)", (agent, hook, reason, time.time())
         )
 
+    @_store_errors
     def unpause(self, agent: str, hook: str) -> None:
         """Forget a persisted pause (a new revision of the hook starts fresh)."""
         self._db.execute("DELETE FROM pauses WHERE agent=? AND hook=?", (agent, hook))
 
+    @_store_errors
     def pauses(self) -> list[tuple[str, str, str, float]]:
         """Every persisted pause: (agent, hook, reason, since)."""
         return list(self._db.execute("SELECT agent, hook, reason, since FROM pauses"))
 
+    @_store_errors
     def request_resume(self, agent: str, hook: str) -> bool:
         """Lift a pause (CLI side); True if something was paused."""
         with self._db:
@@ -202,6 +238,7 @@ class HookStore:
 
     # -- applied marks ---------------------------------------------------------------
 
+    @_store_errors
     def applied(self, agent: str) -> dict[str, tuple[int, str]]:
         """The last (event ms, event id) the agent finished, per partition."""
         rows = self._db.execute(
@@ -219,11 +256,13 @@ class HookStore:
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot save applied marks: {exc}") from None
 
+    @_store_errors
     def reset_applied(self) -> int:
         """Forget every agent's marks (a replay started over). Returns rows deleted."""
         with self._db:
             return self._db.execute("DELETE FROM applied").rowcount
 
+    @_store_errors
     def take_resume_requests(self) -> list[tuple[str, str]]:
         """Pending resume requests (daemon side), removed as they are returned."""
         with self._db:

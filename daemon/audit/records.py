@@ -18,7 +18,11 @@ from daemon.events import iso_ms, now_ms
 
 # "shutdown": a wake still waiting for its run when the daemon stopped.
 # "cost": the agent's LLM runs reached [wake] max_cost_per_day.
-SuppressedBy = Literal["dedupe", "cooldown", "budget", "cost", "paused", "shutdown", "none"]
+# "store": the hook store could not record the decision's dedupe key or cooldown
+# (disk full): nothing is acted on without them.
+SuppressedBy = Literal[
+    "dedupe", "cooldown", "budget", "cost", "paused", "shutdown", "store", "none"
+]
 
 
 _last_ts: tuple[int, str] = (0, "")

@@ -153,6 +153,11 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             f"{backoffs} skipped in backoff, {hooks.failures} handler errors; sandbox layers: "
             + (", ".join(hooks.sandbox_layers) or "none yet")
         )
+        if hooks.store_error:
+            lines.append(
+                f"  HOOK STORE FAILING: {hooks.store_error}: WAKE, ALERT and TRADE_INTENT "
+                "decisions are suppressed (store) until it works again"
+            )
         for agent, a in hooks.agents.items():
             paused = " PAUSED" if a.paused else ""
             held = f", paused hooks: {', '.join(a.paused_hooks)}" if a.paused_hooks else ""

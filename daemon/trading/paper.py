@@ -367,9 +367,11 @@ class PaperBroker:
                 at = c.mark_ms.get(symbol, 0)
                 if symbol not in marks or at > marks[symbol][0]:
                     marks[symbol] = (at, price)
-        with self._store.transaction():
-            self._store.put_marks({s: price for s, (_, price) in marks.items()})
-        self._store.close()
+        try:
+            with self._store.transaction():
+                self._store.put_marks({s: price for s, (_, price) in marks.items()})
+        finally:
+            self._store.close()  # (a failed save still releases the file; the error goes up)
 
     # --- internals ----------------------------------------------------------
 

@@ -77,3 +77,20 @@ def test_status_says_when_the_agents_runs_fail() -> None:
         in recovered
     )
     assert "FAIL" not in shown() and "failed" not in shown()
+
+
+def test_status_says_when_the_hook_store_fails() -> None:
+    def shown(store_error: str) -> str:
+        hooks = HooksStatus(sandbox_layers=[], evaluations=0, suppressed=0, failures=0,
+                            agents={}, store_error=store_error)  # fmt: skip
+        st = Status(pid=1, started_at=0.0, written_at=0.0, running=False,
+                    bus=BusStatus(published=0, delivered=0, coalesced=0, subscriptions=()),
+                    feeds=[], state={}, components={"hooks": hooks})  # fmt: skip
+        return _render_status(st, None)
+
+    full = "state/hooks.sqlite3: hook store (claim): database or disk is full"
+    assert (
+        f"  HOOK STORE FAILING: {full}: WAKE, ALERT and TRADE_INTENT decisions are "
+        "suppressed (store) until it works again"
+    ) in shown(full)
+    assert "HOOK STORE" not in shown("")
