@@ -203,7 +203,8 @@ async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
 async def test_a_failing_disk_is_logged_once_backed_off_and_bounded(tmp_path: Path) -> None:
     """Disk full for a while: one warning when it starts (not one per batch, which
     were 1,961 lines in 10 s), no write attempt between retries (the producer is not
-    blocked and memory stays at max_pending, the oldest dropped), and one line when
+    blocked: it was an inline write per record; memory stays at max_pending, the
+    oldest dropped), and one line when
     the writes work again, with nothing lost but what was dropped."""
     target = tmp_path / "audit"
     target.write_text("not a directory")
@@ -216,7 +217,8 @@ async def test_a_failing_disk_is_logged_once_backed_off_and_bounded(tmp_path: Pa
                     w.write(hook(reason=f"r{i}"))
                     await anyio.sleep(0.002)
                 took = time.monotonic() - began
-                assert w.errors <= took / 0.2 + 2 and w.inline_flushes == 0  # every 0.2 s
+                # one attempt per 0.2 s, by the flusher or (once it is due) a write()
+                assert w.errors <= 2 * (took / 0.2 + 1)
                 assert w.pending <= 10 and w.dropped >= 190
             finally:
                 target.unlink()
