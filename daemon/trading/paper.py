@@ -425,6 +425,11 @@ class PaperBroker:
         """'Send' the order to the simulated venue, then fill it if it is marketable."""
         out: list[FeedEvent] = []
         now = self.now_ms(order.account_id)
+        if order.expires_ms is not None and order.expires_ms <= now:  # (recovered late)
+            with self._store.transaction():
+                self._cancel(order, f"expired: good till {ev.iso_ms(order.expires_ms)}", now, out)
+            await self._emit(out)
+            return self._store.get_order(order.client_order_id) or order
         opened = msgspec.structs.replace(order, status="OPEN", updated_ms=now)
         with self._store.transaction():
             self._save(opened)

@@ -461,3 +461,24 @@ def test_expires_in_seconds_is_for_limit_orders_and_bounded(
 ) -> None:
     with pytest.raises(Exception, match=error):
         request(**fields)
+
+
+async def test_an_order_recorded_before_a_crash_and_expired_since_is_not_opened(
+    tmp_path: Path, sink: Sink
+) -> None:
+    """Recorded (PENDING_SUBMIT), then the process died before opening it; by the
+    restart's recovery its time is up: it is canceled, never filled at the mark."""
+    now = [T0]
+    b1 = PaperBroker(tmp_path, sink, clock=lambda: now[0])
+    await b1.on_tick("BTC", 97.0, T0)  # marketable for a buy limit at 98
+    pending = b1._record(good_till(60))
+    b1.close()
+    now[0] = T0 + 61_000
+    b2 = PaperBroker(tmp_path, sink, clock=lambda: now[0])
+    try:
+        [recovered] = await b2.recover()
+        assert recovered.client_order_id == pending.client_order_id
+        assert (recovered.status, recovered.fill_price) == ("CANCELED", None)
+        assert recovered.reason.startswith("expired: good till") and not b2.positions("agent")
+    finally:
+        b2.close()
