@@ -668,8 +668,12 @@ class Dispatcher:
         try:
             self.store.pause(rt.agent_id, hook, reason)
         except StoreError as exc:
-            log.error("pause not saved: it holds until the daemon stops", agent=rt.agent_id,
-                      hook=hook, error=str(exc))  # fmt: skip
+            log.error(
+                "pause not saved: it holds until the daemon stops",
+                agent=rt.agent_id,
+                hook=hook,
+                error=str(exc),
+            )
 
     def resume_agent(self, rt: AgentRuntime) -> None:
         """Act again for this agent."""
