@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+import structlog
 
 from daemon import events as ev
-from daemon.errors import BrokerError
+from daemon.errors import BrokerError, StoreError
 from daemon.events import Candle, FeedEvent, Publish
 from daemon.trading.amend import amended, misfit
 from daemon.trading.broker import Broker, OrderRequest, child_order_id
@@ -57,7 +58,7 @@ from daemon.trading.portfolio import (
 )
 
 SOURCE = "paper"
-
+log = structlog.get_logger("paper")
 
 _CHILD_ROLES: frozenset[str] = frozenset({"stop_loss", "take_profit"})
 
@@ -360,7 +361,8 @@ class PaperBroker:
         await self._emit(out)
 
     def close(self) -> None:
-        """Save marks (each symbol's newest, whichever cursor saw it) and close the store."""
+        """Save marks (each symbol's newest, whichever cursor saw it) and close the store;
+        marks that cannot be saved are logged, not raised (the stop goes on)."""
         marks: dict[str, tuple[int, float]] = {}
         for c in self._cursors.values():
             for symbol, price in c.marks.items():
@@ -370,8 +372,10 @@ class PaperBroker:
         try:
             with self._store.transaction():
                 self._store.put_marks({s: price for s, (_, price) in marks.items()})
+        except StoreError as exc:  # (a full disk) a price cache: the next prices refill it
+            log.error("paper marks not saved at the stop", error=str(exc))
         finally:
-            self._store.close()  # (a failed save still releases the file; the error goes up)
+            self._store.close()
 
     # --- internals ----------------------------------------------------------
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import structlog.testing
 
 from daemon import events as ev
 from daemon.errors import BrokerError
@@ -482,3 +483,24 @@ async def test_an_order_recorded_before_a_crash_and_expired_since_is_not_opened(
         assert recovered.reason.startswith("expired: good till") and not b2.positions("agent")
     finally:
         b2.close()
+
+
+async def test_marks_a_full_disk_cannot_take_are_logged_and_the_stop_goes_on(
+    tmp_path: Path, sink: Sink
+) -> None:
+    """The marks are a price cache: failing to save them at the stop (a full disk; here
+    SQLite's query_only) is one error line, not an exception that ends the run with
+    exit 1; the file is released either way."""
+    b = PaperBroker(tmp_path, sink)
+    await b.on_tick("BTC", 100.0, T0)
+    b._store._db.execute("PRAGMA query_only=1")
+    with structlog.testing.capture_logs() as logs:
+        b.close()
+    assert [(e["log_level"], e["event"]) for e in logs] == [
+        ("error", "paper marks not saved at the stop")
+    ]
+    again = PaperBroker(tmp_path, sink)
+    try:
+        assert again.last_price("BTC") is None  # nothing was saved, nothing is locked
+    finally:
+        again.close()
