@@ -101,8 +101,12 @@ class Checkpoints:
             self.save()
 
     async def close(self) -> None:
-        """At stop: hand every audit row to the OS, then save every mark."""
-        await self.audit.flush()
+        """At stop: hand every audit row to the OS, then save every mark (of the rows
+        that are durable: after a failed flush, the marks that cover them wait)."""
+        try:
+            await self.audit.flush()
+        except StoreError as exc:  # (a full disk) the audit's own stop reports the loss
+            log.error("audit rows not written; their marks are not saved", error=str(exc))
         self.save()
 
     def resume_points(self, agents: list[str]) -> dict[str, int]:

@@ -29,6 +29,7 @@ day. The file being written is never deleted, so the worst case is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -233,7 +234,11 @@ class AuditWriter:
         flusher was writing meanwhile is written too (``durable`` counts it: the
         checkpoints' stop relies on that)."""
         batch, self._pending = self._pending, []
-        await anyio.to_thread.run_sync(self._write_batch, batch)
+        try:
+            await anyio.to_thread.run_sync(self._write_batch, batch)
+        except StoreError:
+            self._pending = batch + self._pending  # still held: a later flush may write it
+            raise
 
     def flush_sync(self) -> None:
         """Write everything queued so far in this thread (shutdown, back-pressure)."""
@@ -250,10 +255,18 @@ class AuditWriter:
         self.flush_sync()
 
     async def aclose(self) -> None:
-        """Write what is left, fsync and close; later writes go straight to disk."""
+        """Write what is left, fsync and close; later writes go straight to disk. What
+        cannot be written (a full disk) raises, saying how many rows are lost."""
         self._closed = True
         with anyio.CancelScope(shield=True):
-            await self.flush()
+            try:
+                await self.flush()
+            except StoreError as exc:
+                lost = self.accepted - self.written - self.dropped
+                self.dropped += lost
+                with contextlib.suppress(OSError):  # (what it still buffers fails alike)
+                    await anyio.to_thread.run_sync(self._close_file)
+                raise StoreError(f"{exc}: {lost} audit rows were not written") from None
             await anyio.to_thread.run_sync(self._close_file)
 
     # --- file I/O (worker thread, serialized) -------------------------------

@@ -12,9 +12,12 @@ import anyio
 import pytest
 import structlog.testing
 
+from daemon.agents.checkpoints import Checkpoints
+from daemon.agents.store import HookStore
 from daemon.audit.files import AuditFile, list_files, open_lines
 from daemon.audit.records import encode_line
 from daemon.audit.writer import AuditWriter, open_audit
+from daemon.errors import StoreError
 from daemon.trading.broker import OrderRequest
 from daemon.trading.intents import RiskLimits, parse_intent
 from daemon.trading.paper import PaperBroker
@@ -325,3 +328,33 @@ def test_each_row_goes_to_its_days_file_and_a_bad_time_to_todays(tmp_path: Path)
         with open_lines(f.path) as fh:
             by_day.setdefault(f.day, []).extend(json.loads(x)["reason"] for x in fh)
     assert by_day == {"2026-02-17": ["a", "e"], "2026-02-18": ["b"], now_ts()[:10]: ["c", "d"]}
+
+
+async def test_a_stop_on_a_failing_disk_says_how_many_rows_are_lost(tmp_path: Path) -> None:
+    target = tmp_path / "audit"
+    target.write_text("not a directory")
+    w = AuditWriter(target, flush_every=100)
+    for i in range(3):
+        w.write(hook(reason=f"r{i}"))
+    with pytest.raises(StoreError, match="3 audit rows were not written"):
+        await w.aclose()
+    assert w.dropped == 3 and w.durable == 3  # settled: the checkpoints do not wait on them
+
+
+async def test_the_checkpoints_stop_goes_on_when_the_audit_cannot_flush(tmp_path: Path) -> None:
+    """At a stop on a full disk the checkpoints log and save what is durable (nothing
+    here); the rows stay held for the audit writer's own stop, which reports them."""
+    target = tmp_path / "audit"
+    target.write_text("not a directory")
+    w = AuditWriter(target, flush_every=100)
+    store = HookStore(tmp_path / "hooks.sqlite3")
+    try:
+        w.write(hook())
+        with structlog.testing.capture_logs() as logs:
+            await Checkpoints(store, w).close()
+        assert [e["event"] for e in logs] == ["audit rows not written; their marks are not saved"]
+        assert w.pending == 1
+        with pytest.raises(StoreError, match="1 audit rows were not written"):
+            await w.aclose()
+    finally:
+        store.close()
