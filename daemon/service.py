@@ -150,6 +150,8 @@ class Service:
         self.errors: dict[str, str] = {}  # why each failed feed failed
         self._feeds_tg: TaskGroup | None = None
         self._consumers_done = anyio.Event()
+        self._status_error = ""  # why status.json could not be written ("" = it was)
+        self._snapshot_error = ""  # the same for the state snapshot
         self.started_at = time.time()
         self.run_id = new_run_id()  # stamped on every audit row of this run
         # Start a replay over: components forget what agents applied (see run()).
@@ -235,7 +237,11 @@ class Service:
         try:
             await anyio.to_thread.run_sync(write_snapshot, self.state_dir / SNAPSHOT_FILE, data)
         except StoreError as exc:
-            log.warning("state snapshot not written", error=str(exc))
+            if str(exc) != self._snapshot_error:  # once, not every status interval
+                log.warning("state snapshot not written", error=str(exc))
+            self._snapshot_error = str(exc)
+        else:
+            self._snapshot_error = ""
 
     # -- feeds ---------------------------------------------------------------
 
@@ -477,9 +483,20 @@ class Service:
         return msgspec.json.encode(self.status(running=True))
 
     def write_status(self, *, running: bool) -> Status:
-        """Write status.json atomically (temp file + rename)."""
+        """Write status.json atomically (temp file + rename); a failure (a full disk) is
+        logged once until a write works again, and the daemon goes on."""
         status = self.status(running=running)
-        write_status(self.state_dir, status)
+        try:
+            write_status(self.state_dir, status)
+        except StoreError as exc:
+            if not self._status_error:
+                what = "status.json not written; `marketwake status` asks the running daemon"
+                log.error(what, error=str(exc))
+            self._status_error = str(exc)
+        else:
+            if self._status_error:
+                log.info("status.json written again")
+            self._status_error = ""
         return status
 
     # -- main ----------------------------------------------------------------

@@ -8,6 +8,7 @@ add their own part under ``components`` (the hook pipeline: :class:`HooksStatus`
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -252,11 +253,17 @@ def _price(x: float) -> str:
 
 
 def write_status(state_dir: Path, status: Status) -> None:
-    """Write ``status.json`` atomically (temp file + rename)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``status.json`` atomically (temp file + rename); :exc:`StoreError` if it
+    cannot be (a full disk: the half-written temp file is removed)."""
     tmp = state_dir / (STATUS_FILE + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(status)))
-    tmp.replace(state_dir / STATUS_FILE)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(msgspec.json.format(msgspec.json.encode(status)))
+        tmp.replace(state_dir / STATUS_FILE)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {state_dir / STATUS_FILE}: {exc}") from None
 
 
 def read_status(state_dir: Path) -> Status:

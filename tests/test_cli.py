@@ -470,3 +470,22 @@ def test_sigterm_during_a_lagging_replay_stops_within_10_seconds(tmp_path: Path)
     assert "event handling failed" not in stderr and "Traceback" not in stderr
     status = json.loads((tmp_path / "state" / "status.json").read_text())
     assert status["running"] is False
+
+
+def test_a_deliberate_error_does_not_hide_what_failed_beside_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task group failing with a bug (or a full disk's OSError) and a store error
+    printed only the store error: the cause is now shown too, whole."""
+    from daemon.cli import main as entry
+    from daemon.errors import StoreError
+
+    def fails(**_: object) -> None:
+        raise ExceptionGroup("stop", [OSError(28, "No space left on device"), StoreError("lost")])
+
+    monkeypatch.setattr(entry.cli, "main", fails)
+    with pytest.raises(SystemExit) as ended:
+        entry.main()
+    err = capsys.readouterr().err
+    assert ended.value.code == StoreError("x").exit_code
+    assert "OSError: [Errno 28] No space left on device" in err and err.endswith("error: lost\n")

@@ -40,6 +40,23 @@ class ListFeed:
             await publish(e)
 
 
+class PacedListFeed(ListFeed):
+    """A ListFeed that waits ``gap`` seconds between events (the status loop turns)."""
+
+    def __init__(self, name: str, events: list[FeedEvent], gap: float) -> None:
+        super().__init__(name, events)
+        self.gap = gap
+
+    async def run(
+        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
+    ) -> None:
+        task_status.started()
+        for e in self.events:
+            health.beat()
+            await publish(e)
+            await anyio.sleep(self.gap)
+
+
 class SilentFeed:
     """A feed that starts and then never hears from its source again."""
 
@@ -386,3 +403,28 @@ async def test_a_stop_while_held_back_leaves_no_delivered_event_uncounted(tmp_pa
             await anyio.sleep(0.2)
             svc.request_stop()
     assert feed.sent > 8 and got == feed.sent
+
+
+async def test_a_state_dir_that_takes_no_status_or_snapshot_does_not_stop_the_daemon(
+    tmp_path: Path,
+) -> None:
+    """A full disk made the first status write after READY raise out of the status loop,
+    and the daemon stopped (its cause hidden behind the audit's error). Here the temp
+    files are directories: each failure is logged once and the run goes to its end."""
+    state = tmp_path / "state"
+    (state / "status.json.tmp").mkdir(parents=True)
+    (state / f"{SNAPSHOT_FILE}.tmp").mkdir()
+    events = [candle(i) for i in range(20)]
+    svc = Service(
+        make_config(tmp_path, status_interval_seconds=0.01),
+        lambda _: [PacedListFeed("slow", events, gap=0.01)],
+    )
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(10):
+        status = await svc.run()
+    assert status.bus.published == 20 and not status.running
+    said = [e["event"] for e in logs if e["log_level"] in ("error", "warning")]
+    assert said == [
+        "status.json not written; `marketwake status` asks the running daemon",
+        "state snapshot not written",
+    ]
+    assert not (state / "status.json").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 
 import click
 
@@ -56,16 +57,16 @@ def cli() -> None:
     """
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside task-group exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
 def _deliberate(exc: BaseException) -> MarketwakeError | None:
     """The MarketwakeError inside ``exc``, unwrapping task-group exception groups."""
-    if isinstance(exc, MarketwakeError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _deliberate(inner)
-            if found is not None:
-                return found
-    return None
+    return next((e for e in _leaves(exc) if isinstance(e, MarketwakeError)), None)
 
 
 def main() -> None:
@@ -82,5 +83,9 @@ def main() -> None:
         err = _deliberate(exc)
         if err is None:
             raise
+        # What failed beside it is a bug or the cause (a full disk's OSError): shown whole.
+        for other in _leaves(exc):
+            if isinstance(other, Exception) and not isinstance(other, MarketwakeError):
+                traceback.print_exception(other, file=sys.stderr)
         click.secho(f"error: {err}", fg="red", err=True)
         sys.exit(err.exit_code)
