@@ -128,7 +128,8 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             else "FAILED" if feed.failed
             else "finished" if feed.finished
             else "STALLED" if feed.stalled
-            else "live"
+            else "live" if live_pid is not None
+            else "stopped"  # with the daemon, before its end
         )  # fmt: skip
         lines.append(
             f"feed {feed.name}: {state}, silent {feed.silent_seconds:.1f}s, errors {feed.errors}"

@@ -6,7 +6,7 @@ import structlog.testing
 
 from daemon.agents.health import HealthTracker
 from daemon.cli.run import _render_status
-from daemon.status import AgentStatus, BusStatus, HooksStatus, Status
+from daemon.status import AgentStatus, BusStatus, FeedStatus, HooksStatus, Status
 
 
 def test_transitions_are_logged_once_each_and_counted() -> None:
@@ -94,3 +94,12 @@ def test_status_says_when_the_hook_store_fails() -> None:
         "suppressed (store) until it works again"
     ) in shown(full)
     assert "HOOK STORE" not in shown("")
+
+
+def test_a_feed_of_a_daemon_that_is_not_running_is_not_live() -> None:
+    feed = FeedStatus(name="replay", silent_seconds=0.0, errors=0, finished=False, stalled=False)
+    st = Status(pid=1, started_at=0.0, written_at=0.0, running=False,
+                bus=BusStatus(published=0, delivered=0, coalesced=0, subscriptions=()),
+                feeds=[feed], state={})  # fmt: skip
+    assert "feed replay: stopped," in _render_status(st, None)
+    assert "feed replay: live," in _render_status(st, 123)
