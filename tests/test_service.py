@@ -25,26 +25,12 @@ from feeds.base import Feed, FeedHealth, Publish
 
 
 class ListFeed:
-    """A finite feed that publishes a fixed list, beating on every event."""
+    """A finite feed that publishes a fixed list, beating on every event (``gap``
+    seconds apart, so the status loop can turn in between)."""
 
-    def __init__(self, name: str, events: list[FeedEvent]) -> None:
+    def __init__(self, name: str, events: list[FeedEvent], gap: float = 0.0) -> None:
         self.name = name
         self.events = events
-
-    async def run(
-        self, publish: Publish, health: FeedHealth, *, task_status: TaskStatus[None]
-    ) -> None:
-        task_status.started()
-        for e in self.events:
-            health.beat()
-            await publish(e)
-
-
-class PacedListFeed(ListFeed):
-    """A ListFeed that waits ``gap`` seconds between events (the status loop turns)."""
-
-    def __init__(self, name: str, events: list[FeedEvent], gap: float) -> None:
-        super().__init__(name, events)
         self.gap = gap
 
     async def run(
@@ -54,7 +40,8 @@ class PacedListFeed(ListFeed):
         for e in self.events:
             health.beat()
             await publish(e)
-            await anyio.sleep(self.gap)
+            if self.gap:
+                await anyio.sleep(self.gap)
 
 
 class SilentFeed:
@@ -417,7 +404,7 @@ async def test_a_state_dir_that_takes_no_status_or_snapshot_does_not_stop_the_da
     events = [candle(i) for i in range(20)]
     svc = Service(
         make_config(tmp_path, status_interval_seconds=0.01),
-        lambda _: [PacedListFeed("slow", events, gap=0.01)],
+        lambda _: [ListFeed("slow", events, gap=0.01)],
     )
     with structlog.testing.capture_logs() as logs, anyio.fail_after(10):
         status = await svc.run()
