@@ -4,7 +4,7 @@ Read-only, from the state dir the daemon writes (run it as the service user):
 the webhook's inbox (signals per leader and the newest one's lag), the state
 snapshot's leaders' book (open leader positions), the paper broker's orders
 (what each follower agent made of each position, and where it drifts) and the
-audit log (the last signal answers).
+audit log (the last signals: the doors' answers and the leader agents' signals).
 """
 
 from __future__ import annotations
@@ -200,14 +200,15 @@ def _drift(
     default=10,
     type=click.IntRange(min=0),
     show_default=True,
-    help="How many last signal answers.",
+    help="How many last signals (door answers and leader agents' signals).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def copytrade_status(
     config_path: Path | None, state_dir: Path | None, last: int, as_json: bool
 ) -> None:
     """Leaders (signals, the newest one's lag), open leader positions with what each
-    follower agent mirrored of them, drift, and the last signal answers."""
+    follower agent mirrored of them, drift, and the last signals (door answers,
+    leader agents' signals)."""
     cfg = load_config_or_defaults(config_path)
     agents_dir = None
     if config_path is None and state_dir is not None:
