@@ -9,14 +9,19 @@ add their own part under ``components`` (the hook pipeline: :class:`HooksStatus`
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
-from daemon.errors import StoreError
+from daemon.errors import StoreError, WorkspaceFileError
 from daemon.events import iso_ms
 from daemon.statedir import STATUS_FILE
+from hooks_runtime.safe_read import read_regular
+
+#: The most of status.json a reader takes (the control socket's answer cap).
+MAX_STATUS_BYTES = 64 * 1024 * 1024
 
 
 class SubscriptionStatus(msgspec.Struct, frozen=True):
@@ -268,11 +273,15 @@ def write_status(state_dir: Path, status: Status) -> None:
 
 def read_status(state_dir: Path) -> Status:
     """The last status written under ``state_dir``; FileNotFoundError if none,
-    :exc:`StoreError` if it cannot be read or decoded."""
+    :exc:`StoreError` if it cannot be read or decoded. Read as a workspace file is (a
+    FIFO or a link in its place must not hang ``status``), up to MAX_STATUS_BYTES."""
     path = state_dir / STATUS_FILE
+    if not os.path.lexists(path):
+        raise FileNotFoundError(path)
     try:
-        return msgspec.json.decode(path.read_bytes(), type=Status)
-    except FileNotFoundError:
-        raise
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        data = read_regular(path, MAX_STATUS_BYTES, "status.json")
+        return msgspec.json.decode(data, type=Status)
+    except WorkspaceFileError as exc:  # (it names the file)
+        raise StoreError(str(exc)) from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise StoreError(f"cannot read {path}: {exc}") from None

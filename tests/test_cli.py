@@ -489,3 +489,30 @@ def test_a_deliberate_error_does_not_hide_what_failed_beside_it(
     err = capsys.readouterr().err
     assert ended.value.code == StoreError("x").exit_code
     assert "OSError: [Errno 28] No space left on device" in err and err.endswith("error: lost\n")
+
+
+@pytest.mark.parametrize("bad", ["fifo", "link", "garbage"])
+def test_a_status_file_that_is_not_one_neither_hangs_nor_crashes_a_reader(
+    tmp_path: Path, bad: str
+) -> None:
+    """status.json as a FIFO hung `status` and `copytrade status` (which now reads it
+    for the agents dir) on open; a link or garbage is refused by name, and
+    copytrade status goes on with the config's agents."""
+    from click.testing import CliRunner
+
+    from daemon.cli.main import cli
+
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / "status.json"
+    if bad == "fifo":
+        os.mkfifo(path)
+    elif bad == "link":
+        (tmp_path / "elsewhere.json").write_text("{}")
+        path.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        path.write_bytes(b"\xff{not json")
+    shown = CliRunner().invoke(cli, ["status", "--state-dir", str(state)])
+    assert shown.exit_code == 1 and str(path) in shown.output, shown.output
+    mirrored = CliRunner().invoke(cli, ["copytrade", "status", "--state-dir", str(state)])
+    assert mirrored.exit_code == 0 and "LEADERS" in mirrored.output, mirrored.output
