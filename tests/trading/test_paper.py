@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -455,6 +456,8 @@ async def test_a_good_till_limit_expires_after_a_restart(tmp_path: Path, sink: S
         ),
         ({"action": "PLACE_LIMIT_ORDER", "openPrice": 9.0, "expiresInSeconds": 0}, "> 0"),
         ({"action": "PLACE_LIMIT_ORDER", "openPrice": 9.0, "expiresInSeconds": 4e7}, "<= 3"),
+        ({"action": "PLACE_LIMIT_ORDER", "openPrice": 9.0, "expiresInSeconds": math.nan}, "> 0"),
+        ({"action": "PLACE_LIMIT_ORDER", "openPrice": 9.0, "expiresInSeconds": math.inf}, "<= 3"),
     ],
 )
 def test_expires_in_seconds_is_for_limit_orders_and_bounded(

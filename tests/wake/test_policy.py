@@ -40,3 +40,13 @@ def test_command_runner_table() -> None:
         {"runner": {"kind": "command", "command": ["/usr/bin/agent", "--json"]}}, WakePolicy
     )
     assert policy.runner.command == ["/usr/bin/agent", "--json"]
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 400 * 86400.0])
+def test_signal_expiry_is_a_bounded_number_of_seconds(bad: float) -> None:
+    """A signal's limit entry is good for 0 (no expiry) up to a year; TOML's nan or inf,
+    a negative or a longer time is refused by name."""
+    runner = msgspec.convert({"runner": {"signal_expiry_seconds": 3600}}, WakePolicy).runner
+    assert runner.signal_expiry_seconds == 3600
+    with pytest.raises(msgspec.ValidationError, match="signal_expiry_seconds"):
+        msgspec.convert({"runner": {"signal_expiry_seconds": bad}}, WakePolicy)
