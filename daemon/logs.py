@@ -50,3 +50,30 @@ def configure(fmt: str = "auto", level: str = "info", stream: Any = None) -> Non
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+
+
+class Outage:
+    """A failure that repeats until something outside is fixed (a full disk): logged
+    once when it starts and once when it ends, not on every retry. ``error`` is the
+    current one ("" while things work), for ``status``."""
+
+    def __init__(
+        self, logger: Any, failing: str, working: str | None = None, level: str = "error"
+    ) -> None:
+        self._log = logger
+        self._failing = failing
+        self._working = working
+        self._level = level
+        self.error = ""
+
+    def failed(self, error: str, **fields: Any) -> None:
+        """Another failure: logged if it is the first since things worked."""
+        if not self.error:
+            getattr(self._log, self._level)(self._failing, error=error, **fields)
+        self.error = error
+
+    def worked(self, **fields: Any) -> None:
+        """It worked: after failures, say so once."""
+        if self.error and self._working is not None:
+            self._log.info(self._working, **fields)
+        self.error = ""

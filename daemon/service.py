@@ -38,6 +38,7 @@ from daemon.config import Config
 from daemon.control import CONTROL_SOCKET, serve_control
 from daemon.errors import ConfigError, StoreError
 from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent
+from daemon.logs import Outage
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
@@ -150,8 +151,12 @@ class Service:
         self.errors: dict[str, str] = {}  # why each failed feed failed
         self._feeds_tg: TaskGroup | None = None
         self._consumers_done = anyio.Event()
-        self._status_error = ""  # why status.json could not be written ("" = it was)
-        self._snapshot_error = ""  # the same for the state snapshot
+        self._status_outage = Outage(
+            log,
+            "status.json not written; `marketwake status` asks the running daemon",
+            "status.json written again",
+        )
+        self._snapshot_outage = Outage(log, "state snapshot not written", level="warning")
         self.started_at = time.time()
         self.run_id = new_run_id()  # stamped on every audit row of this run
         # Start a replay over: components forget what agents applied (see run()).
@@ -236,12 +241,10 @@ class Service:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             await anyio.to_thread.run_sync(write_snapshot, self.state_dir / SNAPSHOT_FILE, data)
-        except StoreError as exc:
-            if str(exc) != self._snapshot_error:  # once, not every status interval
-                log.warning("state snapshot not written", error=str(exc))
-            self._snapshot_error = str(exc)
+        except StoreError as exc:  # once, not every status interval
+            self._snapshot_outage.failed(str(exc))
         else:
-            self._snapshot_error = ""
+            self._snapshot_outage.worked()
 
     # -- feeds ---------------------------------------------------------------
 
@@ -489,14 +492,9 @@ class Service:
         try:
             write_status(self.state_dir, status)
         except StoreError as exc:
-            if not self._status_error:
-                what = "status.json not written; `marketwake status` asks the running daemon"
-                log.error(what, error=str(exc))
-            self._status_error = str(exc)
+            self._status_outage.failed(str(exc))
         else:
-            if self._status_error:
-                log.info("status.json written again")
-            self._status_error = ""
+            self._status_outage.worked()
         return status
 
     # -- main ----------------------------------------------------------------

@@ -62,6 +62,7 @@ from daemon.events import (
     topic_matches,
     trace_id_for,
 )
+from daemon.logs import Outage
 from daemon.state import StateCache
 from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
 from daemon.trading.route import MarketRoutes
@@ -179,9 +180,15 @@ class Dispatcher:
     cpu: CpuBudget | None = None
     # (agent, signal event id) of copied orders already alerted as refused
     _refused: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
-    # The hook store's failure while it lasts ("" = it works): decisions that would act
-    # are suppressed ("store"), logged when it starts and when it ends.
-    store_error: str = ""
+    # The hook store's failure while it lasts: decisions that would act are suppressed
+    # ("store"); logged when it starts and when it ends.
+    store_outage: Outage = field(
+        default_factory=lambda: Outage(
+            log,
+            "hook store failing: decisions that would act are suppressed (store)",
+            "hook store works again",
+        )
+    )
 
     # -- the per-agent loop ----------------------------------------------------
 
@@ -615,18 +622,10 @@ class Dispatcher:
         try:
             blocked = self._dedupe_and_cooldown(rt, event, hook, d)
         except StoreError as exc:
-            if not self.store_error:
-                log.error(
-                    "hook store failing: decisions that would act are suppressed (store)",
-                    agent=rt.agent_id,
-                    error=str(exc),
-                )
-            self.store_error = str(exc)
+            self.store_outage.failed(str(exc), agent=rt.agent_id)
             return "store"
-        wrote = blocked == "none" and (d.dedupe_key is not None or bool(d.cooldown_seconds))
-        if self.store_error and wrote:
-            log.info("hook store works again", agent=rt.agent_id)
-            self.store_error = ""
+        if blocked == "none" and (d.dedupe_key is not None or bool(d.cooldown_seconds)):
+            self.store_outage.worked(agent=rt.agent_id)  # (it wrote: reads work on a full disk)
         return blocked
 
     def _dedupe_and_cooldown(

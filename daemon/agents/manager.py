@@ -36,6 +36,7 @@ from daemon.backlog import open_backlog
 from daemon.bus import Bus, Subscription
 from daemon.clock import EventClock
 from daemon.errors import ConfigError, StoreError
+from daemon.logs import Outage
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
 from daemon.tools.context import AgentCall, AgentView
@@ -53,6 +54,11 @@ def _log_runner(_config: RunnerConfig) -> Runner:
 
 
 TRANSIENT_RETRIES = 3  # more compile attempts after a timeout or a crashed worker
+
+
+def rescan_outage() -> Outage:
+    """How the periodic rescan reports a store failure: once, and once it works again."""
+    return Outage(log, "agents rescan failed; will retry", "agents rescan works again")
 
 
 class AgentManager:
@@ -116,7 +122,7 @@ class AgentManager:
         # (agent, hook) -> why the file's revision is not running: it did not compile.
         self._compile_errors: dict[tuple[str, str], str] = {}
         self._warned_missing = False
-        self._rescan_error = ""  # the store failure the last rescans hit ("" = none)
+        self._rescan = rescan_outage()  # a store failure the rescans hit (a full disk)
         self._bad_revisions: set[tuple[str, str, str]] = set()
 
     def _keep_source(self, spec: HookSpec) -> None:
@@ -164,7 +170,7 @@ class AgentManager:
             lookahead_used=d.ahead_used,
             lookahead_missed=d.ahead_missed,
             agents_dir=str(self.agents_dir.absolute()),
-            store_error=d.store_error,
+            store_error=d.store_outage.error,
             agents={
                 agent_id: AgentStatus(
                     hooks={h: s.revision for h, s in rt.agent.hooks.items()},
@@ -243,16 +249,12 @@ class AgentManager:
         try:
             await self.rescan()
         except StoreError as exc:  # (disk full) once, not once a second
-            if str(exc) != self._rescan_error:
-                log.error("agents rescan failed; will retry", error=str(exc))
-            self._rescan_error = str(exc)
+            self._rescan.failed(str(exc))
             return
         except Exception:
             log.exception("agents rescan failed; will retry", path=str(self.agents_dir))
             return
-        if self._rescan_error:
-            log.info("agents rescan works again")
-            self._rescan_error = ""
+        self._rescan.worked()
 
     async def rescan(self) -> None:
         """Apply every change on disk since the last scan (problems logged once each)."""

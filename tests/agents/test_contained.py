@@ -11,7 +11,7 @@ import pytest
 import structlog.testing
 
 from daemon.agents.dispatcher import Dispatcher
-from daemon.agents.manager import AgentManager
+from daemon.agents.manager import AgentManager, rescan_outage
 from daemon.agents.pipeline import open_agents
 from daemon.config import Config
 from daemon.errors import StoreError
@@ -104,7 +104,7 @@ async def test_a_failing_hook_store_suppresses_actions_and_says_so_once(
             self.store._db.execute(f"PRAGMA query_only={int(event is events[2])}")
         result = await real(self, rt, event)  # type: ignore[arg-type]
         if event is events[3]:
-            shown.append(self.store_error)
+            shown.append(self.store_outage.error)
         return result
 
     monkeypatch.setattr(Dispatcher, "handle", handle)
@@ -135,7 +135,7 @@ async def test_a_rescan_failing_on_the_store_is_logged_once_until_it_works() -> 
         if failure is not None:
             raise failure
 
-    manager = SimpleNamespace(rescan=rescan, _rescan_error="", agents_dir=Path("agents"))
+    manager = SimpleNamespace(rescan=rescan, _rescan=rescan_outage(), agents_dir=Path("agents"))
     with structlog.testing.capture_logs() as logs:
         for _ in range(5):
             await AgentManager._rescan_logged(manager)  # type: ignore[arg-type]
