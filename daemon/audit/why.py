@@ -22,8 +22,19 @@ from daemon.audit.reader import AuditFilter, Record, decision_of, event_ms, iter
 from daemon.audit.render import market_time, price_text, visible_record
 
 Outcome = Literal[
-    "TRADED", "TRADE_REJECTED", "WOKE", "QUEUED", "SUPPRESSED", "HOOK_ERROR", "NO_WAKE", "NOT_SEEN"
+    "TRADED",
+    "ORDER_OPEN",
+    "NOT_FILLED",
+    "TRADE_REJECTED",
+    "WOKE",
+    "QUEUED",
+    "SUPPRESSED",
+    "HOOK_ERROR",
+    "NO_WAKE",
+    "NOT_SEEN",
 ]
+FILLED = ("FILLED", "PARTIALLY_FILLED")
+ENDED = ("CANCELED", "REJECTED")
 
 
 class AgentStory(msgspec.Struct, kw_only=True, rename="camel"):
@@ -158,10 +169,19 @@ def _trade_summary(orders: list[Record]) -> str:
     return text
 
 
+def _order_outcome(orders: list[Record]) -> Outcome:
+    """TRADED once any order filled (even in part); else ORDER_OPEN while one is still
+    working, NOT_FILLED when every one ended (canceled, expired, refused) unfilled."""
+    if any(r.get("status") in FILLED for r in orders):
+        return "TRADED"
+    last: dict[object, object] = {r.get("clientOrderId"): r.get("status") for r in orders}
+    return "NOT_FILLED" if all(status in ENDED for status in last.values()) else "ORDER_OPEN"
+
+
 def _why_ended(r: Record) -> str:
     """': <reason>' of a canceled or rejected order row (expired, one-cancels-other, by
     request), or ''."""
-    if r.get("status") in ("CANCELED", "REJECTED") and r.get("reason"):
+    if r.get("status") in ENDED and r.get("reason"):
         return f": {r.get('reason')}"
     return ""
 
@@ -179,7 +199,7 @@ def _judge(recs: list[Record]) -> tuple[Outcome, str]:
     wanted = [r for r in hooks if decision_of(r) in ("WAKE", "TRADE_INTENT")]
     suppressed = [r for r in wanted if r.get("suppressedBy") not in (None, "none")]
     if by_type["order"]:
-        return "TRADED", _trade_summary(by_type["order"])
+        return _order_outcome(by_type["order"]), _trade_summary(by_type["order"])
     rejected = [r for r in by_type["risk"] if not r.get("approved")]
     if rejected:
         codes = sorted(
@@ -249,6 +269,8 @@ def explain(records: Iterable[Record], query: str) -> Explanation:
 
 _OUTCOME_STYLE = {
     "TRADED": "bold magenta",
+    "ORDER_OPEN": "magenta",
+    "NOT_FILLED": "yellow",
     "TRADE_REJECTED": "bold red",
     "WOKE": "bold green",
     "QUEUED": "green",

@@ -123,6 +123,15 @@ async def test_replayed_stream_tail_and_why(tmp_path: Path) -> None:
         times = [d.rsplit(" at ", 1)[1] for d in outcomes[eid][1] if d.startswith("order ")]
         entry_at = next(d for d in outcomes[eid][1] if "FILLED" in d and "(entry)" in d)
         assert all(len(t) == 19 for t in times) and max(times) > entry_at.rsplit(" at ", 1)[1]
-    assert {o for o, _ in outcomes.values()} <= {"TRADED", "TRADE_REJECTED"}
+    assert {o for o, _ in outcomes.values()} <= {
+        "TRADED",
+        "ORDER_OPEN",
+        "NOT_FILLED",
+        "TRADE_REJECTED",
+    }
+    for outcome, details in outcomes.values():  # TRADED exactly when something filled
+        assert (outcome == "TRADED") == any(
+            " FILLED " in d or "PARTIALLY_FILLED" in d for d in details
+        ), details
     text = CliRunner().invoke(why_command, [ignored[0], "--dir", str(logdir)]).output
     assert "agent example: NO_WAKE" in text and "no doji" in text

@@ -112,6 +112,7 @@ def test_an_order_that_ended_unfilled_says_why(tmp_path: Path) -> None:
     w.close()
     exp = explain(collect(tmp_path, "mw-1"), "mw-1")
     assert exp.agents[0].why == f"order mw-1 CANCELED @ 1000: {expired}"
+    assert exp.agents[0].outcome == "NOT_FILLED"  # placed, but nothing traded
     tail = CliRunner().invoke(audit_group, ["tail", "--dir", str(tmp_path)])
     opened, canceled = tail.output.splitlines()
     assert "far bid" not in opened and f"(limit, entry) mw-1: {expired}" in canceled
@@ -186,3 +187,28 @@ def test_why_at_a_market_time_explains_the_first_event_then(tmp_path: Path) -> N
                 '[1,2]\n{"type":"hook"\n')  # fmt: skip
     assert event_at(tmp_path, noon + 60_000) == "e:short"
     assert event_at(tmp_path, noon) == "e:BTC:1200"
+
+
+@pytest.mark.parametrize(
+    ("statuses", "outcome"),
+    [
+        (["PENDING_SUBMIT"], "ORDER_OPEN"),
+        (["PENDING_SUBMIT", "OPEN"], "ORDER_OPEN"),
+        (["OPEN", "PARTIALLY_FILLED", "CANCELED"], "TRADED"),
+        (["OPEN", "FILLED"], "TRADED"),
+        (["PENDING_SUBMIT", "REJECTED"], "NOT_FILLED"),
+    ],
+)
+def test_an_order_trades_only_once_it_fills(
+    tmp_path: Path, statuses: list[str], outcome: str
+) -> None:
+    """The agent's outcome is TRADED only once its order filled (a part is enough);
+    an order still working is ORDER_OPEN, one that ended unfilled NOT_FILLED."""
+    w = AuditWriter(tmp_path)
+    for status in statuses:
+        w.write(order(status=status))
+    w.close()
+    exp = explain(collect(tmp_path, "mw-1"), "mw-1")
+    assert exp.agents[0].outcome == outcome
+    text = CliRunner().invoke(why_command, ["mw-1", "--dir", str(tmp_path)])
+    assert text.exit_code == 0 and f"agent alpha: {outcome}" in text.output
