@@ -61,7 +61,7 @@ def run(root: Path, csv: Path, follower: bool) -> tuple[dict[str, tuple[int, flo
         out = {}
         for account in ("leader", "follower") if follower else ("leader",):
             fills = store.fills(account)
-            bought = sum(q for _, _, q, *_ in fills if q > 0)
+            bought = sum(f.qty for f in fills if f.qty > 0)
             out[account] = (
                 len(fills),
                 round(bought, 8),

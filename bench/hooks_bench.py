@@ -200,7 +200,7 @@ async def fresh_process(hooks: list[HookSpec], state: Any, samples: int) -> list
         w = await WorkerProcess.start(cfg)
         calls = [HookCall(h.hook_id, h.revision, h.kind, h.source) for h in hooks]
         await w.send(w.encoder.encode(Batch(1, event(i), encode_state(state), calls)))
-        results, failure, _ = await w.collect(1, [1.0] * len(hooks), time.monotonic())
+        results, failure, _, _ = await w.collect(1, [1.0] * len(hooks), time.monotonic())
         assert failure is None and len(results) == len(hooks)
         w.kill()
         w.proc.wait()

@@ -110,7 +110,7 @@ def main(n: int) -> None:
         tmp = Path(d)
         data = tmp / "c.csv"
         generate_candles(data, seed=9, n=n, timeframe="5m")
-        conversation.tls_context = shared.__wrapped__  # type: ignore[attr-defined]
+        conversation.tls_context = shared.__wrapped__  # type: ignore[assignment]
         fresh = once(tmp, data, url, "fresh")
         conversation.tls_context = shared
         kept = once(tmp, data, url, "shared")

@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,11 @@ async def per_wait_observers(fake: FakeCoinbase, pool: CoinbaseWsPool, n: int) -
     return took * 1000
 
 
+def parked(pool: CoinbaseWsPool, n: int) -> bool:
+    """Whether ``n`` waits are parked on the pool's board."""
+    return WaitBoard.of(pool).parked >= n
+
+
 async def in_process(url: str, fake: FakeCoinbase, ns: list[int], rounds: int) -> None:
     pool = CoinbaseWsPool(CoinbaseWsSection(url=url), subscribe_interval=0.01, lazy=True)
     ctx = ToolContext(pool=pool)  # no catalog: nothing but the wait itself
@@ -222,7 +228,7 @@ async def in_process(url: str, fake: FakeCoinbase, ns: list[int], rounds: int) -
                     fake,
                     n,
                     lambda: reg.call(ctx, "wait_for_market_event", ARGS),
-                    lambda n=n: WaitBoard.of(pool).parked >= n,
+                    partial(parked, pool, n),
                 )
             report("all N", n, lat)
         tg.cancel_scope.cancel()

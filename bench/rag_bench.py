@@ -222,7 +222,7 @@ def compare_engines(n_bars: int) -> None:
 
     def edge_search(vec: Any, flt: Any) -> list[int]:
         # Every point is complete here (a bool MatchValue matched nothing in edge 0.9).
-        must = [qe.FieldCondition("symbol", match=qe.MatchValue(flt.symbol))]
+        must: list[Any] = [qe.FieldCondition("symbol", match=qe.MatchValue(flt.symbol))]
         for r in flt.ranges:
             must.append(
                 qe.FieldCondition(
@@ -231,8 +231,8 @@ def compare_engines(n_bars: int) -> None:
             )
         req = qe.QueryRequest(limit=5, query=qe.Query.Nearest(vec.tolist(), using="full"),
                               filter=qe.Filter(must=must), with_payload=True, score_threshold=0.7)  # fmt: skip
-        res = sorted(shard.query(req), key=lambda x: (-x.score, -x.payload["t_ms"]))
-        return [int(x.payload["t_ms"]) for x in res]
+        res = sorted(shard.query(req), key=lambda x: (-x.score, -(x.payload or {})["t_ms"]))
+        return [int((x.payload or {})["t_ms"]) for x in res]
 
     edge = timed(edge_search)
     same = sum(a == b for a, b in zip(edge[2], base[2], strict=True))
