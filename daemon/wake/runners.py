@@ -9,7 +9,10 @@ failures in its result; the scheduler also survives one that raises.
   own process group, writes the context as one JSON object to its stdin and
   closes it, keeps at most ``max_output_bytes`` of stdout and of stderr (the
   rest is read and dropped so the child never blocks on a full pipe), and
-  kills the whole group when ``timeout`` passes. The child's environment is
+  kills the whole group when ``timeout`` passes. The run ends when the program
+  exits: what it left running in its group is killed then (after
+  ``LEFTOVER_GRACE`` for its output), so a background child holding stdout
+  neither holds the run until the timeout nor outlives it. The child's environment is
   only ``PATH``, ``LANG`` and ``MARKETWAKE_AGENT_ID``: daemon secrets stay put.
 """
 
@@ -33,6 +36,8 @@ from daemon.wake.policy import RunnerConfig
 log = structlog.get_logger("wake.runner")
 _encoder = msgspec.json.Encoder()
 _PASSED_ENV = ("PATH", "LANG")
+# Seconds the program's pipes may stay open after it exits (its leftovers still writing).
+LEFTOVER_GRACE = 1.0
 
 
 class Runner(Protocol):
@@ -180,18 +185,38 @@ class CommandRunner:
     async def _supervise(
         self, process: anyio.abc.Process, payload: bytes, out: _Capture, err: _Capture
     ) -> bool:
-        """Feed and drain the child within the timeout; True when it had to be killed."""
+        """Feed and drain the child within the timeout; True when it had to be killed.
+        Once it exits, what it left in its process group is killed."""
+        drained = anyio.Event()
+
+        async def drain() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(out.drain, process.stdout)
+                tg.start_soon(err.drain, process.stderr)
+            drained.set()
+
         try:
             with anyio.move_on_after(self.timeout) as scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_feed, process.stdin, payload)
-                    tg.start_soon(out.drain, process.stdout)
-                    tg.start_soon(err.drain, process.stderr)
-                await process.wait()
+                    tg.start_soon(drain)
+                    await process.wait()
+                    with anyio.move_on_after(LEFTOVER_GRACE):
+                        await drained.wait()
+                    if not drained.is_set():
+                        log.warning(
+                            "the run's program exited and left processes holding its "
+                            "output: killed",
+                            program=self.argv[0],
+                            exit_code=process.returncode,
+                        )
+                    _kill_group(process)  # its leftovers (none: nothing to kill)
+                    with anyio.move_on_after(LEFTOVER_GRACE):
+                        await drained.wait()  # the killed writers closed their ends
+                    tg.cancel_scope.cancel()  # one that left the group holds them still
             return scope.cancelled_caught
         finally:
-            if process.returncode is None:
-                _kill_group(process)
+            _kill_group(process)  # on a timeout or a cancel: the program and its group
             with anyio.CancelScope(shield=True):
                 await process.aclose()
 

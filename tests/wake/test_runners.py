@@ -97,6 +97,29 @@ async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
             await anyio.sleep(0.02)
 
 
+async def test_the_run_ends_when_the_program_exits_and_its_leftovers_are_killed(
+    tmp_path: Path,
+) -> None:
+    """A program that exits 0 but leaves a background child holding its stdout is an ok
+    run as soon as it exits (not a timeout once the child lets go), and the child
+    does not outlive the run."""
+    pid_file = tmp_path / "leftover.pid"
+    code = (
+        "import subprocess, sys, pathlib; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid)); "
+        "print('decided', flush=True)"
+    )
+    t0 = time.monotonic()
+    result = await CommandRunner(py(code), timeout=20).run(context())
+    assert time.monotonic() - t0 < 10
+    assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "decided\n")
+    leftover = int(pid_file.read_text())
+    with anyio.fail_after(5):
+        while _alive(leftover):  # noqa: ASYNC110 - no event tells us a foreign process died
+            await anyio.sleep(0.02)
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie waiting to be reaped counts as dead)."""
     try:
