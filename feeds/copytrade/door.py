@@ -6,7 +6,10 @@ with its routes and its request handling. At start, what a stop left between
 an answer and its publish (and the signals of the last ``redeliver_seconds``)
 goes out first; then the door opens. Every answer is a ``SignalRecord``;
 refusals past ``REFUSALS_RECORDED_PER_MINUTE`` are answered and counted but
-not recorded, so a flood cannot rotate the audit log away.
+not recorded, so a flood cannot rotate the audit log away. A connection has
+``REQUEST_SECONDS`` to send its headers (or, once answered, its next request)
+and as long again for its body: a slow or silent client cannot hold a socket
+or a handler for long.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ T = TypeVar("T")
 BEAT_SECONDS = 5.0  # a listening server is a live feed, however quiet its leaders
 REFUSALS_RECORDED_PER_MINUTE = 60  # audit rows and log lines; every refusal still answers
 PRUNE_SECONDS = 600.0  # old nonces, alerts and signal ids go at start and every 10 minutes
+REQUEST_SECONDS = 10.0  # for the headers (an idle connection too), then for the body
 
 
 class DoorSettings(Protocol):
@@ -122,7 +126,14 @@ class SignalDoor:
         self.routes(app)
         # A stop (or a reload rebinding the port) waits at most this long for requests
         # in flight; every signal is on disk before its answer, so none is lost.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=2.0)
+        # keepalive_timeout also bounds a connection's wait for its (first) headers.
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=2.0,
+            keepalive_timeout=REQUEST_SECONDS,
+        )
         await runner.setup()
         try:
             async with anyio.create_task_group() as tg:
@@ -176,14 +187,18 @@ class SignalDoor:
             )
 
     async def read_body(self, request: web.Request) -> bytes:
-        """The body, or :exc:`SignalRejected` 413 past ``max_body_bytes``."""
+        """The body, or :exc:`SignalRejected` 413 past ``max_body_bytes``, 408 when it
+        takes longer than ``REQUEST_SECONDS`` to arrive."""
         too_big = SignalRejected(413, f"body over {self.max_body_bytes} bytes")
         if (request.content_length or 0) > self.max_body_bytes:
             raise too_big
         try:
-            return await request.read()
+            with anyio.fail_after(REQUEST_SECONDS):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise too_big from None
+        except TimeoutError:
+            raise SignalRejected(408, f"body not received within {REQUEST_SECONDS:g} s") from None
 
     def answer(self, record: SignalRecord) -> web.Response:
         """Count, audit and log one answer; the HTTP response that says it."""

@@ -106,6 +106,41 @@ async def test_every_bad_request_is_a_4xx_with_a_reason_an_audit_row_and_no_even
     assert all(r.reason and r.remote == "127.0.0.1" for r in rejected)
 
 
+async def test_a_slow_or_silent_client_holds_no_socket_or_handler_for_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that sends no complete headers is closed after REQUEST_SECONDS; a
+    body trickled in slower than that is answered 408 (audited), and the door still
+    answers everyone else."""
+    from feeds.copytrade import door
+
+    monkeypatch.setattr(door, "REQUEST_SECONDS", 0.5)
+    async with running(tmp_path) as h:
+        port = h.feed.port
+        silent = await anyio.connect_tcp("127.0.0.1", port)
+        half = await anyio.connect_tcp("127.0.0.1", port)
+        await half.send(b"POST /copytrade/alice HTTP/1.1\r\nHost: x\r\n")
+        slow = await anyio.connect_tcp("127.0.0.1", port)
+        await slow.send(
+            b"POST /copytrade/alice HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx"
+        )
+        with anyio.fail_after(5):
+            for quiet in (silent, half):  # closed by the server: end of stream
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    await quiet.receive()
+            answer = b""
+            while b"\r\n\r\n" not in answer:  # 408 long before the body could end
+                answer += await slow.receive()
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        for stream in (silent, half, slow):
+            await stream.aclose()
+        status, _ = await post(h.url, signal("s1"))
+        assert status == 200
+    assert [(r.http_status, r.reason) for r in h.audit if r.status == "rejected"] == [
+        (408, "body not received within 0.5 s")
+    ]
+
+
 async def test_a_signal_stored_but_not_published_is_published_at_the_next_start(
     tmp_path: Path,
 ) -> None:
