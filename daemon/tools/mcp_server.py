@@ -35,6 +35,7 @@ import uvicorn
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from daemon import __version__
 from daemon.config import McpSection
@@ -284,6 +285,44 @@ def require_bearer(app: ASGIApp, token: str) -> ASGIApp:
     return guarded
 
 
+# Seconds a connection may take to send a request's headers, from its start or its last
+# answer. A request being served (a long-poll, an event stream) is never cut.
+HEADERS_SECONDS = 10.0
+
+
+class _H11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request headers are not in
+    within ``HEADERS_SECONDS``: uvicorn itself waits for a first request forever, and
+    drops its keep-alive timer at the first byte of the next one, so a client that
+    says nothing, or trickles its headers, held a socket for good."""
+
+    _headers_by: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._headers_by is not None:
+            self._headers_by.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._headers_by is not None:
+            self._headers_by.cancel()
+        self._headers_by = self.loop.call_later(HEADERS_SECONDS, self._headers_late)
+
+    def _headers_late(self) -> None:
+        self._headers_by = None
+        waiting = self.cycle is None or self.cycle.response_complete
+        if waiting and not self.transport.is_closing():
+            self.transport.close()
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handlers: the daemon owns SIGTERM and SIGHUP."""
 
@@ -302,7 +341,13 @@ async def serve_http(server: Server[Any], section: McpSection) -> AsyncIterator[
     if section.token:
         app = require_bearer(app, section.token.reveal())
     config = uvicorn.Config(
-        app, host=section.host, port=section.port, log_config=None, access_log=False, lifespan="on"
+        app,
+        host=section.host,
+        port=section.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        http=_H11,
     )
     http = _Uvicorn(config)
     try:  # bound here: uvicorn would sys.exit() on a port in use

@@ -74,6 +74,41 @@ async def test_a_body_that_is_no_message_is_an_invalid_request() -> None:
         assert served == 200
 
 
+async def test_a_silent_or_trickling_client_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection that sends no request, or only part of its headers, is closed after
+    HEADERS_SECONDS (uvicorn alone kept both for good); a request is still served,
+    and a connection that got its answer and sends half a next request is closed too."""
+    from daemon.tools import mcp_server
+
+    monkeypatch.setattr(mcp_server, "HEADERS_SECONDS", 0.5)
+    async with (
+        context() as (_fake, ctx),
+        serve_http(build_server(registry(), ctx), McpSection(port=0)) as http,
+    ):
+        port = bound_port(http)
+        silent = await anyio.connect_tcp("127.0.0.1", port)
+        half = await anyio.connect_tcp("127.0.0.1", port)
+        await half.send(b"POST /mcp HTTP/1.1\r\nHost: x\r\n")
+        again = await anyio.connect_tcp("127.0.0.1", port)
+        await again.send(b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        with anyio.fail_after(5):
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += await again.receive()
+            assert answer.startswith(b"HTTP/1.1 404 ")
+            await again.send(b"GET /nope HTTP/1.1\r\n")  # and then nothing
+            for stream in (silent, half, again):
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                    while await stream.receive():  # what is left of an answer, then EOF
+                        pass
+                await stream.aclose()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://127.0.0.1:{port}/mcp", data=b"{}") as resp,
+        ):
+            assert resp.status == 400  # still serving
+
+
 async def test_a_port_in_use_is_a_clear_error() -> None:
     async with (
         context() as (_fake, ctx),
