@@ -9,11 +9,14 @@ refusals past ``REFUSALS_RECORDED_PER_MINUTE`` are answered and counted but
 not recorded, so a flood cannot rotate the audit log away. A connection has
 ``REQUEST_SECONDS`` to send its headers (or, once answered, its next request)
 and as long again for its body: a slow or silent client cannot hold a socket
-or a handler for long.
+or a handler for long. Past ``MAX_CONNECTIONS`` open at once, a new connection
+is closed as soon as it is made: a flood costs the door, never the daemon's
+file descriptors (its audit log, stores and sandbox workers need them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Callable
@@ -39,6 +42,7 @@ BEAT_SECONDS = 5.0  # a listening server is a live feed, however quiet its leade
 REFUSALS_RECORDED_PER_MINUTE = 60  # audit rows and log lines; every refusal still answers
 PRUNE_SECONDS = 600.0  # old nonces, alerts and signal ids go at start and every 10 minutes
 REQUEST_SECONDS = 10.0  # for the headers (an idle connection too), then for the body
+MAX_CONNECTIONS = 128  # open at once (about: a burst accepted together may pass it a little)
 
 
 class DoorSettings(Protocol):
@@ -135,6 +139,7 @@ class SignalDoor:
             keepalive_timeout=REQUEST_SECONDS,
         )
         await runner.setup()
+        listening: asyncio.AbstractServer | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._publisher, receive, publish)
@@ -147,7 +152,8 @@ class SignalDoor:
                     await send.send(event)
                 if backlog:
                     log.info(f"{self.what} signals delivered again at start", signals=len(backlog))
-                await web.SockSite(runner, sock).start()
+                assert runner.server is not None
+                listening = await self._listen(runner.server, sock)
                 self.port = sock.getsockname()[1]
                 log.info(f"{self.what} listening", url=self.url())
                 task_status.started()
@@ -160,11 +166,33 @@ class SignalDoor:
                     await anyio.sleep(BEAT_SECONDS)
         finally:
             with anyio.CancelScope(shield=True):
+                if listening is not None:
+                    listening.close()  # no new connection; the runner ends the open ones
                 await runner.cleanup()
                 sock.close()
                 send.close()
                 receive.close()
                 await self.run_inbox(inbox.close)
+
+    async def _listen(self, server: web.Server, sock: socket.socket) -> asyncio.AbstractServer:
+        """Serve ``server`` on ``sock``, closing what comes past ``MAX_CONNECTIONS``
+        (logged at most once a minute, with how many)."""
+        refused, logged = 0, -60.0
+
+        def protocol() -> asyncio.BaseProtocol:
+            nonlocal refused, logged
+            if len(server.connections) < MAX_CONNECTIONS:
+                return server()
+            refused += 1
+            if time.monotonic() - logged >= 60:
+                logged = time.monotonic()
+                log.warning(
+                    f"{self.what} connections refused: {MAX_CONNECTIONS} open",
+                    refused_since_start=refused,
+                )
+            return _Refused()
+
+        return await asyncio.get_running_loop().create_server(protocol, sock=sock)
 
     async def run_inbox(self, fn: Callable[..., T], *args: object) -> T:
         """``fn`` in a worker thread, one inbox call at a time (each may fsync)."""
@@ -236,3 +264,10 @@ class SignalDoor:
             self.counts["unrecorded"] += 1
             return False
         return True
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past ``MAX_CONNECTIONS``: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()

@@ -141,6 +141,30 @@ async def test_a_slow_or_silent_client_holds_no_socket_or_handler_for_long(
     ]
 
 
+async def test_past_max_connections_a_new_one_is_closed_and_the_door_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With MAX_CONNECTIONS open, the next connection is closed at once (a flood costs
+    the door, not the daemon's file descriptors); once one closes, requests are
+    served again."""
+    from feeds.copytrade import door
+
+    monkeypatch.setattr(door, "MAX_CONNECTIONS", 3)
+    async with running(tmp_path) as h:
+        held = [await anyio.connect_tcp("127.0.0.1", h.feed.port) for _ in range(3)]
+        await anyio.sleep(0.1)  # each is made (and counted) on the server's side
+        extra = await anyio.connect_tcp("127.0.0.1", h.feed.port)
+        with anyio.fail_after(5), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+            await extra.receive()
+        await extra.aclose()
+        await held.pop().aclose()
+        await anyio.sleep(0.1)
+        status, _ = await post(h.url, signal("s1"))
+        assert status == 200
+        for stream in held:
+            await stream.aclose()
+
+
 async def test_a_signal_stored_but_not_published_is_published_at_the_next_start(
     tmp_path: Path,
 ) -> None:
