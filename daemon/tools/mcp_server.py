@@ -288,6 +288,9 @@ def require_bearer(app: ASGIApp, token: str) -> ASGIApp:
 # Seconds a connection may take to send a request's headers, from its start or its last
 # answer. A request being served (a long-poll, an event stream) is never cut.
 HEADERS_SECONDS = 10.0
+# Connections open at once; past it a new one is closed as soon as it is made (a flood
+# costs the MCP server, never the daemon's file descriptors).
+MAX_CONNECTIONS = 128
 
 
 class _H11(H11Protocol):
@@ -300,6 +303,9 @@ class _H11(H11Protocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        if len(self.connections) > MAX_CONNECTIONS:
+            transport.close()
+            return
         self._arm()
 
     def on_response_complete(self) -> None:

@@ -109,6 +109,34 @@ async def test_a_silent_or_trickling_client_is_closed(monkeypatch: pytest.Monkey
             assert resp.status == 400  # still serving
 
 
+async def test_past_max_connections_a_new_one_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With MAX_CONNECTIONS open, the next one is closed at once; once one closes,
+    requests are served again."""
+    from daemon.tools import mcp_server
+
+    monkeypatch.setattr(mcp_server, "MAX_CONNECTIONS", 2)
+    async with (
+        context() as (_fake, ctx),
+        serve_http(build_server(registry(), ctx), McpSection(port=0)) as http,
+    ):
+        port = bound_port(http)
+        held = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(2)]
+        await anyio.sleep(0.1)
+        extra = await anyio.connect_tcp("127.0.0.1", port)
+        with anyio.fail_after(5), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+            await extra.receive()
+        await extra.aclose()
+        await held.pop().aclose()
+        await anyio.sleep(0.1)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://127.0.0.1:{port}/mcp", data=b"{}") as resp,
+        ):
+            assert resp.status == 400  # served
+        for stream in held:
+            await stream.aclose()
+
+
 async def test_a_port_in_use_is_a_clear_error() -> None:
     async with (
         context() as (_fake, ctx),
