@@ -200,7 +200,8 @@ def answer_non_messages(app: ASGIApp, limit: int) -> ASGIApp:
     """``app`` (the SDK's streamable HTTP app), with a POST whose body is JSON but no
     JSON-RPC message answered ``-32600 Invalid Request`` (id null) here: the SDK
     answers it ``-32602`` with its validator's whole dump. Bad JSON and bodies over
-    ``limit`` go to the SDK untouched (it answers -32700 / 413 itself)."""
+    ``limit`` go to the SDK untouched (it answers -32700 / 413 itself). A body that
+    takes over ``BODY_SECONDS`` to arrive is answered 408."""
 
     async def checked(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -208,17 +209,24 @@ def answer_non_messages(app: ASGIApp, limit: int) -> ASGIApp:
             return
         held: list[MutableMapping[str, Any]] = []
         body = b""
-        while len(body) <= limit:
-            message = await receive()
-            held.append(message)
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                if _not_a_message(body):
-                    await _send_json(send, 400, _invalid_request())
-                    return
-                break
+        with anyio.move_on_after(BODY_SECONDS) as late:
+            while len(body) <= limit:
+                message = await receive()
+                held.append(message)
+                if message["type"] != "http.request":
+                    break
+                body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    if _not_a_message(body):
+                        await _send_json(send, 400, _invalid_request())
+                        return
+                    break
+        if late.cancelled_caught:
+            text = f'{{"error": "request body not received within {BODY_SECONDS:g} s"}}'
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            await send({"type": "http.response.start", "status": 408, "headers": headers})
+            await send({"type": "http.response.body", "body": text.encode()})
+            return
         pending = iter(held)
 
         async def replay() -> MutableMapping[str, Any]:
@@ -288,6 +296,7 @@ def require_bearer(app: ASGIApp, token: str) -> ASGIApp:
 # Seconds a connection may take to send a request's headers, from its start or its last
 # answer. A request being served (a long-poll, an event stream) is never cut.
 HEADERS_SECONDS = 10.0
+BODY_SECONDS = 10.0  # for a POST's body, once its headers are in
 # Connections open at once; past it a new one is closed as soon as it is made (a flood
 # costs the MCP server, never the daemon's file descriptors).
 MAX_CONNECTIONS = 128

@@ -81,6 +81,7 @@ async def test_a_silent_or_trickling_client_is_closed(monkeypatch: pytest.Monkey
     from daemon.tools import mcp_server
 
     monkeypatch.setattr(mcp_server, "HEADERS_SECONDS", 0.5)
+    monkeypatch.setattr(mcp_server, "BODY_SECONDS", 0.5)
     async with (
         context() as (_fake, ctx),
         serve_http(build_server(registry(), ctx), McpSection(port=0)) as http,
@@ -107,6 +108,14 @@ async def test_a_silent_or_trickling_client_is_closed(monkeypatch: pytest.Monkey
             session.post(f"http://127.0.0.1:{port}/mcp", data=b"{}") as resp,
         ):
             assert resp.status == 400  # still serving
+        slow = await anyio.connect_tcp("127.0.0.1", port)  # a body trickled in: 408
+        await slow.send(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        with anyio.fail_after(5):
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += await slow.receive()
+        await slow.aclose()
+        assert answer.startswith(b"HTTP/1.1 408 ")
 
 
 async def test_past_max_connections_a_new_one_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
