@@ -77,7 +77,8 @@ async def test_a_body_that_is_no_message_is_an_invalid_request() -> None:
 async def test_a_silent_or_trickling_client_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection that sends no request, or only part of its headers, is closed after
     HEADERS_SECONDS (uvicorn alone kept both for good); a request is still served,
-    and a connection that got its answer and sends half a next request is closed too."""
+    and a connection that got its answer and sends half a next request is closed too;
+    a body trickled in is answered 408."""
     from daemon.tools import mcp_server
 
     monkeypatch.setattr(mcp_server, "HEADERS_SECONDS", 0.5)
