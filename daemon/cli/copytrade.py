@@ -209,6 +209,8 @@ def copytrade_status(
     """Leaders (signals, the newest one's lag), open leader positions with what each
     follower agent mirrored of them, drift, and the last signals (door answers,
     leader agents' signals)."""
+    if state_dir is not None and not state_dir.is_dir():
+        raise click.ClickException(f"no state dir at {state_dir}: has the daemon run?")
     cfg = load_config_or_defaults(config_path)
     agents_dir = None
     if config_path is None and state_dir is not None:

@@ -140,6 +140,8 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
     last = shown.output.split("LAST SIGNALS\n", 1)[1].splitlines()
     assert len(last) == 4 and all("accepted (a leader agent)" in line for line in last)
     assert f"leader's time {signals[-1].ts}" in last[-1]
+    missing = CliRunner().invoke(cli, ["copytrade", "status", "--state-dir", str(tmp_path / "no")])
+    assert missing.exit_code == 1 and "no state dir at" in missing.output  # a typo says so
     # the leader's equity rides on its signals (capital + PnL) for equity-ratio sizing
     assert signals[0].payload["leaderEquity"] == 10_000.0
     assert signals[-1].payload["leaderEquity"] > 10_000.0  # after the gains of the add
