@@ -143,6 +143,11 @@ class SandboxUnavailable(MarketwakeError):
     exit_code = 3
 
 
+class ModelAnswerError(MarketwakeError):
+    """The model endpoint answered, but not with a reply (an HTML page, plain text):
+    ``base_url`` points somewhere else than the provider's API."""
+
+
 class RpcError(MarketwakeError):
     """A JSON-RPC error with its wire code and optional data."""
 

@@ -120,6 +120,18 @@ async def _run(cfg: Config, runner: RunnerConfig, agent_dir: Path, ctx: WakeCont
         return await llm.run(ctx)
 
 
+# A model's text as the transcript shows it (a reply is a few thousand characters; an
+# endpoint gone wrong may send megabytes).
+MAX_SHOWN_TEXT = 16_000
+
+
+def _clipped(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters not shown)"
+
+
 def _print(step: Step) -> None:
     """One transcript entry on stdout."""
     if step.kind in ("system", "user"):
@@ -132,9 +144,9 @@ def _print(step: Step) -> None:
         cache = f"; cache {t.cache_read} read, {t.cache_write} written" if cached else ""
         echo(f"── model ({t.tokens_in}+{t.tokens_out} tokens{cache}, stop {t.stop_reason})")
         if t.text:
-            echo(t.text, lines=True)
+            echo(_clipped(t.text, MAX_SHOWN_TEXT), lines=True)
         for call in t.tool_calls:
-            echo(f"  → {call.name} {json.dumps(call.arguments)}")
+            echo(f"  → {call.name} {_clipped(json.dumps(call.arguments), 500)}")
         echo("")
     elif step.call is not None and step.outcome is not None:
         mark = "error" if step.outcome.is_error else "ok"

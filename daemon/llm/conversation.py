@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from daemon.errors import ModelAnswerError
 from daemon.wake.policy import RunnerConfig
 
 
@@ -149,6 +150,8 @@ class AnthropicConversation:
             messages=self._messages,  # type: ignore[arg-type]
             **kwargs,
         )
+        if isinstance(msg, str):  # the SDK hands on a body that was not JSON as is
+            raise _not_a_reply(msg)
         blocks: list[dict[str, Any]] = []
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -247,6 +250,8 @@ class OpenAIConversation:
             max_tokens=self._cfg.max_tokens,
             **kwargs,
         )
+        if isinstance(resp, str):  # the SDK hands on a body that was not JSON as is
+            raise _not_a_reply(resp)
         choice = resp.choices[0]
         message = choice.message
         calls: list[ToolCall] = []
@@ -296,3 +301,10 @@ def open_conversation(
     if cfg.provider == "openai":
         return OpenAIConversation(cfg, system, user, tools)
     raise ValueError(f"unknown LLM provider {cfg.provider!r}")
+
+
+def _not_a_reply(body: str) -> ModelAnswerError:
+    return ModelAnswerError(
+        "the model endpoint answered with no reply (is base_url the API's own, "
+        f"e.g. http://host:11434/v1?): {body[:200]!r}"
+    )

@@ -1,8 +1,9 @@
 """Loopback fakes of the Anthropic Messages and OpenAI Chat Completions APIs.
 
 Each plays a script: one entry per request, in order. An entry is a response
-body (dict), an ``(http status, body)`` pair for an error, or a number of
-seconds to stall before answering the next entry. Every request body is kept,
+body (dict), an ``(http status, body)`` pair for an error, a ``web.Response``
+sent as is (a page that is not the API's), or a number of seconds to stall
+before answering the next entry. Every request body is kept,
 so a test can check what the SDK really sent (tool results, tool messages).
 """
 
@@ -34,6 +35,8 @@ class FakeModel:
         if isinstance(step, int | float) and not isinstance(step, bool):
             await anyio.sleep(step)
             step = self.script.pop(0)
+        if isinstance(step, web.Response):
+            return step
         if isinstance(step, tuple):
             status, body = step
             headers = {"retry-after-ms": "10", "retry-after": "0"} if status == 429 else {}

@@ -62,6 +62,22 @@ async def test_agent_run_prints_the_transcript(tmp_path: Path) -> None:
     assert candle(0).event_id in fake.requests[0]["messages"][1]["content"]
 
 
+async def test_agent_run_clips_a_reply_of_megabytes(tmp_path: Path) -> None:
+    """An endpoint gone wrong that answers megabytes of text: the transcript shows
+    its first MAX_SHOWN_TEXT characters and says how many more there were."""
+    from daemon.cli.agent import MAX_SHOWN_TEXT
+
+    async with fake_openai([openai_turn("x" * 2_000_000)]) as (_fake, url):
+        toml = (
+            f'[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "fake-gpt"\n'
+            f'base_url = "{url}"\n'
+        )
+        res = await _invoke(["agent", "run", "alpha", "--config", str(_workspace(tmp_path, toml))])
+    assert res.exit_code == 0, res.output[-500:]
+    assert f"... ({2_000_000 - MAX_SHOWN_TEXT:,} more characters not shown)" in res.output
+    assert len(res.output) < MAX_SHOWN_TEXT + 5_000
+
+
 async def test_agent_run_refuses_an_agent_without_an_llm_runner(tmp_path: Path) -> None:
     """The default log runner cannot be run by hand: one line says what to set."""
     config = _workspace(tmp_path, "")

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from aiohttp import web
 
 from daemon.agents.workspace import load_agent_config
 from daemon.errors import ConfigError
@@ -231,6 +232,22 @@ async def test_an_api_error_fails_the_run_with_the_reason() -> None:
         result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
     assert result.status == "failed" and "bad key" in (result.error or "")
     assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_page_that_is_not_the_api_fails_the_run_saying_so(provider: str) -> None:
+    """A base_url that answers 200 with an HTML page (a web UI, a proxy's login): the
+    run fails naming what came back and what to check (it said "AttributeError:
+    'str' object has no attribute 'choices'")."""
+    page = web.Response(text="<html>Open WebUI</html>", content_type="text/html")
+    fake_api = fake_openai if provider == "openai" else fake_anthropic
+    async with fake_api([page]) as (_fake, url):
+        result = await LlmRunner(cfg(provider, url), tools=TOOLS).run(CTX)
+    assert result.status == "failed"
+    assert (result.error or "").startswith("ModelAnswerError: the model endpoint answered with no")
+    assert "is base_url the API's own" in (result.error or "") and "Open WebUI" in (
+        result.error or ""
+    )
 
 
 async def test_a_key_whose_variable_was_never_set_is_not_sent(tmp_path: Path) -> None:
