@@ -261,7 +261,10 @@ def _run_demo(opts: DemoOptions, console: Console) -> int:
     _summary(console, printer, status.bus, elapsed, record_path)
     if not opts.copytrade:
         console.rule("the paper account (as marketwake status shows it)")
-        for line in render_accounts(status.accounts):
+        lines = render_accounts(status.accounts)
+        if not lines:
+            console.print("  none: no agent traded (with no hooks, nothing proposes a trade)")
+        for line in lines:
             console.print(f"  {line}", soft_wrap=True, markup=False)
     _audit_summary(console, opts.directory / "state" / "audit")
     if opts.copytrade:
@@ -311,6 +314,8 @@ def _audit_summary(console: Console, audit_dir: Path) -> None:
         elif kind == "order":
             counts[f"order {rec.get('status')}"] += 1
     console.rule("hooks (from the audit log)")
+    if not counts:
+        console.print("  none: no hook was evaluated (no agents directory, or no enabled agent)")
     for key, n in sorted(counts.items()):
         console.print(f"  {key:<40} {n:>7}")
     for line in wake_story(counts):

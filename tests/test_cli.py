@@ -230,6 +230,8 @@ def test_demo_without_agents_says_how_to_name_them(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     said = " ".join(res.stdout.split())
     assert "running without hooks (--agents DIR names one" in said, res.stdout
+    # the two read-back sections say why they are empty, not just their titles
+    assert "none: no agent traded" in said and "none: no hook was evaluated" in said, said
 
 
 def test_demo_refuses_a_dir_it_did_not_make(tmp_path: Path) -> None:
