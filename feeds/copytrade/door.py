@@ -266,8 +266,18 @@ class SignalDoor:
         return True
 
 
+# What a connection past the cap gets before it is closed: a sender (or its HTTP
+# library) sees a busy server to retry, not a dropped connection.
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    b"Content-Length: 0\r\n\r\n"
+)
+
+
 class _Refused(asyncio.Protocol):
-    """A connection past ``MAX_CONNECTIONS``: closed as soon as it is made."""
+    """A connection past ``MAX_CONNECTIONS``: answered 503 and closed as it is made."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(BUSY)
         transport.close()

@@ -144,7 +144,7 @@ async def test_a_slow_or_silent_client_holds_no_socket_or_handler_for_long(
 async def test_past_max_connections_a_new_one_is_closed_and_the_door_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With MAX_CONNECTIONS open, the next connection is closed at once (a flood costs
+    """With MAX_CONNECTIONS open, the next connection is answered 503 and closed at once (a flood costs
     the door, not the daemon's file descriptors); once one closes, requests are
     served again."""
     from feeds.copytrade import door
@@ -154,8 +154,11 @@ async def test_past_max_connections_a_new_one_is_closed_and_the_door_recovers(
         held = [await anyio.connect_tcp("127.0.0.1", h.feed.port) for _ in range(3)]
         await anyio.sleep(0.1)  # each is made (and counted) on the server's side
         extra = await anyio.connect_tcp("127.0.0.1", h.feed.port)
+        answer = b""
         with anyio.fail_after(5), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
-            await extra.receive()
+            while True:  # a busy server's answer, then the end
+                answer += await extra.receive()
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer
         await extra.aclose()
         await held.pop().aclose()
         await anyio.sleep(0.1)
