@@ -1,4 +1,5 @@
-"""HTTP helpers shared by the REST feeds and the tools that poll public APIs."""
+"""HTTP helpers shared by the REST feeds, the tools that poll public APIs, and the
+servers (the copy-trade doors, MCP over HTTP)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ CHUNK_BYTES = 64 * 1024
 # A REST answer we parse whole (candle pages, a product, an exchange page): far
 # above any real one (Binance's 1,500 klines are ~250 KB).
 MAX_REST_BYTES = 16 * 1024 * 1024
+# What a server writes to a connection past its cap before closing it: the sender (or
+# its HTTP library) sees a busy server to retry, not a dropped connection.
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
+    b"Content-Length: 0\r\n\r\n"
+)
 
 
 async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:

@@ -42,6 +42,7 @@ from daemon.config import McpSection
 from daemon.errors import ConfigError
 from daemon.tools.base import Registry, render
 from daemon.tools.context import ToolContext
+from feeds.http import BUSY_RESPONSE
 
 log = structlog.get_logger("mcp")
 Scope = MutableMapping[str, Any]
@@ -300,10 +301,6 @@ BODY_SECONDS = 10.0  # for a POST's body, once its headers are in
 # Connections open at once; past it a new one is closed as soon as it is made (a flood
 # costs the MCP server, never the daemon's file descriptors).
 MAX_CONNECTIONS = 128
-BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
-    b"Content-Length: 0\r\n\r\n"
-)
 
 
 class _H11(H11Protocol):
@@ -317,7 +314,7 @@ class _H11(H11Protocol):
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         if len(self.connections) > MAX_CONNECTIONS:
-            transport.write(BUSY)  # a busy server to retry, not a dropped connection
+            transport.write(BUSY_RESPONSE)
             transport.close()
             return
         self._arm()

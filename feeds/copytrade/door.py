@@ -34,6 +34,7 @@ from daemon.errors import ConfigError, SignalRejected
 from daemon.events import FeedEvent, Publish
 from feeds.base import FeedHealth
 from feeds.copytrade.inbox import Inbox
+from feeds.http import BUSY_RESPONSE
 
 log = structlog.get_logger("feeds.copytrade")
 AuditSink = Callable[[SignalRecord], None]
@@ -266,18 +267,10 @@ class SignalDoor:
         return True
 
 
-# What a connection past the cap gets before it is closed: a sender (or its HTTP
-# library) sees a busy server to retry, not a dropped connection.
-BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\n"
-    b"Content-Length: 0\r\n\r\n"
-)
-
-
 class _Refused(asyncio.Protocol):
     """A connection past ``MAX_CONNECTIONS``: answered 503 and closed as it is made."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        transport.write(BUSY)
+        transport.write(BUSY_RESPONSE)
         transport.close()
