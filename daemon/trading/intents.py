@@ -61,3 +61,14 @@ class RiskLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     require_stop_loss: bool = True
     limit_price_band_pct: _Amount = 5.0
     kill_switch_file: str = ""
+
+    def __post_init__(self) -> None:
+        path = self.kill_switch_file
+        if path and not path.startswith("/"):
+            # Relative, it would name a file in the daemon's working directory (under
+            # systemd /var/lib/marketwake), not the agent's: touching it there or
+            # anywhere else would never stop a trade.
+            raise ValueError(
+                f"kill_switch_file {path!r} must be an absolute path "
+                "(a relative one would be looked up in the daemon's working directory)"
+            )

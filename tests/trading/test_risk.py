@@ -156,6 +156,16 @@ def test_kill_switch_rejects_everything(tmp_path: Path) -> None:
     assert verdict.codes == [risk.KILL_SWITCH]
 
 
+@pytest.mark.parametrize("path", ["KILL", "agents/a/KILL", "~/KILL", "./KILL"])
+def test_a_relative_kill_switch_is_a_config_error(path: str) -> None:
+    """A relative kill-switch file would be looked up in the daemon's working
+    directory (under systemd not the agent's): touching it where the operator
+    meant would never stop a trade. agent.toml refuses it, naming the key."""
+    with pytest.raises(msgspec.ValidationError, match="must be an absolute path"):
+        msgspec.convert({"kill_switch_file": path}, RiskLimits)
+    assert msgspec.convert({"kill_switch_file": "/run/KILL"}, RiskLimits).kill_switch_file
+
+
 def test_halted_rejects_everything() -> None:
     """HALTED rejects reducing orders too."""
     engine = risk.RiskEngine(RiskLimits(), TradingState.HALTED)
