@@ -10,8 +10,11 @@ not recorded, so a flood cannot rotate the audit log away. A connection has
 ``REQUEST_SECONDS`` to send its headers (or, once answered, its next request)
 and as long again for its body: a slow or silent client cannot hold a socket
 or a handler for long. Past ``MAX_CONNECTIONS`` open at once, a new connection
-is closed as soon as it is made: a flood costs the door, never the daemon's
-file descriptors (its audit log, stores and sandbox workers need them).
+is answered 503 and closed as soon as it is made: a flood costs the door, never
+the daemon's file descriptors (its audit log, stores and sandbox workers need
+them). A door that knows its senders' addresses (:meth:`SignalDoor.expects`)
+gives the others only ``MAX_STRANGERS`` of those places, so a flood from
+elsewhere never turns its senders away.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ BEAT_SECONDS = 5.0  # a listening server is a live feed, however quiet its leade
 REFUSALS_RECORDED_PER_MINUTE = 60  # audit rows and log lines; every refusal still answers
 PRUNE_SECONDS = 600.0  # old nonces, alerts and signal ids go at start and every 10 minutes
 REQUEST_SECONDS = 10.0  # for the headers (an idle connection too), then for the body
-MAX_CONNECTIONS = 128  # open at once (about: a burst accepted together may pass it a little)
+MAX_CONNECTIONS = 128  # open at once
+MAX_STRANGERS = 16  # of which from addresses the door does not expect (still answered 403)
 
 
 class DoorSettings(Protocol):
@@ -175,25 +179,37 @@ class SignalDoor:
                 receive.close()
                 await self.run_inbox(inbox.close)
 
+    def expects(self, address: str) -> bool:
+        """Whether a connection from ``address`` (the peer's, not a forwarded one) is
+        one of the door's senders; a door that cannot tell expects everyone."""
+        return True
+
     async def _listen(self, server: web.Server, sock: socket.socket) -> asyncio.AbstractServer:
-        """Serve ``server`` on ``sock``, closing what comes past ``MAX_CONNECTIONS``
-        (logged at most once a minute, with how many)."""
+        """Serve ``server`` on ``sock``, turning away (503) what comes past
+        ``MAX_CONNECTIONS``, or past ``MAX_STRANGERS`` for a peer the door does not
+        expect (logged at most once a minute, with how many)."""
         refused, logged = 0, -60.0
 
-        def protocol() -> asyncio.BaseProtocol:
+        def admit(transport: asyncio.Transport) -> bool:
             nonlocal refused, logged
-            if len(server.connections) < MAX_CONNECTIONS:
-                return server()
+            expected = self.expects(_peer(transport))
+            peers = [_peer(c.transport) for c in server.connections if c.transport is not None]
+            alike = sum(1 for p in peers if self.expects(p) == expected)
+            if len(peers) < MAX_CONNECTIONS and (expected or alike < MAX_STRANGERS):
+                return True
             refused += 1
             if time.monotonic() - logged >= 60:
                 logged = time.monotonic()
                 log.warning(
-                    f"{self.what} connections refused: {MAX_CONNECTIONS} open",
+                    f"{self.what} connections turned away: {len(peers)} open "
+                    f"({alike} {'expected' if expected else 'from unexpected addresses'})",
                     refused_since_start=refused,
                 )
-            return _Refused()
+            return False
 
-        return await asyncio.get_running_loop().create_server(protocol, sock=sock)
+        return await asyncio.get_running_loop().create_server(
+            lambda: _Gate(server, admit), sock=sock
+        )
 
     async def run_inbox(self, fn: Callable[..., T], *args: object) -> T:
         """``fn`` in a worker thread, one inbox call at a time (each may fsync)."""
@@ -267,10 +283,25 @@ class SignalDoor:
         return True
 
 
-class _Refused(asyncio.Protocol):
-    """A connection past ``MAX_CONNECTIONS``: answered 503 and closed as it is made."""
+def _peer(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
+class _Gate(asyncio.Protocol):
+    """A new connection's first protocol: it hands the connection to aiohttp's handler
+    when ``admit`` says so (before any byte is read), else answers 503 and closes."""
+
+    def __init__(self, server: web.Server, admit: Callable[[asyncio.Transport], bool]) -> None:
+        self._server = server
+        self._admit = admit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        transport.write(BUSY_RESPONSE)
-        transport.close()
+        if not self._admit(transport):
+            transport.write(BUSY_RESPONSE)
+            transport.close()
+            return
+        handler = self._server()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)

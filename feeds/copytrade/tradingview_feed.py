@@ -95,6 +95,13 @@ class TradingViewFeed(SignalDoor):
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/tv/{hook_id}", self._handle)
 
+    def expects(self, address: str) -> bool:
+        """TradingView's addresses (``allowed_ips``), or a trusted proxy's: the rest
+        get few of the door's connections (and a 403 for each request)."""
+        if not self.allowed:
+            return True
+        return _inside(address, self.allowed) or _inside(address, self.proxies)
+
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/tv/<hook id>"
 

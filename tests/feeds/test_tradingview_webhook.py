@@ -186,3 +186,39 @@ async def test_answers_stay_fast_while_the_mapper_is_stuck_and_nothing_is_lost(
 def test_bad_config_is_refused(changes: dict[str, object], message: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=message.replace("[", r"\[")):
         section(**changes)
+
+
+async def test_a_flood_from_elsewhere_never_turns_tradingview_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections from addresses outside allowed_ips get at most MAX_STRANGERS of the
+    door's places (503 past them, before a byte is read), so TradingView's own still
+    get in. Here 127.0.0.2 plays TradingView and 127.0.0.1 the flood."""
+    from feeds.copytrade import door
+
+    monkeypatch.setattr(door, "MAX_STRANGERS", 2)
+    monkeypatch.setattr(door, "MAX_CONNECTIONS", 4)
+    async with running(tmp_path, allowed_ips=["127.0.0.2"]) as h:
+        port = h.feed.port
+
+        async def answer(local: str) -> bytes:
+            stream = await anyio.connect_tcp("127.0.0.1", port, local_host=local)
+            await stream.send(b"GET /tv/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            got = b""
+            with anyio.fail_after(5):
+                try:
+                    while True:
+                        got += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+            await stream.aclose()
+            return got
+
+        flood = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(2)]
+        await anyio.sleep(0.1)
+        assert (await answer("127.0.0.1")).startswith(b"HTTP/1.1 503 ")  # a third stranger
+        assert (await answer("127.0.0.2")).startswith(b"HTTP/1.1 405 ")  # served (GET: 405)
+        for stream in flood:
+            await stream.aclose()
+        await anyio.sleep(0.1)
+        assert (await answer("127.0.0.1")).startswith(b"HTTP/1.1 405 ")  # room again
