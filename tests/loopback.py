@@ -1,11 +1,26 @@
-"""Serve an aiohttp application on a free loopback port for the length of a block."""
+"""Serve an aiohttp application on a free loopback port for the length of a block;
+read what a server says to a raw connection until it closes it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from aiohttp import web
+from anyio.abc import ByteReceiveStream
+
+
+async def until_closed(stream: ByteReceiveStream, seconds: float = 5.0) -> bytes:
+    """Everything ``stream`` receives until the server closes it (a reset counts as a
+    close); fails when the server has not closed it within ``seconds``."""
+    got = b""
+    with anyio.fail_after(seconds):
+        try:
+            while True:
+                got += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return got
 
 
 @asynccontextmanager

@@ -79,22 +79,13 @@ async def test_nonzero_exit_is_failed_with_stderr() -> None:
 async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
     """On timeout the program and its own child are killed, and the run says timeout."""
     pid_file = tmp_path / "grandchild.pid"
-    code = (
-        "import subprocess, sys, time, pathlib; "
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid)); "
-        "print('started', flush=True); time.sleep(60)"
-    )
+    code = with_a_child(pid_file, "print('started', flush=True); time.sleep(60)")
     t0 = time.monotonic()
     result = await CommandRunner(py(code), timeout=1.0).run(context())
     assert time.monotonic() - t0 < 10
     assert result.status == "timeout" and result.stdout == "started\n"
     assert result.error == "killed after 1 s"
-    grandchild = int(pid_file.read_text())
-    with anyio.fail_after(5):
-        # No event tells us a foreign process died; SIGKILL lands within a tick.
-        while _alive(grandchild):  # noqa: ASYNC110
-            await anyio.sleep(0.02)
+    await gone(int(pid_file.read_text()))
 
 
 async def test_the_run_ends_when_the_program_exits_and_its_leftovers_are_killed(
@@ -104,19 +95,28 @@ async def test_the_run_ends_when_the_program_exits_and_its_leftovers_are_killed(
     run as soon as it exits (not a timeout once the child lets go), and the child
     does not outlive the run."""
     pid_file = tmp_path / "leftover.pid"
-    code = (
-        "import subprocess, sys, pathlib; "
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid)); "
-        "print('decided', flush=True)"
-    )
+    code = with_a_child(pid_file, "print('decided', flush=True)")
     t0 = time.monotonic()
     result = await CommandRunner(py(code), timeout=20).run(context())
     assert time.monotonic() - t0 < 10
     assert (result.status, result.exit_code, result.stdout) == ("ok", 0, "decided\n")
-    leftover = int(pid_file.read_text())
+    await gone(int(pid_file.read_text()))
+
+
+def with_a_child(pid_file: Path, then: str) -> str:
+    """A program that starts a child sleeping 60 s (its pid in ``pid_file``; it
+    inherits stdout), then runs ``then``."""
+    return (
+        "import subprocess, sys, time, pathlib; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid)); {then}"
+    )
+
+
+async def gone(pid: int) -> None:
+    """Until ``pid`` is dead (a SIGKILL lands within a tick); fails after 5 s."""
     with anyio.fail_after(5):
-        while _alive(leftover):  # noqa: ASYNC110 - no event tells us a foreign process died
+        while _alive(pid):  # noqa: ASYNC110 - no event tells us a foreign process died
             await anyio.sleep(0.02)
 
 
