@@ -189,20 +189,24 @@ class SignalDoor:
         ``MAX_CONNECTIONS``, or past ``MAX_STRANGERS`` for a peer the door does not
         expect (logged at most once a minute, with how many)."""
         refused, logged = 0, -60.0
+        strangers: set[asyncio.Transport] = set()  # at most MAX_STRANGERS, closed ones pruned
 
         def admit(transport: asyncio.Transport) -> bool:
-            nonlocal refused, logged
+            nonlocal refused, logged, strangers
             expected = self.expects(_peer(transport))
-            peers = [_peer(c.transport) for c in server.connections if c.transport is not None]
-            alike = sum(1 for p in peers if self.expects(p) == expected)
-            if len(peers) < MAX_CONNECTIONS and (expected or alike < MAX_STRANGERS):
+            if not expected:
+                strangers = {t for t in strangers if not t.is_closing()}
+            open_now = len(server.connections)
+            if open_now < MAX_CONNECTIONS and (expected or len(strangers) < MAX_STRANGERS):
+                if not expected:
+                    strangers.add(transport)
                 return True
             refused += 1
             if time.monotonic() - logged >= 60:
                 logged = time.monotonic()
                 log.warning(
-                    f"{self.what} connections turned away: {len(peers)} open "
-                    f"({alike} {'expected' if expected else 'from unexpected addresses'})",
+                    f"{self.what} connections turned away: {open_now} open, "
+                    f"{len(strangers)} of them from unexpected addresses",
                     refused_since_start=refused,
                 )
             return False
