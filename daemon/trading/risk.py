@@ -260,10 +260,17 @@ class RiskEngine:
         self.limits = limits
         self.state = state
 
-    def kill_switch_on(self) -> bool:
-        """True when the configured kill-switch file exists."""
+    def kill_switch(self) -> str | None:
+        """Why the kill switch stops every order ("" is never returned), or None when it
+        does not: its file exists, or it cannot be checked (a switch that cannot be
+        read fails closed: an order passing it might be the one it was set to stop)."""
         path = self.limits.kill_switch_file
-        return bool(path) and Path(path).exists()
+        if not path:
+            return None
+        try:
+            return f"kill switch {path} is present" if Path(path).exists() else None
+        except OSError as exc:
+            return f"kill switch {path} cannot be checked ({exc.strerror}): it counts as set"
 
     def check(
         self, intent: TradeIntent, view: PortfolioView, last_price: float | None, now_ms: int
@@ -350,8 +357,8 @@ class RiskEngine:
         return Verdict(approved=True, order=change, reducing=True)
 
     def _gate(self) -> Reason | None:
-        if self.kill_switch_on():
-            return _fail(KILL_SWITCH, f"kill switch {self.limits.kill_switch_file} is present")
+        if why := self.kill_switch():
+            return _fail(KILL_SWITCH, why)
         if self.state is TradingState.HALTED:
             return _fail(HALTED, "trading state is HALTED")
         return None

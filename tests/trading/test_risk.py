@@ -156,6 +156,15 @@ def test_kill_switch_rejects_everything(tmp_path: Path) -> None:
     assert verdict.codes == [risk.KILL_SWITCH]
 
 
+def test_a_kill_switch_that_cannot_be_checked_counts_as_set() -> None:
+    """A switch whose path cannot be looked at (here: a name too long for the system)
+    fails closed, saying why; it raised out of every check before."""
+    engine = risk.RiskEngine(RiskLimits(kill_switch_file="/" + "k" * 5000))
+    verdict = engine.check(intent(), long(), LAST, NOW)
+    assert verdict.codes == [risk.KILL_SWITCH]
+    assert "cannot be checked (File name too long): it counts as set" in verdict.reasons[0].message
+
+
 @pytest.mark.parametrize("path", ["KILL", "agents/a/KILL", "~/KILL", "./KILL"])
 def test_a_relative_kill_switch_is_a_config_error(path: str) -> None:
     """A relative kill-switch file would be looked up in the daemon's working
