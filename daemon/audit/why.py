@@ -174,7 +174,8 @@ def _order_outcome(orders: list[Record]) -> Outcome:
     working, NOT_FILLED when every one ended (canceled, expired, refused) unfilled."""
     if any(r.get("status") in FILLED for r in orders):
         return "TRADED"
-    last: dict[object, object] = {r.get("clientOrderId"): r.get("status") for r in orders}
+    # str(): a row is read back from a file, where an id may be anything JSON holds
+    last = {str(r.get("clientOrderId")): r.get("status") for r in orders}
     return "NOT_FILLED" if all(status in ENDED for status in last.values()) else "ORDER_OPEN"
 
 

@@ -210,5 +210,7 @@ def test_an_order_trades_only_once_it_fills(
     w.close()
     exp = explain(collect(tmp_path, "mw-1"), "mw-1")
     assert exp.agents[0].outcome == outcome
+    odd = [{"type": "order", "agentId": "alpha", "clientOrderId": ["x"], "status": "OPEN"}]
+    assert explain(odd, "x").agents[0].outcome == "ORDER_OPEN"  # a hand-edited row: no crash
     text = CliRunner().invoke(why_command, ["mw-1", "--dir", str(tmp_path)])
     assert text.exit_code == 0 and f"agent alpha: {outcome}" in text.output
