@@ -18,16 +18,19 @@ from daemon.events import TIMEFRAMES
 from daemon.secret import Secret
 
 
-def check_http_url(url: str, key: str) -> None:
-    """``url`` (after ``${VAR}`` expansion) must be an absolute http(s) URL with a host;
-    else ValueError naming ``key`` (msgspec reports it at the section's path)."""
+def check_http_url(url: str, key: str, schemes: tuple[str, str] = ("http", "https")) -> None:
+    """``url`` (after ``${VAR}`` expansion) must be an absolute URL of one of ``schemes``
+    with a host; else ValueError naming ``key`` (msgspec reports it at the section's
+    path)."""
     try:
         parts = urlsplit(url)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        ok = parts.scheme in schemes and bool(parts.hostname)
     except ValueError:  # an unbalanced "[" in the host, say
         ok = False
     if not ok:
-        raise ValueError(f"{key} must be an http:// or https:// URL with a host (got {url!r})")
+        article = "an" if schemes[0].startswith("h") else "a"
+        spelled = " or ".join(f"{s}://" for s in schemes)
+        raise ValueError(f"{key} must be {article} {spelled} URL with a host (got {url!r})")
 
 
 # A Coinbase product id: upper case, dash-separated (BTC-USD, ETH-USDC, BTC-PERP-INTX).

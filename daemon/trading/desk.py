@@ -124,18 +124,7 @@ class TradeDesk:
             broker.last_price(intent.symbol, account),
             broker.now_ms(account),
         )
-        self._write(
-            risk_record(
-                verdict,
-                intent,
-                agent_id=agent_id,
-                trace_id=trace_id,
-                hook_id=hook_id,
-                event_id=event_id,
-                client_order_id=coid,
-                event_ts=iso_ms(broker.now_ms(account)),
-            )
-        )
+        self._write_verdict(verdict, intent, agent_id, trace_id, hook_id, event_id, coid, account)
         if not verdict.approved or verdict.order is None:
             return TradeOutcome(client_order_id=coid, verdict=verdict, order=None)
         request = OrderRequest(
@@ -186,6 +175,27 @@ class TradeDesk:
                 broker.last_price(order.symbol, account),
                 broker.now_ms(account),
             )
+        self._write_verdict(verdict, intent, agent_id, trace_id, hook_id, event_id, coid, account)
+        if not verdict.approved:
+            return TradeOutcome(client_order_id=coid, verdict=verdict, order=None)
+        if intent.action == "CANCEL_ORDER":
+            done = await broker.cancel(coid)
+        else:
+            done = await broker.modify(coid, intent)
+        return TradeOutcome(client_order_id=coid, verdict=verdict, order=done)
+
+    def _write_verdict(
+        self,
+        verdict: Verdict,
+        intent: TradeIntent,
+        agent_id: str,
+        trace_id: str | None,
+        hook_id: str | None,
+        event_id: str | None,
+        coid: str,
+        account: str,
+    ) -> None:
+        """The risk row of ``intent``, at the account's market time."""
         self._write(
             risk_record(
                 verdict,
@@ -195,16 +205,9 @@ class TradeDesk:
                 hook_id=hook_id,
                 event_id=event_id,
                 client_order_id=coid,
-                event_ts=iso_ms(broker.now_ms(account)),
+                event_ts=iso_ms(self.broker.now_ms(account)),
             )
         )
-        if not verdict.approved:
-            return TradeOutcome(client_order_id=coid, verdict=verdict, order=None)
-        if intent.action == "CANCEL_ORDER":
-            done = await broker.cancel(coid)
-        else:
-            done = await broker.modify(coid, intent)
-        return TradeOutcome(client_order_id=coid, verdict=verdict, order=done)
 
     def _write(self, record: AuditRecord) -> None:
         if self.audit is not None:

@@ -52,7 +52,7 @@ from feeds.coinbase_ws.protocol import (
     subscribe_message,
     unsubscribe_message,
 )
-from feeds.config import CoinbaseWsSection
+from feeds.config import CoinbaseWsSection, check_http_url
 
 log = structlog.get_logger("feeds.coinbase_ws")
 
@@ -210,8 +210,10 @@ class _Connection:
 def check_settings(settings: CoinbaseWsSection) -> None:
     """Reject values the pool cannot run with, naming the key (ConfigError)."""
     key = "feeds.coinbase_ws."
-    if not settings.url.startswith(("ws://", "wss://")):
-        raise ConfigError(f"{key}url: expected a ws:// or wss:// URL, found {settings.url!r}")
+    try:
+        check_http_url(settings.url, f"{key}url", schemes=("ws", "wss"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if not settings.idle_timeout_seconds > 0:
         raise ConfigError(f"{key}idle_timeout_seconds: must be > 0")
     if not 0 < settings.backoff_initial_seconds <= settings.backoff_max_seconds:

@@ -291,8 +291,9 @@ async def test_feed_starts_offline_and_connects_when_the_server_appears() -> Non
 def test_bad_settings_and_products_are_config_errors() -> None:
     """A bad URL, backoff, idle timeout or product id fails at construction, naming the key
     (a product id already when the section is built: `config check` sees it)."""
-    with pytest.raises(ConfigError, match="ws://"):
-        CoinbaseWsPool(settings("https://example.invalid"))
+    for url in ("https://example.invalid", "wss://", "ws:///path", "wss://[::1"):
+        with pytest.raises(ConfigError, match="url must be a ws:// or wss:// URL with a host"):
+            CoinbaseWsPool(settings(url))
     good = settings("ws://127.0.0.1:1")
     for key, value in (
         ("backoff_initial_seconds", 0.0),
