@@ -1,20 +1,24 @@
 """Where ALERT decisions go: the log by default, optionally a webhook.
 
-An alert is a message to a human, not an action: a failing webhook is logged
-and counted, never retried forever and never allowed to stall the dispatcher
-(one short timeout per alert).
+An alert is a message to a human, not an action: it is logged as it is raised,
+and the webhook gets it from background tasks, a few requests at once, each with
+a short timeout, never retried: a failing or hanging endpoint is counted and
+logged, and never delays the log line, the dispatcher or the other alerts.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from typing import Protocol, Self
 
 import aiohttp
 import anyio
 import msgspec
 import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 log = structlog.get_logger("alerts")
+FAILURE_LOG_SECONDS = 60.0  # a failing webhook is logged at most this often (with a count)
 
 
 class Alert(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -57,59 +61,109 @@ class LogNotifier:
 
 
 class WebhookNotifier:
-    """POSTs each alert as JSON to a URL (and logs it too)."""
+    """POSTs each alert as JSON to a URL, over one connection pool (``async with``
+    closes it). A failure is counted and logged at most once a minute, with the
+    count: a dead endpoint under a stream of alerts does not flood the log."""
 
     def __init__(self, url: str, *, timeout_seconds: float = 5.0) -> None:
         self.url = url
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
-        self.log = LogNotifier()
         self.failures = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._logged_at: float | None = None  # monotonic time of the last failure line
+        self._logged_failures = 0
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def send(self, alert: Alert) -> None:
-        await self.log.send(alert)
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self.timeout)
         body = msgspec.json.encode(alert)
         headers = {"content-type": "application/json"}
         try:
-            async with (
-                aiohttp.ClientSession(timeout=self.timeout) as session,
-                session.post(self.url, data=body, headers=headers) as resp,
-            ):
+            async with self._session.post(self.url, data=body, headers=headers) as resp:
                 if resp.status >= 300:
-                    self.failures += 1
-                    log.warning("alert webhook refused", status=resp.status)
+                    self._failed(f"HTTP {resp.status}")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            self.failures += 1
-            log.warning("alert webhook failed", error=str(exc) or type(exc).__name__)
+            self._failed(str(exc) or type(exc).__name__)
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at >= FAILURE_LOG_SECONDS:
+            log.warning(
+                "alert webhook failed",
+                url=self.url,
+                error=error,
+                failures=self.failures - self._logged_failures,
+            )
+            self._logged_at, self._logged_failures = now, self.failures
 
 
 class AlertQueue:
-    """Hands alerts to a notifier from a background task (:meth:`run`), so a slow or
-    hanging endpoint never stalls the agent that raised them. When ``size`` alerts
-    are already waiting, new ones are logged, counted in ``dropped`` and discarded."""
+    """Where the dispatcher sends alerts. Each is logged as it is raised (the log never
+    waits for the webhook) and, with a webhook, handed to it from background tasks
+    (:meth:`run`), ``posts`` at most at once: a slow or hanging endpoint never stalls
+    the agent that raised an alert, and one hanging request does not hold the others.
+    When ``size`` alerts are waiting for the webhook, new ones are not posted (still
+    logged and audited), counted in ``dropped``."""
 
-    def __init__(self, notifier: AlertNotifier, size: int = 1000) -> None:
-        self.notifier = notifier
+    def __init__(
+        self, webhook: WebhookNotifier | None = None, *, size: int = 1000, posts: int = 4
+    ) -> None:
+        self.log = LogNotifier()
+        self.webhook = webhook
+        self.posts = posts
         self._send, self._receive = anyio.create_memory_object_stream[Alert](size)
         self.dropped = 0
 
     async def send(self, alert: Alert) -> None:
+        await self.log.send(alert)
+        if self.webhook is None:
+            return
         try:
             self._send.send_nowait(alert)
         except anyio.WouldBlock:
             self.dropped += 1
-            log.warning("alert queue full; alert dropped", agent=alert.agent_id, hook=alert.hook_id)
+            if self.dropped == 1 or self.dropped % 100 == 0:
+                log.warning("alert webhook backlog full; alerts not posted", dropped=self.dropped)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.dropped += 1  # the daemon is stopping: logged above, not posted
 
     async def run(self) -> None:
-        """Deliver queued alerts until :meth:`close`, then deliver what is left."""
-        async with self._receive:
-            async for alert in self._receive:
-                await self.notifier.send(alert)
+        """Post queued alerts until :meth:`close`, then post what is left; cancelled
+        first (a stop past its timeout), say how many were not posted."""
+        try:
+            if self.webhook is None:
+                return  # nothing is queued
+            async with self.webhook, anyio.create_task_group() as tg:
+                with self._receive:  # the posting tasks hold their own clones
+                    for _ in range(self.posts):
+                        tg.start_soon(self._post, self.webhook, self._receive.clone())
+        finally:
+            self._send.close()  # nobody posts any more: later alerts are logged only
+            self._receive.close()
+            left = self._receive.statistics().current_buffer_used
+            if left:
+                log.warning(
+                    "alerts not posted to the webhook at the stop (they are in the log "
+                    "and the audit)",
+                    alerts=left,
+                )
+
+    async def _post(
+        self, webhook: WebhookNotifier, alerts: MemoryObjectReceiveStream[Alert]
+    ) -> None:
+        async with alerts:
+            async for alert in alerts:
+                await webhook.send(alert)
 
     def close(self) -> None:
-        """No more alerts; :meth:`run` returns once the queue is empty."""
+        """No more alerts; :meth:`run` returns once the queued ones are posted."""
         self._send.close()
-
-
-def build_notifier(webhook_url: str) -> AlertNotifier:
-    """A webhook notifier when a URL is configured, else the log."""
-    return WebhookNotifier(webhook_url) if webhook_url else LogNotifier()

@@ -1,4 +1,5 @@
-"""Alert notifiers: a webhook on loopback receives the alert; failures never raise."""
+"""Alerts: logged as raised; a webhook on loopback receives them; failures never raise
+and never hold the log, the sender or the other alerts."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import json
 from typing import Any
 
 import anyio
+import msgspec
+import structlog
 from aiohttp import web
 from anyio import wait_all_tasks_blocked
 
-from daemon.alerts import Alert, LogNotifier, WebhookNotifier, build_notifier
+from daemon.alerts import Alert, AlertQueue, WebhookNotifier
 
 ALERT = Alert(
     agent_id="a",
@@ -22,16 +25,21 @@ ALERT = Alert(
 )
 
 
-async def serve(status: int) -> tuple[web.AppRunner, str, list[Any]]:
+async def serve(status: int, hang: str = "") -> tuple[web.AppRunner, str, list[Any]]:
+    """A loopback webhook answering ``status``; an alert whose reason is ``hang`` gets
+    no answer at all."""
     got: list[Any] = []
 
     async def handler(request: web.Request) -> web.Response:
-        got.append(json.loads(await request.read()))
+        alert = json.loads(await request.read())
+        if hang and alert["reason"] == hang:
+            await anyio.sleep_forever()
+        got.append(alert)
         return web.Response(status=status)
 
     app = web.Application()
     app.router.add_post("/hook", handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)  # a hanging request is cut at once
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -43,8 +51,8 @@ async def test_webhook_posts_camel_case_json() -> None:
     """The webhook gets the alert as camelCase JSON."""
     runner, url, got = await serve(204)
     try:
-        notifier = WebhookNotifier(url)
-        await notifier.send(ALERT)
+        async with WebhookNotifier(url) as notifier:
+            await notifier.send(ALERT)
     finally:
         await runner.cleanup()
     assert got == [
@@ -62,45 +70,91 @@ async def test_webhook_posts_camel_case_json() -> None:
     assert notifier.failures == 0
 
 
-async def test_refused_or_unreachable_webhook_is_counted_not_raised() -> None:
-    """A 500 and a closed port both count as failures; send() returns normally."""
+async def test_refused_or_unreachable_webhook_is_counted_and_logged_once_a_minute() -> None:
+    """A 500 and a closed port both count as failures; send() returns normally; the
+    log says so once a minute, with how many failed since its last line."""
     runner, url, _ = await serve(500)
+    with structlog.testing.capture_logs() as logs:
+        async with WebhookNotifier(url, timeout_seconds=2) as notifier:
+            try:
+                await notifier.send(ALERT)
+                await notifier.send(ALERT)
+            finally:
+                await runner.cleanup()
+            await notifier.send(ALERT)  # the server is gone now
+            notifier._logged_at = -1e9  # a minute on: the next failure is logged
+            await notifier.send(ALERT)
+    assert notifier.failures == 4
+    lines = [e for e in logs if e["event"] == "alert webhook failed"]
+    assert (lines[0]["error"], lines[0]["failures"]) == ("HTTP 500", 1)
+    assert len(lines) == 2 and lines[1]["failures"] == 3
+
+
+async def test_a_hanging_webhook_holds_neither_the_log_nor_the_sender_nor_other_alerts() -> None:
+    """Every alert is logged as it is sent (not when the webhook gets it); a request
+    that never answers holds one posting task, the others go on; a full backlog drops
+    (counted) and the sender never waits; what is left at a cut stop is said."""
+    runner, url, got = await serve(204, hang="hang")
+    hanging = msgspec.structs.replace(ALERT, reason="hang")
+    queue = AlertQueue(WebhookNotifier(url, timeout_seconds=30), size=3, posts=2)
     try:
-        notifier = WebhookNotifier(url, timeout_seconds=2)
-        await notifier.send(ALERT)
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(queue.run)
+                with anyio.fail_after(1):  # the sender never waits for the webhook
+                    for _ in range(2):
+                        await queue.send(hanging)  # holds both posting tasks
+                    await wait_all_tasks_blocked()
+                    for i in range(5):
+                        await queue.send(msgspec.structs.replace(ALERT, event_id=f"e{i}"))
+                    logged = [e for e in logs if e["event"] == "ALERT"]
+                    assert len(logged) == 7  # all of them, none of them posted yet
+                await anyio.sleep(0.2)
+                assert got == []  # both tasks hang: the rest wait, 3 queued, 2 dropped
+                assert queue.dropped == 2
+                tg.cancel_scope.cancel()  # a stop past its timeout
+        left = [e for e in logs if e["event"].startswith("alerts not posted")]
+        assert [e["alerts"] for e in left] == [3]
+
+        # One hanging request among others: the second posting task delivers the rest.
+        queue = AlertQueue(WebhookNotifier(url, timeout_seconds=30), posts=2)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(queue.run)
+            await queue.send(hanging)
+            await wait_all_tasks_blocked()
+            for i in range(5):
+                await queue.send(msgspec.structs.replace(ALERT, event_id=f"e{i}"))
+            for _ in range(500):  # the server's side: polled, at most 5 s
+                if len(got) == 5:
+                    break
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        assert [a["eventId"] for a in got] == [f"e{i}" for i in range(5)]
     finally:
         await runner.cleanup()
-    await notifier.send(ALERT)  # the server is gone now
-    assert notifier.failures == 2
 
 
-def test_build_notifier() -> None:
-    """No URL means log only."""
-    assert isinstance(build_notifier(""), LogNotifier)
-    assert isinstance(build_notifier("http://127.0.0.1:9/x"), WebhookNotifier)
-
-
-async def test_queue_never_blocks_the_sender_and_counts_drops() -> None:
-    """A hanging notifier cannot stall send(); overflow is counted; close() drains."""
-    from daemon.alerts import AlertQueue
-
-    release = anyio.Event()
-    delivered: list[Alert] = []
-
-    class Slow:
-        async def send(self, alert: Alert) -> None:
-            await release.wait()
-            delivered.append(alert)
-
-    queue = AlertQueue(Slow(), size=2)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(queue.run)
-        with anyio.fail_after(1):
+async def test_without_a_webhook_alerts_are_logged_and_run_returns() -> None:
+    """No URL: log only; nothing is queued, so run() has nothing to wait for."""
+    queue = AlertQueue()
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(1):
+        for _ in range(2000):  # past any queue size: nothing is dropped
             await queue.send(ALERT)
-            await wait_all_tasks_blocked()  # the notifier holds the first alert
-            for _ in range(4):
-                await queue.send(ALERT)
-        release.set()
+        await queue.run()
+    assert len([e for e in logs if e["event"] == "ALERT"]) == 2000
+    assert queue.dropped == 0
+
+
+async def test_close_posts_what_is_queued_then_run_returns() -> None:
+    """A clean stop: close() lets run() post the queued alerts, then return."""
+    runner, url, got = await serve(204)
+    try:
+        queue = AlertQueue(WebhookNotifier(url))
+        for i in range(3):
+            await queue.send(msgspec.structs.replace(ALERT, event_id=f"e{i}"))
         queue.close()
-    assert queue.dropped == 2  # one in the notifier, two queued, two dropped
-    assert len(delivered) == 3
+        with anyio.fail_after(5):
+            await queue.run()
+    finally:
+        await runner.cleanup()
+    assert sorted(a["eventId"] for a in got) == ["e0", "e1", "e2"]

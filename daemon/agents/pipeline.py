@@ -29,7 +29,7 @@ from daemon.agents.manager import AgentManager
 from daemon.agents.reconcile import Reconciler
 from daemon.agents.revisions import RevisionStore
 from daemon.agents.store import HookStore
-from daemon.alerts import AlertNotifier, AlertQueue, build_notifier
+from daemon.alerts import AlertQueue, WebhookNotifier
 from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.records import SignalRecord, now_ts
 from daemon.audit.writer import open_audit
@@ -104,7 +104,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 synchronous=light,
             )
             closing.callback(hook_store.close)
-            alerts = AlertQueue(alert_notifier(cfg))
+            alerts = AlertQueue(alert_webhook(cfg))
             run_store = RunStore.in_dir(state_dir, light)
             closing.callback(run_store.close)
             desk = TradeDesk(broker, audit)
@@ -442,11 +442,14 @@ async def _forward(receive: anyio.abc.ObjectReceiveStream[FeedEvent], service: S
             await service.bus.publish(event)
 
 
-def alert_notifier(cfg: Config) -> AlertNotifier:
-    """The webhook for live alerts. On event time (a replay) alerts are about the past:
-    they are logged and audited, never posted, so trying an agent on a year of history
-    does not page anyone with a year of alerts (``clock = "wall"`` posts them)."""
-    if cfg.event_time and cfg.hooks.alert_webhook:
+def alert_webhook(cfg: Config) -> WebhookNotifier | None:
+    """The webhook for live alerts, if one is set. On event time (a replay) alerts are
+    about the past: they are logged and audited, never posted, so trying an agent on a
+    year of history does not page anyone with a year of alerts (``clock = "wall"``
+    posts them)."""
+    if not cfg.hooks.alert_webhook:
+        return None
+    if cfg.event_time:
         log.info("replay on event time: ALERTs are logged and audited, not sent to alert_webhook")
-        return build_notifier("")
-    return build_notifier(cfg.hooks.alert_webhook)
+        return None
+    return WebhookNotifier(cfg.hooks.alert_webhook)
