@@ -164,13 +164,24 @@ def to_decision(value: dict[str, Any], kind: str) -> Decision:
     name = value.get("decision")
     allowed = ALLOWED_DECISIONS.get(kind, frozenset())
     if type(name) is not str or name not in allowed:
-        raise HookResultInvalid(
-            f"decision {name!r} is not allowed in {kind}_* hooks (one of {sorted(allowed)})"
-        )
+        raise HookResultInvalid(_not_allowed(value, name, kind, allowed))
     try:
         return msgspec.convert(value, _BY_NAME[name])
     except msgspec.ValidationError as exc:
         raise HookResultInvalid(f"invalid {name} result: {_explain(exc, _BY_NAME[name])}") from None
+
+
+def _not_allowed(value: dict[str, Any], name: object, kind: str, allowed: frozenset[str]) -> str:
+    """Why ``name`` is no decision of a ``kind`` hook, with the likely slip named: a
+    missing key (a typo of it), or a name spelled in the wrong case."""
+    one_of = f"one of {sorted(allowed)}"
+    if "decision" not in value:
+        keys = ", ".join(repr(k) for k in sorted(value, key=str)[:8])
+        return f"the result has no 'decision' key ({one_of}); its keys: {keys or 'none'}"
+    hint = ""
+    if type(name) is str and name.upper() in allowed:
+        hint = f" (did you mean {name.upper()!r}?)"
+    return f"decision {name!r} is not allowed in {kind}_* hooks ({one_of}){hint}"
 
 
 def _explain(exc: msgspec.ValidationError, top: type[msgspec.Struct]) -> str:

@@ -96,6 +96,19 @@ def test_decisions_are_restricted_by_hook_kind() -> None:
         to_decision({"decision": "WAKE", "reason": "x"}, "autotrade")
 
 
+def test_a_missing_or_miscased_decision_names_the_slip() -> None:
+    """A result without the key lists the keys it has (a typo shows); a decision in
+    the wrong case says which one was meant."""
+    with pytest.raises(HookResultInvalid, match=r"no 'decision' key .*its keys: 'decison', 'r'"):
+        to_decision({"decison": "WAKE", "r": 1}, "wake")
+    with pytest.raises(HookResultInvalid, match=r"its keys: none"):
+        to_decision({}, "wake")
+    with pytest.raises(HookResultInvalid, match=r"'wake' is not allowed .*did you mean 'WAKE'"):
+        to_decision({"decision": "wake", "reason": "x"}, "wake")
+    with pytest.raises(HookResultInvalid, match=r"'WAKE' is not allowed[^?]*$"):
+        to_decision({"decision": "WAKE", "reason": "x"}, "autotrade")  # no hint: a kind slip
+
+
 def test_modify_and_cancel_intents() -> None:
     """MODIFY_ORDER needs an orderId and a change; CANCEL_ORDER only the orderId."""
     mod = parse_intent(
