@@ -12,11 +12,12 @@ Three formats (``.gz`` suffix = gzip):
   messages give the 5m candles they close, with the REST poller's ids
   (:mod:`feeds.coinbase_ws.recording`); other messages are left out and counted.
   ``auto`` tells it from a FeedEvent recording by its first line.
-* **CSV**: OHLCV candles with the exact header
-  ``open_time_ms,open,high,low,close,volume``, one row per candle, open times
-  strictly increasing. Each row becomes the same ``market.candle.closed`` event
-  the live poller emits (``feeds.candles.protocol.closed_event``), with
-  ``source``/``symbol``/``timeframe`` from ``[feeds.replay]``.
+* **CSV**: OHLCV candles, one row per candle, open times strictly increasing:
+  with the header ``open_time_ms,open,high,low,close,volume``, or Binance's
+  kline files as they come (:mod:`feeds.candle_csv`). Each row becomes the same
+  ``market.candle.closed`` event the live poller emits
+  (``feeds.candles.protocol.closed_event``), with ``source``/``symbol``/
+  ``timeframe`` from ``[feeds.replay]``.
 
 Determinism: the same file gives the same events, ids and order, byte for
 byte. ``receivedTs`` is set to the event's ``ts`` (a replay has no meaningful
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -71,13 +71,14 @@ from daemon.events import (
     parse_iso_ms,
 )
 from daemon.inputfile import open_text
+from feeds import candle_csv
 from feeds.base import FeedHealth, Publish
 from feeds.candles.protocol import closed_event
 from feeds.config import ReplaySection
 
 log = structlog.get_logger("feeds.replay")
 
-CSV_HEADER = "open_time_ms,open,high,low,close,volume"
+CSV_HEADER = candle_csv.HEADER
 # Far above any event or candle line (the feeds' messages are kilobytes); a file
 # with no newline at all (binary, or not a recording) stops here, not in memory.
 MAX_LINE_CHARS = 4 * 1024 * 1024
@@ -213,14 +214,13 @@ class ReplayFeed:
             return
         tf_ms = TIMEFRAMES[self.config.timeframe] * 1000
         lo, hi = self.config.from_ms, self.config.to_ms or None
-        lines = self._lines()
-        next(lines, None)  # the header
+        _, lines = self._csv_rows()
         for _, line in lines:
-            fields = line.split(",", 5)
             try:
-                t, close = int(fields[0]) + tf_ms, float(fields[4])
+                t, close = candle_csv.row_close(line)
             except (ValueError, IndexError):
                 continue  # a blank line (a bad row fails the replay itself)
+            t += tf_ms
             if t >= lo and (hi is None or t < hi):
                 yield t, close
 
@@ -255,17 +255,18 @@ class ReplayFeed:
             return  # the replay itself reports it
         tf_ms = TIMEFRAMES[timeframe] * 1000
         last: deque[tuple[int, str]] = deque(maxlen=n)
-        with closing(self._lines()) as lines:
-            next(lines, None)  # the header (checked by the replay)
+        layout, lines = self._csv_rows()
+        with closing(lines):
             for lineno, line in lines:
                 try:
-                    if int(line.split(",", 1)[0]) + tf_ms >= lo:
+                    if candle_csv.row_time(line) + tf_ms >= lo:
                         break
                 except ValueError:
                     continue  # a blank line; a bad row fails the replay itself
                 last.append((lineno, line))
         for lineno, line in last:
-            yield (symbol, timeframe), _csv_candle(line, tf_ms, f"{self.path}:{lineno}")
+            where = f"{self.path}:{lineno}"
+            yield (symbol, timeframe), candle_csv.candle(line, layout, tf_ms, where)
 
     def _selected(self) -> Iterator[tuple[int, FeedEvent]]:
         lo, hi = self.config.from_ms, self.config.to_ms or None
@@ -397,6 +398,25 @@ class ReplayFeed:
             yield from events
         yield from recording.finish()
 
+    def _csv_rows(self) -> tuple[candle_csv.Layout, Generator[tuple[int, str], None, None]]:
+        """The CSV's layout (ReplayError if it has none) and its rows, as
+        (line number, text): the first line too when it is not a header."""
+        lines = self._lines()
+        try:
+            first = next(lines, None)
+            layout = candle_csv.layout_of(first[1] if first else "", f"{self.path}:1")
+        except BaseException:
+            lines.close()
+            raise
+
+        def rows() -> Generator[tuple[int, str], None, None]:
+            with closing(lines):  # closing the rows closes the file
+                if first is not None and not layout.header:
+                    yield first
+                yield from lines
+
+        return layout, rows()
+
     def _csv(self) -> Iterator[tuple[int, FeedEvent]]:
         symbol, timeframe = self.config.symbol, self.config.timeframe
         if not symbol:
@@ -404,17 +424,14 @@ class ReplayFeed:
         if timeframe not in TIMEFRAMES:
             raise ReplayError(f"{self.path}: unknown feeds.replay.timeframe {timeframe!r}")
         tf_ms = TIMEFRAMES[timeframe] * 1000
-        lines = self._lines()
-        header = next(lines, (1, ""))[1].strip().lstrip("\ufeff")
-        if header != CSV_HEADER:
-            raise ReplayError(f"{self.path}:1: expected header {CSV_HEADER!r}, found {header!r}")
+        layout, lines = self._csv_rows()
         last = -1
         for lineno, line in lines:
             if not line.strip():
                 continue
-            candle = _csv_candle(line, tf_ms, f"{self.path}:{lineno}")
+            candle = candle_csv.candle(line, layout, tf_ms, f"{self.path}:{lineno}")
             if candle.open_time_ms <= last:
-                raise ReplayError(f"{self.path}:{lineno}: open_time_ms not increasing")
+                raise ReplayError(f"{self.path}:{lineno}: open times not increasing")
             last = candle.open_time_ms
             yield (
                 candle.close_time_ms,
@@ -445,28 +462,6 @@ def _prices(events: Iterator[tuple[int, FeedEvent]], symbol: str) -> list[tuple[
         if isinstance(value, int | float):
             into.append((t, float(value)))
     return closes or ticks
-
-
-def _csv_candle(line: str, tf_ms: int, where: str) -> Candle:
-    """One CSV row as a Candle; ReplayError naming ``where`` if it is not one."""
-    fields = line.strip().split(",")
-    if len(fields) != 6:
-        raise ReplayError(f"{where}: expected 6 fields, found {len(fields)}")
-    try:
-        start = int(fields[0])
-        o, h, lo, c, v = (float(f) for f in fields[1:])
-    except ValueError as exc:
-        raise ReplayError(f"{where}: {exc}") from None
-    if not (all(math.isfinite(x) and x > 0 for x in (o, h, lo, c)) and 0 <= v < math.inf):
-        # A price of 0 is a gap in the data, not a price: the broker would fill at it.
-        raise ReplayError(f"{where}: prices must be finite and above 0, the volume not negative")
-    if start < 0:
-        raise ReplayError(f"{where}: open_time_ms must not be negative")
-    if lo > min(o, c) or h < max(o, c, lo):
-        raise ReplayError(f"{where}: high/low do not contain open and close")
-    return Candle(
-        open_time_ms=start, close_time_ms=start + tf_ms, open=o, high=h, low=lo, close=c, volume=v
-    )
 
 
 class _Pacer:

@@ -40,7 +40,8 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     multiple=True,
     metavar="FILE[=SYMBOL[:TIMEFRAME]]",
     help="Candles as the replay feed reads them: CSV (open_time_ms,open,high,low,close,"
-    "volume), a JSONL recording (marketwake run --record), or raw Coinbase Advanced Trade "
+    "volume, or Binance's kline files as they come), a JSONL recording (marketwake run "
+    "--record), or raw Coinbase Advanced Trade "
     "WebSocket messages, one per line (their ticks). Repeat it for several files, "
     "merged by time; a CSV's symbol and timeframe after '=' (else --symbol, --timeframe).",
 )

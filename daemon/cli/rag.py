@@ -63,7 +63,11 @@ def _files(
 
 @rag_group.command("ingest")
 @click.option("--symbol", required=True, help="e.g. BTCUSDT")
-@click.option("--candles", type=_FILE, help="CSV(.gz): open_time_ms,open,high,low,close,volume")
+@click.option(
+    "--candles",
+    type=_FILE,
+    help="CSV(.gz): open_time_ms,open,high,low,close,volume, or Binance's kline files",
+)
 @click.option("--timeframe", default="5m", show_default=True, type=click.Choice(list(TIMEFRAME_MS)))
 @click.option("--funding", type=_FILE, help="CSV(.gz): funding_time_ms,funding_rate")
 @click.option("--open-interest", "open_interest", type=_FILE, help="CSV(.gz), see docs/rag.md")

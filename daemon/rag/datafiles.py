@@ -2,7 +2,9 @@
 
 Accepted formats (header row required, extra columns ignored):
 
-* candles: ``open_time_ms,open,high,low,close,volume``
+* candles: ``open_time_ms,open,high,low,close,volume``, or Binance's kline files
+  as they come (:mod:`feeds.candle_csv`: 12 columns, no header or Binance's;
+  times in milliseconds or microseconds)
 * funding: ``funding_time_ms,funding_rate`` (known at ``funding_time_ms``)
 * open interest, either
   ``time_ms,open_interest`` (a snapshot known at ``time_ms``), or the daily
@@ -13,7 +15,9 @@ Accepted formats (header row required, extra columns ignored):
 
 from __future__ import annotations
 
+import itertools
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
@@ -23,6 +27,7 @@ from numpy.typing import NDArray
 from daemon.errors import DataFileError
 from daemon.inputfile import open_text
 from daemon.rag.features import DAY_MS, Bars, Observations
+from feeds import candle_csv
 
 CANDLE_COLUMNS = ("open_time_ms", "open", "high", "low", "close", "volume")
 MAX_HEADER_CHARS = 64 * 1024
@@ -45,20 +50,28 @@ def _read_header(f: IO[str], path: Path) -> list[str]:
     return [h.strip() for h in line.strip().split(",")]
 
 
-def _table(path: Path, wanted: tuple[str, ...]) -> NDArray[np.float64]:
-    """The wanted columns as an (n, len(wanted)) float array."""
+def _table(path: Path, wanted: tuple[str, ...], *, binance: bool = False) -> NDArray[np.float64]:
+    """The wanted columns as an (n, len(wanted)) float array; ``binance``: candles in
+    Binance's layout, with or without its header (the first columns, in order)."""
     with _open(path) as f:
+        rows: Iterable[str] = f
         try:
-            header = _read_header(f, path)
-            missing = [w for w in wanted if w not in header]
-            if missing:
-                raise DataFileError(
-                    f"{path}: header lacks {', '.join(missing)} (found {','.join(header)})"
-                )
-            cols = [header.index(w) for w in wanted]
+            if binance:
+                first = f.readline(MAX_HEADER_CHARS + 1)
+                if first[:1].isdigit():  # no header: the first line is a row
+                    rows = itertools.chain((first,), f)
+                cols = list(range(len(wanted)))
+            else:
+                header = _read_header(f, path)
+                missing = [w for w in wanted if w not in header]
+                if missing:
+                    raise DataFileError(
+                        f"{path}: header lacks {', '.join(missing)} (found {','.join(header)})"
+                    )
+                cols = [header.index(w) for w in wanted]
             with warnings.catch_warnings():  # an empty body is reported below, not warned
                 warnings.simplefilter("ignore", UserWarning)
-                data = np.loadtxt(f, delimiter=",", usecols=cols, ndmin=2, dtype=np.float64)
+                data = np.loadtxt(rows, delimiter=",", usecols=cols, ndmin=2, dtype=np.float64)
         except (ValueError, OSError, EOFError, UnicodeDecodeError) as exc:
             raise DataFileError(f"{path}: malformed data: {exc}") from None
     if data.size and not np.isfinite(data).all():
@@ -76,9 +89,16 @@ def _header(path: Path) -> list[str]:
 
 def read_candles(path: Path) -> Bars:
     """Candles sorted by open time, duplicates resolved to the last row."""
-    data = _table(path, CANDLE_COLUMNS)
+    header = _header(path)
+    binance = ",".join(header) == candle_csv.BINANCE_HEADER or (
+        len(header) == candle_csv.BINANCE.fields and header[0].isdigit()
+    )
+    data = _table(path, CANDLE_COLUMNS, binance=binance)
     if len(data) == 0:
         raise DataFileError(f"{path}: no candles")
+    if binance:  # microseconds (Binance's spot files from 2025 on) to milliseconds
+        micro = data[:, 0] >= candle_csv.MICROSECONDS
+        data[micro, 0] = np.floor(data[micro, 0] / 1000)
     if (data[:, 1:5] <= 0).any():
         raise DataFileError(f"{path}: prices must be positive")
     return Bars.from_rows(data)

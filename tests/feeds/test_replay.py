@@ -185,7 +185,7 @@ async def test_bad_csv_header_fails_before_started_naming_file_and_line(tmp_path
     async def publish(event: FeedEvent) -> None:
         raise AssertionError("nothing may be published")
 
-    with pytest.raises(ReplayError, match=rf"{path}:1: expected header"):
+    with pytest.raises(ReplayError, match=rf"{path}:1: expected the header"):
         await feed_for(path).run(publish, FeedHealth("replay"), task_status=status)  # type: ignore[arg-type]
     assert not status.called
 

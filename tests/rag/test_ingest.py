@@ -11,13 +11,14 @@ import pytest
 
 from daemon.errors import DataFileError, FeedError
 from daemon.rag.config import ExchangeSection, RagConfig, StoreSection
-from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
+from daemon.rag.datafiles import CANDLE_COLUMNS, read_candles, read_funding, read_open_interest
 from daemon.rag.exchange import fetch_history
 from daemon.rag.features import Bars
 from daemon.rag.ingest import ingest
 from daemon.rag.schema import point_id
 from daemon.rag.service import RagService
 from daemon.rag.store_embedded import EmbeddedStore
+from feeds import candle_csv
 from tests.loopback import serve_app
 from tests.rag import synth
 from tests.rag.conftest import (
@@ -160,6 +161,32 @@ def test_csv_formats_and_gzip(tmp_path: Path) -> None:
     eth = read_open_interest(daily, "ETHUSDT")
     # A daily value is known at the end of its day, never during it.
     assert eth.time_ms.tolist() == [1762473600000 + 24 * H] and eth.value.tolist() == [5.6e9]
+
+
+def test_binance_kline_files_read_as_the_own_layout(tmp_path: Path) -> None:
+    """Binance's kline files as they come (no header or Binance's; milliseconds, or
+    microseconds as its spot files from 2025 on) give the candles the own layout does."""
+    rows = synth.candles(50, tf=TF_MS)
+    own = read_candles(synth.write_csv(tmp_path / "own.csv", ",".join(CANDLE_COLUMNS), rows))
+
+    def binance(unit: int) -> list[str]:
+        return [
+            f"{int(r[0]) * unit},{r[1]},{r[2]},{r[3]},{r[4]},{r[5]},"
+            f"{(int(r[0]) + TF_MS) * unit - 1},1.5,7,0.5,0.75,0\n"
+            for r in rows
+        ]
+
+    ms, us = binance(1), binance(1000)
+    files = {
+        "ms.csv": "".join(ms),
+        "header.csv": candle_csv.BINANCE_HEADER + "\n" + "".join(us),
+        "joined.csv": "".join(ms[:20] + us[20:]),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        bars = read_candles(tmp_path / name)
+        for field in ("open_ms", "open", "high", "low", "close", "volume"):
+            assert np.array_equal(getattr(bars, field), getattr(own, field)), (name, field)
 
 
 @pytest.mark.parametrize(

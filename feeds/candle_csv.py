@@ -1,0 +1,124 @@
+"""CSV candle files: which layout a file has, and its rows as Candles (sans-I/O:
+lines in, candles out; the replay feed does the reading).
+
+Two layouts, told apart by the first line:
+
+* **marketwake's own**: the header ``open_time_ms,open,high,low,close,volume``,
+  then one row per candle (what :mod:`feeds.synthetic` writes; the schema of the
+  shared normalized data).
+* **Binance klines**, as data.binance.vision serves them (and the ``klines`` REST
+  endpoint returns them): 12 columns, ``open_time,open,high,low,close,volume,
+  close_time,quote_volume,count,taker_buy_volume,taker_buy_quote_volume,ignore``,
+  with no header (the usual) or that one. Times are milliseconds, or microseconds
+  (Binance's spot files from 2025 on): each row's unit is told by its size, so
+  monthly files joined across the change read right. ``close_time`` must be
+  ``open_time`` plus the timeframe (less one unit): a file of 1m candles replayed
+  as 5m is an error, not a quietly wrong backtest.
+
+A bad row is a :class:`~daemon.errors.ReplayError` naming ``where`` (file:line).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, NamedTuple
+
+from daemon.errors import ReplayError
+from daemon.events import TIMEFRAMES, Candle
+
+HEADER: Final = "open_time_ms,open,high,low,close,volume"
+BINANCE_HEADER: Final = (
+    "open_time,open,high,low,close,volume,close_time,quote_volume,count,"
+    "taker_buy_volume,taker_buy_quote_volume,ignore"
+)
+MICROSECONDS: Final = 10**14  # a time this large is in microseconds (ms reach it in 5138)
+
+
+class Layout(NamedTuple):
+    """How a file's rows read: its name, whether its first line is a header, and how
+    many fields a row has."""
+
+    name: str
+    header: bool
+    fields: int
+
+
+OWN: Final = Layout("marketwake", True, 6)
+BINANCE: Final = Layout("binance", False, 12)
+BINANCE_WITH_HEADER: Final = Layout("binance", True, 12)
+
+
+def layout_of(first_line: str, where: str) -> Layout:
+    """The layout the file whose first line is ``first_line`` has; ReplayError naming
+    ``where`` when it is neither."""
+    line = first_line.strip().lstrip("\ufeff")
+    if line == HEADER:
+        return OWN
+    if line == BINANCE_HEADER:
+        return BINANCE_WITH_HEADER
+    fields = line.split(",")
+    if len(fields) == BINANCE.fields and fields[0].isdigit():
+        return BINANCE
+    raise ReplayError(
+        f"{where}: expected the header {HEADER!r}, or Binance kline rows "
+        f"({BINANCE.fields} columns, open time first), found {line[:200]!r}"
+    )
+
+
+def to_ms(value: int) -> int:
+    """A Binance time in milliseconds, from milliseconds or microseconds."""
+    return value // 1000 if value >= MICROSECONDS else value
+
+
+def row_time(line: str) -> int:
+    """A row's open time in milliseconds (ValueError if it has none)."""
+    return to_ms(int(line.split(",", 1)[0]))
+
+
+def row_close(line: str) -> tuple[int, float]:
+    """A row's open time in milliseconds and its close (ValueError or IndexError if
+    the row has none): all the report's price plot reads."""
+    fields = line.split(",", 5)
+    return to_ms(int(fields[0])), float(fields[4])
+
+
+def candle(line: str, layout: Layout, tf_ms: int, where: str) -> Candle:
+    """One row as a Candle; ReplayError naming ``where`` if it is not one."""
+    fields = line.strip().split(",")
+    if len(fields) != layout.fields:
+        raise ReplayError(f"{where}: expected {layout.fields} fields, found {len(fields)}")
+    try:
+        start = int(fields[0])
+        o, h, lo, c, v = (float(f) for f in fields[1:6])
+        end = int(fields[6]) if layout.fields > 6 else None
+    except ValueError as exc:
+        raise ReplayError(f"{where}: {exc}") from None
+    if not (all(math.isfinite(x) and x > 0 for x in (o, h, lo, c)) and 0 <= v < math.inf):
+        # A price of 0 is a gap in the data, not a price: the broker would fill at it.
+        raise ReplayError(f"{where}: prices must be finite and above 0, the volume not negative")
+    if start < 0:
+        raise ReplayError(f"{where}: the open time must not be negative")
+    if lo > min(o, c) or h < max(o, c, lo):
+        raise ReplayError(f"{where}: high/low do not contain open and close")
+    if end is not None:
+        unit = 1000 if start >= MICROSECONDS else 1  # per millisecond
+        if end - start + 1 != tf_ms * unit:
+            raise ReplayError(f"{where}: {_span(start, end, unit, tf_ms)}")
+        start //= unit
+    return Candle(
+        open_time_ms=start, close_time_ms=start + tf_ms, open=o, high=h, low=lo, close=c, volume=v
+    )
+
+
+def _span(start: int, end: int, unit: int, tf_ms: int) -> str:
+    """Why a Binance row's close_time does not fit the timeframe it is replayed as."""
+
+    def named(seconds: float) -> str:
+        names = [tf for tf, s in TIMEFRAMES.items() if s == seconds]
+        return names[0] if names else f"{seconds:g} s"
+
+    return (
+        f"close_time - open_time makes this a {named((end - start + 1) / (1000 * unit))} "
+        f"candle, replayed as {named(tf_ms / 1000)} (name the file's own: "
+        "FILE=SYMBOL:TIMEFRAME, or [feeds.replay] timeframe)"
+    )

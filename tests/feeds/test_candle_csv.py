@@ -1,0 +1,94 @@
+"""Binance kline CSVs replay as they come: the same events as marketwake's own layout."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import ReplayError
+from daemon.events import encode
+from feeds.candle_csv import BINANCE_HEADER
+from feeds.config import ReplayFileSection, ReplaySection
+from feeds.replay import ReplayFeed
+from tests.feeds.test_replay import M1, ROWS, feed_for, replay, write_csv
+
+T0 = ROWS[0][0]
+
+
+def binance_rows(unit: int, span_ms: int = M1) -> list[str]:
+    """ROWS as Binance writes them: 12 columns, times in ``unit`` per millisecond."""
+    return [
+        f"{t * unit},{o},{h},{lo},{c},{v},{(t + span_ms) * unit - 1},1.5,7,0.5,0.75,0"
+        for t, o, h, lo, c, v in ROWS
+    ]
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    text = "".join(line + "\n" for line in lines)
+    path.write_bytes(gzip.compress(text.encode()) if path.name.endswith(".gz") else text.encode())
+    return path
+
+
+async def test_binance_files_give_the_events_of_the_own_layout(tmp_path: Path) -> None:
+    """Headerless in milliseconds, in microseconds (gzip), with Binance's header, and
+    monthly files joined across Binance's switch to microseconds: the same events,
+    byte for byte, as the same candles in marketwake's layout; the report's closes and
+    the warm-up history alike."""
+    own = write_csv(tmp_path / "own.csv")
+    ms, us = binance_rows(1), binance_rows(1000)
+    files = {
+        "ms": write(tmp_path / "ms.csv", ms),
+        "us": write(tmp_path / "us.csv.gz", us),
+        "header": write(tmp_path / "h.csv", [BINANCE_HEADER, *ms]),
+        "joined": write(tmp_path / "j.csv", ms[:2] + us[2:]),
+    }
+    want, _ = await replay(feed_for(own))
+    assert len(want) == len(ROWS)
+    for name, path in files.items():
+        got, _ = await replay(feed_for(path))
+        assert [encode(e) for e in got] == [encode(e) for e in want], name
+        assert list(feed_for(path).closes("BTC-USD")) == list(feed_for(own).closes("BTC-USD"))
+        later = feed_for(path, from_ms=T0 + 4 * M1)
+        assert later.history(2) == feed_for(own, from_ms=T0 + 4 * M1).history(2) != []
+
+
+async def test_a_binance_file_replayed_at_another_timeframe_is_refused(tmp_path: Path) -> None:
+    """close_time says what the candles are: 1m rows replayed as 5m name the line and
+    both timeframes (a backtest of the wrong timeframe would be quietly wrong)."""
+    path = write(tmp_path / "b.csv", binance_rows(1000))
+    with pytest.raises(ReplayError, match=rf"{path}:1: .*a 1m candle, replayed as 5m"):
+        await replay(feed_for(path, timeframe="5m"))
+    odd = write(tmp_path / "odd.csv", binance_rows(1, span_ms=90_000))
+    with pytest.raises(ReplayError, match=r"a 90 s candle, replayed as 1m"):
+        await replay(feed_for(odd))
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (["time,open,high,low,close,volume", "1,1,1,1,1,1"], "expected the header"),
+        (["x,1,1,1,1,1,1,1,1,1,1,1"], "or Binance kline rows"),
+        ([*binance_rows(1)[:2], binance_rows(1)[2] + ",9"], ":3: expected 12 fields, found 13"),
+        ([*binance_rows(1)[:2], binance_rows(1)[0]], ":3: open times not increasing"),
+    ],
+)
+async def test_what_is_no_candle_file_says_where(
+    tmp_path: Path, lines: list[str], message: str
+) -> None:
+    """A first line of neither layout, and a bad Binance row, name file and line."""
+    path = write(tmp_path / "c.csv", lines)
+    with pytest.raises(ReplayError, match=message):
+        await replay(feed_for(path))
+
+
+def test_an_own_file_and_a_binance_one_merge_by_time(tmp_path: Path) -> None:
+    """Two layouts in one replay ([feeds.replay] files): merged by event time."""
+    own = write_csv(tmp_path / "btc.csv")
+    eth = write(tmp_path / "eth.csv", binance_rows(1000))
+    more = [ReplayFileSection(path=str(eth), symbol="ETH-USD")]
+    feed = ReplayFeed(ReplaySection(enabled=True, path=str(own), symbol="BTC-USD", files=more))
+    got = [(e.symbol, e.payload["close"]) for _, e in feed.selected()]
+    closes = [float(row[4]) for row in ROWS]
+    assert got == [(s, c) for c in closes for s in ("BTC-USD", "ETH-USD")]
