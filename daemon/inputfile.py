@@ -14,8 +14,10 @@ import gzip
 import io
 import os
 import stat
+import zipfile
+import zlib
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import IO, BinaryIO, TextIO
 
 
 class InputFileError(OSError):
@@ -51,11 +53,36 @@ def read_input(path: Path, max_bytes: int) -> bytes:
 
 def open_text(path: Path, *, newline: str | None = None) -> TextIO:
     """The regular file ``path`` as UTF-8 text, decompressed if its name ends in
-    ``.gz`` (closing it closes the file too)."""
+    ``.gz``, or the one file of a ``.zip`` (as Binance serves its candles); closing
+    it closes the file too."""
     raw = open_input(path)
     if path.name.endswith(".gz"):
         return io.TextIOWrapper(_Gunzip(raw), encoding="utf-8", newline=newline)
+    if path.name.endswith(".zip"):
+        return io.TextIOWrapper(_unzip(raw), encoding="utf-8", newline=newline)
     return io.TextIOWrapper(raw, encoding="utf-8", newline=newline)
+
+
+def _unzip(raw: BinaryIO) -> _ZipMember:
+    """The one file of the archive ``raw`` (InputFileError if it holds another number,
+    or is no zip archive); closing it closes ``raw``."""
+    try:
+        archive = zipfile.ZipFile(raw)
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        raw.close()
+        raise InputFileError(errno.EINVAL, f"not a zip archive ({exc})") from None
+    try:
+        files = [m for m in archive.infolist() if not m.is_dir()]
+        if len(files) != 1:
+            names = ", ".join(m.filename for m in files[:3])
+            raise InputFileError(
+                errno.EINVAL, f"a .zip must hold one file, this one holds {len(files)} ({names})"
+            )
+        return _ZipMember(archive.open(files[0]), archive, raw)
+    except BaseException:
+        archive.close()
+        raw.close()
+        raise
 
 
 class _Gunzip(gzip.GzipFile):
@@ -71,3 +98,38 @@ class _Gunzip(gzip.GzipFile):
             super().close()
         finally:
             self._raw.close()
+
+
+class _ZipMember(io.BufferedIOBase):
+    """A zip archive's member that closes its archive with it; a damaged member
+    (a bad CRC, a cut archive) reads as an OSError, as a damaged gzip file does."""
+
+    def __init__(self, member: IO[bytes], archive: zipfile.ZipFile, raw: BinaryIO) -> None:
+        super().__init__()
+        self._member = member
+        self._archive = archive
+        self._raw = raw
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self._member, "name", ""))
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return self._member.read(-1 if size is None else size)
+        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+            raise InputFileError(errno.EIO, f"damaged zip archive ({exc})") from None
+
+    def read1(self, size: int = -1) -> bytes:
+        return self.read(size)
+
+    def close(self) -> None:
+        try:
+            self._member.close()
+            self._archive.close()  # not the file it was given:
+        finally:
+            self._raw.close()
+            super().close()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,44 @@ def test_text_plain_and_gzipped_close_what_they_open(tmp_path: Path) -> None:
     for path in (plain, packed):
         with open_text(path) as fh:
             assert fh.read() == "1,2\n3,4\n"
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_one_file_of_a_zip_and_what_is_no_such_zip(tmp_path: Path) -> None:
+    """A .zip of one file reads as that file (as Binance serves its candles), and
+    closing it closes the archive's file; two files, a text named .zip and a damaged
+    member are OSErrors saying so, leaving no file open."""
+    rows = b"".join(b"%d,2\n" % i for i in range(20_000))
+    good = _zip(tmp_path / "a.zip", {"BTCUSDT-5m-2025-01.csv": rows})
+    before = _open_fds()
+    with open_text(good) as fh:
+        assert fh.read() == rows.decode()
+    assert _open_fds() == before
+    two = _zip(tmp_path / "two.zip", {"a.csv": b"1\n", "b.csv": b"2\n"})
+    text = tmp_path / "text.zip"
+    text.write_text("1,2\n")
+    for path, why in [(two, "must hold one file, this one holds 2 (a.csv, b.csv)"),
+                      (text, "not a zip archive")]:  # fmt: skip
+        with pytest.raises(OSError, match=re.escape(why)):
+            open_text(path)
+        assert _open_fds() == before
+    damaged = tmp_path / "damaged.zip"
+    data = bytearray(good.read_bytes())
+    data[100:110] = b"\xff" * 10  # inside the compressed member
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(OSError, match="damaged zip archive"), open_text(damaged) as fh:
+        fh.read()
+    assert _open_fds() == before
 
 
 def test_a_replay_of_a_fifo_fails_at_once(fifo: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,13 +27,18 @@ def binance_rows(unit: int, span_ms: int = M1) -> list[str]:
 
 
 def write(path: Path, lines: list[str]) -> Path:
-    text = "".join(line + "\n" for line in lines)
-    path.write_bytes(gzip.compress(text.encode()) if path.name.endswith(".gz") else text.encode())
+    data = "".join(line + "\n" for line in lines).encode()
+    if path.name.endswith(".zip"):  # as data.binance.vision serves them
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(path.name.replace(".zip", ".csv"), data)
+    else:
+        path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
 
 
 async def test_binance_files_give_the_events_of_the_own_layout(tmp_path: Path) -> None:
-    """Headerless in milliseconds, in microseconds (gzip), with Binance's header, and
+    """Headerless in milliseconds, in microseconds (gzip), zipped as Binance serves
+    them, with Binance's header, and
     monthly files joined across Binance's switch to microseconds: the same events,
     byte for byte, as the same candles in marketwake's layout; the report's closes and
     the warm-up history alike."""
@@ -41,6 +47,7 @@ async def test_binance_files_give_the_events_of_the_own_layout(tmp_path: Path) -
     files = {
         "ms": write(tmp_path / "ms.csv", ms),
         "us": write(tmp_path / "us.csv.gz", us),
+        "zip": write(tmp_path / "BTCUSDT-1m-2024-01.zip", ms),
         "header": write(tmp_path / "h.csv", [BINANCE_HEADER, *ms]),
         "joined": write(tmp_path / "j.csv", ms[:2] + us[2:]),
     }
