@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import time
+import zipfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -262,6 +263,39 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
         assert bad.exit_code == 2 and option in bad.output, bad.output
     backwards = CliRunner().invoke(cli, [*args, "--from", "2026-02-01", "--to", "2026-01-01"])
     assert backwards.exit_code == 2 and "--from must be before --to" in backwards.output
+
+
+def test_a_quoted_pattern_takes_binance_monthly_files_as_they_come(tmp_path: Path) -> None:
+    """``--data 'BTCUSDT-5m-*.zip=BTCUSDT:5m'``: each matching zip (Binance's kline
+    rows, microseconds) in name order, one series; the same report as the candles in
+    one CSV of marketwake's layout. A pattern matching nothing names itself."""
+    whole = tmp_path / "c.csv"
+    generate_candles(whole, seed=4, n=120, timeframe="5m")
+    rows = whole.read_text().splitlines()[1:]
+    months = tmp_path / "months"
+    months.mkdir()
+    for month, part in (("01", rows[:50]), ("02", rows[50:90]), ("03", rows[90:])):
+        lines = []
+        for row in part:
+            t, rest = row.split(",", 1)
+            us = int(t) * 1000
+            lines.append(f"{us},{rest},{us + 300_000_000 - 1},0,0,0,0,0\n")
+        with zipfile.ZipFile(months / f"BTCUSDT-5m-2025-{month}.zip", "w") as archive:
+            archive.writestr(f"BTCUSDT-5m-2025-{month}.csv", "".join(lines))
+    alpha = agent(tmp_path / "agents")
+    reports = []
+    for data, out in ((f"{months}/BTCUSDT-5m-*.zip=BTCUSDT:5m", "a"), (f"{whole}=BTCUSDT:5m", "b")):
+        res = CliRunner().invoke(
+            cli, ["backtest", "--agent", str(alpha), "--data", data, "--out", str(tmp_path / out)]
+        )
+        assert res.exit_code == 0, res.output
+        report = json.loads((tmp_path / out / "report.json").read_text())
+        reports.append({k: v for k, v in report.items() if k not in ("data", "seconds",
+                        "events_per_second")})  # fmt: skip
+    assert reports[0] == reports[1] and reports[0]["events"] == 120
+    none = CliRunner().invoke(cli, ["backtest", "--agent", str(alpha), "--data",
+                                    f"{months}/ETH*.zip", "--out", str(tmp_path / "c")])  # fmt: skip
+    assert none.exit_code == 2 and "ETH*.zip': no file matches" in none.output
 
 
 def test_out_is_refused_unless_a_backtest_made_it(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from daemon.cli.common import Number, data_spec, echo, utc_ms
+from daemon.cli.common import Number, data_specs, echo, utc_ms
 from daemon.demo import self_command
 from daemon.errors import ConfigError
 from daemon.logs import configure as configure_logging
@@ -43,7 +43,8 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "volume, or Binance's kline files as they come), a JSONL recording (marketwake run "
     "--record), or raw Coinbase Advanced Trade "
     "WebSocket messages, one per line (their ticks). Repeat it for several files, "
-    "merged by time; a CSV's symbol and timeframe after '=' (else --symbol, --timeframe).",
+    "merged by time (a quoted pattern, e.g. 'BTCUSDT-5m-*.zip', stands for the files it "
+    "matches); a CSV's symbol and timeframe after '=' (else --symbol, --timeframe).",
 )
 @click.option("--symbol", default="BTC-USD", show_default=True, help="The CSV candles' symbol.")
 @click.option("--timeframe", default="5m", show_default=True, help="The CSV candles' timeframe.")
@@ -256,7 +257,7 @@ def backtest_command(
                         (rag_store, "--rag-store")):  # fmt: skip
         if given is not None and not run_llm:
             raise click.UsageError(f"{flag} is read by the LLM runs' tools: it needs --run-llm")
-    files = [_data_file(spec) for spec in data_specs]
+    files = _data_files(data_specs)
     data = files[0].path
     symbol, timeframe = files[0].symbol or symbol, files[0].timeframe or timeframe
     opts = BacktestOptions(
@@ -364,12 +365,12 @@ def progress_bar(count: Callable[[], int]) -> list[Component]:
     return [show]
 
 
-def _data_file(spec: str) -> DataFile:
-    """``FILE[=SYMBOL[:TIMEFRAME]]`` as a backtest's data file."""
+def _data_files(specs: tuple[str, ...]) -> list[DataFile]:
+    """``FILE[=SYMBOL[:TIMEFRAME]]`` (FILE: a path or a quoted pattern) as a backtest's
+    data files."""
     from daemon.backtest.run import DataFile
 
-    path, symbol, timeframe = data_spec(spec, "--data")
-    return DataFile(path=path, symbol=symbol, timeframe=timeframe)
+    return [DataFile(path=p, symbol=s, timeframe=t) for p, s, t in data_specs(specs, "--data")]
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -88,6 +89,25 @@ def utc_ms(text: str | None, option: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def data_specs(specs: tuple[str, ...], option: str) -> list[tuple[Path, str, str]]:
+    """Each ``FILE[=SYMBOL[:TIMEFRAME]]`` of ``specs`` as :func:`data_spec`, a FILE
+    with ``*``, ``?`` or ``[`` (quoted, so the shell leaves it) standing for the
+    files it matches, in name order (Binance's monthly files: one series)."""
+    out: list[tuple[Path, str, str]] = []
+    for spec in specs:
+        path, sep, rest = spec.rpartition("=")
+        if not sep or Path(spec).exists():
+            path, rest = spec, ""
+        if Path(path).exists() or not glob.has_magic(path):
+            out.append(data_spec(spec, option))
+            continue
+        matches = sorted(p for p in glob.glob(path) if Path(p).is_file())
+        if not matches:
+            raise click.BadParameter(f"{path!r}: no file matches", param_hint=option)
+        out += [data_spec(f"{m}={rest}" if rest else m, option) for m in matches]
+    return out
 
 
 def data_spec(spec: str, option: str) -> tuple[Path, str, str]:

@@ -18,7 +18,7 @@ from daemon.audit.reader import AuditFilter, LastOutputs, iter_records
 from daemon.cli.common import (
     MAX_EVENT_FILE_BYTES,
     Number,
-    data_spec,
+    data_specs,
     echo,
     echo_json,
     load_config_or_defaults,
@@ -263,7 +263,7 @@ def test_command(
         files = [earlier, recording] if earlier.exists() else [recording]
         recordings = [ReplaySection(path=str(f)) for f in files]
     elif recording_spec:
-        (file, symbol, timeframe), *more = [data_spec(s, "--recording") for s in recording_spec]
+        (file, symbol, timeframe), *more = data_specs(recording_spec, "--recording")
         recordings = [
             ReplaySection(
                 path=str(file),
