@@ -173,7 +173,8 @@ PROGRESS_SECONDS = 0.2  # how often the progress bar reads the feeds' counters
     "funding_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="With --run-llm: query_similar_patterns reads funding from this CSV(.gz) "
-    "(funding_time_ms,funding_rate) as of each run, not from the exchange.",
+    "(funding_time_ms,funding_rate, or Binance's fundingRate files) as of each run, not "
+    "from the exchange.",
 )
 @click.option(
     "--open-interest",

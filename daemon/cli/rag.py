@@ -69,7 +69,11 @@ def _files(
     help="CSV(.gz): open_time_ms,open,high,low,close,volume, or Binance's kline files",
 )
 @click.option("--timeframe", default="5m", show_default=True, type=click.Choice(list(TIMEFRAME_MS)))
-@click.option("--funding", type=_FILE, help="CSV(.gz): funding_time_ms,funding_rate")
+@click.option(
+    "--funding",
+    type=_FILE,
+    help="CSV(.gz): funding_time_ms,funding_rate, or Binance's fundingRate files",
+)
 @click.option("--open-interest", "open_interest", type=_FILE, help="CSV(.gz), see docs/rag.md")
 @click.option("--from-exchange", is_flag=True, help="Fetch from Binance USD-M REST instead.")
 @click.option(

@@ -5,7 +5,8 @@ Accepted formats (header row required, extra columns ignored):
 * candles: ``open_time_ms,open,high,low,close,volume``, or Binance's kline files
   as they come (:mod:`feeds.candle_csv`: 12 columns, no header or Binance's;
   times in milliseconds or microseconds)
-* funding: ``funding_time_ms,funding_rate`` (known at ``funding_time_ms``)
+* funding: ``funding_time_ms,funding_rate`` (known at ``funding_time_ms``), or
+  Binance's fundingRate files (``calc_time,funding_interval_hours,last_funding_rate``)
 * open interest, either
   ``time_ms,open_interest`` (a snapshot known at ``time_ms``), or the daily
   ``date,day_start_ms,<symbol>_oi_value_usd,...`` (lower-case symbol, e.g.
@@ -105,8 +106,11 @@ def read_candles(path: Path) -> Bars:
 
 
 def read_funding(path: Path) -> Observations:
-    """Funding settlements: ``funding_time_ms,funding_rate``."""
-    data = _table(path, ("funding_time_ms", "funding_rate"))
+    """Funding settlements: ``funding_time_ms,funding_rate``, or Binance's fundingRate
+    files (``calc_time,funding_interval_hours,last_funding_rate``)."""
+    binance = {"calc_time", "last_funding_rate"} <= set(_header(path))
+    columns = ("calc_time", "last_funding_rate") if binance else ("funding_time_ms", "funding_rate")
+    data = _table(path, columns)
     return Observations.of(data[:, 0].astype(np.int64), data[:, 1])
 
 

@@ -152,6 +152,14 @@ def test_csv_formats_and_gzip(tmp_path: Path) -> None:
         tmp_path / "f.csv", "funding_time_ms,funding_rate", np.array([[2, 0.1], [1, -0.2]])
     )
     assert read_funding(f).time_ms.tolist() == [1, 2]
+    binance = tmp_path / "BTCUSDT-fundingRate-2025-01.csv"  # as data.binance.vision has it
+    binance.write_text(
+        "calc_time,funding_interval_hours,last_funding_rate\n"
+        "1735689600000,8,0.00010000\n1735718400000,8,-0.00002500\n"
+    )
+    got = read_funding(binance)
+    assert got.time_ms.tolist() == [1735689600000, 1735718400000]
+    assert got.value.tolist() == [0.0001, -0.000025]
     g = synth.write_csv(tmp_path / "g.csv", "time_ms,open_interest", np.array([[5, 10.0]]))
     assert read_open_interest(g, "BTCUSDT").value.tolist() == [10.0]
     daily = tmp_path / "d.csv"
