@@ -103,11 +103,22 @@ def data_specs(specs: tuple[str, ...], option: str) -> list[tuple[Path, str, str
         if Path(path).exists() or not glob.has_magic(path):
             out.append(data_spec(spec, option))
             continue
-        matches = sorted(p for p in glob.glob(path) if Path(p).is_file())
-        if not matches:
-            raise click.BadParameter(f"{path!r}: no file matches", param_hint=option)
-        out += [data_spec(f"{m}={rest}" if rest else m, option) for m in matches]
+        out += [
+            data_spec(f"{m}={rest}" if rest else str(m), option) for m in matching(path, option)
+        ]
     return out
+
+
+def matching(pattern: str, option: str) -> list[Path]:
+    """The files ``pattern`` names: itself when it exists or has no ``*``, ``?`` or ``[``
+    (checked later, by name), else the files it matches, in name order (BadParameter
+    when none does)."""
+    if Path(pattern).exists() or not glob.has_magic(pattern):
+        return [Path(pattern)]
+    found = sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_file())
+    if not found:
+        raise click.BadParameter(f"{pattern!r}: no file matches", param_hint=option)
+    return found
 
 
 def data_spec(spec: str, option: str) -> tuple[Path, str, str]:

@@ -14,7 +14,7 @@ import click
 import msgspec
 import structlog
 
-from daemon.cli.common import Number, load_config_or_defaults
+from daemon.cli.common import Number, load_config_or_defaults, matching
 from daemon.events import now_ms
 from daemon.inputfile import read_input
 from daemon.rag.config import RagConfig
@@ -50,29 +50,42 @@ def _fetch(
 
 
 def _files(
-    symbol: str, candles: Path, funding: Path | None, oi: Path | None
+    symbol: str, candles: list[Path], funding: list[Path], oi: Path | None
 ) -> tuple[Bars, Observations | None, Observations | None]:
     from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
 
     return (
-        read_candles(candles),
-        read_funding(funding) if funding else None,
+        read_candles(*candles),
+        read_funding(*funding) if funding else None,
         read_open_interest(oi, symbol) if oi else None,
     )
+
+
+def _named(specs: tuple[str, ...], option: str) -> list[Path]:
+    """The files ``specs`` name (paths, or quoted patterns), each one that exists."""
+    paths = [path for spec in specs for path in matching(spec, option)]
+    for path in paths:
+        if not path.exists():
+            raise click.BadParameter(f"{str(path)!r}: no such file", param_hint=option)
+    return paths
 
 
 @rag_group.command("ingest")
 @click.option("--symbol", required=True, help="e.g. BTCUSDT")
 @click.option(
     "--candles",
-    type=_FILE,
-    help="CSV(.gz): open_time_ms,open,high,low,close,volume, or Binance's kline files",
+    multiple=True,
+    metavar="FILE",
+    help="CSV(.gz, .zip): open_time_ms,open,high,low,close,volume, or Binance's kline files. "
+    "Repeat it, or quote a pattern ('BTCUSDT-5m-*.zip'), for one series in several files.",
 )
 @click.option("--timeframe", default="5m", show_default=True, type=click.Choice(list(TIMEFRAME_MS)))
 @click.option(
     "--funding",
-    type=_FILE,
-    help="CSV(.gz): funding_time_ms,funding_rate, or Binance's fundingRate files",
+    multiple=True,
+    metavar="FILE",
+    help="CSV(.gz, .zip): funding_time_ms,funding_rate, or Binance's fundingRate files "
+    "(repeat it, or quote a pattern, for several).",
 )
 @click.option("--open-interest", "open_interest", type=_FILE, help="CSV(.gz), see docs/rag.md")
 @click.option("--from-exchange", is_flag=True, help="Fetch from Binance USD-M REST instead.")
@@ -87,9 +100,9 @@ def _files(
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def ingest_cmd(
     symbol: str,
-    candles: Path | None,
+    candles: tuple[str, ...],
     timeframe: str,
-    funding: Path | None,
+    funding: tuple[str, ...],
     open_interest: Path | None,
     from_exchange: bool,
     days: float,
@@ -102,14 +115,14 @@ def ingest_cmd(
 
     if not _SYMBOL.match(symbol):
         raise click.BadParameter("must look like BTCUSDT (^[A-Z]+USDT$)", param_hint="--symbol")
-    if from_exchange == (candles is not None):
+    if from_exchange == bool(candles):
         raise click.UsageError("give exactly one of --candles FILE or --from-exchange")
     cfg = rag_config(config_path)
     if from_exchange:
         bars, fund, oi = _fetch(cfg, symbol, timeframe, days)
     else:
-        assert candles is not None
-        bars, fund, oi = _files(symbol, candles, funding, open_interest)  # type: ignore[assignment]
+        files = _named(candles, "--candles"), _named(funding, "--funding")
+        bars, fund, oi = _files(symbol, *files, open_interest)  # type: ignore[assignment]
     store = open_store(cfg.store)
     try:
         batch = 0 if cfg.store.kind == "embedded" else 512

@@ -88,8 +88,13 @@ def _header(path: Path) -> list[str]:
             raise DataFileError(f"{path}: cannot read header: {exc}") from None
 
 
-def read_candles(path: Path) -> Bars:
-    """Candles sorted by open time, duplicates resolved to the last row."""
+def read_candles(path: Path, *more: Path) -> Bars:
+    """Candles of one series from one file or several (Binance's monthly files), sorted
+    by open time, duplicates resolved to the last row read."""
+    return Bars.from_rows(np.vstack([_candles(p) for p in (path, *more)]))
+
+
+def _candles(path: Path) -> NDArray[np.float64]:
     header = _header(path)
     binance = ",".join(header) == candle_csv.BINANCE_HEADER or (
         len(header) == candle_csv.BINANCE.fields and header[0].isdigit()
@@ -102,16 +107,20 @@ def read_candles(path: Path) -> Bars:
         data[micro, 0] = np.floor(data[micro, 0] / 1000)
     if (data[:, 1:5] <= 0).any():
         raise DataFileError(f"{path}: prices must be positive")
-    return Bars.from_rows(data)
+    return data
 
 
-def read_funding(path: Path) -> Observations:
-    """Funding settlements: ``funding_time_ms,funding_rate``, or Binance's fundingRate
-    files (``calc_time,funding_interval_hours,last_funding_rate``)."""
+def read_funding(path: Path, *more: Path) -> Observations:
+    """Funding settlements from one file or several: ``funding_time_ms,funding_rate``,
+    or Binance's fundingRate files (``calc_time,funding_interval_hours,last_funding_rate``)."""
+    data = np.vstack([_funding(p) for p in (path, *more)])
+    return Observations.of(data[:, 0].astype(np.int64), data[:, 1])
+
+
+def _funding(path: Path) -> NDArray[np.float64]:
     binance = {"calc_time", "last_funding_rate"} <= set(_header(path))
     columns = ("calc_time", "last_funding_rate") if binance else ("funding_time_ms", "funding_rate")
-    data = _table(path, columns)
-    return Observations.of(data[:, 0].astype(np.int64), data[:, 1])
+    return _table(path, columns)
 
 
 def read_open_interest(path: Path, symbol: str) -> Observations:

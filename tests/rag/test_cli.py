@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,59 @@ def test_ingest_twice_then_query_in_process(tmp_path: Path) -> None:
     )
     assert out.exit_code == 0, out.output
     assert len(json.loads(out.output)["result"]["matches"]) == 5
+
+
+def test_ingest_of_binance_monthly_zips_by_pattern_is_the_ingest_of_one_csv(
+    tmp_path: Path,
+) -> None:
+    """``--candles 'BTCUSDT-15m-*.zip'`` and ``--funding`` twice (Binance's files as they
+    come: kline rows in microseconds, fundingRate columns) store the points one CSV of
+    each stores."""
+    args = _ingest_args(tmp_path)
+    candles, funding = (
+        Path(args[args.index("--candles") + 1]),
+        Path(args[args.index("--funding") + 1]),
+    )
+    rows = candles.read_text().splitlines()[1:]
+    months = tmp_path / "months"
+    months.mkdir()
+    for i, part in enumerate((rows[:700], rows[700:1500], rows[1500:])):
+        lines = []
+        for row in part:
+            t, rest = row.split(",", 1)
+            us = int(t) * 1000
+            lines.append(f"{us},{rest},{us + TF_MS * 1000 - 1},0,0,0,0,0\n")
+        with zipfile.ZipFile(months / f"BTCUSDT-15m-2025-0{i + 1}.zip", "w") as archive:
+            archive.writestr(f"BTCUSDT-15m-2025-0{i + 1}.csv", "".join(lines))
+    settlements = funding.read_text().splitlines()[1:]
+    halves = (settlements[: len(settlements) // 2], settlements[len(settlements) // 2 :])
+    paid = []
+    for i, half in enumerate(halves):
+        paid.append(months / f"BTCUSDT-fundingRate-2025-0{i + 1}.csv")
+        paid[-1].write_text(
+            "calc_time,funding_interval_hours,last_funding_rate\n"
+            + "".join(f"{t},8,{r}\n" for t, r in (line.split(",") for line in half))
+        )
+    stores = []
+    for name, source in (
+        ("one", ["--candles", str(candles), "--funding", str(funding)]),
+        ("many", ["--candles", f"{months}/BTCUSDT-15m-*.zip", "--funding", str(paid[0]),
+                  "--funding", str(paid[1])]),
+    ):  # fmt: skip
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'[rag.store]\npath = "{tmp_path / name}"\n')
+        common = ["rag", "ingest", "--symbol", "BTCUSDT", "--timeframe", "15m", "--quiet"]
+        oi = ["--open-interest", args[args.index("--open-interest") + 1]]
+        res = CliRunner().invoke(cli, [*common, *source, *oi, "--config", str(config)])
+        assert res.exit_code == 0, res.output
+        stores.append(
+            np.load(next((tmp_path / name / "trading_patterns").glob("gen-*")) / "points.npy")
+        )
+    assert len(stores[0]) > 1000
+    for field in stores[0].dtype.names:
+        a, b = stores[0][field], stores[1][field]
+        same = np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+        assert same, (field, a[a != b][:3], b[a != b][:3])
 
 
 @pytest.mark.parametrize(
