@@ -30,7 +30,14 @@ from daemon.backtest.report import (
     timer_baseline,
     trades_of,
 )
-from daemon.backtest.run import OUT, BacktestOptions, render, run_backtest, run_comparison
+from daemon.backtest.run import (
+    OUT,
+    BacktestOptions,
+    data_name,
+    render,
+    run_backtest,
+    run_comparison,
+)
 from daemon.cli.main import cli
 from daemon.config import Config
 from daemon.errors import ConfigError, StateDirInUse
@@ -293,6 +300,10 @@ def test_a_quoted_pattern_takes_binance_monthly_files_as_they_come(tmp_path: Pat
         reports.append({k: v for k, v in report.items() if k not in ("data", "seconds",
                         "events_per_second")})  # fmt: skip
     assert reports[0] == reports[1] and reports[0]["events"] == 120
+    named = json.loads((tmp_path / "a" / "report.json").read_text())["data"]
+    assert named == "BTCUSDT-5m-2025-01.zip + BTCUSDT-5m-2025-02.zip + BTCUSDT-5m-2025-03.zip"
+    year = [f"BTCUSDT-5m-2025-{m:02d}.zip" for m in range(1, 13)]
+    assert data_name(year) == "BTCUSDT-5m-2025-01.zip + ... + BTCUSDT-5m-2025-12.zip (12 files)"
     none = CliRunner().invoke(cli, ["backtest", "--agent", str(alpha), "--data",
                                     f"{months}/ETH*.zip", "--out", str(tmp_path / "c")])  # fmt: skip
     assert none.exit_code == 2 and "ETH*.zip': no file matches" in none.output

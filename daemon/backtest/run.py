@@ -316,7 +316,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
     )
     report = Report(
         agent=agent,
-        data=" + ".join([opts.data.name, *(f.path.name for f in opts.more_data)]),
+        data=data_name([opts.data.name, *(f.path.name for f in opts.more_data)]),
         events=events,
         first_event=iso_ms(first) if period else "",
         last_event=iso_ms(last) if period else "",
@@ -362,6 +362,14 @@ def _stopped_by(feeds: list[FeedStatus]) -> str:
         return ""
     errors = [f.error or f"{f.name} failed" for f in feeds if f.failed]
     return "; ".join(errors) or "signal"
+
+
+def data_name(names: list[str]) -> str:
+    """The data files as the report names them: each of a few, the first and last of
+    many (a year of Binance's monthly files)."""
+    if len(names) <= 3:
+        return " + ".join(names)
+    return f"{names[0]} + ... + {names[-1]} ({len(names)} files)"
 
 
 def count_events(opts: BacktestOptions) -> int:
