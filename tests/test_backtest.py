@@ -159,13 +159,21 @@ def test_an_empty_replay_and_a_silent_agent_say_so(tmp_path: Path) -> None:
         BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "empty", to_ms=1)
     )
     assert (empty.events, empty.baseline.runs, empty.cost_ratio) == (0, 0, None)
-    assert "nothing was replayed" in render(empty)
+    # It says when the data does run: a --from/--to that misses it is plain to see.
+    first, last = (iso_ms(t + 300_000) for t in _open_times(data)[::49])
+    assert empty.data_span == f"{first} .. {last}"
+    assert f"nothing was replayed: the data's events run {first} .. {last}" in render(empty)
     assert "no hook evaluated" not in render(empty)  # one reason, the first
+    assert "0 events (" in render(empty).splitlines()[0]
     (alpha / "agent.toml").write_text('symbols = ["ETH-USD"]\n' + TOML)
     silent = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "silent"))
     assert silent.events == 50 and silent.baseline.runs == 0
     text = render(silent)
     assert "no hook evaluated any event" in text and " .. " not in text.splitlines()[0]
+
+
+def _open_times(csv: Path) -> list[int]:
+    return [int(line.split(",", 1)[0]) for line in csv.read_text().splitlines()[1:]]
 
 
 def test_trades_from_the_fills() -> None:

@@ -245,6 +245,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     intents_approved: int = 0
     intents_rejected: int = 0
     rejected_by: dict[str, int] = {}
+    # Nothing fell within --from/--to: when the data's events do run ("first .. last").
+    data_span: str = ""
 
     def still_working(self) -> str:
         """The entry orders the run ended with, the oldest named ("" for none)."""

@@ -51,7 +51,7 @@ from daemon.config import (
     TradingSection,
     unexpanded,
 )
-from daemon.errors import ConfigError
+from daemon.errors import ConfigError, ReplayError
 from daemon.events import TIMEFRAMES, iso_ms
 from daemon.printable import visible
 from daemon.rag.config import RagConfig
@@ -341,6 +341,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         complete=not stopped_by,
         stopped_by=stopped_by,
         left_out=left_out,
+        data_span=_data_span(opts) if not events and (opts.from_ms or opts.to_ms) else "",
     )
     _write_json(out / "report.json", report)
     series = Series(
@@ -362,6 +363,20 @@ def _stopped_by(feeds: list[FeedStatus]) -> str:
         return ""
     errors = [f.error or f"{f.name} failed" for f in feeds if f.failed]
     return "; ".join(errors) or "signal"
+
+
+def _data_span(opts: BacktestOptions) -> str:
+    """The time of the data's first and last events, whatever ``--from`` / ``--to``
+    say (read again: only when none fell within them), or "" when it has none."""
+    section = msgspec.structs.replace(replay_section(opts), from_ms=0, to_ms=0)
+    first = last = None
+    try:
+        for ts, _ in ReplayFeed(section).selected():
+            first = ts if first is None else first
+            last = ts
+    except ReplayError:
+        return ""  # a bad row: the run said so
+    return f"{iso_ms(first)} .. {iso_ms(last)}" if first is not None and last is not None else ""
 
 
 def data_name(names: list[str]) -> str:
@@ -484,10 +499,10 @@ def _figure(name: str, value: float, sign: str = "") -> str:
 def render(report: Report) -> str:
     """The terminal summary."""
     b, t = report.baseline, report.trades
-    span = f"{report.first_event} .. {report.last_event} " if report.first_event else ""
+    span = f", {report.first_event} .. {report.last_event}" if report.first_event else ""
     lines = [
         (
-            f"backtest of {report.agent} on {report.data}: {report.events} events, {span}"
+            f"backtest of {report.agent} on {report.data}: {report.events} events{span} "
             f"({report.seconds:.1f} s, {report.events_per_second:,.0f} events/s)"
         )
     ]
@@ -499,7 +514,12 @@ def render(report: Report) -> str:
             f"  {report.left_out} recorded lines left out: account events (this run's broker "
             "makes its own) or Coinbase messages with no ticks or candles"
         )
-    if not report.events:
+    if not report.events and report.data_span:
+        lines.append(
+            f"  nothing was replayed: the data's events run {report.data_span}, "
+            "none within --from/--to"
+        )
+    elif not report.events:
         lines.append("  nothing was replayed: the data has no events (within --from/--to)")
     elif not report.first_event:
         lines.append(
