@@ -78,7 +78,12 @@ def _unzip(raw: BinaryIO) -> _ZipMember:
             raise InputFileError(
                 errno.EINVAL, f"a .zip must hold one file, this one holds {len(files)} ({names})"
             )
-        return _ZipMember(archive.open(files[0]), archive, raw)
+        try:
+            member = archive.open(files[0])
+        except (RuntimeError, NotImplementedError, zipfile.BadZipFile) as exc:
+            # encrypted, or a compression method Python cannot read (deflate64...)
+            raise InputFileError(errno.EINVAL, f"cannot read {files[0].filename}: {exc}") from None
+        return _ZipMember(member, archive, raw)
     except BaseException:
         archive.close()
         raw.close()

@@ -83,6 +83,17 @@ def test_the_one_file_of_a_zip_and_what_is_no_such_zip(tmp_path: Path) -> None:
         with pytest.raises(OSError, match=re.escape(why)):
             open_text(path)
         assert _open_fds() == before
+    for flag, method, why in ((1, 0, "is encrypted"), (0, 9, "compression method")):
+        odd = bytearray(_zip(tmp_path / "odd.zip", {"a.csv": b"1\n"}).read_bytes())
+        central = odd.find(b"PK\x01\x02")  # flags and method, in both headers
+        odd[6] |= flag
+        odd[central + 8] |= flag
+        if method:
+            odd[8] = odd[central + 10] = method  # 9: deflate64, which Python cannot read
+        (tmp_path / "odd.zip").write_bytes(bytes(odd))
+        with pytest.raises(OSError, match=f"cannot read a.csv: .*{why}"):
+            open_text(tmp_path / "odd.zip")
+        assert _open_fds() == before
     damaged = tmp_path / "damaged.zip"
     data = bytearray(good.read_bytes())
     data[100:110] = b"\xff" * 10  # inside the compressed member
