@@ -310,7 +310,7 @@ def _parse_candle(payload: Any) -> Candle | None:
         return None
     if not all(math.isfinite(v) for v in (c.open, c.high, c.low, c.close, c.volume)):
         return None
-    if not (_MIN_MS <= c.open_time_ms <= _MAX_MS and _MIN_MS <= c.close_time_ms <= _MAX_MS):
+    if not (MIN_MS <= c.open_time_ms <= MAX_MS and MIN_MS <= c.close_time_ms <= MAX_MS):
         return None
     return c
 
@@ -340,8 +340,8 @@ def mover_of(payload: Any) -> MoverPayload | None:
     return m if math.isfinite(m.price) and m.price > 0 else None
 
 
-_MIN_MS: Final = 0
-_MAX_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+MIN_MS: Final = 0
+MAX_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(FeedEvent)
 

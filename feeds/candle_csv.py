@@ -24,7 +24,7 @@ import math
 from typing import Final, NamedTuple
 
 from daemon.errors import ReplayError
-from daemon.events import TIMEFRAMES, Candle
+from daemon.events import MAX_MS, TIMEFRAMES, Candle
 
 HEADER: Final = "open_time_ms,open,high,low,close,volume"
 BINANCE_HEADER: Final = (
@@ -100,8 +100,11 @@ def candle(line: str, layout: Layout, tf_ms: int, where: str) -> Candle:
         raise ReplayError(f"{where}: the open time must not be negative")
     if lo > min(o, c) or h < max(o, c, lo):
         raise ReplayError(f"{where}: high/low do not contain open and close")
+    unit = 1000 if end is not None and start >= MICROSECONDS else 1  # per millisecond
+    if start // unit + tf_ms > MAX_MS:
+        units = "milliseconds" if end is None else "milliseconds or microseconds"
+        raise ReplayError(f"{where}: the open time {start} is past the year 9999 ({units}?)")
     if end is not None:
-        unit = 1000 if start >= MICROSECONDS else 1  # per millisecond
         if end - start + 1 != tf_ms * unit:
             raise ReplayError(f"{where}: {_span(start, end, unit, tf_ms)}")
         start //= unit

@@ -200,6 +200,10 @@ async def test_bad_csv_header_fails_before_started_naming_file_and_line(tmp_path
         ((T0 + 9 * M1, "0", "0", "0", "0", "0"), "above 0"),
         ((T0 + 9 * M1, "1", "1", "1", "1", "-1"), "volume not negative"),
         ((T0, "1", "1", "1", "1", "1"), "not increasing"),
+        (
+            (10**20, "1", "1", "1", "1", "1"),
+            "open time 100000000000000000000 is past the year 9999",
+        ),
     ],
 )
 async def test_bad_csv_row_names_its_line(
