@@ -120,8 +120,11 @@ def _span(start: int, end: int, unit: int, tf_ms: int) -> str:
         names = [tf for tf, s in TIMEFRAMES.items() if s == seconds]
         return names[0] if names else f"{seconds:g} s"
 
+    span = end - start + 1
+    if not 0 < span <= MAX_MS * unit:  # not a length any candle has
+        return f"close_time {end} is not after open_time {start}, by a candle's length"
     return (
-        f"close_time - open_time makes this a {named((end - start + 1) / (1000 * unit))} "
+        f"close_time - open_time makes this a {named(span / (1000 * unit))} "
         f"candle, replayed as {named(tf_ms / 1000)} (name the file's own: "
         "FILE=SYMBOL:TIMEFRAME, or [feeds.replay] timeframe)"
     )

@@ -70,6 +70,12 @@ async def test_a_binance_file_replayed_at_another_timeframe_is_refused(tmp_path:
     odd = write(tmp_path / "odd.csv", binance_rows(1, span_ms=90_000))
     with pytest.raises(ReplayError, match=r"a 90 s candle, replayed as 1m"):
         await replay(feed_for(odd))
+    for close_time in ("9" * 200, "1", "-5"):  # no candle's length (a float would overflow)
+        row = binance_rows(1)[0].split(",")
+        row[6] = close_time
+        bad = write(tmp_path / "bad.csv", [",".join(row)])
+        with pytest.raises(ReplayError, match=r":1: close_time .* is not after open_time"):
+            await replay(feed_for(bad))
 
 
 @pytest.mark.parametrize(
