@@ -340,8 +340,11 @@ def unexpanded(value: str) -> list[str]:
 
 def decode_hook(type_: type, obj: Any) -> Any:
     """msgspec ``dec_hook``: a string where a :class:`Secret` is expected becomes one."""
-    if type_ is Secret and isinstance(obj, str):
-        return Secret(obj)
+    if type_ is Secret:
+        if isinstance(obj, str):
+            return Secret(obj)
+        # msgspec reports this at the key's path: `api_key = 5` is a config error
+        raise TypeError(f"Expected `str`, got `{type(obj).__name__}`")
     raise NotImplementedError(f"cannot decode {type_!r}")
 
 

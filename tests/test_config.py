@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon import config
+from daemon.agents.workspace import load_agent_config
 from daemon.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +115,26 @@ def test_secret_never_prints() -> None:
     s = config.Secret("hunter2")
     assert "hunter2" not in repr(s) and "hunter2" not in str(s) and "hunter2" not in f"{s}"
     assert s.reveal() == "hunter2"
+
+
+@pytest.mark.parametrize("value", ["31337", "[31337]", "-inf", "{ a = 31337 }"])
+def test_a_secret_that_is_no_string_names_the_key_not_the_value(value: str) -> None:
+    """A number, list or table where a secret goes is a config error at its key, and the
+    value is not echoed (it raised NotImplementedError out of config check)."""
+    for section, key in (("mcp", "token"), ("tools.sentiment", "search_api_key")):
+        with pytest.raises(
+            ConfigError, match=rf"^c\.toml: {section}\.{key}: expected `str`"
+        ) as err:
+            config.parse(f"[{section}]\n{key} = {value}\n", "c.toml")
+        assert "31337" not in str(err.value)
+
+
+def test_an_agent_secret_that_is_no_string_is_a_config_error(tmp_path: Path) -> None:
+    toml = tmp_path / "agent.toml"
+    toml.write_text('[wake.runner]\nkind = "llm"\napi_key = 31337\n')
+    with pytest.raises(ConfigError, match=r"wake\.runner\.api_key: expected `str`") as err:
+        load_agent_config(toml)
+    assert "31337" not in str(err.value)
 
 
 def test_missing_file(tmp_path: Path) -> None:
