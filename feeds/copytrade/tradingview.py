@@ -144,7 +144,8 @@ def parse_alert(body: bytes, content_type: str, passphrase: str = "") -> TvAlert
     if not 0 < len(wire.ticker) <= 64 or not 0 < len(wire.order_id) <= 128:
         raise SignalRejected(422, "ticker (1-64) and orderId (1-128 characters) are required")
     contracts = _number("contracts", wire.contracts, positive=True)
-    assert contracts is not None
+    if contracts is None:  # "" (an empty placeholder)
+        raise SignalRejected(422, "contracts is required ({{strategy.order.contracts}})")
     size = _number("positionSize", wire.position_size, positive=False)
     return TvAlert(
         ticker=wire.ticker.strip(),

@@ -54,6 +54,7 @@ def test_the_template_parses() -> None:
         (alert(contracts="nan"), JSON, 422, "finite"),
         (alert(timenow="yesterday"), JSON, 422, "time must be RFC 3339"),
         (alert(extra={"leverage": "10"}), JSON, 422, "unknown field"),
+        (alert(contracts=""), JSON, 422, "contracts is required"),
     ],
 )
 def test_bad_alerts_are_refused_with_a_reason(
