@@ -56,8 +56,10 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
 
     def matches(self, rec: Record) -> bool:
         """True when ``rec`` passes every set criterion."""
-        if self.types is not None and rec.get("type") not in self.types:
-            return False
+        if self.types is not None:
+            kind = rec.get("type")
+            if type(kind) is not str or kind not in self.types:  # a hand-edited row: any
+                return False
         if self.agent is not None and rec.get("agentId") != self.agent:
             return False
         if self.hook is not None and rec.get("hookId") != self.hook:

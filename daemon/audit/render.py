@@ -42,6 +42,12 @@ def to_json(rec: Record) -> str:
     return _encoder.encode(rec).decode()
 
 
+def _number(rec: Record, key: str) -> float:
+    """``rec[key]`` when it is a number, else 0 (a hand-edited row still prints)."""
+    value = rec.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
 def _s(rec: Record, key: str, default: str = "") -> str:
     value: Any = rec.get(key)
     return default if value is None else str(value)
@@ -68,7 +74,7 @@ def _hook(rec: Record, line: Text) -> None:
         line.append(f" error: {rec['error']}", style="red")
     line.append(
         f"  {_s(rec, 'symbol', '-')} {_s(rec, 'topic')}{_event_time(rec)} "
-        f"{float(rec.get('runtimeMs') or 0):.2f}ms",
+        f"{_number(rec, 'runtimeMs'):.2f}ms",
         style="dim",
     )
 
@@ -111,7 +117,7 @@ def _run(rec: Record, line: Text) -> None:
         style="red" if status in ("failed", "timeout") else "blue",
     )
     if rec.get("durationMs") is not None:
-        line.append(f" in {float(rec['durationMs']):.0f}ms", style="dim")
+        line.append(f" in {_number(rec, 'durationMs'):.0f}ms", style="dim")
     if rec.get("error"):
         line.append(f" error: {rec['error']}", style="red")
     if rec.get("summary"):

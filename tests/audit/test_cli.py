@@ -46,6 +46,23 @@ def test_tail_prints_readable_lines(logdir: Path) -> None:
     assert "order FILLED buy 0.01 ETH-USD @ 1000" in lines[2]
 
 
+def test_hand_edited_rows_print_and_filter_without_a_crash(logdir: Path) -> None:
+    """A row whose type is an object, a runtime or a duration that is text: the filters
+    pass over it and the line prints (found by fuzzing the audit file: TypeError and
+    ValueError out of `audit tail`)."""
+    part = max(logdir.iterdir())
+    with part.open("ab") as fh:
+        fh.write(b'{"type": {"x": 1}, "ts": "2026-02-17T02:00:00.000Z"}\n')
+        fh.write(
+            b'{"type": "hook", "agentId": "alpha", "runtimeMs": "soon", "decision": "IGNORE"}\n'
+        )
+        fh.write(b'{"type": "run", "runId": "r1", "status": "finished", "durationMs": [1]}\n')
+    code, out = invoke("--dir", str(logdir), "--type", "hook", "--type", "run", "-n", "2")
+    assert code == 0, out
+    assert "alpha" in out and "IGNORE" in out and "0.00ms" in out
+    assert "run r1 finished in 0ms" in out
+
+
 @pytest.mark.parametrize(
     ("args", "reasons"),
     [
