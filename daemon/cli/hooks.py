@@ -297,6 +297,12 @@ def test_command(
                 "required: eventId, ts, source, topic, payload"
             ) from None
         state = _read_json(state_path, "state") if state_path else {}
+        if not isinstance(state, dict):  # what hooks get is a mapping, as in the daemon
+            raise click.BadParameter(
+                f"{state_path}: the state must be a JSON object (candles, indicators, "
+                f"positions, ...), not {type(state).__name__}",
+                param_hint="--state",
+            )
     config = SandboxConfig() if timeout_ms is None else SandboxConfig(timeout_ms=timeout_ms)
     agent, files = _collect(path)
     ok = anyio.run(_run, agent, files, event, state, config)

@@ -24,6 +24,28 @@ def test_event_that_is_not_a_feedevent_is_a_usage_error(tmp_path: Path) -> None:
     assert "not a FeedEvent" in res.output and "eventId" in res.output
 
 
+def test_a_state_that_is_not_an_object_is_a_usage_error(tmp_path: Path) -> None:
+    """Hooks get a mapping: a list (or any non-object) --state is refused, saying so."""
+    event = tmp_path / "ev.json"
+    event.write_text(json.dumps({"eventId": "e", "ts": "2026-01-01T00:00:00Z", "source": "s",
+                                 "topic": "t", "payload": {}}))  # fmt: skip
+    for value in ([], 5, None):
+        state = tmp_path / "st.json"
+        state.write_text(json.dumps(value))
+        res = CliRunner().invoke(
+            hooks_group,
+            [
+                "test",
+                str(ROOT / "agents" / "example"),
+                "--event",
+                str(event),
+                "--state",
+                str(state),
+            ],
+        )
+        assert res.exit_code == 2 and "the state must be a JSON object" in res.output
+
+
 def test_resume_needs_a_store_and_a_known_hook(tmp_path: Path) -> None:
     """No store: say where we looked. Unknown hook: say so. Known hook: resumed."""
     runner = CliRunner()
