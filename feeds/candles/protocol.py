@@ -26,6 +26,7 @@ from daemon.errors import FeedProtocolError
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
     MARKET_CANDLE_UPDATED,
+    MAX_MS,
     TIMEFRAMES,
     Candle,
     FeedEvent,
@@ -185,14 +186,18 @@ def parse_server_time(body: bytes) -> int:
         raise FeedProtocolError(f"bad /time response: {exc} ({_snippet(body)})") from None
     try:
         if wire.epochMillis is not None:
-            return int(float(wire.epochMillis))
-        if wire.epochSeconds is not None:
-            return int(float(wire.epochSeconds) * 1000)
-        if wire.iso:
-            return parse_iso_ms(wire.iso)
-    except ValueError as exc:
+            ms = int(float(wire.epochMillis))
+        elif wire.epochSeconds is not None:
+            ms = int(float(wire.epochSeconds) * 1000)
+        elif wire.iso:
+            ms = parse_iso_ms(wire.iso)
+        else:
+            raise FeedProtocolError(f"/time response has no time field ({_snippet(body)})")
+    except (ValueError, OverflowError) as exc:  # "nan", "inf", "1e999"
         raise FeedProtocolError(f"bad /time value: {exc}") from None
-    raise FeedProtocolError(f"/time response has no time field ({_snippet(body)})")
+    if not 0 < ms <= MAX_MS:
+        raise FeedProtocolError(f"bad /time value: {ms} ms is no time of day ({_snippet(body)})")
+    return ms
 
 
 def describe_error(status: int, body: bytes) -> str:

@@ -101,7 +101,12 @@ def test_server_time_accepts_string_or_numeric_fields(body: bytes) -> None:
     assert p.parse_server_time(body) == T0 + 1_500
 
 
-@pytest.mark.parametrize("body", [b"{}", b"[]", b'{"epochMillis": "soon"}', b"garbage"])
+@pytest.mark.parametrize(
+    "body",
+    [b"{}", b"[]", b'{"epochMillis": "soon"}', b"garbage", b'{"epochMillis": "inf"}',
+     b'{"epochSeconds": "1e999"}', b'{"epochMillis": "nan"}', b'{"epochMillis": "1e300"}',
+     b'{"epochSeconds": -5}'],
+)  # fmt: skip
 def test_bad_server_time_is_a_protocol_error(body: bytes) -> None:
     """A /time body without a usable time is FeedProtocolError."""
     with pytest.raises(FeedProtocolError):
