@@ -50,7 +50,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import closing
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -79,6 +79,7 @@ from feeds.config import ReplaySection
 log = structlog.get_logger("feeds.replay")
 
 CSV_HEADER = candle_csv.HEADER
+T = TypeVar("T")
 # Far above any event or candle line (the feeds' messages are kilobytes); a file
 # with no newline at all (binary, or not a recording) stops here, not in memory.
 MAX_LINE_CHARS = 4 * 1024 * 1024
@@ -208,7 +209,7 @@ class ReplayFeed:
 
     def _closes(self, symbol: str) -> Iterator[tuple[int, float]]:
         if self.format() != "csv":
-            yield from _prices(self._selected(), symbol)
+            yield from _prices(until_bad(self._selected()), symbol)
             return
         if self.config.symbol != symbol or self.config.timeframe not in TIMEFRAMES:
             return
@@ -443,6 +444,15 @@ class ReplayFeed:
                     received_ms=candle.close_time_ms,
                 ),
             )
+
+
+def until_bad(events: Iterator[T]) -> Iterator[T]:
+    """``events`` up to the first bad line, if any: what a replay that met it (and said
+    so) published, for a report of the run, not a second failure."""
+    try:
+        yield from events
+    except ReplayError:
+        return
 
 
 def _prices(events: Iterator[tuple[int, FeedEvent]], symbol: str) -> list[tuple[int, float]]:

@@ -41,9 +41,11 @@ from daemon.backtest.run import (
 from daemon.cli.main import cli
 from daemon.config import Config
 from daemon.errors import ConfigError, StateDirInUse
-from daemon.events import iso_ms
+from daemon.events import encode, iso_ms
 from daemon.service import Component, Service
 from daemon.trading.paper_store import FillRow
+from feeds.config import ReplaySection
+from feeds.replay import ReplayFeed
 from feeds.synthetic import generate_candles
 
 WAKE_GREEN = """
@@ -866,6 +868,28 @@ def test_a_data_error_part_way_is_reported_not_hidden(tmp_path: Path) -> None:
         cli, ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
     )
     assert res.exit_code == 1 and "DATA ERROR" in res.output and "c.csv:152" in res.output
+
+
+def test_a_bad_line_part_way_through_a_recording_is_reported_too(tmp_path: Path) -> None:
+    """The same for a JSONL recording: the report's price plot reads the recording
+    again, and stops at the bad line instead of failing on it (found by fuzzing: the
+    command exited 2 with no report)."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=5, n=300, timeframe="5m")
+    events = list(ReplayFeed(ReplaySection(enabled=True, path=str(csv), symbol="BTC-USD",
+                                           timeframe="5m")).events())  # fmt: skip
+    lines = [encode(e).decode() for e in events]
+    lines[150] = lines[150].replace('"ts":"', '"ts":["', 1)  # no FeedEvent: ts is no string
+    data = tmp_path / "rec.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    alpha = agent(tmp_path / "agents")
+    report = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "out"))
+    assert not report.complete and report.events == 150 and "rec.jsonl:151" in report.stopped_by
+    assert (tmp_path / "out" / "report.html").exists()
+    res = CliRunner().invoke(
+        cli, ["backtest", "--agent", str(alpha), "--data", str(data), "--out", str(tmp_path / "o")]
+    )
+    assert res.exit_code == 1 and "DATA ERROR" in res.output and "rec.jsonl:151" in res.output
 
 
 def test_an_agent_not_enabled_live_is_backtested_all_the_same(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ from daemon.tools.snapshot import CANDLES as SNAPSHOT_CANDLES
 from daemon.trading.matching import FillCosts
 from daemon.trading.paper_store import FillRow, PaperStore
 from feeds.config import ReplayFileSection, ReplaySection
-from feeds.replay import ReplayFeed
+from feeds.replay import ReplayFeed, until_bad
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.hookfile import HOOK_NAME
 
@@ -390,7 +390,7 @@ def data_name(names: list[str]) -> str:
 def count_events(opts: BacktestOptions) -> int:
     """How many events the replay will publish (for a progress bar)."""
     check(opts)
-    return sum(1 for _ in ReplayFeed(replay_section(opts)).selected())
+    return sum(1 for _ in until_bad(ReplayFeed(replay_section(opts)).selected()))
 
 
 class _Replayed:
