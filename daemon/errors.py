@@ -137,6 +137,15 @@ class HookRequestTooLarge(HookError):
         self.cap = cap
 
 
+class HookRequestUnsendable(HookError):
+    """An agent's event or state holds a value the worker protocol cannot carry (an
+    integer beyond 64 bits, from a hand-made recording): recorded by the dispatcher as
+    an ``unsendable`` error for each of the agent's hooks, which serves on."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the event or its state cannot be sent to the sandbox: {why}")
+
+
 class SandboxUnavailable(MarketwakeError):
     """A hardening layer the configuration requires is not active."""
 

@@ -19,9 +19,11 @@ Usage from the daemon (one pool for the whole process, one worker per agent)::
   get the same state for an event (it is then encoded once). ``error_kind`` is
   one of ``compile``, ``runtime``, ``invalid_result``, ``memory``, ``timeout``,
   ``crashed`` (the hook ran and failed: it counts towards backoff),
-  ``backoff``/``paused`` (the hook was skipped) or ``oversized`` (the caller's
-  request did not fit a frame; set by the dispatcher). Only :exc:`SandboxUnavailable` (no worker can start) and
-  :exc:`HookRequestTooLarge` (event + state over ``max_frame_bytes``) are raised.
+  ``backoff``/``paused`` (the hook was skipped), ``oversized`` or ``unsendable``
+  (the caller's request did not fit a frame, or held a value msgpack cannot carry;
+  set by the dispatcher). Only :exc:`SandboxUnavailable` (no worker can start),
+  :exc:`HookRequestTooLarge` (event + state over ``max_frame_bytes``) and
+  :exc:`HookRequestUnsendable` (an integer beyond 64 bits) are raised.
 * ``pool.compile(agent, hooks)`` compiles without running: a loader can check a
   new revision and keep the previous good one running when it fails (the
   recommended policy, see docs/sandbox.md).

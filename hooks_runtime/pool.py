@@ -23,6 +23,7 @@ import msgspec
 from daemon.errors import (
     HookCrashed,
     HookRequestTooLarge,
+    HookRequestUnsendable,
     HookResultInvalid,
     SandboxUnavailable,
 )
@@ -353,7 +354,7 @@ class WorkerPool:
         if not compile_only and any(c.source for c in calls):
             # A fresh worker gets every source with the event: when that would not fit
             # one frame, the sources go first in compile-only requests that do.
-            size = len(worker.encoder.encode(Batch(0, event, rest, calls, False, 0))) - 4
+            size = len(_encoded(worker, Batch(0, event, rest, calls, False, 0))) - 4
             size += full - len(rest)
             if size > self.config.max_frame_bytes:
                 if not await self._precompile(worker, hooks):
@@ -370,19 +371,21 @@ class WorkerPool:
         hidden = full - (len(_NO_STATE) if same else len(rest)) + 1 - deltas_size(series)
         try:
             linger = spin_us * WORKER_LINGER
-            data = worker.encoder.encode(
+            data = _encoded(
+                worker,
                 Batch(
                     batch_id, event, sent, calls, compile_only, linger, [*ahead], speculative,
                     [*candles], same, series,
-                )
+                ),
             )  # fmt: skip
             if ahead and len(data) - 4 + hidden > self.config.max_frame_bytes:
                 ahead = ()  # the lookahead is only worth it if it fits
-                data = worker.encoder.encode(
+                data = _encoded(
+                    worker,
                     Batch(
                         batch_id, event, sent, calls, compile_only, linger, [], speculative,
                         [], same, series,
-                    )
+                    ),
                 )  # fmt: skip
             if len(data) - 4 + hidden > self.config.max_frame_bytes:
                 raise HookRequestTooLarge(len(data) - 4 + hidden, self.config.max_frame_bytes)
@@ -624,6 +627,15 @@ def _prepare(state: Any) -> msgspec.Raw | SplitState:
         if parts is not None:
             return parts
     return encode_state(state)
+
+
+def _encoded(worker: WorkerProcess, batch: Batch) -> bytes:
+    """``batch`` as the worker's frame; :exc:`HookRequestUnsendable` when it holds a
+    value msgpack cannot carry (an integer beyond 64 bits in a recorded payload)."""
+    try:
+        return worker.encoder.encode(batch)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise HookRequestUnsendable(str(exc)) from None
 
 
 def _source_for(worker: WorkerProcess, h: HookSpec) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from daemon.errors import HookCrashed
+from daemon.errors import HookCrashed, HookRequestUnsendable
 from hooks_runtime.config import SandboxConfig
 
 HookKind = Literal["wake", "autotrade", "copytrade"]
@@ -31,6 +31,7 @@ ErrorKind = Literal[
     "backoff",
     "paused",
     "oversized",
+    "unsendable",
 ]
 
 _HEADER = struct.Struct(">I")
@@ -218,9 +219,12 @@ _state_encoder = msgspec.msgpack.Encoder()
 
 
 def encode_state(state: Any) -> msgspec.Raw:
-    """Encode a hook state once per event (JSON-like data; TypeError otherwise)."""
+    """Encode a hook state once per event (JSON-like data; TypeError otherwise, and
+    :exc:`HookRequestUnsendable` for an integer beyond 64 bits)."""
     try:
         return msgspec.Raw(_state_encoder.encode(state))
+    except OverflowError as exc:
+        raise HookRequestUnsendable(str(exc)) from None
     except (msgspec.EncodeError, TypeError) as exc:
         raise TypeError(f"hook state is not plain data: {exc}") from None
 

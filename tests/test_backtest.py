@@ -892,6 +892,30 @@ def test_a_bad_line_part_way_through_a_recording_is_reported_too(tmp_path: Path)
     assert res.exit_code == 1 and "DATA ERROR" in res.output and "rec.jsonl:151" in res.output
 
 
+def test_an_event_the_sandbox_cannot_be_sent_is_each_hooks_error_once(tmp_path: Path) -> None:
+    """A recorded payload with an integer beyond 64 bits: an `unsendable` error row per
+    hook for that event, every other event evaluated (the events queued before it
+    failed too: their lookahead sized it)."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=5, n=120, timeframe="5m")
+    events = list(ReplayFeed(ReplaySection(enabled=True, path=str(csv), symbol="BTC-USD",
+                                           timeframe="5m")).events())  # fmt: skip
+    lines = [encode(e).decode() for e in events]
+    lines[60] = lines[60].replace('"volume":', '"volume":1' + "0" * 40 + ',"was":', 1)
+    data = tmp_path / "rec.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    report = run_backtest(
+        BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=data, out=tmp_path / "out")
+    )
+    assert report.complete and report.events == 120
+    rows = list(iter_records(tmp_path / "out" / "state" / "audit"))
+    hooks = [r for r in rows if r["type"] == "hook"]
+    assert len(hooks) == 2 * 120  # the agent's two hooks, every event
+    refused = [r for r in hooks if r["error"]]
+    assert [r["eventId"] for r in refused] == [events[60].event_id] * 2
+    assert all(r["error"].startswith("unsendable: ") for r in refused)
+
+
 def test_an_agent_not_enabled_live_is_backtested_all_the_same(tmp_path: Path) -> None:
     """`enabled = false` keeps an agent out of the live daemon; a backtest that names
     it runs it (trying an agent before enabling it is what a backtest is for)."""

@@ -52,7 +52,7 @@ from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
 from daemon.copytrade.view import follower_view
-from daemon.errors import HookRequestTooLarge, StoreError
+from daemon.errors import HookRequestTooLarge, HookRequestUnsendable, StoreError
 from daemon.events import (
     COPYTRADE_SIGNALS,
     FeedEvent,
@@ -72,7 +72,7 @@ from hooks_runtime.decisions import Alert as AlertDecision
 from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
-from hooks_runtime.protocol import LAST_OUTPUTS, Step, encode_state
+from hooks_runtime.protocol import LAST_OUTPUTS, ErrorKind, Step, encode_state
 
 log = structlog.get_logger("dispatcher")
 # Always in an agent's subscription: they feed the agent's own state cache.
@@ -354,6 +354,8 @@ class Dispatcher:
             )
         except HookRequestTooLarge as exc:
             return [_oversized(h, exc, rt.last_outputs) for h in hooks]
+        except HookRequestUnsendable as exc:
+            return [_refused(h, "unsendable", str(exc)) for h in hooks]
         if stood_paused(results) is not None:  # else the steps assumed the wrong history
             outputs = dict(state[LAST_OUTPUTS])
             carry(outputs, results)
@@ -403,7 +405,11 @@ class Dispatcher:
                     last[symbol, tf] = (window, ids, n)
                     size += n
             event, state = to_dict(e), encode_state(entry.market | seen | {"candles": refs})
-            if len(state) + size + len(msgspec.msgpack.encode(event)) > room:
+            try:
+                encoded = len(msgspec.msgpack.encode(event))
+            except (OverflowError, TypeError, ValueError):
+                break  # unsendable (an integer beyond 64 bits): refused in its own turn
+            if len(state) + size + encoded > room:
                 break
             entries.append(entry)
             steps.append(Step(event, state))
@@ -767,6 +773,14 @@ def _full_output(d: Decision | None) -> dict[str, Any] | None:
     return to_builtins(d)
 
 
+def _refused(h: HookSpec, kind: ErrorKind, msg: str) -> HookResult:
+    """An error result for a request the sandbox was never sent."""
+    return HookResult(
+        hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=0.0,
+        error_kind=kind, error=msg,
+    )  # fmt: skip
+
+
 def _oversized(h: HookSpec, exc: HookRequestTooLarge, outputs: dict[str, Any]) -> HookResult:
     """An error result naming what made the request too big, and what to change."""
     sizes = sorted(((len(msgspec.json.encode(v)), k) for k, v in outputs.items()), reverse=True)
@@ -777,7 +791,4 @@ def _oversized(h: HookSpec, exc: HookRequestTooLarge, outputs: dict[str, Any]) -
         "return smaller `data` from hooks, lower state_candles, "
         "or raise [hooks.sandbox] max_frame_bytes"
     )
-    return HookResult(
-        hook_id=h.hook_id, kind=h.kind, revision=h.revision, runtime_ms=0.0,
-        error_kind="oversized", error=msg,
-    )  # fmt: skip
+    return _refused(h, "oversized", msg)

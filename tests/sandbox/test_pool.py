@@ -563,6 +563,21 @@ async def test_oversized_request_is_refused_before_sending() -> None:
         assert p.breaker.failures(("big", "wake_canary")) == 0
 
 
+async def test_a_value_the_protocol_cannot_carry_is_refused_before_sending(
+    pool: WorkerPool,
+) -> None:
+    """An integer beyond 64 bits (a hand-made recording's payload) is the caller's error,
+    not a hook failure, and the worker serves the next event (found by fuzzing: an
+    OverflowError out of the agent's event handling)."""
+    from daemon.errors import HookRequestUnsendable
+
+    huge = {**EVENT, "payload": {"volume": 10**40}}
+    with pytest.raises(HookRequestUnsendable, match="cannot be sent to the sandbox"):
+        await pool.evaluate("huge", [CANARY], huge, STATE)
+    assert (await pool.evaluate("huge", [CANARY], EVENT, STATE))[0].ok
+    assert pool.breaker.failures(("huge", "wake_canary")) == 0
+
+
 async def test_sources_that_do_not_fit_one_frame_with_the_event_are_sent_first() -> None:
     """A fresh worker needs every source; with a big state the whole would exceed the
     frame. The sources go ahead in compile-only requests that fit, then the event:
