@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import json
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import msgspec
@@ -152,12 +154,17 @@ class AnthropicConversation:
         )
         if isinstance(msg, str):  # the SDK hands on a body that was not JSON as is
             raise _not_a_reply(msg)
+        with _reading("the Anthropic Messages API"):
+            return self._read(msg)
+
+    def _read(self, msg: Any) -> Turn:
+        """The turn in ``msg`` (the SDK builds it without checking the types)."""
         blocks: list[dict[str, Any]] = []
         texts: list[str] = []
         calls: list[ToolCall] = []
         for block in msg.content:
             if block.type == "text":
-                texts.append(block.text)
+                texts.append(_text(block.text))
                 blocks.append({"type": "text", "text": block.text})
             elif block.type == "tool_use":
                 calls.append(ToolCall(block.id, block.name, _arguments(block.input)))
@@ -252,6 +259,11 @@ class OpenAIConversation:
         )
         if isinstance(resp, str):  # the SDK hands on a body that was not JSON as is
             raise _not_a_reply(resp)
+        with _reading("the OpenAI Chat Completions API"):
+            return self._read(resp)
+
+    def _read(self, resp: Any) -> Turn:
+        """The turn in ``resp`` (the SDK builds it without checking the types)."""
         choice = resp.choices[0]
         message = choice.message
         calls: list[ToolCall] = []
@@ -268,14 +280,15 @@ class OpenAIConversation:
                     "function": {"name": fn.name, "arguments": fn.arguments},
                 }
             )
-        assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
+        content = _text(message.content) if message.content is not None else None
+        assistant: dict[str, Any] = {"role": "assistant", "content": content}
         if wire_calls:
             assistant["tool_calls"] = wire_calls
         self._messages.append(assistant)
         usage = resp.usage
         details = usage.prompt_tokens_details if usage else None
         return Turn(
-            text=message.content or "",
+            text=content or "",
             tool_calls=calls,
             stop_reason=str(choice.finish_reason or ""),
             tokens_in=int(usage.prompt_tokens) if usage else 0,
@@ -301,6 +314,26 @@ def open_conversation(
     if cfg.provider == "openai":
         return OpenAIConversation(cfg, system, user, tools)
     raise ValueError(f"unknown LLM provider {cfg.provider!r}")
+
+
+@contextmanager
+def _reading(api: str) -> Iterator[None]:
+    """Reading a model's answer: one whose fields are not where or what ``api`` puts
+    them (a proxy, a server that only looks compatible) is a ModelAnswerError naming
+    what was off, not the AttributeError it would be."""
+    try:
+        yield
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+        raise ModelAnswerError(
+            f"the model endpoint's answer is not shaped as {api}'s (is provider right for "
+            f"base_url?): {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"text is {type(value).__name__}, not a string")
+    return value
 
 
 def _not_a_reply(body: str) -> ModelAnswerError:

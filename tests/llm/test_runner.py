@@ -250,6 +250,45 @@ async def test_a_page_that_is_not_the_api_fails_the_run_saying_so(provider: str)
     )
 
 
+def _bent(provider: str, how: int) -> dict[str, Any]:
+    """A JSON answer with a field not where or what the API puts it."""
+    if provider == "openai":
+        body = openai_turn("hello")
+        if how == 0:
+            body["choices"][0]["message"] = "hello"
+        elif how == 1:
+            body["choices"][0]["message"]["content"] = 5
+        else:
+            body["choices"] = []
+        return body
+    body = anthropic_turn("hello")
+    if how == 0:
+        body["content"][0] = "hello"
+    elif how == 1:
+        body["content"][0]["text"] = ["hello"]
+    else:
+        body["usage"]["input_tokens"] = "many"
+    return body
+
+
+@pytest.mark.parametrize("how", [0, 1, 2])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_answer_not_shaped_as_the_api_fails_the_run_saying_so(
+    provider: str, how: int
+) -> None:
+    """A proxy or a server that only looks compatible: the run fails as a model answer
+    error naming the API and what was off (it read "AttributeError: 'str' object has
+    no attribute 'content'"; found by fuzzing both wire formats)."""
+    fake_api = fake_openai if provider == "openai" else fake_anthropic
+    async with fake_api([_bent(provider, how)]) as (_fake, url):
+        result = await LlmRunner(cfg(provider, url), tools=TOOLS).run(CTX)
+    assert result.status == "failed"
+    api = "OpenAI Chat Completions" if provider == "openai" else "Anthropic Messages"
+    assert (result.error or "").startswith(
+        f"ModelAnswerError: the model endpoint's answer is not shaped as the {api} API's"
+    ), result.error
+
+
 async def test_a_key_whose_variable_was_never_set_is_not_sent(tmp_path: Path) -> None:
     """A disabled agent's ``${VAR}`` stays as written when VAR is unset; run anyway (a
     backtest with --run-llm, ``agent run``), it fails naming VAR, the provider untouched."""
