@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import time
-import zipfile
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -47,6 +46,7 @@ from daemon.trading.paper_store import FillRow
 from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
 from feeds.synthetic import generate_candles
+from tests.binance import monthly_zips
 
 WAKE_GREEN = """
 def evaluate(event, state):
@@ -290,15 +290,7 @@ def test_a_quoted_pattern_takes_binance_monthly_files_as_they_come(tmp_path: Pat
     generate_candles(whole, seed=4, n=120, timeframe="5m")
     rows = whole.read_text().splitlines()[1:]
     months = tmp_path / "months"
-    months.mkdir()
-    for month, part in (("01", rows[:50]), ("02", rows[50:90]), ("03", rows[90:])):
-        lines = []
-        for row in part:
-            t, rest = row.split(",", 1)
-            us = int(t) * 1000
-            lines.append(f"{us},{rest},{us + 300_000_000 - 1},0,0,0,0,0\n")
-        with zipfile.ZipFile(months / f"BTCUSDT-5m-2025-{month}.zip", "w") as archive:
-            archive.writestr(f"BTCUSDT-5m-2025-{month}.csv", "".join(lines))
+    monthly_zips(rows, months, "BTCUSDT-5m", 300_000, [50, 90])
     alpha = agent(tmp_path / "agents")
     reports = []
     for data, out in ((f"{months}/BTCUSDT-5m-*.zip=BTCUSDT:5m", "a"), (f"{whole}=BTCUSDT:5m", "b")):

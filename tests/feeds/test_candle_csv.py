@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from daemon.events import encode
 from feeds.candle_csv import BINANCE_HEADER
 from feeds.config import ReplayFileSection, ReplaySection
 from feeds.replay import ReplayFeed
+from tests.binance import write_zip
 from tests.feeds.test_replay import M1, ROWS, feed_for, replay, write_csv
 
 T0 = ROWS[0][0]
@@ -27,12 +27,10 @@ def binance_rows(unit: int, span_ms: int = M1) -> list[str]:
 
 
 def write(path: Path, lines: list[str]) -> Path:
-    data = "".join(line + "\n" for line in lines).encode()
     if path.name.endswith(".zip"):  # as data.binance.vision serves them
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-            archive.writestr(path.name.replace(".zip", ".csv"), data)
-    else:
-        path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+        return write_zip(path, [line + "\n" for line in lines])
+    data = "".join(line + "\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
 
 

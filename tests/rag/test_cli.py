@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import threading
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from click.testing import CliRunner
 
 from daemon.cli.main import cli
 from daemon.events import now_ms
+from tests.binance import monthly_zips
 from tests.rag import synth
 from tests.rag.conftest import TF_MS, params_from
 from tests.rag.fake_binance import FakeBinance
@@ -80,15 +80,7 @@ def test_ingest_of_binance_monthly_zips_by_pattern_is_the_ingest_of_one_csv(
     )
     rows = candles.read_text().splitlines()[1:]
     months = tmp_path / "months"
-    months.mkdir()
-    for i, part in enumerate((rows[:700], rows[700:1500], rows[1500:])):
-        lines = []
-        for row in part:
-            t, rest = row.split(",", 1)
-            us = int(t) * 1000
-            lines.append(f"{us},{rest},{us + TF_MS * 1000 - 1},0,0,0,0,0\n")
-        with zipfile.ZipFile(months / f"BTCUSDT-15m-2025-0{i + 1}.zip", "w") as archive:
-            archive.writestr(f"BTCUSDT-15m-2025-0{i + 1}.csv", "".join(lines))
+    monthly_zips(rows, months, "BTCUSDT-15m", TF_MS, [700, 1500])
     settlements = funding.read_text().splitlines()[1:]
     halves = (settlements[: len(settlements) // 2], settlements[len(settlements) // 2 :])
     paid = []
