@@ -363,11 +363,23 @@ def _lookup(raw: Any, path: str) -> Any:
 def _type_at(root: type, path: str) -> Any:
     """msgspec's type info of the field at an error path (``$.wake.runner``), or None."""
     info: Any = msgspec.inspect.type_info(root)
-    for name in re.findall(r"\.([^.\[]+)", path):
+    for name, item in re.findall(r"\.([^.\[]+)|(\[[^\]]*\])", path):
+        info = _struct_of(info)
+        if item:  # a table of sections (leaders.<name>) or a list's entry
+            info = getattr(info, "value_type", None) or getattr(info, "item_type", None)
+            continue
         fields = {f.encode_name: f.type for f in getattr(info, "fields", ())}
         if name not in fields:
             return None
         info = fields[name]
+    return _struct_of(info)
+
+
+def _struct_of(info: Any) -> Any:
+    """``info``, or the section in it when it is optional (``X | None``)."""
+    for option in getattr(info, "types", ()):
+        if isinstance(option, msgspec.inspect.StructType):
+            return option
     return info
 
 

@@ -137,6 +137,15 @@ def test_an_agent_secret_that_is_no_string_is_a_config_error(tmp_path: Path) -> 
     assert "31337" not in str(err.value)
 
 
+def test_an_unknown_key_in_a_table_of_sections_names_the_known_ones() -> None:
+    """leaders.<name>, hooks.<name>: a typo is matched against that section's keys (the
+    list was empty: "known keys: ")."""
+    with pytest.raises(ConfigError, match=r"unknown key 'leader' \(known keys: id, passp"):
+        config.parse("[feeds.tradingview.hooks.tv1]\nleader = 'tv1'\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'secrt' \(did you mean 'secret'\?\)"):
+        config.parse("[feeds.copytrade_webhook.leaders.alice]\nsecret = 'x'\nsecrt = 'y'\n")
+
+
 def test_missing_file(tmp_path: Path) -> None:
     """A missing file is a ConfigError naming the path."""
     with pytest.raises(ConfigError, match="config file not found"):
