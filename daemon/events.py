@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -201,6 +201,10 @@ class MoverPayload(msgspec.Struct, frozen=True, gc=False, kw_only=True):
 
 
 SignalKind = Literal["opened", "modified", "closed"]
+# A price, size or amount anywhere a trade is described (an intent, a leader's signal,
+# a tool's arguments): above 0 and below 1e15, so no value off by orders of magnitude
+# (a leader's 1e308) gets as far as an order.
+Amount = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
 
 
 class SignalPayload(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

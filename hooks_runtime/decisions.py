@@ -16,6 +16,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from daemon.errors import HookResultInvalid
+from daemon.events import Amount
 
 Action = Literal[
     "PLACE_LIMIT_ORDER", "PLACE_MARKET_ORDER", "CLOSE_POSITION", "MODIFY_ORDER", "CANCEL_ORDER"
@@ -25,7 +26,7 @@ ORDER_ACTIONS: Final = frozenset({"MODIFY_ORDER", "CANCEL_ORDER"})
 
 # Prices and sizes: strictly positive, and far below anything a float loses
 # precision on (rejects inf, which msgpack can carry even though JSON cannot).
-Positive = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
+Positive = Amount
 Symbol = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 OrderId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 #: The longest a limit order may be good for (a year).

@@ -110,6 +110,8 @@ def test_a_stop_of_our_own_when_the_leader_sends_none() -> None:
     assert stop_loss(s, "long", 95.0, 100.0) == 95.0  # the leader's wins
     assert stop_loss(FollowSettings(), "long", None, 100.0) is None
     assert stop_loss(s, "long", None, None) is None
+    # a meme coin's price: its stop keeps its digits (8 decimals made it 0, no order)
+    assert stop_loss(s, "long", None, 1.234e-9) == pytest.approx(1.20932e-9, rel=1e-9)
 
 
 class NoOrders:

@@ -59,7 +59,8 @@ def stop_loss(
     if leader_stop is not None or not s.stop_loss_pct or not price:
         return leader_stop
     away = s.stop_loss_pct / 100
-    return round(price * (1 - away if side == "long" else 1 + away), 8)
+    # 10 significant digits, not 8 decimals: a price below 1e-8 (a meme coin) keeps its stop
+    return float(f"{price * (1 - away if side == 'long' else 1 + away):.10g}")
 
 
 def not_followed(s: FollowSettings, leader: str, symbol: str, side: str) -> str:

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from daemon.events import Amount
 from daemon.tools.base import Tool, ToolError
 from daemon.tools.context import AgentCall, ToolContext
 from daemon.tools.snapshot import Product
@@ -24,7 +25,7 @@ from daemon.trading.desk import TradeDesk
 from daemon.trading.intents import Side, TradeIntent
 
 Score = Annotated[float, msgspec.Meta(ge=0)]
-Price = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
+Price = Amount
 
 
 class SignalRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

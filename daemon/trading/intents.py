@@ -12,6 +12,7 @@ from typing import Annotated
 
 import msgspec
 
+from daemon.events import Amount
 from hooks_runtime.decisions import ORDER_ACTIONS, Action, Side, TradeIntent, parse_intent
 
 __all__ = [
@@ -24,7 +25,6 @@ __all__ = [
     "parse_intent",
 ]
 
-_Amount = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
 _Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
@@ -52,14 +52,14 @@ class RiskLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """
 
     allowed_symbols: tuple[str, ...] = ()
-    max_order_notional: _Amount = 1_000.0
-    max_position_per_symbol: _Amount = 5_000.0
-    max_total_exposure: _Amount = 20_000.0
+    max_order_notional: Amount = 1_000.0
+    max_position_per_symbol: Amount = 5_000.0
+    max_total_exposure: Amount = 20_000.0
     max_open_orders: _Count = 10
     max_orders_per_minute: _Count = 10
-    daily_loss_limit: _Amount = 500.0
+    daily_loss_limit: Amount = 500.0
     require_stop_loss: bool = True
-    limit_price_band_pct: _Amount = 5.0
+    limit_price_band_pct: Amount = 5.0
     kill_switch_file: str = ""
 
     def __post_init__(self) -> None:

@@ -25,6 +25,7 @@ import msgspec
 
 from daemon.errors import SignalRejected
 from daemon.events import (
+    Amount,
     SignalKind,
     SignalPayload,
     iso_ms,
@@ -39,7 +40,7 @@ _NONCE: Final = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 _SIGNATURE: Final = re.compile(r"^sha256=([0-9a-f]{64})$")
 _ID = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 _SYMBOL = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,31}$")]
-_POSITIVE = Annotated[float, msgspec.Meta(gt=0)]
+_POSITIVE = Amount  # an intent's bound: a signal that passes can become an order
 T = TypeVar("T")
 
 

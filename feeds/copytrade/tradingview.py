@@ -104,6 +104,8 @@ def _number(name: str, value: str | float | None, *, positive: bool) -> float | 
         raise SignalRejected(422, f"{name} must be a finite number")
     if positive and number <= 0:
         raise SignalRejected(422, f"{name} must be above 0 (got {number:g})")
+    if abs(number) >= 1e15:  # an order's bound: what passes here can become one
+        raise SignalRejected(422, f"{name} must be below 1e15 (got {number:g})")
     return number
 
 

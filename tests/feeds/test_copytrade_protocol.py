@@ -106,6 +106,8 @@ def test_a_valid_signal_becomes_one_event_per_leader_partition() -> None:
         (body(equityFraction=0.1), 422, "not both"),
         (body(equityFraction=1.5), 422, "<= 1"),
         (body(leaderEquity=0), 422, "> 0"),
+        (body(stopLoss=1e308), 422, "< 1000000000000000.0 - at `$.stopLoss`"),
+        (body(price=2e15), 422, "< 1000000000000000.0 - at `$.price`"),
         (body(kind="opened", quantity=None), 422, "needs quantity or equityFraction"),
         (json.dumps(signal("m", "modified")).encode(), 422, "a modified signal changes"),
         (body(kind="flipped"), 422, "kind"),

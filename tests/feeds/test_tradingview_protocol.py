@@ -55,6 +55,7 @@ def test_the_template_parses() -> None:
         (alert(timenow="yesterday"), JSON, 422, "time must be RFC 3339"),
         (alert(extra={"leverage": "10"}), JSON, 422, "unknown field"),
         (alert(contracts=""), JSON, 422, "contracts is required"),
+        (alert(close="1e308"), JSON, 422, "price must be below 1e15"),
     ],
 )
 def test_bad_alerts_are_refused_with_a_reason(
