@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import heapq
+import os
+import random
 import time
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +29,7 @@ from daemon.events import (
 )
 from feeds.base import FeedHealth
 from feeds.config import ReplayFileSection, ReplaySection
-from feeds.replay import ReplayFeed
+from feeds.replay import ReplayFeed, by_time
 
 M1 = 60_000
 T0 = 1_704_067_200_000
@@ -353,3 +358,52 @@ def test_history_is_the_last_candles_before_from_per_series(tmp_path: Path) -> N
     assert (btc, btc_tf, [c.close for c in btc_held]) == ("BTC-USD", "1m", [103.5, 102.5])
     assert (eth, eth_tf, [c.close for c in eth_held]) == ("ETH-USD", "5m", [10.0, 11.0])
     assert feed_for(csv, timeframe="1m").history(2) == []
+
+
+def test_many_files_of_one_series_are_open_one_at_a_time(tmp_path: Path) -> None:
+    """A hundred daily files and a second series: the merge opens a file once it
+    reaches its first event, so a few are open at once, not a hundred (three years of
+    Binance daily files passed the descriptor limit); the events come in time order."""
+    days = []
+    for d in range(100):
+        rows = [(T0 + (d * 3 + k) * M1, "1", "1", "1", "1", "1") for k in range(3)]
+        days.append(write_csv(tmp_path / f"BTC-{d:03d}.csv", rows))
+    eth = write_csv(
+        tmp_path / "eth.csv", [(T0 + k * M1, "2", "2", "2", "2", "2") for k in range(300)]
+    )
+    more = [ReplayFileSection(path=str(p)) for p in days[1:]]
+    more.append(ReplayFileSection(path=str(eth), symbol="ETH-USD"))
+    feed = feed_for(days[0], files=more)
+    before = len(os.listdir("/proc/self/fd"))
+    seen, most = [], 0
+    for t, event in feed.selected():
+        most = max(most, len(os.listdir("/proc/self/fd")) - before)
+        seen.append((t, event.symbol))
+    assert most <= 4, most
+    assert len(seen) == 600 and [t for t, _ in seen] == sorted(t for t, _ in seen)
+    assert seen[:2] == [(T0 + M1, "BTC-USD"), (T0 + M1, "ETH-USD")]  # a tie: files' order
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_merge_is_a_k_way_merge(seed: int) -> None:
+    """by_time gives what heapq.merge gives (ties in the sources' order), for sources
+    that overlap, start late, or are empty; a reader that stops early closes them."""
+    rnd = random.Random(seed)
+    runs = [sorted(rnd.randrange(50) for _ in range(rnd.randrange(0, 8))) for _ in range(6)]
+    items = [[(t, (i, k)) for k, t in enumerate(run)] for i, run in enumerate(runs)]
+    sources = [(run[0][0] if run else None, partial(iter, run)) for run in items]
+    assert list(by_time(sources)) == list(heapq.merge(*items, key=lambda ti: ti[0]))
+    started: list[int] = []
+    closed: list[int] = []
+
+    def opened(i: int) -> Iterator[tuple[int, tuple[int, int]]]:
+        started.append(i)
+        try:
+            yield from items[i]
+        finally:
+            closed.append(i)
+
+    merged = by_time([(s[0], partial(opened, i)) for i, s in enumerate(sources)])
+    if next(merged, None) is not None:
+        merged.close()  # type: ignore[attr-defined]
+        assert started and sorted(closed) == sorted(started)  # every file it opened
