@@ -100,9 +100,6 @@ def data_specs(specs: tuple[str, ...], option: str) -> list[tuple[Path, str, str
         path, sep, rest = spec.rpartition("=")
         if not sep or Path(spec).exists():
             path, rest = spec, ""
-        if Path(path).exists() or not glob.has_magic(path):
-            out.append(data_spec(spec, option))
-            continue
         out += [
             data_spec(f"{m}={rest}" if rest else str(m), option) for m in matching(path, option)
         ]
@@ -113,7 +110,7 @@ def matching(pattern: str, option: str) -> list[Path]:
     """The files ``pattern`` names: itself when it exists or has no ``*``, ``?`` or ``[``
     (checked later, by name), else the files it matches, in name order (BadParameter
     when none does)."""
-    if Path(pattern).exists() or not glob.has_magic(pattern):
+    if Path(pattern).exists() or not any(c in pattern for c in "*?["):
         return [Path(pattern)]
     found = sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_file())
     if not found:
