@@ -16,7 +16,6 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from daemon.errors import HookResultInvalid
-from daemon.events import Amount
 
 Action = Literal[
     "PLACE_LIMIT_ORDER", "PLACE_MARKET_ORDER", "CLOSE_POSITION", "MODIFY_ORDER", "CANCEL_ORDER"
@@ -26,7 +25,9 @@ ORDER_ACTIONS: Final = frozenset({"MODIFY_ORDER", "CANCEL_ORDER"})
 
 # Prices and sizes: strictly positive, and far below anything a float loses
 # precision on (rejects inf, which msgpack can carry even though JSON cannot).
-Positive = Amount
+# daemon.events.Amount, written again: the sandbox worker imports nothing of the
+# daemon but its errors (tests/sandbox/test_decisions.py holds the two equal).
+Positive = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
 Symbol = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 OrderId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 #: The longest a limit order may be good for (a year).

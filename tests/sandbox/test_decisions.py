@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import typing
+
 import msgspec
 import pytest
 
 from daemon.errors import HookResultInvalid
+from daemon.events import Amount
 from hooks_runtime.decisions import (
     Alert,
     Ignore,
+    Positive,
     Trade,
     TradeIntent,
     Wake,
@@ -94,6 +98,12 @@ def test_decisions_are_restricted_by_hook_kind() -> None:
         to_decision({"decision": "TRADE_INTENT", "reason": "x", "intent": BUY}, "wake")
     with pytest.raises(HookResultInvalid, match=r"not allowed in autotrade_\* hooks"):
         to_decision({"decision": "WAKE", "reason": "x"}, "autotrade")
+
+
+def test_an_intents_numbers_have_the_daemons_bound() -> None:
+    """The worker's copy of the bound on prices and sizes is the daemon's (signals and
+    tools use that one: what passes a door can become an order)."""
+    assert typing.get_args(Positive) == typing.get_args(Amount)
 
 
 def test_a_missing_or_miscased_decision_names_the_slip() -> None:
