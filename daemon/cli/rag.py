@@ -50,14 +50,14 @@ def _fetch(
 
 
 def _files(
-    symbol: str, candles: list[Path], funding: list[Path], oi: Path | None
+    symbol: str, candles: list[Path], funding: list[Path], oi: list[Path]
 ) -> tuple[Bars, Observations | None, Observations | None]:
     from daemon.rag.datafiles import read_candles, read_funding, read_open_interest
 
     return (
         read_candles(*candles),
         read_funding(*funding) if funding else None,
-        read_open_interest(oi, symbol) if oi else None,
+        read_open_interest(oi[0], symbol, *oi[1:]) if oi else None,
     )
 
 
@@ -87,7 +87,14 @@ def _named(specs: tuple[str, ...], option: str) -> list[Path]:
     help="CSV(.gz, .zip): funding_time_ms,funding_rate, or Binance's fundingRate files "
     "(repeat it, or quote a pattern, for several).",
 )
-@click.option("--open-interest", "open_interest", type=_FILE, help="CSV(.gz), see docs/rag.md")
+@click.option(
+    "--open-interest",
+    "open_interest",
+    multiple=True,
+    metavar="FILE",
+    help="CSV(.gz, .zip), see docs/rag.md; Binance's daily metrics files too (repeat it, "
+    "or quote a pattern, for several).",
+)
 @click.option("--from-exchange", is_flag=True, help="Fetch from Binance USD-M REST instead.")
 @click.option(
     "--days",
@@ -103,7 +110,7 @@ def ingest_cmd(
     candles: tuple[str, ...],
     timeframe: str,
     funding: tuple[str, ...],
-    open_interest: Path | None,
+    open_interest: tuple[str, ...],
     from_exchange: bool,
     days: float,
     config_path: Path | None,
@@ -121,8 +128,12 @@ def ingest_cmd(
     if from_exchange:
         bars, fund, oi = _fetch(cfg, symbol, timeframe, days)
     else:
-        files = _named(candles, "--candles"), _named(funding, "--funding")
-        bars, fund, oi = _files(symbol, *files, open_interest)  # type: ignore[assignment]
+        files = (
+            _named(candles, "--candles"),
+            _named(funding, "--funding"),
+            _named(open_interest, "--open-interest"),
+        )
+        bars, fund, oi = _files(symbol, *files)  # type: ignore[assignment]
     store = open_store(cfg.store)
     try:
         batch = 0 if cfg.store.kind == "embedded" else 512

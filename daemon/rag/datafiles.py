@@ -1,4 +1,4 @@
-"""Reading the input CSVs (plain or .gz) into Bars and Observations.
+"""Reading the input CSVs (plain, .gz or a one-file .zip) into Bars and Observations.
 
 Accepted formats (header row required, extra columns ignored):
 
@@ -11,14 +11,18 @@ Accepted formats (header row required, extra columns ignored):
   ``time_ms,open_interest`` (a snapshot known at ``time_ms``), or the daily
   ``date,day_start_ms,<symbol>_oi_value_usd,...`` (lower-case symbol, e.g.
   ``btcusdt_oi_value_usd``); a daily row is taken as known at the *end* of its
-  day (``day_start_ms + 24 h``) so it can never leak into that day's bars.
+  day (``day_start_ms + 24 h``) so it can never leak into that day's bars; or
+  Binance's metrics files (``create_time,...,sum_open_interest_value``, the USD
+  value as of each 5 minutes).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -123,8 +127,16 @@ def _funding(path: Path) -> NDArray[np.float64]:
     return _table(path, columns)
 
 
-def read_open_interest(path: Path, symbol: str) -> Observations:
-    """Open interest in either accepted format (see module docstring)."""
+def read_open_interest(path: Path, symbol: str, *more: Path) -> Observations:
+    """Open interest from one file or several, in any accepted format (see the module
+    docstring; Binance's daily metrics files come a file a day)."""
+    parts = [_open_interest(p, symbol) for p in (path, *more)]
+    return Observations.of(
+        np.concatenate([p.time_ms for p in parts]), np.concatenate([p.value for p in parts])
+    )
+
+
+def _open_interest(path: Path, symbol: str) -> Observations:
     header = _header(path)
     if "time_ms" in header and "open_interest" in header:
         data = _table(path, ("time_ms", "open_interest"))
@@ -133,7 +145,40 @@ def read_open_interest(path: Path, symbol: str) -> Observations:
     if "day_start_ms" in header and column in header:
         data = _table(path, ("day_start_ms", column))
         return Observations.of(data[:, 0].astype(np.int64) + DAY_MS, data[:, 1])
+    if "create_time" in header and "sum_open_interest_value" in header:
+        return _binance_metrics(path, header)
     raise DataFileError(
-        f"{path}: expected columns time_ms,open_interest or day_start_ms,{column} "
-        f"(found {','.join(header)})"
+        f"{path}: expected columns time_ms,open_interest, day_start_ms,{column}, or "
+        f"Binance's create_time,...,sum_open_interest_value (found {','.join(header)})"
     )
+
+
+def _binance_metrics(path: Path, header: list[str]) -> Observations:
+    """Binance's metrics files: the open interest's USD value as of each ``create_time``
+    (UTC ``2025-01-01 00:05:00``, or epoch ms); an empty value is a gap."""
+    at, value = header.index("create_time"), header.index("sum_open_interest_value")
+    times: list[int] = []
+    values: list[float] = []
+    line_no = 1
+    with _open(path) as f:
+        try:
+            f.readline()  # the header
+            for line in f:
+                line_no += 1
+                if not line.strip():
+                    continue
+                fields = line.rstrip("\r\n").split(",")
+                times.append(_moment(fields[at].strip()))
+                values.append(float(fields[value]) if fields[value].strip() else math.nan)
+        except (ValueError, IndexError, OSError, EOFError, UnicodeDecodeError) as exc:
+            raise DataFileError(f"{path}:{line_no}: malformed data: {exc}") from None
+    return Observations.of(np.array(times, dtype=np.int64), np.array(values, dtype=np.float64))
+
+
+def _moment(text: str) -> int:
+    """Epoch ms of a time given as digits (ms, or us past 1e14) or as UTC text."""
+    if text.isdigit():
+        t = int(text)
+        return t // 1000 if t >= candle_csv.MICROSECONDS else t
+    moment = datetime.fromisoformat(text)
+    return int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp() * 1000)

@@ -13,7 +13,7 @@ from daemon.errors import DataFileError, FeedError
 from daemon.rag.config import ExchangeSection, RagConfig, StoreSection
 from daemon.rag.datafiles import CANDLE_COLUMNS, read_candles, read_funding, read_open_interest
 from daemon.rag.exchange import fetch_history
-from daemon.rag.features import Bars
+from daemon.rag.features import DAY_MS, Bars
 from daemon.rag.ingest import ingest
 from daemon.rag.schema import point_id
 from daemon.rag.service import RagService
@@ -195,6 +195,35 @@ def test_binance_kline_files_read_as_the_own_layout(tmp_path: Path) -> None:
         bars = read_candles(tmp_path / name)
         for field in ("open_ms", "open", "high", "low", "close", "volume"):
             assert np.array_equal(getattr(bars, field), getattr(own, field)), (name, field)
+
+
+METRICS = (
+    "create_time,symbol,sum_open_interest,sum_open_interest_value,"
+    "count_toptrader_long_short_ratio,sum_toptrader_long_short_ratio,"
+    "count_long_short_ratio,sum_taker_long_short_vol_ratio\n"
+)
+
+
+def test_binance_daily_metrics_files_give_open_interest_as_of_each_row(tmp_path: Path) -> None:
+    """Binance's metrics files, one a day: the USD value as of each create_time (UTC
+    text), several files read together, an empty value a gap; a bad row names its line."""
+    day1 = tmp_path / "BTCUSDT-metrics-2025-01-01.csv"
+    day1.write_text(
+        METRICS + "2025-01-01 00:05:00,BTCUSDT,80000.5,7500000000.25,1.2,1.3,1.4,0.9\n"
+        "2025-01-01 00:10:00,BTCUSDT,80001,,1.2,1.3,1.4,0.9\n"
+    )
+    day2 = tmp_path / "BTCUSDT-metrics-2025-01-02.csv"
+    day2.write_text(METRICS + "2025-01-02 00:00:00,BTCUSDT,80100,7510000000,1,1,1,1\n")
+    got = read_open_interest(day2, "BTCUSDT", day1)  # any order: sorted by time
+    start = 1_735_689_600_000  # 2025-01-01T00:00:00Z
+    assert got.time_ms.tolist() == [start + 300_000, start + DAY_MS]
+    assert got.value.tolist() == [7_500_000_000.25, 7_510_000_000.0]
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        METRICS + "2025-01-01 00:05:00,BTCUSDT,1,2,1,1,1,1\nyesterday,BTCUSDT,1,2,1,1,1,1\n"
+    )
+    with pytest.raises(DataFileError, match=r"bad\.csv:3: malformed data"):
+        read_open_interest(bad, "BTCUSDT")
 
 
 @pytest.mark.parametrize(
