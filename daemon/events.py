@@ -204,7 +204,8 @@ SignalKind = Literal["opened", "modified", "closed"]
 # A price, size or amount anywhere a trade is described (an intent, a leader's signal,
 # a tool's arguments): above 0 and below 1e15, so no value off by orders of magnitude
 # (a leader's 1e308) gets as far as an order.
-Amount = Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
+MAX_AMOUNT: Final = 1e15
+Amount = Annotated[float, msgspec.Meta(gt=0, lt=MAX_AMOUNT)]
 
 
 class SignalPayload(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

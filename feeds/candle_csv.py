@@ -54,15 +54,24 @@ def layout_of(first_line: str, where: str) -> Layout:
     line = first_line.strip().lstrip("\ufeff")
     if line == HEADER:
         return OWN
+    binance = binance_layout(line)
+    if binance is not None:
+        return binance
+    raise ReplayError(
+        f"{where}: expected the header {HEADER!r}, or Binance kline rows "
+        f"({BINANCE.fields} columns, open time first), found {line[:200]!r}"
+    )
+
+
+def binance_layout(first_line: str) -> Layout | None:
+    """Binance's layout, with or without its header, if ``first_line`` starts one."""
+    line = first_line.strip().lstrip("\ufeff")
     if line == BINANCE_HEADER:
         return BINANCE_WITH_HEADER
     fields = line.split(",")
     if len(fields) == BINANCE.fields and fields[0].isdigit():
         return BINANCE
-    raise ReplayError(
-        f"{where}: expected the header {HEADER!r}, or Binance kline rows "
-        f"({BINANCE.fields} columns, open time first), found {line[:200]!r}"
-    )
+    return None
 
 
 def to_ms(value: int) -> int:

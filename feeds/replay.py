@@ -79,7 +79,6 @@ from feeds.config import ReplaySection
 
 log = structlog.get_logger("feeds.replay")
 
-CSV_HEADER = candle_csv.HEADER
 T = TypeVar("T")
 # Far above any event or candle line (the feeds' messages are kilobytes); a file
 # with no newline at all (binary, or not a recording) stops here, not in memory.

@@ -99,10 +99,7 @@ def read_candles(path: Path, *more: Path) -> Bars:
 
 
 def _candles(path: Path) -> NDArray[np.float64]:
-    header = _header(path)
-    binance = ",".join(header) == candle_csv.BINANCE_HEADER or (
-        len(header) == candle_csv.BINANCE.fields and header[0].isdigit()
-    )
+    binance = candle_csv.binance_layout(",".join(_header(path))) is not None
     data = _table(path, CANDLE_COLUMNS, binance=binance)
     if len(data) == 0:
         raise DataFileError(f"{path}: no candles")
@@ -178,7 +175,6 @@ def _binance_metrics(path: Path, header: list[str]) -> Observations:
 def _moment(text: str) -> int:
     """Epoch ms of a time given as digits (ms, or us past 1e14) or as UTC text."""
     if text.isdigit():
-        t = int(text)
-        return t // 1000 if t >= candle_csv.MICROSECONDS else t
+        return candle_csv.to_ms(int(text))
     moment = datetime.fromisoformat(text)
     return int(moment.replace(tzinfo=moment.tzinfo or UTC).timestamp() * 1000)

@@ -33,7 +33,7 @@ from typing import Literal
 import msgspec
 
 from daemon.errors import SignalRejected
-from daemon.events import SignalKind, SignalPayload, iso_ms, parse_iso_ms
+from daemon.events import MAX_AMOUNT, SignalKind, SignalPayload, iso_ms, parse_iso_ms
 from feeds.copytrade.protocol import decode_body
 
 SOURCE = "tradingview"
@@ -104,7 +104,7 @@ def _number(name: str, value: str | float | None, *, positive: bool) -> float | 
         raise SignalRejected(422, f"{name} must be a finite number")
     if positive and number <= 0:
         raise SignalRejected(422, f"{name} must be above 0 (got {number:g})")
-    if abs(number) >= 1e15:  # an order's bound: what passes here can become one
+    if abs(number) >= MAX_AMOUNT:  # an order's bound: what passes here can become one
         raise SignalRejected(422, f"{name} must be below 1e15 (got {number:g})")
     return number
 

@@ -11,8 +11,9 @@ import pytest
 
 from daemon.events import FeedEvent
 from feeds.base import FeedHealth
+from feeds.candle_csv import HEADER as CSV_HEADER
 from feeds.config import ReplaySection
-from feeds.replay import CSV_HEADER, ReplayFeed
+from feeds.replay import ReplayFeed
 from feeds.synthetic import generate_candles, main
 
 
