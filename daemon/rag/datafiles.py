@@ -159,9 +159,11 @@ def _binance_metrics(path: Path, header: list[str]) -> Observations:
     line_no = 1
     with _open(path) as f:
         try:
-            f.readline()  # the header
-            for line in f:
+            f.readline(MAX_HEADER_CHARS + 1)  # the header (checked by _header)
+            while line := f.readline(MAX_HEADER_CHARS + 1):
                 line_no += 1
+                if len(line) > MAX_HEADER_CHARS:  # no newline: never read whole
+                    raise ValueError(f"a line longer than {MAX_HEADER_CHARS:,} characters")
                 if not line.strip():
                     continue
                 fields = line.rstrip("\r\n").split(",")

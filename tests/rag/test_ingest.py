@@ -224,6 +224,10 @@ def test_binance_daily_metrics_files_give_open_interest_as_of_each_row(tmp_path:
     )
     with pytest.raises(DataFileError, match=r"bad\.csv:3: malformed data"):
         read_open_interest(bad, "BTCUSDT")
+    endless = tmp_path / "endless.csv"  # a row with no newline is never read whole
+    endless.write_text(METRICS + "2025-01-01 00:05:00,BTCUSDT,1," + "9" * 200_000)
+    with pytest.raises(DataFileError, match=r"endless\.csv:2: .*a line longer than 65,536"):
+        read_open_interest(endless, "BTCUSDT")
 
 
 @pytest.mark.parametrize(
