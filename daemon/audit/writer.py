@@ -6,6 +6,12 @@ every ``flush_interval`` seconds, or as soon as ``flush_every`` records are
 waiting. :meth:`AuditWriter.aclose` (or leaving :func:`open_audit`) writes
 what is left and fsyncs, so a clean stop loses nothing.
 
+Before a decision acts, :meth:`AuditWriter.write_ahead` writes the queued rows
+in the event loop's thread (no await), so a restart finds the rows of every event
+that acted. Rows leave the queue in order whoever writes them: one drainer at a
+time takes all that is queued. Checking the disk bounds (compressing a closed
+part takes a while) holds a lock of its own, so a write-ahead never waits for it.
+
 Memory stays bounded: if ``max_pending`` records are waiting (the disk is
 slower than the producers), ``write()`` flushes inline rather than dropping
 records; ``inline_flushes`` counts how often that happened.
@@ -101,7 +107,13 @@ class AuditWriter:
         self._day = ""  # the last row's UTC day, once checked to be one
         self._wake: anyio.Event | None = None
         self._flushed: anyio.Event | None = None
+        # Rows are taken from ``_pending`` only under both locks, and by one drainer at
+        # a time (``_io_lock``): whoever writes (the flusher's thread, write_ahead, a
+        # flush) writes the oldest rows first. ``_queue_lock`` is held for list
+        # operations only, so ``write()`` never waits for a disk.
         self._io_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._bounds_lock = threading.Lock()  # compressing and deleting closed parts
         # While writes fail: when the streak began, the next retry and the next log.
         self._failing_since: float | None = None
         self._retry_delay = 0.0
@@ -110,6 +122,7 @@ class AuditWriter:
         self._fh: BinaryIO | None = None
         self._fh_key: tuple[str, int] | None = None
         self._closed = False
+        self.write_aheads = 0  # rows handed to the OS ahead of an action, in its thread
 
     # --- producer side (event loop, never blocks for long) -----------------
 
@@ -122,24 +135,24 @@ class AuditWriter:
         day = record.ts[:10]
         if day != self._day:  # the file a row goes to: checked once a day, not per row
             self._day = day if day_of(record.ts) else ""
-        self._pending.append((self._day or now_ts()[:10], line))
+        with self._queue_lock:
+            self._pending.append((self._day or now_ts()[:10], line))
+            waiting = len(self._pending)
         if self._closed:
             self.flush_sync()
-        elif len(self._pending) >= self.max_pending:
+        elif waiting >= self.max_pending:
             if self._backing_off():  # the disk failed a moment ago: drop, do not block
-                overflow = len(self._pending) - self.max_pending + 1
-                del self._pending[:overflow]
-                self.dropped += overflow
+                self._drop_beyond(self.max_pending - 1)
                 return
             self.inline_flushes += 1
-            batch, self._pending = self._pending, []
             try:
-                self._write_batch(batch)
+                self._drain()
+                self._check_bounds()
             except StoreError as exc:
-                self._keep(batch, exc)
+                self._failed(exc)
             else:
                 self._recovered()
-        elif len(self._pending) >= self.flush_every and self._wake is not None:
+        elif waiting >= self.flush_every and self._wake is not None:
             self._wake.set()
 
     @property
@@ -160,35 +173,50 @@ class AuditWriter:
         """Flush batches until cancelled; the final flush is :meth:`aclose`'s job."""
         self._wake = anyio.Event()
         task_status.started()
-        while True:
-            backoff = self._retry_at - time.monotonic()
-            if backoff > 0:  # a failing disk is not hammered on every full batch
-                await anyio.sleep(backoff)
-            else:
-                with anyio.move_on_after(self.flush_interval):
-                    await self._wake.wait()
-            self._wake = anyio.Event()
-            if self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    await anyio.to_thread.run_sync(self._write_batch, batch)
-                except StoreError as exc:
-                    self._keep(batch, exc)
+        try:
+            while True:
+                backoff = self._retry_at - time.monotonic()
+                if backoff > 0:  # a failing disk is not hammered on every full batch
+                    await anyio.sleep(backoff)
                 else:
-                    self._recovered()
-                if self._flushed is not None:
+                    with anyio.move_on_after(self.flush_interval):
+                        await self._wake.wait()
+                self._wake = anyio.Event()
+                if self._pending:
+                    try:
+                        await anyio.to_thread.run_sync(self._drain)
+                    except StoreError as exc:
+                        self._failed(exc)
+                    else:
+                        self._recovered()
+                if self._flushed is not None:  # (also after a cycle with nothing to write)
                     self._flushed.set()
                     self._flushed = None
+                if self._bounds_due():  # after the waiters go: compressing takes a while
+                    try:
+                        await anyio.to_thread.run_sync(self._check_bounds)
+                    except StoreError as exc:
+                        self._failed(exc)
+        finally:  # nobody waits on a flusher that is gone (write_ahead)
+            self._wake = None
+            if self._flushed is not None:
+                self._flushed.set()
+                self._flushed = None
 
-    def _keep(self, batch: list[tuple[str, bytes]], exc: StoreError) -> None:
-        """A write failed: requeue the batch (oldest dropped beyond max_pending), retry
-        later, and log it when the failures start (then once a minute)."""
+    def _drop_beyond(self, keep: int) -> None:
+        """Drop the oldest queued rows beyond ``keep`` (counted in ``dropped``)."""
+        with self._queue_lock:
+            overflow = max(0, len(self._pending) - keep)
+            del self._pending[:overflow]
+        self.dropped += overflow
+
+    def _failed(self, exc: StoreError) -> None:
+        """A write failed (its rows are back in the queue): drop the oldest beyond
+        max_pending, retry later, and log it when the failures start (then once a
+        minute)."""
         self.errors += 1
         self.last_error = str(exc)
-        keep = batch + self._pending
-        overflow = max(0, len(keep) - self.max_pending)
-        self.dropped += overflow
-        self._pending = keep[overflow:]
+        self._drop_beyond(self.max_pending)
         now = time.monotonic()
         self._retry_delay = min(self.retry_most, self._retry_delay * 2 or self.retry_first)
         self._retry_at = now + self._retry_delay
@@ -223,6 +251,32 @@ class AuditWriter:
         )
         self._failing_since, self._retry_delay, self._retry_at = None, 0.0, 0.0
 
+    def write_ahead(self) -> None:
+        """Hand every row queued so far to the OS, in this thread, before the caller
+        acts on them.
+
+        A restart recognises an evaluated event by its rows in the log (see
+        ``daemon/agents/checkpoints.py``); an action taken while they still wait
+        here would, after a kill -9, be evaluated again and meet its own dedupe
+        claim, or wake a second time. No await, so nothing else runs between the
+        caller's decision and the write. It waits only for a batch the flusher's
+        thread is writing (rows stay in order), or a rollover's fsync. While the
+        disk is failing it does not try (the flusher retries; rows stay queued).
+        """
+        if not self._pending or self._failing_since is not None:
+            return
+        try:
+            self.write_aheads += self._drain()
+        except StoreError as exc:
+            self._failed(exc)
+            return
+        if self._bounds_due() and self._wake is not None:
+            self._wake.set()  # the disk bounds: checked in the flusher's thread, soon
+
+    def _bounds_due(self) -> bool:
+        """A file was opened, or enough was written since the last check of the bounds."""
+        return self._opened or self._unchecked >= self.check_every_bytes
+
     async def next_flush(self) -> None:
         """Wait for the flusher task's next write attempt (health checks, tests)."""
         if self._flushed is None:
@@ -232,19 +286,12 @@ class AuditWriter:
     async def flush(self) -> None:
         """Write everything queued so far, from a worker thread; on return a batch the
         flusher was writing meanwhile is written too (``durable`` counts it: the
-        checkpoints' stop relies on that)."""
-        batch, self._pending = self._pending, []
-        try:
-            await anyio.to_thread.run_sync(self._write_batch, batch)
-        except StoreError:
-            self._pending = batch + self._pending  # still held: a later flush may write it
-            raise
+        checkpoints' stop relies on that). Rows that cannot be written stay queued."""
+        await anyio.to_thread.run_sync(self._drain_and_check)
 
     def flush_sync(self) -> None:
         """Write everything queued so far in this thread (shutdown, back-pressure)."""
-        batch, self._pending = self._pending, []
-        if batch:
-            self._write_batch(batch)
+        self._drain_and_check()
         if self._closed:
             with self._io_lock:
                 self._close_file()
@@ -271,26 +318,53 @@ class AuditWriter:
 
     # --- file I/O (worker thread, serialized) -------------------------------
 
-    def _write_batch(self, batch: list[tuple[str, bytes]]) -> None:
+    def _drain_and_check(self) -> None:
+        self._drain()
+        self._check_bounds()
+
+    def _drain(self) -> int:
+        """Write every queued row, oldest first, in the calling thread; returns how
+        many. Rows that fail go back to the front of the queue (StoreError)."""
         with self._io_lock:
-            if not batch:  # (a flush that only waits for the batch in flight)
-                return
+            with self._queue_lock:
+                rows, self._pending = self._pending, []
+            if not rows:
+                return 0
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                start = 0
-                while start < len(batch):
-                    day = batch[start][0]
-                    end = start
-                    while end < len(batch) and batch[end][0] == day:
-                        end += 1
-                    self._append(day, b"".join(line for _, line in batch[start:end]))
-                    start = end
-                if self._opened or self._unchecked >= self.check_every_bytes:
-                    self._enforce_bounds()
-                    self._opened, self._unchecked = False, 0
+                self._write_rows(rows)
+            except StoreError:
+                with self._queue_lock:
+                    self._pending[:0] = rows
+                raise
+            return len(rows)
+
+    def _write_rows(self, batch: list[tuple[str, bytes]]) -> None:
+        """Append ``batch`` in order (the caller holds ``_io_lock``)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            start = 0
+            while start < len(batch):
+                day = batch[start][0]
+                end = start
+                while end < len(batch) and batch[end][0] == day:
+                    end += 1
+                self._append(day, b"".join(line for _, line in batch[start:end]))
+                start = end
+        except OSError as exc:
+            raise StoreError(f"{self.directory}: cannot write audit log: {exc}") from None
+        self.written += len(batch)  # under the lock: a waiting flush() sees it counted
+
+    def _check_bounds(self) -> None:
+        """Compress closed parts and delete the oldest, if due. It holds its own lock:
+        :meth:`write_ahead` appends to the open part meanwhile."""
+        if not self._bounds_due():
+            return
+        with self._bounds_lock:
+            try:
+                self._enforce_bounds()
             except OSError as exc:
-                raise StoreError(f"{self.directory}: cannot write audit log: {exc}") from None
-            self.written += len(batch)  # under the lock: a waiting flush() sees it counted
+                raise StoreError(f"{self.directory}: cannot apply audit bounds: {exc}") from None
+            self._opened, self._unchecked = False, 0
 
     def _append(self, day: str, data: bytes) -> None:
         fh = self._open_for(day)

@@ -358,3 +358,118 @@ async def test_the_checkpoints_stop_goes_on_when_the_audit_cannot_flush(tmp_path
             await w.aclose()
     finally:
         store.close()
+
+
+async def test_write_ahead_hands_the_rows_to_the_os_in_this_thread(tmp_path: Path) -> None:
+    """Before an action the rows queued so far are in the file, at once: no flush
+    interval, no batch size, no await (the dispatcher's write-ahead)."""
+    async with open_audit(tmp_path, flush_every=1000, flush_interval=3600) as w:
+        w.write(hook(reason="first"))
+        w.write(hook(reason="second"))
+        w.write_ahead()  # the first rows of a run: it opens the day's file
+        assert [r["reason"] for r in lines(tmp_path)] == ["first", "second"]
+        assert (w.durable, w.pending, w.write_aheads) == (2, 0, 2)
+        for _ in range(500):  # opening a file made the bounds' check due: the
+            if not w._bounds_due():  # flusher's, in its thread, with no rows to write
+                break
+            await anyio.sleep(0.01)
+        assert not w._bounds_due()
+        w.write(hook(reason="third"))
+        w.write_ahead()
+        assert [r["reason"] for r in lines(tmp_path)][-1] == "third"
+        assert w.write_aheads == 3 and w.durable == 3
+    no_flusher = AuditWriter(tmp_path / "plain")  # (a flusher is not needed)
+    no_flusher.write(hook())
+    no_flusher.write_ahead()
+    assert no_flusher.durable == 1 and len(lines(tmp_path / "plain")) == 1
+    no_flusher.close()
+
+
+async def test_write_ahead_waits_for_the_batch_in_flight_and_keeps_the_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows the flusher's thread is writing go first: newer rows never overtake them."""
+    w = AuditWriter(tmp_path, flush_every=1, flush_interval=3600)
+    writing = threading.Event()
+    real = w._append
+
+    def slow(day: str, data: bytes) -> None:
+        if not writing.is_set():
+            writing.set()
+            time.sleep(0.3)
+        real(day, data)
+
+    monkeypatch.setattr(w, "_append", slow)
+    async with anyio.create_task_group() as tg:
+        await tg.start(w.run)
+        w.write(hook(reason="a"))  # the flusher takes it at once (flush_every=1)
+        assert await anyio.to_thread.run_sync(writing.wait, 5)
+        w.write(hook(reason="b"))
+        w.write_ahead()
+        assert w.durable == 2 and w.write_aheads == 1
+        assert [r["reason"] for r in lines(tmp_path)] == ["a", "b"]
+        tg.cancel_scope.cancel()
+    w.close()
+
+
+async def test_write_ahead_does_not_try_a_failing_disk(tmp_path: Path) -> None:
+    """While writes fail the action goes ahead at once; the rows stay queued for the
+    flusher's retry, and nothing is lost once the disk is back."""
+    target = tmp_path / "audit"
+    target.write_text("not a directory")
+    async with open_audit(target, flush_every=1, flush_interval=3600) as w:
+        w.write(hook(reason="first"))
+        with anyio.fail_after(5):
+            await w.next_flush()
+        w.write(hook(reason="second"))
+        w.write_ahead()
+        assert w.pending == 2 and w.durable == 0 and w.errors == 1
+        target.unlink()
+    assert [r["reason"] for r in lines(target)] == ["first", "second"]
+
+
+async def test_write_ahead_rolls_over_and_keeps_the_disk_bound(tmp_path: Path) -> None:
+    """Rows handed over one action at a time still roll over at ``max_file_bytes``
+    and stay within the total bound, in order."""
+    async with open_audit(
+        tmp_path, flush_every=1000, flush_interval=3600, max_total_bytes=4000, max_file_bytes=1000
+    ) as w:
+        for i in range(200):
+            w.write(hook(reason=f"r{i:03d}"))
+            w.write_ahead()
+            await anyio.sleep(0.001)  # (the flusher checks the bounds meanwhile)
+        assert w.durable == 200 and w.write_aheads == 200
+    total = sum(f.path.stat().st_size for f in list_files(tmp_path))
+    assert total <= 5000 and w.deleted_files > 0
+    reasons = [r["reason"] for r in lines(tmp_path)]
+    assert reasons[-1] == "r199" and reasons == sorted(reasons)
+
+
+async def test_write_ahead_does_not_wait_for_the_compression_of_a_closed_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compressing the part a rollover closed takes a while (a 64 MiB part): the rows
+    of an action go to the new part meanwhile, the action does not wait for it."""
+    from daemon.audit import writer
+
+    compressing = threading.Event()
+
+    def slow(path: Path) -> None:
+        compressing.set()
+        time.sleep(1.0)
+        gzip_part(path)
+
+    gzip_part = writer.compress
+    monkeypatch.setattr(writer, "compress", slow)
+    async with open_audit(tmp_path, flush_every=1, flush_interval=3600, max_file_bytes=600) as w:
+        w.write(hook(reason="r0"))
+        w.write(hook(reason="r1"))  # the two fill the first part; the next rolls over
+        with anyio.fail_after(5):
+            await w.next_flush()
+        w.write(hook(reason="r2"))
+        assert await anyio.to_thread.run_sync(compressing.wait, 5)
+        w.write(hook(reason="r3"))
+        start = time.monotonic()
+        w.write_ahead()
+        assert time.monotonic() - start < 0.5 and w.write_aheads == 1
+    assert [r["reason"] for r in lines(tmp_path)] == ["r0", "r1", "r2", "r3"]
