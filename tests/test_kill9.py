@@ -1,4 +1,5 @@
-"""kill -9 at random moments during a replay: every close evaluated once, no order twice."""
+"""kill -9 at random moments during a replay: every close evaluated once (never stopped by
+its own dedupe claim), no order twice."""
 
 from __future__ import annotations
 
@@ -112,6 +113,11 @@ def test_kill_9_at_12_random_moments_evaluates_every_close_once(tmp_path: Path) 
     assert not missing, f"no close missing: {missing[:5]}; {_errors(logs)}"
     assert len(evaluated) == 2 * N
     assert set(evaluated.values()) == {1}, [k for k, n in evaluated.items() if n > 1][:5]
+    # Every key is the event's own: a row suppressed by dedupe is an event evaluated
+    # again after a kill that took its first rows, and stopped by its own first claim
+    # (the audit then denies a wake that ran, an order that was placed).
+    own = [(r["eventId"], r["hookId"]) for r in rows if r.get("suppressedBy") == "dedupe"]
+    assert not own, f"{len(own)} decisions suppressed by their own claim: {own[:3]}"
     placed = Counter(
         r["clientOrderId"] for r in rows if r["type"] == "order" and r["role"] == "entry"
         and r["status"] == "OPEN"

@@ -42,7 +42,7 @@ import msgspec
 import structlog
 
 from daemon.agents.budget import CpuBudget
-from daemon.agents.checkpoints import Checkpoints
+from daemon.agents.checkpoints import Checkpoints, marked
 from daemon.agents.health import HealthTracker
 from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, stood_paused
 from daemon.agents.store import AGENT_WIDE, HookStore
@@ -178,6 +178,9 @@ class Dispatcher:
     health: HealthTracker = field(default_factory=HealthTracker)
     # Live only: each agent's share of hook time (None: no budget, e.g. event time).
     cpu: CpuBudget | None = None
+    # Hands the audit rows queued so far to the OS (AuditWriter.write_ahead); None
+    # for a scratch state dir, which no restart reads.
+    write_ahead: Callable[[], None] | None = None
     # (agent, signal event id) of copied orders already alerted as refused
     _refused: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
     # The hook store's failure while it lasts: decisions that would act are suppressed
@@ -321,6 +324,13 @@ class Dispatcher:
         # reach the audit log together: after a crash the audit tail never shows an
         # event with some of its hooks evaluated and others not (see checkpoints).
         actions = [self._settle(rt, event, trace, result) for result in results]
+        if self.write_ahead is not None and any(_acts(r) for r in results):
+            # A restart knows an evaluated event by its rows in the log: they reach
+            # the OS before its wake can start or its order go out (no await since
+            # the dedupe claims), so a kill -9 does not have the event evaluated
+            # again (a second wake, or a decision stopped by its own dedupe claim
+            # and audited as if nothing was done).
+            self.write_ahead()
         for act in actions:
             if act is not None:
                 await act()
@@ -640,16 +650,25 @@ class Dispatcher:
         event_ms = parse_iso_ms(event.ts)
         scope = event.symbol or "*"
         key = d.dedupe_key
+        # The key and the cooldown a decision on a market event holds stay its own: if
+        # a crash has the event evaluated again (its audit rows lost, the mark not
+        # saved), they do not suppress it (the wake, the order are idempotent from
+        # here). Other events (signals) are recognised by event id only, not so far
+        # back: a key there stays a key. A replay started over disowns every key.
+        marked_event = marked(event)
+        owner = f"{hook} {event.event_id}" if marked_event else ""
+        started_by = event.event_id if marked_event else ""
         # Dedupe is the reason when both hold; a key is marked only when acting. The
         # cooldown is known in memory, so acting costs one statement for the key.
-        if self.store.cooling(rt.agent_id, hook, scope, event_ms):
-            return "dedupe" if key is not None and self.store.seen(rt.agent_id, key) else "cooldown"
-        if key is not None and not self.store.claim(rt.agent_id, key, event_ms):
+        if self.store.cooling(rt.agent_id, hook, scope, event_ms, started_by):
+            seen = key is not None and self.store.seen(rt.agent_id, key, owner)
+            return "dedupe" if seen else "cooldown"
+        if key is not None and not self.store.claim(rt.agent_id, key, event_ms, owner):
             return "dedupe"
         cooldown = d.cooldown_seconds
         if cooldown:
             until = event_ms + int(min(cooldown, MAX_COOLDOWN_SECONDS) * 1000)
-            self.store.start_cooldown(rt.agent_id, hook, scope, until)
+            self.store.start_cooldown(rt.agent_id, hook, scope, until, started_by)
         return "none"
 
     def _persist_pause(self, rt: AgentRuntime, r: HookResult) -> None:
@@ -756,6 +775,11 @@ def _moved(
         if window[:-1] == before:
             return [*ids, index(window[-1])], size + len(window[-1])
     return [index(c) for c in window], sum(map(len, window))
+
+
+def _acts(r: HookResult) -> bool:
+    """A decision that may act (wake, alert, trade), unless dedupe or a cooldown stops it."""
+    return r.decision is not None and not isinstance(r.decision, Ignore)
 
 
 def _timed(event: FeedEvent) -> bool:

@@ -147,6 +147,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 route=route,
                 checkpoints=checkpoints,
                 lookahead=cfg.hooks.lookahead_events if cfg.event_time else 0,
+                # A scratch dir is never restarted: nothing to hand to the OS first.
+                write_ahead=audit.write_ahead if cfg.daemon.durable else None,
                 cpu=None
                 if cfg.event_time or not cfg.hooks.cpu_budget_share
                 else CpuBudget(cfg.hooks.cpu_budget_share, cfg.hooks.cpu_budget_window_seconds),

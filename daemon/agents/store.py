@@ -31,10 +31,12 @@ CREATE TABLE IF NOT EXISTS revisions (
     PRIMARY KEY (agent, hook, revision));
 CREATE TABLE IF NOT EXISTS dedupe (
     agent TEXT NOT NULL, key TEXT NOT NULL, event_ms INTEGER NOT NULL,
+    owner TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (agent, key));
 CREATE INDEX IF NOT EXISTS dedupe_age ON dedupe (agent, event_ms);
 CREATE TABLE IF NOT EXISTS cooldown (
     agent TEXT NOT NULL, hook TEXT NOT NULL, scope TEXT NOT NULL, until_ms INTEGER NOT NULL,
+    owner TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (agent, hook, scope));
 CREATE TABLE IF NOT EXISTS pauses (
     agent TEXT NOT NULL, hook TEXT NOT NULL, reason TEXT NOT NULL, since REAL NOT NULL,
@@ -87,17 +89,27 @@ class HookStore:
             path, "hook store", schema=_SCHEMA, synchronous=synchronous, batch=True
         )
         self.path = path
+        self._add_owners()
         self.dedupe_ms = int(dedupe_days * 86_400_000)
         self.dedupe_max_keys = dedupe_max_keys
         self._marks = 0
         # Cooldowns as the table holds them (0: none), read once per (agent, hook,
         # scope) and written through: the daemon is their only writer (the state
         # dir's lock), and one is asked about every decision that would act.
-        self._cooldowns: dict[tuple[str, str, str], int] = {}
+        self._cooldowns: dict[tuple[str, str, str], tuple[int, str]] = {}
 
     def close(self) -> None:
         """Close the database."""
         self._db.close()
+
+    @_store_errors
+    def _add_owners(self) -> None:
+        """Give a store written before owners existed its ``owner`` columns (empty in
+        the old rows: they are nobody's own)."""
+        for table in ("dedupe", "cooldown"):
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if "owner" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
 
     # -- revisions -----------------------------------------------------------
 
@@ -140,10 +152,12 @@ class HookStore:
     # -- dedupe and cooldown ---------------------------------------------------
 
     @_store_errors
-    def seen(self, agent: str, key: str) -> bool:
-        """Whether this agent already acted on ``key``."""
-        row = self._db.execute("SELECT 1 FROM dedupe WHERE agent=? AND key=?", (agent, key))
-        return row.fetchone() is not None
+    def seen(self, agent: str, key: str, owner: str = "") -> bool:
+        """Whether this agent already acted on ``key`` (other than as ``owner``)."""
+        row = self._db.execute(
+            "SELECT owner FROM dedupe WHERE agent=? AND key=?", (agent, key)
+        ).fetchone()
+        return row is not None and not (owner and row[0] == owner)
 
     @_store_errors
     def mark(self, agent: str, key: str, event_ms: int) -> None:
@@ -151,18 +165,22 @@ class HookStore:
         self.claim(agent, key, event_ms)
 
     @_store_errors
-    def claim(self, agent: str, key: str, event_ms: int) -> bool:
+    def claim(self, agent: str, key: str, event_ms: int, owner: str = "") -> bool:
         """Record that the agent acts on ``key``: False if it already had (nothing
-        written), in one statement where ``seen`` then ``mark`` took two. Now and then
-        prunes: keys past retention first, then the oldest beyond ``dedupe_max_keys``
-        for this agent."""
+        written), in one statement where ``seen`` then ``mark`` took two. A key held
+        by the same ``owner`` (one hook's decision on one event) is still its own:
+        that event was evaluated again after a crash took its audit rows, and acting
+        is idempotent from here (see docs/daemon.md, "Delivery and restarts"). Now
+        and then prunes: keys past retention first, then the oldest beyond
+        ``dedupe_max_keys`` for this agent."""
         cur = self._db.execute(
-            "INSERT OR IGNORE INTO dedupe VALUES (?, ?, ?)", (agent, key, event_ms)
+            "INSERT OR IGNORE INTO dedupe (agent, key, event_ms, owner) VALUES (?, ?, ?, ?)",
+            (agent, key, event_ms, owner),
         )
         self._marks += 1
         if self._marks % PRUNE_EVERY == 1:
             self.prune_dedupe(agent, event_ms)
-        return cur.rowcount == 1
+        return cur.rowcount == 1 or (bool(owner) and not self.seen(agent, key, owner))
 
     @_store_errors
     def prune_dedupe(self, agent: str, event_ms: int) -> int:
@@ -185,26 +203,33 @@ class HookStore:
         return dropped
 
     @_store_errors
-    def cooling(self, agent: str, hook: str, scope: str, event_ms: int) -> bool:
-        """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``."""
+    def cooling(self, agent: str, hook: str, scope: str, event_ms: int, owner: str = "") -> bool:
+        """Whether a cooldown set by this hook for ``scope`` still runs at ``event_ms``;
+        one that ``owner`` (the event) started is not in its own way (see :meth:`claim`)."""
         at = (agent, hook, scope)
-        until = self._cooldowns.get(at)
-        if until is None:
+        held = self._cooldowns.get(at)
+        if held is None:
             if len(self._cooldowns) >= MAX_COOLDOWNS_CACHED:  # symbols from a signal feed
                 self._cooldowns.clear()  # a cache of the table: read again as needed
             row = self._db.execute(
-                "SELECT until_ms FROM cooldown WHERE agent=? AND hook=? AND scope=?", at
+                "SELECT until_ms, owner FROM cooldown WHERE agent=? AND hook=? AND scope=?", at
             ).fetchone()
-            until = self._cooldowns[at] = int(row[0]) if row is not None else 0
-        return event_ms < until
+            held = self._cooldowns[at] = (int(row[0]), str(row[1])) if row else (0, "")
+        until, started_by = held
+        return event_ms < until and not (owner and started_by == owner)
 
     @_store_errors
-    def start_cooldown(self, agent: str, hook: str, scope: str, until_ms: int) -> None:
-        """Suppress this hook's actions for ``scope`` until ``until_ms`` (event time)."""
+    def start_cooldown(
+        self, agent: str, hook: str, scope: str, until_ms: int, owner: str = ""
+    ) -> None:
+        """Suppress this hook's actions for ``scope`` until ``until_ms`` (event time);
+        ``owner``: the event that started it."""
         self._db.execute(
-            "INSERT OR REPLACE INTO cooldown VALUES (?, ?, ?, ?)", (agent, hook, scope, until_ms)
+            "INSERT OR REPLACE INTO cooldown (agent, hook, scope, until_ms, owner)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (agent, hook, scope, until_ms, owner),
         )
-        self._cooldowns[agent, hook, scope] = until_ms
+        self._cooldowns[agent, hook, scope] = (until_ms, owner)
 
     # -- pauses ----------------------------------------------------------------
 
@@ -258,8 +283,14 @@ class HookStore:
 
     @_store_errors
     def reset_applied(self) -> int:
-        """Forget every agent's marks (a replay started over). Returns rows deleted."""
+        """Forget every agent's marks (a replay started over). Returns rows deleted.
+
+        The dedupe keys and cooldowns stay but become nobody's own: the events that
+        come again are evaluated anew, and a decision must not pass its old key."""
         with self._db:
+            self._db.execute("UPDATE dedupe SET owner='' WHERE owner != ''")
+            self._db.execute("UPDATE cooldown SET owner='' WHERE owner != ''")
+            self._cooldowns.clear()
             return self._db.execute("DELETE FROM applied").rowcount
 
     @_store_errors

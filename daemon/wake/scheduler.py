@@ -179,6 +179,9 @@ class WakeScheduler:
         self.runs_failed = 0
         self.runs_failing = 0
         self.last_run_error = ""
+        # (event, hook) of each wake in the runs restored from a crashed process: the
+        # event may come again (its audit rows lost), and its wake is in that run.
+        self._restored: dict[tuple[str, str], str] = {}
         self._restore()
 
     def _restore(self) -> None:
@@ -202,6 +205,9 @@ class WakeScheduler:
                     run_id, "wake", due_at, deque(saved.wakes), Counter(saved.earlier), stored=True
                 )
             )
+            for w in saved.wakes:
+                if w.event_id is not None:
+                    self._restored[w.event_id, w.hook_id] = run_id
         if self._pending:
             self.counters["restored"] += len(self._pending)
             log.info("queued runs restored", agent=self.agent_id, runs=len(self._pending))
@@ -212,7 +218,13 @@ class WakeScheduler:
         """Decide what a WAKE turns into; never blocks."""
         if wake.agent_id != self.agent_id:
             raise ValueError(f"wake for agent {wake.agent_id!r} sent to {self.agent_id!r}")
-        outcome = self._decide(wake, self.clock.now())
+        restored = (
+            self._restored.pop((wake.event_id, wake.hook_id), None) if wake.event_id else None
+        )
+        if restored is not None:  # taken before a crash: its run was restored, not again
+            outcome = WakeOutcome(outcome="queued", run_id=restored)
+        else:
+            outcome = self._decide(wake, self.clock.now())
         self._record_wake(wake, outcome)
         self._changed.set()
         return outcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,48 @@ def test_a_claim_is_one_write_and_cooldowns_are_read_once(tmp_path: Path) -> Non
     store.close()
     again = HookStore(tmp_path / "h.sqlite3")
     assert again.cooling("a", "h1", "*", 99) and again.seen("a", "k")
+
+
+def test_a_key_and_a_cooldown_are_their_owners_own_until_a_replay_starts_over(
+    tmp_path: Path,
+) -> None:
+    """A decision evaluated again after a crash (its audit rows lost) finds the key and
+    the cooldown it took as its own, across a reopen; another hook or event does
+    not; forgetting the marks (a replay started over) disowns them all."""
+    store = HookStore(tmp_path / "h.sqlite3")
+    assert store.claim("a", "k", 5, owner="h1 e1")
+    store.start_cooldown("a", "h1", "*", until_ms=100, owner="e1")
+    store.close()
+    store = HookStore(tmp_path / "h.sqlite3")
+    assert store.claim("a", "k", 5, owner="h1 e1")  # its own: again
+    assert not store.claim("a", "k", 5, owner="h2 e1")  # another hook, same key
+    assert not store.claim("a", "k", 6, owner="h1 e2") and not store.claim("a", "k", 6)
+    assert not store.seen("a", "k", owner="h1 e1") and store.seen("a", "k", owner="h1 e2")
+    assert not store.cooling("a", "h1", "*", 5, owner="e1")  # not in its own way
+    assert store.cooling("a", "h1", "*", 6, owner="e2") and store.cooling("a", "h1", "*", 6)
+    store.reset_applied()
+    assert not store.claim("a", "k", 5, owner="h1 e1")
+    assert store.cooling("a", "h1", "*", 5, owner="e1")
+    store.close()
+
+
+def test_a_store_from_before_owners_gets_the_column(tmp_path: Path) -> None:
+    """An existing state dir's keys and cooldowns carry over, owned by nobody."""
+    path = tmp_path / "h.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE dedupe (agent TEXT NOT NULL, key TEXT NOT NULL,"
+        " event_ms INTEGER NOT NULL, PRIMARY KEY (agent, key));"
+        "CREATE TABLE cooldown (agent TEXT NOT NULL, hook TEXT NOT NULL,"
+        " scope TEXT NOT NULL, until_ms INTEGER NOT NULL, PRIMARY KEY (agent, hook, scope));"
+        "INSERT INTO dedupe VALUES ('a', 'k', 5); INSERT INTO cooldown VALUES ('a', 'h1', '*', 100);"
+    )
+    db.close()
+    store = HookStore(path)
+    assert not store.claim("a", "k", 5, owner="h1 e1") and store.seen("a", "k", owner="h1 e1")
+    assert store.cooling("a", "h1", "*", 5, owner="e1")
+    assert store.claim("a", "k2", 5, owner="h1 e1") and store.claim("a", "k2", 5, owner="h1 e1")
+    store.close()
 
 
 def test_pause_resume_round_trip(tmp_path: Path) -> None:

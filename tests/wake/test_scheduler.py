@@ -388,6 +388,36 @@ async def test_pending_runs_survive_a_restart_and_a_removed_agent_drops_them(
     assert gone.store.pending("a1") == []
 
 
+async def test_a_wake_taken_before_a_crash_joins_its_restored_run_not_a_second_one(
+    tmp_path: Path,
+) -> None:
+    """The process died after a WAKE was queued (stored) but before its audit rows were
+    written: the event comes again and its hook wakes again. That wake is the one
+    the restored run already holds, so it is recorded as queued into that run and
+    no second run starts (a second LLM run, billed twice). Another hook's wake on
+    the same event, or a later event's, is decided as usual."""
+    pol = policy(debounce_seconds=5)
+    h = Harness(tmp_path, pol)
+    first = h.sched.submit(wake(1))  # stored as it queued; then kill -9 (no stop)
+    h.store.close()
+
+    again = Harness(tmp_path, pol, clock=h.clock)
+    assert again.sched.counters["restored"] == 1
+    async with again.running():
+        redo = again.sched.submit(wake(1))
+        other = again.sched.submit(wake(1, hook="wake_other"))
+        await again.advance(5.1)
+    assert (redo.outcome, redo.run_id) == ("queued", first.run_id)
+    assert (other.outcome, other.run_id) == ("queued", first.run_id)  # collect, as usual
+    (ctx,) = again.runner.contexts
+    assert [(r.event_id, r.hook_id) for r in ctx.reasons] == [
+        ("ev1", "wake_two_green"),
+        ("ev1", "wake_other"),
+    ]
+    assert [w.outcome for w in again.wakes()] == ["queued", "queued"]
+    again.store.close()
+
+
 async def test_a_scratch_store_keeps_queued_runs_at_a_clean_stop_only(tmp_path: Path) -> None:
     """Not durable (a backtest): no pending row is written as runs queue and start
     (two statements a run), but a clean stop still keeps what is queued, the next
