@@ -365,19 +365,21 @@ class WakeScheduler:
                 tg.start_soon(until_deadline)
 
     async def _start(self, run: _PendingRun) -> None:
-        # Forgotten first: a crash after this loses the run, never pays for it twice.
-        if run.kind == "wake":
-            self._forget(run)
         now = self.clock.now()
         blocked = self._blocked(run, now)
         if blocked != "none":
+            self._forget(run)
             self._drop(run, blocked, now)
             return
         self._last_start = now
         if run.kind == "wake":
             self.budget.record(now)
         today = self._day(now)  # loaded before this run's row exists: counted once
-        self._persist(self.store.record_start, self.agent_id, run.run_id, run.kind, now)
+        # Started and no longer queued in one transaction: a crash before it leaves the
+        # run queued (restored and run once), after it the run counts as started
+        # (never paid for twice). One after the other, a crash between lost the run.
+        queued, run.stored = run.stored, False
+        self._persist(self.store.record_start, self.agent_id, run.run_id, run.kind, now, queued)
         today.runs += 1
         self._in_flight = run
         try:

@@ -90,12 +90,23 @@ class RunStore:
         except sqlite3.Error as exc:
             raise StoreError(f"wake run store {self.path}: {exc}") from None
 
-    def record_start(self, agent_id: str, run_id: str, kind: str, started_at: float) -> None:
-        """A run began; also drops history nobody needs any more."""
-        self._exec(
-            "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at) VALUES (?,?,?,?)",
-            (run_id, agent_id, kind, started_at),
-        )
+    def record_start(
+        self, agent_id: str, run_id: str, kind: str, started_at: float, queued: bool = False
+    ) -> None:
+        """A run began (``queued``: and leaves the queued runs, in the same transaction,
+        so a crash leaves it either queued or started, never neither); also drops
+        history nobody needs any more."""
+        try:
+            with self._lock, self._db.atomic():
+                self._db.execute(
+                    "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at)"
+                    " VALUES (?,?,?,?)",
+                    (run_id, agent_id, kind, started_at),
+                )
+                if queued:
+                    self._db.execute("DELETE FROM wake_pending WHERE run_id = ?", (run_id,))
+        except sqlite3.Error as exc:
+            raise StoreError(f"wake run store {self.path}: {exc}") from None
         if abs(started_at - self._pruned_at) >= PRUNE_EVERY_SECONDS:
             self._pruned_at = started_at
             self._exec(

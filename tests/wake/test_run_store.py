@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from daemon.errors import StoreError
 from daemon.wake.store import PRUNE_EVERY_SECONDS, RunStore
 
 
@@ -18,5 +21,26 @@ def test_history_older_than_keep_seconds_is_dropped_as_runs_start(tmp_path: Path
         late = PRUNE_EVERY_SECONDS + 60.0
         store.record_start("a", "r2", "wake", late)
         assert store.starts_since("a", -1.0) == [late]
+    finally:
+        store.close()
+
+
+def test_a_queued_run_is_started_and_unqueued_in_one_transaction(tmp_path: Path) -> None:
+    """Either both or neither: a crash between the two writes lost the run (no longer
+    queued, never started). A failing second write rolls the first back."""
+    store = RunStore(tmp_path / "wake.sqlite3")
+    try:
+        store.save_pending("a", "r1", 10.0, b"{}")
+        store.record_start("a", "r1", "wake", 10.0, queued=True)
+        assert store.pending("a") == [] and store.starts_since("a", 0.0) == [10.0]
+        store.save_pending("a", "r2", 20.0, b"{}")
+        store._db.execute(
+            "CREATE TRIGGER refuse BEFORE DELETE ON wake_pending"
+            " BEGIN SELECT RAISE(ABORT, 'disk says no'); END"
+        )
+        with pytest.raises(StoreError, match="disk says no"):
+            store.record_start("a", "r2", "wake", 20.0, queued=True)
+        assert [r[0] for r in store.pending("a")] == ["r2"]  # still queued...
+        assert store.starts_since("a", 0.0) == [10.0]  # ...and not started
     finally:
         store.close()
