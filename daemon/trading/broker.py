@@ -65,8 +65,9 @@ class Broker(Protocol):
         """Record, then place the order; an already-known id returns the existing order."""
         ...
 
-    async def recover(self) -> list[Order]:
-        """At startup: finish orders recorded but never sent (ask the venue first if live)."""
+    async def recover(self, *, as_recorded: bool = False) -> list[Order]:
+        """At startup: finish orders recorded but never sent (ask the venue first if
+        live); ``as_recorded``: on event time, as of when and where they were recorded."""
         ...
 
     async def cancel(self, client_order_id: str) -> Order:

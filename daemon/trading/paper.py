@@ -211,10 +211,15 @@ class PaperBroker:
         order = existing or self._record(request)
         return await self._open(order)
 
-    async def recover(self) -> list[Order]:
-        """Finish orders recorded but never opened (a crash between the two)."""
+    async def recover(self, *, as_recorded: bool = False) -> list[Order]:
+        """Finish orders recorded but never opened (a crash between the two).
+
+        ``as_recorded`` (event time: a replay's market is not the wall clock's) opens
+        each at the time and price it was recorded at, as it would have been without
+        the crash; otherwise now, at the last known price (live: the venue gets it
+        late)."""
         pending = [o for o in self._working.values() if o.status == "PENDING_SUBMIT"]
-        return [await self._open(o) for o in pending]
+        return [await self._open(o, as_recorded=as_recorded) for o in pending]
 
     async def cancel(self, client_order_id: str) -> Order:
         """Cancel a working order."""
@@ -241,7 +246,9 @@ class PaperBroker:
         out: list[FeedEvent] = []
         changed = amended(order, change, max(self.now_ms(order.account_id), order.updated_ms))
         digest = hashlib.blake2b(msgspec.json.encode(changed), digest_size=6).hexdigest()
-        with self._store.transaction():
+        last = self._cursor(order.account_id).marks.get(order.symbol)
+        fill = marketable_price(changed, last) if last is not None else None
+        with self._store.transaction():  # the change and a fill it causes: both or neither
             self._save(changed)
             out.append(self._order_event(ev.ACCOUNT_ORDER_MODIFIED, changed, f"modified:{digest}"))
             if changed.role == "entry":  # filled in part: its bracket is live, move it too
@@ -258,10 +265,8 @@ class PaperBroker:
                                 ev.ACCOUNT_ORDER_MODIFIED, moved, f"modified:{digest}"
                             )
                         )
-        last = self._cursor(order.account_id).marks.get(order.symbol)
-        fill = marketable_price(changed, last) if last is not None else None
-        if fill is not None and changed.role == "entry":
-            self._fill_in_txn(changed, fill, changed.updated_ms, out, arrival=True)
+            if fill is not None and changed.role == "entry":
+                self._fill_in_txn(changed, fill, changed.updated_ms, out, arrival=True)
         await self._emit(out)
         return self._store.get_order(client_order_id) or changed
 
@@ -420,28 +425,37 @@ class PaperBroker:
                 else now + round(intent.expires_in_seconds * 1000)
             ),
         )
+        last = self._cursor(request.account).marks.get(intent.symbol)
         with self._store.transaction():
             self._store.put_order(order)
+            if last is not None:
+                self._store.put_arrival(order.client_order_id, last)
         self._working[order.client_order_id] = order
         return order
 
-    async def _open(self, order: Order) -> Order:
-        """'Send' the order to the simulated venue, then fill it if it is marketable."""
+    async def _open(self, order: Order, *, as_recorded: bool = False) -> Order:
+        """'Send' the order to the simulated venue, then fill it if it is marketable
+        (``as_recorded``: at the time and price it was recorded at, see :meth:`recover`)."""
         out: list[FeedEvent] = []
-        now = self.now_ms(order.account_id)
+        now = order.created_ms if as_recorded else self.now_ms(order.account_id)
         if order.expires_ms is not None and order.expires_ms <= now:  # (recovered late)
             with self._store.transaction():
                 self._cancel(order, f"expired: good till {ev.iso_ms(order.expires_ms)}", now, out)
             await self._emit(out)
             return self._store.get_order(order.client_order_id) or order
         opened = msgspec.structs.replace(order, status="OPEN", updated_ms=now)
+        # Opened and filled on arrival in one transaction: a crash between the two left
+        # a market order open, to fill a candle later than it did without the crash.
         with self._store.transaction():
+            arrival = self._store.take_arrival(order.client_order_id)
+            last = self._cursor(order.account_id).marks.get(order.symbol)
+            if as_recorded and arrival is not None:
+                last = arrival
+            fill = marketable_price(opened, last) if last is not None else None
             self._save(opened)
             out.append(self._order_event(ev.ACCOUNT_ORDER_PLACED, opened, "placed"))
-        last = self._cursor(order.account_id).marks.get(order.symbol)
-        fill = marketable_price(opened, last) if last is not None else None
-        if fill is not None:
-            self._fill_in_txn(opened, fill, max(now, opened.created_ms), out, arrival=True)
+            if fill is not None:
+                self._fill_in_txn(opened, fill, max(now, opened.created_ms), out, arrival=True)
         await self._emit(out)
         return self._store.get_order(order.client_order_id) or opened
 

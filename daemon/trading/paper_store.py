@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS positions (
     PRIMARY KEY (account, symbol)
 );
 CREATE TABLE IF NOT EXISTS marks (symbol TEXT PRIMARY KEY, price REAL NOT NULL);
+-- The price an order was recorded at, until it is opened (recovery on event time).
+CREATE TABLE IF NOT EXISTS arrivals (client_order_id TEXT PRIMARY KEY, price REAL NOT NULL);
 """
 # Version 0 -> 1: accounts. Old rows belong to the single account they had.
 _MIGRATE_V1 = """
@@ -277,6 +279,23 @@ class PaperStore:
     def marks(self) -> dict[str, float]:
         """Last saved prices by symbol."""
         return {str(s): float(p) for s, p in self._exec("SELECT symbol, price FROM marks")}
+
+    def put_arrival(self, client_order_id: str, price: float) -> None:
+        """The market price as an order was recorded (before it is opened)."""
+        self._exec(
+            "INSERT OR REPLACE INTO arrivals (client_order_id, price) VALUES (?, ?)",
+            (client_order_id, price),
+        )
+
+    def take_arrival(self, client_order_id: str) -> float | None:
+        """The price :meth:`put_arrival` kept for the order, forgotten as it is read."""
+        row = self._exec(
+            "SELECT price FROM arrivals WHERE client_order_id = ?", (client_order_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        self._exec("DELETE FROM arrivals WHERE client_order_id = ?", (client_order_id,))
+        return float(row[0])
 
     def put_marks(self, marks: dict[str, float]) -> None:
         """Save last prices."""
