@@ -326,10 +326,10 @@ class Dispatcher:
         actions = [self._settle(rt, event, trace, result) for result in results]
         if self.write_ahead is not None and any(_acts(r) for r in results):
             # A restart knows an evaluated event by its rows in the log: they reach
-            # the OS before its wake can start or its order go out (no await since
-            # the dedupe claims), so a kill -9 does not have the event evaluated
-            # again (a second wake, or a decision stopped by its own dedupe claim
-            # and audited as if nothing was done).
+            # the OS before its wake can start, its alert go out or its order be
+            # recorded (no await since the decisions), so a kill -9 does not have
+            # it evaluated again, against a state that later events have moved on
+            # (their fills, their cooldowns), nor wake or alert twice.
             self.write_ahead()
         for act in actions:
             if act is not None:
