@@ -32,6 +32,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from daemon import config as config_mod
+from daemon.atomicfile import write_atomic
 from daemon.bus import Bus, Subscription
 from daemon.clock import Clock, MonotonicClock
 from daemon.config import Config
@@ -213,13 +214,17 @@ class Service:
         marker = self.state_dir / REPLAY_FILE
         try:
             previous = marker.read_text(encoding="utf-8")
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             previous = None
-        if previous is not None and previous != ident and not self.from_start:
+        # Only a marker naming another file starts over: an empty or cut one (an older
+        # version's kill -9 mid-write) says nothing, and starting over re-evaluates
+        # every event against the agents' newer state.
+        if previous and previous.count("\n") == 3 and previous != ident and not self.from_start:
             log.warning("a different replay file than the last run: starting over", path=str(path))
             self.from_start = True
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(ident, encoding="utf-8")
+        if previous != ident:
+            write_atomic(marker, ident.encode())
 
     def _load_snapshot(self) -> None:
         """Warm start: indicators continue where the last run stopped."""

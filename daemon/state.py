@@ -15,7 +15,6 @@ raised: one malformed event must not take the daemon down.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
@@ -24,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from daemon.atomicfile import write_atomic
 from daemon.config import StateSection
 from daemon.copytrade.book import BookSnapshot, LeaderBook
 from daemon.errors import StoreError
@@ -389,13 +389,8 @@ def write_snapshot(path: Path, data: bytes) -> None:
     Blocking file I/O: call it from a worker thread; take the dump itself on
     the event loop, where the cache is mutated.
     """
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, data)
     except OSError as exc:
         raise StoreError(f"{path}: cannot write state snapshot: {exc}") from None
 

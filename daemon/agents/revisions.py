@@ -9,11 +9,10 @@ after the file was edited. ``<state_dir>/revisions/<hash>.py``, written once
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
+from daemon.atomicfile import write_atomic
 from daemon.errors import ConfigError, StoreError
 
 _HASH = re.compile(r"^[0-9a-f]{6,64}$")
@@ -32,10 +31,7 @@ class RevisionStore:
             return path
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".rev-")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(source)
-            os.replace(tmp, path)
+            write_atomic(path, source.encode())
         except OSError as exc:
             raise StoreError(f"{path}: cannot keep the hook revision: {exc}") from None
         return path

@@ -89,6 +89,23 @@ async def test_a_different_replay_file_starts_over(tmp_path: Path) -> None:
     assert reasons == [f"seen {i + 1}" for i in range(10)] * 2
 
 
+async def test_a_cut_marker_does_not_start_over(tmp_path: Path) -> None:
+    """A replay marker left empty or cut short (a kill -9 while an older version wrote
+    it in place) does not name another file: the replay resumes. It had started
+    over, re-evaluating every event against the agents' newer state."""
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    csv = tmp_path / "a.csv"
+    generate_candles(csv, seed=1, n=10, timeframe="1m")
+    cfg = config(tmp_path, agents, csv, speed=0)
+    await run(cfg)
+    marker = tmp_path / "state" / "replay_source"
+    for cut in ("", marker.read_text()[:12]):
+        marker.write_text(cut)
+        await run(cfg)
+        assert len(hook_rows(tmp_path)) == 10, f"started over on {cut!r}"
+    assert marker.read_text().startswith(str(csv.resolve()))
+
+
 COUNT = """
 def evaluate(event, state):
     prev = state["lastOutputs"].get("wake_count")
