@@ -1,0 +1,173 @@
+"""Real-data check: kill -9 a replay at random moments, restart it, and compare what
+it did with the same replay run once without a kill.
+
+    .venv/bin/python bench/kill9_check.py [--data FILE] [--candles 3000] [--runs 5]
+
+Replays the first candles of real BTCUSDT 5m data (``../shared/data``, not part of
+the repo; synthetic candles when it is absent) through ``agents/example`` with the
+daemon's durable defaults. One run goes through untouched (the reference). Each
+other run is started, SIGKILLed after 0.4 to 2 s, and started again until it
+finishes by itself. Compared with the reference: the hook rows (event, hook,
+decision, what suppressed it), the paper account's orders and fills, and the wake
+runs. Rows written after an action (the wake's, the run's, the order's) may be
+lost by a kill and are only counted. Prints one line per run and the share of
+runs identical to the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from candles import head  # bench/ is on the path when run as a script
+
+from feeds.synthetic import generate_candles
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "normalized" / "binance_spot_BTCUSDT_5m.csv.gz"
+
+
+@dataclass
+class Outcome:
+    """What a replay did, as far as a restart must not change it (and the rest)."""
+
+    hook_rows: Counter[tuple[str, str, str, str]]
+    orders: list[tuple[str, str]]
+    fills: list[tuple[str, float, float, int]]
+    wake_runs: int
+    other_rows: int  # written after an action: a kill may lose them
+
+    def differs(self, ref: Outcome) -> list[str]:
+        return [
+            name
+            for name, mine, theirs in (
+                ("hook rows", self.hook_rows, ref.hook_rows),
+                ("orders", self.orders, ref.orders),
+                ("fills", self.fills, ref.fills),
+                ("wake runs", self.wake_runs, ref.wake_runs),
+            )
+            if mine != theirs
+        ]
+
+
+def config(tmp: Path, csv: Path, state: str) -> Path:
+    path = tmp / f"{state}.toml"
+    path.write_text(
+        f'[daemon]\nstate_dir = "{tmp / state}"\nlog_format = "json"\nlog_level = "error"\n'
+        f'[hooks]\nagents_dir = "{ROOT / "agents"}"\n'
+        "[feeds.coinbase_ws]\nenabled = false\n[feeds.candles]\nenabled = false\n"
+        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nformat = "csv"\n'
+        'symbol = "BTCUSDT"\ntimeframe = "5m"\n'
+    )
+    return path
+
+
+def command(cfg: Path) -> list[str]:
+    return [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
+
+
+def killed_run(cfg: Path, rng: random.Random) -> int:
+    """Start, SIGKILL at a random moment, start again, until a run ends by itself;
+    returns the number of kills."""
+    kills = 0
+    while True:
+        with subprocess.Popen(command(cfg), cwd=ROOT, stdout=subprocess.DEVNULL) as proc:
+            try:
+                proc.wait(timeout=rng.uniform(0.4, 2.0))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        if proc.returncode:
+            raise SystemExit(f"the daemon exited {proc.returncode}: run it by hand on {cfg}")
+        return kills
+
+
+def outcome(state: Path) -> Outcome:
+    hooks: Counter[tuple[str, str, str, str]] = Counter()
+    other = 0
+    for f in sorted((state / "audit").glob("audit-*.jsonl")):
+        for line in f.read_bytes().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line a kill cut short
+            if row.get("type") == "hook":
+                key = (row["eventId"], row["hookId"], row["decision"], row["suppressedBy"])
+                hooks[key] += 1
+            else:
+                other += 1
+    paper = sqlite3.connect(state / "paper.sqlite3")
+    wake = sqlite3.connect(state / "wake.sqlite3")
+    try:
+        return Outcome(
+            hooks,
+            paper.execute(
+                "SELECT client_order_id, status FROM orders ORDER BY client_order_id"
+            ).fetchall(),
+            paper.execute(
+                "SELECT client_order_id, signed_qty, price, ts_ms FROM fills"
+                " ORDER BY client_order_id, ts_ms"
+            ).fetchall(),
+            int(wake.execute("SELECT COUNT(*) FROM wake_runs").fetchone()[0]),
+            other,
+        )
+    finally:
+        paper.close()
+        wake.close()
+
+
+def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> None:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = keep or Path(d)
+        tmp.mkdir(parents=True, exist_ok=True)
+        csv = tmp / "candles.csv"
+        if data.exists():
+            head(data, csv, candles)
+        else:
+            print(f"{data} not found: synthetic candles")
+            generate_candles(csv, seed=seed, n=candles, timeframe="5m")
+        start = time.perf_counter()
+        subprocess.run(command(config(tmp, csv, "ref")), cwd=ROOT, check=True)
+        ref = outcome(tmp / "ref")
+        ref_s = time.perf_counter() - start
+        print(
+            f"reference: {candles} candles in {ref_s:.1f}s, {ref.hook_rows.total()} hook rows, "
+            f"{len(ref.orders)} orders, {len(ref.fills)} fills, {ref.wake_runs} wake runs"
+        )
+        same = 0
+        for n in range(runs):
+            cfg = config(tmp, csv, f"run{n}")
+            kills = killed_run(cfg, rng)
+            got = outcome(tmp / f"run{n}")
+            diff = got.differs(ref)
+            lost = ref.other_rows - got.other_rows
+            same += not diff
+            print(
+                f"run {n}: {kills} kills; {'differs in ' + ', '.join(diff) if diff else 'same'}"
+                f" ({lost} rows written after an action lost)"
+            )
+        print(f"identical to the reference: {same} of {runs} runs")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--candles", type=int, default=3000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", type=Path, help="run in this (new) directory and keep it")
+    args = ap.parse_args()
+    main(args.data, args.candles, args.runs, args.seed, args.keep)
