@@ -40,6 +40,22 @@ def lines(directory: Path) -> list[dict[str, object]]:
     return out
 
 
+def slow_first_append(w: AuditWriter, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the writer's first append take 0.3 s (a slow disk); the event is set as
+    it starts, so a test can act while a batch is out in the flusher's thread."""
+    writing = threading.Event()
+    real = w._append
+
+    def slow(day: str, data: bytes) -> None:
+        if not writing.is_set():
+            writing.set()
+            time.sleep(0.3)
+        real(day, data)
+
+    monkeypatch.setattr(w, "_append", slow)
+    return writing
+
+
 def test_hook_record_has_exactly_the_design_fields(tmp_path: Path) -> None:
     """A hook line carries design.md's fields plus type, the daemon run id, the
     event's own time and the whole decision (``output``), nulls included; the writer
@@ -245,15 +261,7 @@ async def test_flush_returns_after_the_batch_the_flusher_is_writing(
     that returned while the flusher's own batch was still being written left those
     marks unsaved (a restart test failed under load)."""
     w = AuditWriter(tmp_path, flush_every=1, flush_interval=3600)
-    writing = threading.Event()
-    real = w._append
-
-    def slow(day: str, data: bytes) -> None:
-        writing.set()
-        time.sleep(0.3)
-        real(day, data)
-
-    monkeypatch.setattr(w, "_append", slow)
+    writing = slow_first_append(w, monkeypatch)
     async with anyio.create_task_group() as tg:
         await tg.start(w.run)
         w.write(hook())  # the flusher takes it at once (flush_every=1)
@@ -390,16 +398,7 @@ async def test_write_ahead_waits_for_the_batch_in_flight_and_keeps_the_order(
 ) -> None:
     """Rows the flusher's thread is writing go first: newer rows never overtake them."""
     w = AuditWriter(tmp_path, flush_every=1, flush_interval=3600)
-    writing = threading.Event()
-    real = w._append
-
-    def slow(day: str, data: bytes) -> None:
-        if not writing.is_set():
-            writing.set()
-            time.sleep(0.3)
-        real(day, data)
-
-    monkeypatch.setattr(w, "_append", slow)
+    writing = slow_first_append(w, monkeypatch)
     async with anyio.create_task_group() as tg:
         await tg.start(w.run)
         w.write(hook(reason="a"))  # the flusher takes it at once (flush_every=1)
