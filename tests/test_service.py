@@ -13,6 +13,7 @@ import structlog
 import structlog.testing
 from anyio.abc import TaskStatus
 
+from daemon import state as state_mod
 from daemon.bus import Subscription
 from daemon.clock import ManualClock
 from daemon.config import BusSection, Config, DaemonSection, StateSection
@@ -393,14 +394,19 @@ async def test_a_stop_while_held_back_leaves_no_delivered_event_uncounted(tmp_pa
 
 
 async def test_a_state_dir_that_takes_no_status_or_snapshot_does_not_stop_the_daemon(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full disk made the first status write after READY raise out of the status loop,
-    and the daemon stopped (its cause hidden behind the audit's error). Here the temp
-    files are directories: each failure is logged once and the run goes to its end."""
+    and the daemon stopped (its cause hidden behind the audit's error). Here the status
+    temp file is a directory and the snapshot's disk is full: each failure is logged
+    once and the run goes to its end."""
     state = tmp_path / "state"
     (state / "status.json.tmp").mkdir(parents=True)
-    (state / f"{SNAPSHOT_FILE}.tmp").mkdir()
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(state_mod, "write_atomic", full)
     events = [candle(i) for i in range(20)]
     svc = Service(
         make_config(tmp_path, status_interval_seconds=0.01),
