@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 import structlog.testing
 
@@ -472,3 +473,54 @@ async def test_write_ahead_does_not_wait_for_the_compression_of_a_closed_part(
         w.write_ahead()
         assert time.monotonic() - start < 0.5 and w.write_aheads == 1
     assert [r["reason"] for r in lines(tmp_path)] == ["r0", "r1", "r2", "r3"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_rows_stay_in_order_whoever_writes_them(tmp_path: Path, seed: int) -> None:
+    """Every writer at once: the flusher's thread (small batches, a slow disk now and
+    then), write-aheads in the loop's thread, flushes from another task, rollovers
+    and compressions of small parts: every row is written once, in order."""
+    import random
+
+    from daemon.audit import writer
+
+    rng = random.Random(seed)
+    real_append, real_compress = AuditWriter._append, writer.compress
+
+    def append(self: AuditWriter, day: str, data: bytes) -> None:
+        if rng.random() < 0.05:
+            time.sleep(0.005)  # a slow disk: the next writer must wait its turn
+        real_append(self, day, data)
+
+    def compress(path: Path) -> None:
+        time.sleep(0.01)
+        real_compress(path)
+
+    n = 600
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AuditWriter, "_append", append)
+        mp.setattr(writer, "compress", compress)
+        async with open_audit(
+            tmp_path,
+            flush_every=7,
+            flush_interval=0.005,
+            max_file_bytes=4000,
+            max_total_bytes=10**9,
+        ) as w:
+
+            async def flusher() -> None:
+                for _ in range(30):
+                    await w.flush()
+                    await anyio.sleep(rng.random() / 100)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flusher)
+                for i in range(n):
+                    w.write(hook(reason=f"r{i:04d}"))
+                    if rng.random() < 0.3:
+                        w.write_ahead()
+                    if rng.random() < 0.3:
+                        await anyio.lowlevel.checkpoint()
+    reasons = [r["reason"] for r in lines(tmp_path)]
+    assert reasons == [f"r{i:04d}" for i in range(n)]
+    assert w.durable == n and w.write_aheads > 0 and len(list_files(tmp_path)) > 3
