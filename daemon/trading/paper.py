@@ -79,6 +79,12 @@ class _Cursor(msgspec.Struct, kw_only=True):
     market_ms: int = 0
     applied: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
 
+    def price_now(self, symbol: str) -> float | None:
+        """The price an order arriving now fills at: one seen in this run. The store's
+        last price (the last fill's, maybe hours old after a restart) is not a
+        market: the order waits for the next."""
+        return self.marks.get(symbol) if symbol in self.mark_ms else None
+
     def advance(self, symbol: str, price: float, ts_ms: int) -> None:
         self.marks[symbol] = price
         self.mark_ms[symbol] = max(self.mark_ms.get(symbol, 0), ts_ms)
@@ -246,7 +252,7 @@ class PaperBroker:
         out: list[FeedEvent] = []
         changed = amended(order, change, max(self.now_ms(order.account_id), order.updated_ms))
         digest = hashlib.blake2b(msgspec.json.encode(changed), digest_size=6).hexdigest()
-        last = self._cursor(order.account_id).marks.get(order.symbol)
+        last = self._cursor(order.account_id).price_now(order.symbol)
         fill = marketable_price(changed, last) if last is not None else None
         with self._store.transaction():  # the change and a fill it causes: both or neither
             self._save(changed)
@@ -448,7 +454,7 @@ class PaperBroker:
         # a market order open, to fill a candle later than it did without the crash.
         with self._store.transaction():
             arrival = self._store.take_arrival(order.client_order_id)
-            last = self._cursor(order.account_id).marks.get(order.symbol)
+            last = self._cursor(order.account_id).price_now(order.symbol)
             if as_recorded and arrival is not None:
                 last = arrival
             fill = marketable_price(opened, last) if last is not None else None

@@ -199,3 +199,31 @@ async def test_recovery_on_event_time_opens_as_recorded(tmp_path: Path, as_recor
             assert order.status == "OPEN" and order.updated_ms > 1_700_000_060_000
     finally:
         broker.close()
+
+
+async def test_live_recovery_waits_for_this_runs_price(tmp_path: Path) -> None:
+    """Live, an order recorded before a crash and recovered at start is not filled at
+    the store's last price (the last fill's, maybe hours old): it waits for the
+    first price of this run, as a new order after a restart does."""
+
+    async def publish(event: FeedEvent) -> None:
+        return None
+
+    before = PaperBroker(tmp_path, publish)
+    await before.on_tick("BTC", 100.0, 1_700_000_000_000)
+    first = OrderRequest(client_order_id="first", agent_id="agent", intent=parse_intent(INTENT))
+    await before.submit(first)  # fills at 100: the stored price
+    before._record(
+        OrderRequest(client_order_id="lost", agent_id="agent", intent=parse_intent(INTENT))
+    )
+    before.close()  # (the crash: recorded, never opened)
+
+    after = PaperBroker(tmp_path, publish)
+    try:
+        [order] = await after.recover()
+        assert order.status == "OPEN" and order.fill_price is None
+        await after.on_tick("BTC", 120.0, 1_700_000_600_000)
+        filled = after.get_order("lost")
+        assert filled is not None and (filled.status, filled.fill_price) == ("FILLED", 120.0)
+    finally:
+        after.close()
