@@ -325,11 +325,20 @@ class Dispatcher:
         # event with some of its hooks evaluated and others not (see checkpoints).
         actions = [self._settle(rt, event, trace, result) for result in results]
         if self.write_ahead is not None and any(_acts(r) for r in results):
+            if not marked(event):
+                # A signal is evaluated again after a crash took its rows (known by
+                # event id) and its copy is idempotent by that id: the order is
+                # recorded first, so a kill before the rows are written never loses it.
+                trades = [r.ok and isinstance(r.decision, Trade) for r in results]
+                for i, act in enumerate(actions):
+                    if act is not None and trades[i]:
+                        actions[i] = None
+                        await act()
             # A restart knows an evaluated event by its rows in the log: they reach
-            # the OS before its wake can start, its alert go out or its order be
-            # recorded (no await since the decisions), so a kill -9 does not have
-            # it evaluated again, against a state that later events have moved on
-            # (their fills, their cooldowns), nor wake or alert twice.
+            # the OS before its wake can start, its alert go out or (a market event)
+            # its order be recorded (no await since the decisions), so a kill -9 does
+            # not have it evaluated again, against a state that later events have
+            # moved on (their fills, their cooldowns), nor wake or alert twice.
             self.write_ahead()
         for act in actions:
             if act is not None:
