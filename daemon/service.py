@@ -39,6 +39,7 @@ from daemon.config import Config
 from daemon.control import CONTROL_SOCKET, serve_control
 from daemon.errors import ConfigError, StoreError
 from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent
+from daemon.inputfile import read_input
 from daemon.logs import Outage
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
@@ -212,8 +213,8 @@ class Service:
             return  # the feed itself reports an unreadable file
         ident = f"{path.resolve()}\n{st.st_size}\n{st.st_mtime_ns}\n"
         marker = self.state_dir / REPLAY_FILE
-        try:
-            previous = marker.read_text(encoding="utf-8")
+        try:  # (never blocks on a FIFO, never reads a huge file whole)
+            previous: str | None = read_input(marker, 4096).decode()
         except (OSError, UnicodeDecodeError):
             previous = None
         # Only a marker naming another file starts over: an empty or cut one (an older

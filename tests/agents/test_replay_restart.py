@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -92,7 +93,8 @@ async def test_a_different_replay_file_starts_over(tmp_path: Path) -> None:
 async def test_a_cut_marker_does_not_start_over(tmp_path: Path) -> None:
     """A replay marker left empty or cut short (a kill -9 while an older version wrote
     it in place) does not name another file: the replay resumes. It had started
-    over, re-evaluating every event against the agents' newer state."""
+    over, re-evaluating every event against the agents' newer state. A FIFO in its
+    place is not waited on, and is replaced."""
     agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
     csv = tmp_path / "a.csv"
     generate_candles(csv, seed=1, n=10, timeframe="1m")
@@ -104,6 +106,10 @@ async def test_a_cut_marker_does_not_start_over(tmp_path: Path) -> None:
         await run(cfg)
         assert len(hook_rows(tmp_path)) == 10, f"started over on {cut!r}"
     assert marker.read_text().startswith(str(csv.resolve()))
+    marker.unlink()
+    os.mkfifo(marker)  # a reader that opened it blocking would wait for a writer forever
+    await run(cfg)
+    assert len(hook_rows(tmp_path)) == 10 and marker.is_file()
 
 
 COUNT = """
