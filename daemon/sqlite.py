@@ -93,6 +93,15 @@ class Connection(sqlite3.Connection):
         super().close()
 
 
+def add_columns(db: sqlite3.Connection, table: str, columns: dict[str, str]) -> None:
+    """Add each of ``columns`` (name: declaration) that ``table`` lacks: a store an
+    older version wrote gets them, with their defaults in its old rows."""
+    have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+    for name, declaration in columns.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+
+
 def open_sqlite(
     path: Path,
     what: str,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
 
 from daemon.errors import StoreError
-from daemon.sqlite import open_sqlite
+from daemon.sqlite import add_columns, open_sqlite
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS revisions (
@@ -107,9 +107,7 @@ class HookStore:
         """Give a store written before owners existed its ``owner`` columns (empty in
         the old rows: they are nobody's own)."""
         for table in ("dedupe", "cooldown"):
-            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            if "owner" not in columns:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            add_columns(self._db, table, {"owner": "TEXT NOT NULL DEFAULT ''"})
 
     # -- revisions -----------------------------------------------------------
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from daemon.errors import StoreError
-from daemon.sqlite import open_sqlite
+from daemon.sqlite import add_columns, open_sqlite
 
 FILE_NAME = "wake.sqlite3"
 PRUNE_EVERY_SECONDS = 3600.0  # of run start times (event time in a replay)
@@ -73,10 +73,17 @@ class RunStore:
 
     def _add_usage_columns(self) -> None:
         """Stores from before LLM runs have no usage columns: add them (zeros)."""
-        have = {row[1] for row in self._exec("PRAGMA table_info(wake_runs)")}
-        for column, kind in (("cost", "REAL"), ("tokens_in", "INTEGER"), ("tokens_out", "INTEGER")):
-            if column not in have:
-                self._exec(f"ALTER TABLE wake_runs ADD COLUMN {column} {kind} NOT NULL DEFAULT 0")
+        zero = "NOT NULL DEFAULT 0"
+        columns = {
+            "cost": f"REAL {zero}",
+            "tokens_in": f"INTEGER {zero}",
+            "tokens_out": f"INTEGER {zero}",
+        }
+        try:
+            with self._lock:
+                add_columns(self._db, "wake_runs", columns)
+        except sqlite3.Error as exc:
+            raise StoreError(f"wake run store {self.path}: {exc}") from None
 
     @classmethod
     def in_dir(cls, state_dir: Path, synchronous: Literal["OFF", "NORMAL"] = "NORMAL") -> RunStore:
