@@ -6,6 +6,8 @@ import gzip
 import json
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -203,14 +205,22 @@ async def test_trading_records_round_trip(tmp_path: Path) -> None:
     assert (order["status"], order["price"], order["traceId"]) == ("FILLED", 100.0, "t")
 
 
-async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
-    """A failing disk is counted and retried; nothing is lost once it recovers."""
+@asynccontextmanager
+async def failed_once(tmp_path: Path) -> AsyncIterator[tuple[AuditWriter, Path]]:
+    """A writer whose directory is a file: its first row ("first") has failed once.
+    Unlinking the returned path heals the disk."""
     target = tmp_path / "audit"
     target.write_text("not a directory")
     async with open_audit(target, flush_every=1, flush_interval=3600) as w:
         w.write(hook(reason="first"))
         with anyio.fail_after(5):
             await w.next_flush()
+        yield w, target
+
+
+async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
+    """A failing disk is counted and retried; nothing is lost once it recovers."""
+    async with failed_once(tmp_path) as (w, target):
         assert w.errors == 1 and w.pending == 1 and "cannot write audit log" in w.last_error
         target.unlink()
         w.write(hook(reason="second"))
@@ -415,12 +425,7 @@ async def test_write_ahead_waits_for_the_batch_in_flight_and_keeps_the_order(
 async def test_write_ahead_does_not_try_a_failing_disk(tmp_path: Path) -> None:
     """While writes fail the action goes ahead at once; the rows stay queued for the
     flusher's retry, and nothing is lost once the disk is back."""
-    target = tmp_path / "audit"
-    target.write_text("not a directory")
-    async with open_audit(target, flush_every=1, flush_interval=3600) as w:
-        w.write(hook(reason="first"))
-        with anyio.fail_after(5):
-            await w.next_flush()
+    async with failed_once(tmp_path) as (w, target):
         w.write(hook(reason="second"))
         w.write_ahead()
         assert w.pending == 2 and w.durable == 0 and w.errors == 1
