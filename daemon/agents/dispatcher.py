@@ -48,11 +48,17 @@ from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, s
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
+from daemon.audit.reader import CutIntent
 from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
 from daemon.copytrade.view import follower_view
-from daemon.errors import HookRequestTooLarge, HookRequestUnsendable, StoreError
+from daemon.errors import (
+    HookRequestTooLarge,
+    HookRequestUnsendable,
+    HookResultInvalid,
+    StoreError,
+)
 from daemon.events import (
     COPYTRADE_SIGNALS,
     FeedEvent,
@@ -69,7 +75,7 @@ from daemon.trading.route import MarketRoutes
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
 from hooks_runtime.decisions import Alert as AlertDecision
-from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins
+from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins, to_decision
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
 from hooks_runtime.protocol import LAST_OUTPUTS, ErrorKind, Step, encode_state
@@ -94,6 +100,8 @@ class AgentRuntime:
     removed: bool = False  # taken out of the workspace: its queued wakes go too
     last_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Intents a stop cut short, by event id: acted on when their event comes again.
+    cut: dict[str, list[CutIntent]] = field(default_factory=dict)
     # Hooks whose pause is already persisted (a pause is written once, when it starts).
     paused_hooks: set[str] = field(default_factory=set)
     # Why the agent is behind ("" = it is not): over its CPU budget, or events on disk.
@@ -288,6 +296,8 @@ class Dispatcher:
             if rt.state is not rt.ahead_state:
                 rt.state.apply(event)
             self.checkpoints.skipped += 1
+            if rt.cut:
+                await self._redo_cut(rt, event)
             return []
         now = await self._event_time(rt, event)
         if rt.state is not rt.ahead_state:
@@ -614,29 +624,77 @@ class Dispatcher:
                 self._audit_hook(rt, event, trace, r)
                 alert = Alert(**self._about(rt, event, trace, r.hook_id, d))
                 return partial(self.alerts.send, alert)
-            case Trade(intent=intent):
+            case Trade():
                 self._audit_hook(rt, event, trace, r)
-                key = d.dedupe_key or f"{r.hook_id}:{event.event_id}"
-                copied = event.topic.startswith(COPYTRADE_SIGNALS)
-                if copied:
-                    # One follower order per leader signal, whichever hook asks and
-                    # however often the signal comes (a redelivery, a restart).
-                    key = event.event_id
-                trade = partial(
-                    self.desk.handle,
-                    intent,
-                    agent_id=rt.agent_id,
-                    dedupe_key=key,
-                    trace_id=trace,
-                    hook_id=r.hook_id,
-                    event_id=event.event_id,
-                )
-                if not copied:
-                    return trade
-                # A refused copy is an alert: the follower no longer mirrors its leader.
-                about = self._about(rt, event, trace, r.hook_id, d)
-                return partial(self._copy, trade, about)
+                return self._trade(rt, event, trace, r.hook_id, d)
         return None
+
+    def _trade(
+        self, rt: AgentRuntime, event: FeedEvent, trace: str, hook_id: str, d: Trade
+    ) -> Callable[[], Awaitable[object]]:
+        """The action of an acted TRADE_INTENT: its intent through the agent's desk."""
+        trade = partial(
+            self.desk.handle,
+            d.intent,
+            agent_id=rt.agent_id,
+            dedupe_key=_trade_key(d, hook_id, event.event_id, event.topic),
+            trace_id=trace,
+            hook_id=hook_id,
+            event_id=event.event_id,
+        )
+        if not event.topic.startswith(COPYTRADE_SIGNALS):
+            return trade
+        # A refused copy is an alert: the follower no longer mirrors its leader.
+        about = self._about(rt, event, trace, hook_id, d)
+        return partial(self._copy, trade, about)
+
+    def hold_cut(self, rt: AgentRuntime, cut: list[CutIntent], replayed: bool) -> None:
+        """At an agent's start: keep the intents a stop cut short for their event,
+        which comes again on event time (the replay resumes before it) and for a
+        signal (known by id). A live market event does not: its intent is refused
+        in the audit log (the market has moved on since the decision), unless the
+        broker has its order (the kill came after it was recorded)."""
+        for c in cut:
+            if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
+                rt.cut.setdefault(c.event_id, []).append(c)
+                continue
+            d = _cut_trade(rt, c)
+            if d is None:
+                continue
+            key = _trade_key(d, c.hook_id, c.event_id, c.topic)
+            if self.desk.refuse_cut(
+                d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=c.trace_id,
+                hook_id=c.hook_id, event_id=c.event_id,
+            ):  # fmt: skip
+                log.warning(
+                    "trade intent cut short by the stop: not placed (live: the market moved on)",
+                    agent=rt.agent_id,
+                    hook=c.hook_id,
+                    event_id=c.event_id,
+                )
+
+    async def _redo_cut(self, rt: AgentRuntime, event: FeedEvent) -> None:
+        """The intents of ``event`` that a stop cut short (its rows written, no risk
+        row; see :func:`recent_evaluations`), acted on now that ``event`` is here
+        again: on the market as of ``event``, as they would have been. The desk
+        knows an order the kill let through by its client order id."""
+        cut = rt.cut.pop(event.event_id, None)
+        if not cut:
+            return
+        await self._event_time(rt, event)
+        await self.route.caught_up(rt.agent_id, event)
+        for c in cut:
+            d = _cut_trade(rt, c)
+            if d is None:
+                continue
+            log.warning(
+                "trade intent cut short by the stop: acted on now",
+                agent=rt.agent_id,
+                hook=c.hook_id,
+                event_id=event.event_id,
+            )
+            trace = c.trace_id or event.trace_id or trace_id_for(event.event_id)
+            await self._trade(rt, event, trace, c.hook_id, d)()
 
     def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: Decision) -> str:
         """dedupe / cooldown / paused / store, or ``none``; records the key and cooldown
@@ -797,6 +855,25 @@ def _timed(event: FeedEvent) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _cut_trade(rt: AgentRuntime, c: CutIntent) -> Trade | None:
+    """The decision of a cut-short intent's row (None, logged: not one we can read)."""
+    try:
+        d = to_decision(c.output, "autotrade")
+    except HookResultInvalid as exc:  # a row written by another version
+        log.warning("cut-short intent unreadable", agent=rt.agent_id, error=str(exc))
+        return None
+    return d if isinstance(d, Trade) else None
+
+
+def _trade_key(d: Trade, hook_id: str, event_id: str, topic: str) -> str:
+    """The key of an intent's client order id: stable across redeliveries."""
+    if topic.startswith(COPYTRADE_SIGNALS):
+        # One follower order per leader signal, whichever hook asks and
+        # however often the signal comes (a redelivery, a restart).
+        return event_id
+    return d.dedupe_key or f"{hook_id}:{event_id}"
 
 
 def _full_output(d: Decision | None) -> dict[str, Any] | None:

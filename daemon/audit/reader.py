@@ -308,6 +308,17 @@ class LastOutputs:
             self.by_agent.setdefault(agent, {})[hook] = output
 
 
+class CutIntent(msgspec.Struct, frozen=True):
+    """A TRADE_INTENT a hook row shows acted on, with no risk row after it: the stop
+    came between the decision and the order (see :func:`recent_evaluations`)."""
+
+    event_id: str
+    topic: str
+    hook_id: str
+    trace_id: str | None
+    output: dict[str, Any]  # the decision, as lastOutputs holds it
+
+
 class Recent(msgspec.Struct, frozen=True):
     """What the newest audit rows say each agent had done when the daemon stopped."""
 
@@ -315,6 +326,8 @@ class Recent(msgspec.Struct, frozen=True):
     evaluated: dict[str, list[str]]
     # Per agent, the lastOutputs its hooks had produced.
     outputs: dict[str, dict[str, dict[str, Any]]]
+    # Per agent, the intents the stop cut short, oldest first.
+    cut: dict[str, list[CutIntent]] = msgspec.field(default_factory=dict)
 
 
 def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Recent:
@@ -322,8 +335,14 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
 
     After a crash, an agent's persisted marks lag its audit rows by up to a flush;
     the evaluated ids are the events it already evaluated in that gap. Its hooks'
-    last outputs carry over a restart like the rest of its state."""
+    last outputs carry over a restart like the rest of its state.
+
+    A decision's rows reach the OS before it acts, and its intent's risk row is
+    written when the desk checks it: an acted TRADE_INTENT row with no risk row of
+    its (agent, event, hook) is an intent a kill cut short, maybe before its order
+    was recorded (the broker knows, by its client order id)."""
     out: dict[str, dict[str, None]] = {}
+    cut: dict[tuple[str, str, str], CutIntent] = {}
     outputs = LastOutputs()
     budget = max_bytes
     chunks: list[bytes] = []
@@ -350,12 +369,41 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     for data in reversed(chunks):
         for line in data.splitlines():
             rec = parse_line(line)
-            if rec is None or rec.get("type") != "hook":
+            if rec is None:
+                continue
+            if rec.get("type") == "risk":
+                cut.pop(
+                    (rec.get("agentId", ""), rec.get("eventId", ""), rec.get("hookId", "")), None
+                )
+                continue
+            if rec.get("type") != "hook":
                 continue
             agent, event_id = rec.get("agentId"), rec.get("eventId")
             if isinstance(agent, str) and isinstance(event_id, str):
                 seen = out.setdefault(agent, {})
                 seen.pop(event_id, None)
                 seen[event_id] = None
+                _note_intent(cut, agent, event_id, rec)
             outputs.add(rec)
-    return Recent({agent: list(ids) for agent, ids in out.items()}, outputs.by_agent)
+    by_agent: dict[str, list[CutIntent]] = {}
+    for (agent, _, _), intent in cut.items():
+        by_agent.setdefault(agent, []).append(intent)
+    return Recent({agent: list(ids) for agent, ids in out.items()}, outputs.by_agent, by_agent)
+
+
+def _note_intent(
+    cut: dict[tuple[str, str, str], CutIntent], agent: str, event_id: str, rec: Record
+) -> None:
+    """Remember ``rec`` if it is a TRADE_INTENT that acted (see recent_evaluations)."""
+    hook, topic, output = rec.get("hookId"), rec.get("topic"), rec.get("output")
+    if (
+        rec.get("decision") == "TRADE_INTENT"
+        and rec.get("suppressedBy", "none") == "none"
+        and isinstance(hook, str)
+        and isinstance(topic, str)
+        and isinstance(output, dict)
+    ):
+        trace = rec.get("traceId")
+        cut[agent, event_id, hook] = CutIntent(
+            event_id, topic, hook, trace if isinstance(trace, str) else None, output
+        )

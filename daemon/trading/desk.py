@@ -24,7 +24,7 @@ from daemon.trading.broker import Broker, OrderRequest, client_order_id
 from daemon.trading.intents import ORDER_ACTIONS, RiskLimits, TradeIntent, TradingState
 from daemon.trading.portfolio import Order
 from daemon.trading.records import order_record_from_event, risk_record
-from daemon.trading.risk import ORDER_NOT_FOUND, Reason, RiskEngine, Verdict
+from daemon.trading.risk import CUT_SHORT, ORDER_NOT_FOUND, Reason, RiskEngine, Verdict
 
 
 class AuditSink(Protocol):
@@ -183,6 +183,38 @@ class TradeDesk:
         else:
             done = await broker.modify(coid, intent)
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=done)
+
+    def refuse_cut(
+        self,
+        intent: TradeIntent,
+        *,
+        agent_id: str,
+        dedupe_key: str,
+        trace_id: str | None,
+        hook_id: str,
+        event_id: str,
+    ) -> bool:
+        """Audit ``intent``, which a stop cut short and which is not acted on late,
+        as refused (``CUT_SHORT``); False when the broker shows it done (the kill
+        came after its order was recorded, or its order is no longer working)."""
+        if intent.action in ORDER_ACTIONS:
+            assert intent.order_id is not None  # TradeIntent guarantees it
+            coid = intent.order_id
+            order = self.broker.get_order(coid)
+            if order is None or order.status != "OPEN":
+                return False
+        else:
+            coid = client_order_id(agent_id, dedupe_key)
+            if self.broker.get_order(coid) is not None:
+                return False
+        why = (
+            "the daemon stopped between this decision and its order; on wall-clock "
+            "time it is not acted on after the restart (the market has moved on)"
+        )
+        verdict = Verdict(approved=False, reasons=(Reason(CUT_SHORT, why),))
+        account = self.account_of(agent_id)
+        self._write_verdict(verdict, intent, agent_id, trace_id, hook_id, event_id, coid, account)
+        return True
 
     def _write_verdict(
         self,

@@ -43,6 +43,7 @@ ORDER_RATE: Final = "ORDER_RATE"
 DAILY_LOSS: Final = "DAILY_LOSS"
 ORDER_NOT_FOUND: Final = "ORDER_NOT_FOUND"
 ORDER_CHANGE: Final = "ORDER_CHANGE"
+CUT_SHORT: Final = "CUT_SHORT"  # a stop came between the decision and the order
 
 RATE_WINDOW_MS: Final = 60_000
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from daemon.audit.reader import AuditFilter, Follower, Stats, iter_records, parse_since, tail
+from daemon.audit.records import HookRecord
 from daemon.audit.writer import AuditWriter
 from daemon.events import parse_iso_ms
 from tests.audit.factory import hook, order, ts, wake
@@ -151,6 +153,39 @@ def test_recent_rows_rebuild_each_agents_last_outputs(tmp_path: Path) -> None:
     assert recent.outputs == {
         "alpha": {"wake_two_green": {"decision": "WAKE", "reason": "second", "dedupeKey": "k2"}},
         "beta": {"h": full},
+    }
+
+
+def test_recent_rows_name_the_intents_a_stop_cut_short(tmp_path: Path) -> None:
+    """An acted TRADE_INTENT row is cut short until a risk row of its agent, event and
+    hook follows it; a suppressed one never acted, an IGNORE is no intent."""
+    from daemon.audit.reader import CutIntent, recent_evaluations
+    from tests.audit.factory import risk
+
+    out = {"decision": "TRADE_INTENT", "reason": "r", "intent": {"action": "CLOSE_POSITION",
+           "symbol": "ETH-USD"}}  # fmt: skip
+
+    def intent(event_id: str, **kw: Any) -> HookRecord:
+        return hook(event_id=event_id, hook_id="autotrade_x", kind="autotrade",
+                    decision="TRADE_INTENT", output=out, **kw)  # fmt: skip
+
+    w = AuditWriter(tmp_path)
+    w.write(intent("e1"))
+    w.write(risk(event_id="e1", hook_id="autotrade_x"))  # checked: done
+    w.write(intent("e2", suppressed_by="dedupe"))
+    w.write(intent("e3"))
+    w.write(risk(event_id="e3", hook_id="autotrade_other"))  # another hook's
+    w.write(risk(agent_id="beta", event_id="e4", hook_id="autotrade_x"))
+    w.write(intent("e4"))  # cut: the risk row above is another agent's
+    w.write(hook(event_id="e5"))
+    w.close()
+    recent = recent_evaluations(tmp_path)
+    topic = "market.candle.closed"
+    assert recent.cut == {
+        "alpha": [
+            CutIntent("e3", topic, "autotrade_x", "t1", out),
+            CutIntent("e4", topic, "autotrade_x", "t1", out),
+        ]
     }
 
 

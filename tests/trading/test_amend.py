@@ -121,3 +121,29 @@ async def test_cancel_only_touches_the_agents_own_working_orders(
     wrong = parse_intent({"action": "CANCEL_ORDER", "symbol": "ETH", "orderId": coid})
     mis = await desk.handle(wrong, agent_id="owner", dedupe_key="c", trace_id="t")
     assert mis.verdict is not None and mis.verdict.codes == ["ORDER_NOT_FOUND"]
+
+
+async def test_a_cut_short_intent_is_refused_unless_the_broker_shows_it_done(
+    broker: PaperBroker, audit: Audit
+) -> None:
+    """At a wall-clock restart: an order the broker has, or a cancel of an order no
+    longer working, is done (nothing written); anything else gets a CUT_SHORT row."""
+    desk = TradeDesk(broker, audit)
+    coid = await _resting(desk, broker)
+    about = {"agent_id": "a", "trace_id": "t", "hook_id": "autotrade_x", "event_id": "e1"}
+    written = len(audit)
+    assert not desk.refuse_cut(parse_intent(LIMIT), dedupe_key="k", **about)  # placed
+    assert len(audit) == written
+    assert desk.refuse_cut(parse_intent(LIMIT), dedupe_key="other", **about)
+    cancel = parse_intent({"action": "CANCEL_ORDER", "symbol": "BTC", "orderId": coid})
+    assert desk.refuse_cut(cancel, dedupe_key="-", **about)  # still working
+    rows = audit[written:]
+    assert [(r.approved, r.reasons[0]["code"]) for r in rows if isinstance(r, RiskRecord)] == [
+        (False, "CUT_SHORT"),
+        (False, "CUT_SHORT"),
+    ]
+    assert broker.get_order(coid) is not None
+    await desk.handle(cancel, agent_id="a", dedupe_key="c", trace_id="t")
+    assert not desk.refuse_cut(cancel, dedupe_key="-", **about)  # canceled since
+    gone = parse_intent({"action": "CANCEL_ORDER", "symbol": "BTC", "orderId": "mw-unknown"})
+    assert not desk.refuse_cut(gone, dedupe_key="-", **about)

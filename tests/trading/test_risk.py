@@ -253,6 +253,7 @@ def test_every_code_is_covered_here() -> None:
         risk.NOTHING_TO_CLOSE,
         risk.ORDER_CHANGE,  # below
         risk.ORDER_NOT_FOUND,  # the desk's check: tests/trading/test_amend.py
+        risk.CUT_SHORT,  # the desk's, at a restart: tests/trading/test_amend.py
     }
     assert defined == covered
 

@@ -1,0 +1,135 @@
+"""An intent whose rows reached the audit log but whose order a stop cut off (the
+kill -9 window between the write-ahead and the order's record) is acted on after
+the restart: on event time at its own event's market, as if never stopped; on wall
+clock it is refused in the audit log (``CUT_SHORT``), never placed late."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+
+from daemon.agents.pipeline import open_agents
+from daemon.app import build_feeds
+from daemon.audit.reader import recent_evaluations
+from daemon.config import Config
+from daemon.service import Service
+from daemon.trading.desk import TradeDesk
+from feeds.synthetic import generate_candles
+from tests.agents.test_pipeline import audit, workspace
+from tests.agents.test_replay_restart import config
+
+TRADE_FIFTH = """
+def evaluate(event, state):
+    n = int(event["payload"]["closeTimeMs"] / 60000)
+    if n % 5:
+        return {"decision": "IGNORE", "reason": "not now"}
+    side = "buy" if n % 10 else "sell"
+    stop = event["payload"]["close"] * (0.5 if side == "buy" else 1.5)
+    return {"decision": "TRADE_INTENT", "reason": side, "dedupeKey": "t:" + event["eventId"],
+            "intent": {"action": "PLACE_MARKET_ORDER", "symbol": event["symbol"], "side": side,
+                       "volume": 0.001, "stopLoss": stop}}
+"""
+CUT_AT = 3  # the third intent's order is cut off
+
+
+def fills(root: Path) -> list[tuple[Any, ...]]:
+    """Every filled order: (client order id, side, price, event time)."""
+    return sorted(
+        (r["clientOrderId"], r["side"], r["price"], r["eventTs"])
+        for r in audit(root)
+        if r["type"] == "order" and r["status"] == "FILLED"
+    )
+
+
+def quick_stop(cfg: Config) -> Config:
+    daemon = msgspec.structs.replace(cfg.daemon, stop_timeout_seconds=0.5)
+    return msgspec.structs.replace(cfg, daemon=daemon)
+
+
+async def run_cut(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run until the CUT_AT-th intent reaches the desk, then hang there (the process
+    frozen after its rows were written) and stop: the drain is cut, as by a kill."""
+    handle = TradeDesk.handle
+    calls = 0
+    reached = anyio.Event()
+
+    async def hanging(self: TradeDesk, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == CUT_AT:
+            reached.set()
+            await anyio.sleep_forever()
+        return await handle(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(TradeDesk, "handle", hanging)
+        svc = Service(cfg, build_feeds, components=[open_agents])
+        async with anyio.create_task_group() as tg:
+
+            async def stop() -> None:
+                await reached.wait()
+                svc.request_stop()
+
+            tg.start_soon(stop)
+            with anyio.fail_after(60):
+                await svc.run()
+            tg.cancel_scope.cancel()
+
+
+async def test_a_cut_off_intent_is_placed_at_its_own_event_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    agents = workspace(tmp_path / "ref", {"autotrade_fifth.py": TRADE_FIFTH})
+    ref_cfg = config(tmp_path / "ref", agents, csv, speed=0)
+    svc = Service(ref_cfg, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    want = fills(tmp_path / "ref")
+    assert len(want) == 12
+
+    root = tmp_path / "cut"
+    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
+    await run_cut(cfg, monkeypatch)
+    before = fills(root)
+    assert len(before) == CUT_AT - 1, "stopped at the cut intent"
+    (cut,) = recent_evaluations(root / "state" / "audit").cut["alpha"]
+    assert cut.output["reason"] in ("buy", "sell")
+
+    svc = Service(cfg, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    assert fills(root) == want, "the cut intent filled at its own event's price"
+    risk = [r for r in audit(root) if r["type"] == "risk"]
+    assert len(risk) == len(want) and all(r["approved"] for r in risk)
+    hooks = [r for r in audit(root) if r["type"] == "hook"]
+    assert len(hooks) == 60, "no event evaluated twice"
+    assert recent_evaluations(root / "state" / "audit").cut == {}
+
+
+async def test_on_wall_clock_a_cut_off_intent_is_refused_not_placed_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    root = tmp_path / "cut"
+    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
+    await run_cut(cfg, monkeypatch)
+    (cut,) = recent_evaluations(root / "state" / "audit").cut["alpha"]
+
+    wall = msgspec.structs.replace(cfg, daemon=msgspec.structs.replace(cfg.daemon, clock="wall"))
+    svc = Service(wall, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    refused = [r for r in audit(root) if r["type"] == "risk" and not r["approved"]]
+    assert [(r["eventId"], r["reasons"][0]["code"]) for r in refused] == [
+        (cut.event_id, "CUT_SHORT")
+    ]
+    placed = {r["clientOrderId"] for r in audit(root) if r["type"] == "order"}
+    assert refused[0]["clientOrderId"] not in placed
+    assert recent_evaluations(root / "state" / "audit").cut == {}
