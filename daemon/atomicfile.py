@@ -11,12 +11,17 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from pathlib import Path
+
+# A temporary older than this is a kill's leftover, not another writer's file.
+STALE_SECONDS = 60.0
 
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` (OSError if it cannot; the old file then stays)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    prefix = f".{path.name}."
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -27,3 +32,17 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _clean(path.parent, prefix)
+
+
+def _clean(directory: Path, prefix: str) -> None:
+    """Remove the temporaries a kill left mid-write beside the target (a kill skips
+    the unlink above): each is a full copy of the file, and a state snapshot is
+    written every few seconds for as long as the daemon runs."""
+    old = time.time() - STALE_SECONDS
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < old:
+                        os.unlink(entry.path)

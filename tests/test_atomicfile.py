@@ -28,3 +28,18 @@ def test_a_failure_keeps_the_old_content(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(OSError, match="no space"):
         write_atomic(target, b"new")
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["marker"]
+
+
+def test_a_kills_leftover_temporary_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """A kill between the temporary and the rename leaves it behind (a full copy):
+    the next write removes it once it is stale; a fresh one (another writer's, in
+    progress) and other files stay."""
+    target = tmp_path / "state_cache.json"
+    stale, fresh = tmp_path / ".state_cache.json.k1ll3d", tmp_path / ".state_cache.json.n0w"
+    other = tmp_path / ".other.json.k1ll3d"
+    for f in (stale, fresh, other):
+        f.write_bytes(b"{}")
+    os.utime(stale, (1, 1))
+    os.utime(other, (1, 1))
+    write_atomic(target, b"new")
+    assert sorted(os.listdir(tmp_path)) == sorted([target.name, fresh.name, other.name])
