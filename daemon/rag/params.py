@@ -19,13 +19,14 @@ from typing import Annotated, Any
 import msgspec
 
 from daemon.errors import RpcError
+from daemon.events import MAX_AMOUNT, Amount
 
 INVALID_PARAMS = -32602
 
 # Finite is not enough: 1e308 is finite and meaningless as a price. Bounds far beyond
 # any real market keep the arithmetic (deltas, squares in the embedding) finite.
 Positive = Annotated[float, msgspec.Meta(gt=0, lt=1e12)]
-NonNegative = Annotated[float, msgspec.Meta(ge=0, lt=1e15)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0, lt=MAX_AMOUNT)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Signed = Annotated[float, msgspec.Meta(gt=-1e12, lt=1e12)]
 # Funding is a fraction per interval (real values are within +-0.01).
@@ -50,7 +51,7 @@ class CurrentState(msgspec.Struct, frozen=True, kw_only=True):
     ema_50_4h: Positive
     funding_rate: Funding
     open_interest_latest: NonNegative
-    open_interest_avg_24h: Annotated[float, msgspec.Meta(gt=0, lt=1e15)]
+    open_interest_avg_24h: Amount
     price_change_1h: Change | None = None
     price_change_4h: Change | None = None
 
