@@ -63,7 +63,7 @@ class Outcome:
 def config(tmp: Path, csv: Path, state: str) -> Path:
     path = tmp / f"{state}.toml"
     path.write_text(
-        f'[daemon]\nstate_dir = "{tmp / state}"\nlog_format = "json"\nlog_level = "error"\n'
+        f'[daemon]\nstate_dir = "{tmp / state}"\nlog_format = "json"\nlog_level = "warning"\n'
         f'[hooks]\nagents_dir = "{ROOT / "agents"}"\n'
         "[feeds.coinbase_ws]\nenabled = false\n[feeds.candles]\nenabled = false\n"
         f'[feeds.replay]\nenabled = true\npath = "{csv}"\nformat = "csv"\n'
@@ -76,12 +76,15 @@ def command(cfg: Path) -> list[str]:
     return [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
 
 
-def killed_run(cfg: Path, rng: random.Random) -> int:
-    """Start, SIGKILL at a random moment, start again, until a run ends by itself;
-    returns the number of kills."""
+def killed_run(cfg: Path, rng: random.Random, log: Path) -> int:
+    """Start, SIGKILL at a random moment, start again, until a run ends by itself
+    (its warnings appended to ``log``); returns the number of kills."""
     kills = 0
     while True:
-        with subprocess.Popen(command(cfg), cwd=ROOT, stdout=subprocess.DEVNULL) as proc:
+        with (
+            log.open("ab") as out,
+            subprocess.Popen(command(cfg), cwd=ROOT, stdout=out, stderr=out) as proc,
+        ):
             try:
                 proc.wait(timeout=rng.uniform(0.4, 2.0))
             except subprocess.TimeoutExpired:
@@ -140,7 +143,9 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
             print(f"{data} not found: synthetic candles")
             generate_candles(csv, seed=seed, n=candles, timeframe="5m")
         start = time.perf_counter()
-        subprocess.run(command(config(tmp, csv, "ref")), cwd=ROOT, check=True)
+        with (tmp / "ref.log").open("wb") as out:
+            cmd = command(config(tmp, csv, "ref"))
+            subprocess.run(cmd, cwd=ROOT, check=True, stdout=out, stderr=out)
         ref = outcome(tmp / "ref")
         ref_s = time.perf_counter() - start
         print(
@@ -150,14 +155,17 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
         same = 0
         for n in range(runs):
             cfg = config(tmp, csv, f"run{n}")
-            kills = killed_run(cfg, rng)
+            log = tmp / f"run{n}.log"
+            kills = killed_run(cfg, rng, log)
+            redone = log.read_bytes().count(b"trade intent cut short by the stop")
             got = outcome(tmp / f"run{n}")
             diff = got.differs(ref)
             lost = ref.other_rows - got.other_rows
             same += not diff
             print(
                 f"run {n}: {kills} kills; {'differs in ' + ', '.join(diff) if diff else 'same'}"
-                f" ({lost} rows written after an action lost)"
+                f" ({redone} intents cut short by a kill and acted on at the restart;"
+                f" {lost} rows written after an action lost)"
             )
         print(f"identical to the reference: {same} of {runs} runs")
 

@@ -350,9 +350,13 @@ class Dispatcher:
             # not have it evaluated again, against a state that later events have
             # moved on (their fills, their cooldowns), nor wake or alert twice.
             self.write_ahead()
+        acted = False
         for act in actions:
             if act is not None:
                 await act()
+                acted = True
+        if acted and self.write_ahead is not None:
+            self.write_ahead()  # and the rows the actions wrote (risk, order placed, filled)
         self._prefetch_soon(rt, hooks, now)
         return results
 
@@ -576,7 +580,7 @@ class Dispatcher:
 
     async def _copy(
         self, trade: Callable[[], Awaitable[TradeOutcome]], about: dict[str, Any]
-    ) -> None:
+    ) -> TradeOutcome:
         """Place a copied order; an ALERT when the follower's risk engine refuses it."""
         outcome = await trade()
         verdict = outcome.verdict
@@ -588,6 +592,7 @@ class Dispatcher:
             codes = ", ".join(reason.code for reason in verdict.reasons)
             about["reason"] = f"copy refused ({codes}): {about['reason']}"
             await self.alerts.send(Alert(**about))
+        return outcome
 
     # -- settling one result -----------------------------------------------------
 
@@ -631,7 +636,7 @@ class Dispatcher:
 
     def _trade(
         self, rt: AgentRuntime, event: FeedEvent, trace: str, hook_id: str, d: Trade
-    ) -> Callable[[], Awaitable[object]]:
+    ) -> Callable[[], Awaitable[TradeOutcome]]:
         """The action of an acted TRADE_INTENT: its intent through the agent's desk."""
         trade = partial(
             self.desk.handle,
@@ -687,14 +692,13 @@ class Dispatcher:
             d = _cut_trade(rt, c)
             if d is None:
                 continue
-            log.warning(
-                "trade intent cut short by the stop: acted on now",
-                agent=rt.agent_id,
-                hook=c.hook_id,
-                event_id=event.event_id,
-            )
             trace = c.trace_id or event.trace_id or trace_id_for(event.event_id)
-            await self._trade(rt, event, trace, c.hook_id, d)()
+            outcome = await self._trade(rt, event, trace, c.hook_id, d)()
+            about = {"agent": rt.agent_id, "hook": c.hook_id, "event_id": event.event_id}
+            if outcome.duplicate:  # the kill came after the order was recorded
+                log.info("trade intent cut short by the stop: its order was placed", **about)
+            else:
+                log.warning("trade intent cut short by the stop: acted on now", **about)
 
     def _blocked(self, rt: AgentRuntime, event: FeedEvent, hook: str, d: Decision) -> str:
         """dedupe / cooldown / paused / store, or ``none``; records the key and cooldown

@@ -133,3 +133,32 @@ async def test_on_wall_clock_a_cut_off_intent_is_refused_not_placed_late(
     placed = {r["clientOrderId"] for r in audit(root) if r["type"] == "order"}
     assert refused[0]["clientOrderId"] not in placed
     assert recent_evaluations(root / "state" / "audit").cut == {}
+
+
+async def test_a_trade_events_rows_are_all_handed_to_the_os_before_the_next_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows its actions wrote (risk, order placed, filled at arrival) are written
+    ahead too, not left for the flusher's batch: a kill after the action loses none."""
+    from daemon.agents.dispatcher import Dispatcher
+
+    handle = Dispatcher.handle
+    left: list[int] = []
+
+    async def checked(self: Dispatcher, rt: Any, event: Any) -> Any:
+        results = await handle(self, rt, event)
+        if any(r.decision is not None and r.decision.name == "TRADE_INTENT" for r in results):
+            left.append(self.audit.pending)  # type: ignore[attr-defined]
+        return results
+
+    monkeypatch.setattr(Dispatcher, "handle", checked)
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=30, timeframe="1m")
+    cfg = config(tmp_path, workspace(tmp_path, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0)
+    audit_cfg = msgspec.structs.replace(cfg.audit, flush_interval_seconds=3600)
+    quiet = msgspec.structs.replace(cfg, audit=audit_cfg)
+    svc = Service(quiet, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    assert len(fills(tmp_path)) == 6
+    assert left == [0] * 6
