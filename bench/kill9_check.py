@@ -7,11 +7,13 @@ Replays the first candles of real BTCUSDT 5m data (``../shared/data``, not part 
 the repo; synthetic candles when it is absent) through ``agents/example`` with the
 daemon's durable defaults. One run goes through untouched (the reference). Each
 other run is started, SIGKILLed after 0.4 to 2 s, and started again until it
-finishes by itself. Compared with the reference: the hook rows (event, hook,
-decision, what suppressed it), the paper account's orders and fills, and the wake
-runs. Rows written after an action (the wake's, the run's, the order's) may be
-lost by a kill and are only counted. Prints one line per run and the share of
-runs identical to the reference.
+finishes by itself. Compared with the reference: each (event, hook)'s decision
+and what suppressed it (its newest row: an event whose write a kill tore is
+evaluated again, and both rows stay), the paper account's orders and fills, and
+the wake runs. Rows written after an action (the wake's, the run's, the order's)
+may be lost by a kill and are only counted, as are torn lines, hook rows written
+again and intents acted on at a restart. Prints one line per run and the share
+of runs identical to the reference.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,10 @@ DATA = ROOT.parent / "shared" / "data" / "normalized" / "binance_spot_BTCUSDT_5m
 class Outcome:
     """What a replay did, as far as a restart must not change it (and the rest)."""
 
-    hook_rows: Counter[tuple[str, str, str, str]]
+    # Per (event, hook): the newest row's decision and what suppressed it.
+    hook_rows: dict[tuple[str, str], tuple[str, str]]
+    again: int  # hook rows of an event evaluated again (its first write torn by a kill)
+    torn: int  # lines a kill tore mid-write
     orders: list[tuple[str, str]]
     fills: list[tuple[str, float, float, int]]
     wake_runs: int
@@ -98,17 +102,19 @@ def killed_run(cfg: Path, rng: random.Random, log: Path) -> int:
 
 
 def outcome(state: Path) -> Outcome:
-    hooks: Counter[tuple[str, str, str, str]] = Counter()
-    other = 0
+    hooks: dict[tuple[str, str], tuple[str, str]] = {}
+    other = again = torn = 0
     for f in sorted((state / "audit").glob("audit-*.jsonl")):
         for line in f.read_bytes().splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
-                continue  # a line a kill cut short
+                torn += 1  # a line a kill cut short
+                continue
             if row.get("type") == "hook":
-                key = (row["eventId"], row["hookId"], row["decision"], row["suppressedBy"])
-                hooks[key] += 1
+                key = (row["eventId"], row["hookId"])
+                again += key in hooks
+                hooks[key] = (row["decision"], row["suppressedBy"])
             else:
                 other += 1
     paper = sqlite3.connect(state / "paper.sqlite3")
@@ -116,6 +122,8 @@ def outcome(state: Path) -> Outcome:
     try:
         return Outcome(
             hooks,
+            again,
+            torn,
             paper.execute(
                 "SELECT client_order_id, status FROM orders ORDER BY client_order_id"
             ).fetchall(),
@@ -149,7 +157,7 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
         ref = outcome(tmp / "ref")
         ref_s = time.perf_counter() - start
         print(
-            f"reference: {candles} candles in {ref_s:.1f}s, {ref.hook_rows.total()} hook rows, "
+            f"reference: {candles} candles in {ref_s:.1f}s, {len(ref.hook_rows)} hook rows, "
             f"{len(ref.orders)} orders, {len(ref.fills)} fills, {ref.wake_runs} wake runs"
         )
         same = 0
@@ -165,6 +173,7 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
             print(
                 f"run {n}: {kills} kills; {'differs in ' + ', '.join(diff) if diff else 'same'}"
                 f" ({redone} intents cut short by a kill and acted on at the restart;"
+                f" {got.torn} torn lines, {got.again} hook rows evaluated again after one;"
                 f" {lost} rows written after an action lost)"
             )
         print(f"identical to the reference: {same} of {runs} runs")

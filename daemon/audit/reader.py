@@ -366,11 +366,13 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
             data = data[data.find(b"\n") + 1 :]  # drop the partial first line
         budget -= len(data)
         chunks.append(data)
-    for data in reversed(chunks):
-        for line in data.splitlines():
-            rec = parse_line(line)
-            if rec is None:
-                continue
+    # Per agent, the hook rows of its newest event (by trace), held until a row
+    # shows that event's rows were all written: a torn row of the event means the
+    # write-ahead its decisions waited for was cut (see _torn_event).
+    held: dict[str, tuple[str, list[Record]]] = {}
+
+    def fold(rows: list[Record]) -> None:
+        for rec in rows:
             if rec.get("type") == "risk":
                 cut.pop(
                     (rec.get("agentId", ""), rec.get("eventId", ""), rec.get("hookId", "")), None
@@ -385,10 +387,50 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 seen[event_id] = None
                 _note_intent(cut, agent, event_id, rec)
             outputs.add(rec)
+
+    for data in reversed(chunks):
+        for line in data.splitlines():
+            rec = parse_line(line)
+            if rec is None:
+                torn = _torn_event(line)
+                if torn is not None and held.get(torn[0], ("", []))[0] == torn[1]:
+                    del held[torn[0]]  # not evaluated: the replay evaluates it again
+                continue
+            kind, agent, trace = rec.get("type"), rec.get("agentId"), rec.get("traceId")
+            if kind not in ("hook", "wake", "risk") or not isinstance(agent, str):
+                continue
+            block = held.get(agent)
+            if block is not None and block[0] == trace and kind != "risk":
+                block[1].append(rec)
+                continue
+            if block is not None:
+                fold(held.pop(agent)[1])
+            if kind == "risk":
+                fold([rec])
+            elif isinstance(trace, str):
+                held[agent] = (trace, [rec])
+    for _, rows in held.values():
+        fold(rows)
     by_agent: dict[str, list[CutIntent]] = {}
     for (agent, _, _), intent in cut.items():
         by_agent.setdefault(agent, []).append(intent)
     return Recent({agent: list(ids) for agent, ids in out.items()}, outputs.by_agent, by_agent)
+
+
+_TORN = re.compile(
+    rb'^\{"type":"(?:hook|wake)","ts":"[^"]*","agentId":"([^"\\]*)","traceId":"([^"\\]*)"'
+)
+
+
+def _torn_event(line: bytes) -> tuple[str, str] | None:
+    """(agent, trace) of a hook or wake row a kill tore mid-write, when they show.
+
+    Linux stops a write at a page boundary when the process is killed, so a kill
+    inside the write-ahead leaves some of an event's rows whole and the next one
+    torn. Its decisions had not acted yet (they wait for that write), so the
+    event must be evaluated again, not counted as done from its whole rows."""
+    m = _TORN.match(line)
+    return (m.group(1).decode(), m.group(2).decode()) if m else None
 
 
 def _note_intent(

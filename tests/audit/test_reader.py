@@ -189,6 +189,46 @@ def test_recent_rows_name_the_intents_a_stop_cut_short(tmp_path: Path) -> None:
     }
 
 
+def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: Path) -> None:
+    """A kill inside the write-ahead leaves an event's first rows whole and the next
+    one torn: its decisions never acted, so it is evaluated again (not in
+    ``evaluated``, its rows not in lastOutputs, its intent not cut short). Rows
+    written after the torn line, or a torn row of another kind, change nothing."""
+    from daemon.audit.reader import recent_evaluations
+    from daemon.audit.records import encode_line
+    from tests.audit.factory import risk
+
+    trade = {"decision": "TRADE_INTENT", "reason": "buy", "intent": {
+        "action": "CLOSE_POSITION", "symbol": "ETH-USD"}}  # fmt: skip
+    w = AuditWriter(tmp_path)
+    w.write(hook(event_id="e1", trace_id="t1", reason="one"))
+    w.write(hook(event_id="e2", trace_id="t2", reason="two", hook_id="h1"))
+    w.write(hook(event_id="e2", trace_id="t2", hook_id="h2", kind="autotrade",
+                 decision="TRADE_INTENT", output=trade))  # fmt: skip
+    w.write(hook(agent_id="beta", event_id="e2", trace_id="t2", reason="beta's"))
+    w.close()
+    (path,) = tmp_path.glob("audit-*.jsonl")
+    whole = encode_line(wake(event_id="e2", trace_id="t2"))
+    with path.open("ab") as f:
+        f.write(whole[: whole.index(b"daemonRun") + 4] + b"\n")  # torn, then repaired
+    recent = recent_evaluations(tmp_path)
+    assert recent.evaluated == {"alpha": ["e1"], "beta": ["e2"]}
+    assert recent.outputs["alpha"]["wake_two_green"]["reason"] == "one"
+    assert recent.cut == {}
+
+    w = AuditWriter(tmp_path)  # the restart evaluates e2 again, whole this time
+    w.write(hook(event_id="e2", trace_id="t2", reason="two again", hook_id="h1"))
+    w.write(hook(event_id="e2", trace_id="t2", hook_id="h2", kind="autotrade",
+                 decision="TRADE_INTENT", output=trade))  # fmt: skip
+    w.write(risk(event_id="e2", hook_id="h2", trace_id="t2"))
+    w.close()
+    with path.open("ab") as f:
+        f.write(encode_line(risk(event_id="e3", trace_id="t2"))[:60] + b"\n")
+    recent = recent_evaluations(tmp_path)
+    assert recent.evaluated == {"alpha": ["e1", "e2"], "beta": ["e2"]}
+    assert recent.outputs["alpha"]["h1"]["reason"] == "two again" and recent.cut == {}
+
+
 def test_market_time_window_selects_by_event_ts(tmp_path: Path) -> None:
     """--from/--to select rows by the market time they are about (``eventTs``), which a
     backtest writes seconds after one another for a whole year; rows without one are
