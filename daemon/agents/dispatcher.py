@@ -71,6 +71,7 @@ from daemon.events import (
 from daemon.logs import Outage
 from daemon.state import StateCache
 from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
+from daemon.trading.risk import CUT_SHORT
 from daemon.trading.route import MarketRoutes
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
@@ -653,12 +654,15 @@ class Dispatcher:
         about = self._about(rt, event, trace, hook_id, d)
         return partial(self._copy, trade, about)
 
-    def hold_cut(self, rt: AgentRuntime, cut: list[CutIntent], replayed: bool) -> None:
+    def hold_cut(self, rt: AgentRuntime, cut: list[CutIntent], replayed: bool) -> list[Alert]:
         """At an agent's start: keep the intents a stop cut short for their event,
         which comes again on event time (the replay resumes before it) and for a
         signal (known by id). A live market event does not: its intent is refused
         in the audit log (the market has moved on since the decision), unless the
-        broker has its order (the kill came after it was recorded)."""
+        broker has its order (the kill came after it was recorded). Returns the
+        alerts to raise for the refused ones: a trade the agent decided on did not
+        happen, which its operator must hear of."""
+        alerts: list[Alert] = []
         for c in cut:
             if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
                 rt.cut.setdefault(c.event_id, []).append(c)
@@ -677,6 +681,15 @@ class Dispatcher:
                     hook=c.hook_id,
                     event_id=c.event_id,
                 )
+                why = f"{CUT_SHORT}: not placed after the restart ({d.reason})"
+                alerts.append(
+                    Alert(
+                        agent_id=rt.agent_id, hook_id=c.hook_id, reason=why,
+                        event_id=c.event_id, trace_id=c.trace_id or trace_id_for(c.event_id),
+                        symbol=d.intent.symbol, topic=c.topic,
+                    )
+                )  # fmt: skip
+        return alerts
 
     async def _redo_cut(self, rt: AgentRuntime, event: FeedEvent) -> None:
         """The intents of ``event`` that a stop cut short (its rows written, no risk

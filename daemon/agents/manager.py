@@ -414,7 +414,9 @@ class AgentManager:
         for event_id in recent.evaluated.pop(agent.agent_id, [])[-RECENT_EVENTS:]:
             rt.recent[event_id] = None
         rt.last_outputs.update(recent.outputs.pop(agent.agent_id, {}))
-        self.dispatcher.hold_cut(rt, recent.cut.pop(agent.agent_id, []), self.event_time)
+        cut = recent.cut.pop(agent.agent_id, [])
+        for alert in self.dispatcher.hold_cut(rt, cut, self.event_time):
+            self._tg.start_soon(self.dispatcher.alerts.send, alert)
         self._restore_pauses(rt)
         self.runtimes[agent.agent_id] = rt
         scope = anyio.CancelScope()

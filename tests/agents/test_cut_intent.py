@@ -1,7 +1,7 @@
 """An intent whose rows reached the audit log but whose order a stop cut off (the
 kill -9 window between the write-ahead and the order's record) is acted on after
 the restart: on event time at its own event's market, as if never stopped; on wall
-clock it is refused in the audit log (``CUT_SHORT``), never placed late."""
+clock it is refused in the audit log (``CUT_SHORT``) and alerted, never placed late."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from daemon.trading.desk import TradeDesk
 from feeds.synthetic import generate_candles
 from tests.agents.test_pipeline import audit, workspace
 from tests.agents.test_replay_restart import config
+from tests.test_alerts import serve
 
 TRADE_FIFTH = """
 def evaluate(event, state):
@@ -122,10 +123,21 @@ async def test_on_wall_clock_a_cut_off_intent_is_refused_not_placed_late(
     await run_cut(cfg, monkeypatch)
     (cut,) = recent_evaluations(root / "state" / "audit").cut["alpha"]
 
-    wall = msgspec.structs.replace(cfg, daemon=msgspec.structs.replace(cfg.daemon, clock="wall"))
+    runner, url, posted = await serve(200)  # the operator's alert webhook
+    hooks = msgspec.structs.replace(cfg.hooks, alert_webhook=url)
+    wall = msgspec.structs.replace(
+        cfg, daemon=msgspec.structs.replace(cfg.daemon, clock="wall"), hooks=hooks
+    )
     svc = Service(wall, build_feeds, components=[open_agents])
-    with anyio.fail_after(60):
-        await svc.run()
+    try:
+        with anyio.fail_after(60):
+            await svc.run()
+    finally:
+        await runner.cleanup()
+    assert [(a["eventId"], a["hookId"], a["reason"]) for a in posted] == [
+        (cut.event_id, "autotrade_fifth", f"CUT_SHORT: not placed after the restart ({side})")
+        for side in [cut.output["reason"]]
+    ]
     refused = [r for r in audit(root) if r["type"] == "risk" and not r["approved"]]
     assert [(r["eventId"], r["reasons"][0]["code"]) for r in refused] == [
         (cut.event_id, "CUT_SHORT")
