@@ -70,7 +70,9 @@ from daemon.events import (
 )
 from daemon.logs import Outage
 from daemon.state import StateCache
+from daemon.trading.broker import client_order_id
 from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
+from daemon.trading.intents import ORDER_ACTIONS
 from daemon.trading.risk import CUT_SHORT
 from daemon.trading.route import MarketRoutes
 from daemon.wake.context import WakeRequest
@@ -654,23 +656,31 @@ class Dispatcher:
         about = self._about(rt, event, trace, hook_id, d)
         return partial(self._copy, trade, about)
 
-    def hold_cut(self, rt: AgentRuntime, cut: list[CutIntent], replayed: bool) -> list[Alert]:
+    def hold_cut(
+        self, rt: AgentRuntime, cut: list[CutIntent], replayed: bool, checked: set[str]
+    ) -> list[Alert]:
         """At an agent's start: keep the intents a stop cut short for their event,
         which comes again on event time (the replay resumes before it) and for a
         signal (known by id). A live market event does not: its intent is refused
         in the audit log (the market has moved on since the decision), unless the
         broker has its order (the kill came after it was recorded). Returns the
         alerts to raise for the refused ones: a trade the agent decided on did not
-        happen, which its operator must hear of."""
+        happen, which its operator must hear of. An intent for an order that has a
+        risk row (``checked``: another hook asked for it first) was not cut."""
         alerts: list[Alert] = []
         for c in cut:
-            if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
-                rt.cut.setdefault(c.event_id, []).append(c)
-                continue
             d = _cut_trade(rt, c)
             if d is None:
                 continue
             key = _trade_key(d, c.hook_id, c.event_id, c.topic)
+            if (
+                d.intent.action not in ORDER_ACTIONS
+                and client_order_id(rt.agent_id, key) in checked
+            ):
+                continue
+            if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
+                rt.cut.setdefault(c.event_id, []).append(c)
+                continue
             if self.desk.refuse_cut(
                 d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=c.trace_id,
                 hook_id=c.hook_id, event_id=c.event_id,
@@ -709,7 +719,14 @@ class Dispatcher:
             outcome = await self._trade(rt, event, trace, c.hook_id, d)()
             about = {"agent": rt.agent_id, "hook": c.hook_id, "event_id": event.event_id}
             if outcome.duplicate:  # the kill came after the order was recorded
-                log.info("trade intent cut short by the stop: its order was placed", **about)
+                key = _trade_key(d, c.hook_id, event.event_id, event.topic)
+                rows = self.desk.restore_rows(
+                    d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=trace,
+                    hook_id=c.hook_id, event_id=event.event_id,
+                )  # fmt: skip
+                log.info(
+                    "trade intent cut short by the stop: its order was placed", rows=rows, **about
+                )
             else:
                 log.warning("trade intent cut short by the stop: acted on now", **about)
 

@@ -328,6 +328,9 @@ class Recent(msgspec.Struct, frozen=True):
     outputs: dict[str, dict[str, dict[str, Any]]]
     # Per agent, the intents the stop cut short, oldest first.
     cut: dict[str, list[CutIntent]] = msgspec.field(default_factory=dict)
+    # Client order ids with a risk row: an intent for one of them (a second hook
+    # asking for the same order) was checked once, and is no intent cut short.
+    checked: set[str] = msgspec.field(default_factory=set)
 
 
 def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Recent:
@@ -343,6 +346,7 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     was recorded (the broker knows, by its client order id)."""
     out: dict[str, dict[str, None]] = {}
     cut: dict[tuple[str, str, str], CutIntent] = {}
+    checked: set[str] = set()
     outputs = LastOutputs()
     budget = max_bytes
     chunks: list[bytes] = []
@@ -377,6 +381,9 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 cut.pop(
                     (rec.get("agentId", ""), rec.get("eventId", ""), rec.get("hookId", "")), None
                 )
+                coid = rec.get("clientOrderId")
+                if isinstance(coid, str):
+                    checked.add(coid)
                 continue
             if rec.get("type") != "hook":
                 continue
@@ -414,7 +421,8 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     by_agent: dict[str, list[CutIntent]] = {}
     for (agent, _, _), intent in cut.items():
         by_agent.setdefault(agent, []).append(intent)
-    return Recent({agent: list(ids) for agent, ids in out.items()}, outputs.by_agent, by_agent)
+    evaluated = {agent: list(ids) for agent, ids in out.items()}
+    return Recent(evaluated, outputs.by_agent, by_agent, checked)
 
 
 _TORN = re.compile(

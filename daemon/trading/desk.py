@@ -20,10 +20,10 @@ import msgspec
 
 from daemon.audit.records import AuditRecord
 from daemon.events import FeedEvent, Publish, iso_ms
-from daemon.trading.broker import Broker, OrderRequest, client_order_id
+from daemon.trading.broker import Broker, OrderRequest, child_order_id, client_order_id
 from daemon.trading.intents import ORDER_ACTIONS, RiskLimits, TradeIntent, TradingState
 from daemon.trading.portfolio import Order
-from daemon.trading.records import order_record_from_event, risk_record
+from daemon.trading.records import order_record, order_record_from_event, risk_record
 from daemon.trading.risk import CUT_SHORT, ORDER_NOT_FOUND, Reason, RiskEngine, Verdict
 
 
@@ -215,6 +215,43 @@ class TradeDesk:
         account = self.account_of(agent_id)
         self._write_verdict(verdict, intent, agent_id, trace_id, hook_id, event_id, coid, account)
         return True
+
+    def restore_rows(
+        self,
+        intent: TradeIntent,
+        *,
+        agent_id: str,
+        dedupe_key: str,
+        trace_id: str | None,
+        hook_id: str,
+        event_id: str,
+    ) -> int:
+        """Audit what the broker holds of ``intent``'s order, whose rows a kill took:
+        it came after the order was recorded and before the verdict's row and the
+        order's were written (they go in that order, so none of them was). The
+        verdict was an approval (the order exists); each order (the entry, its
+        stop-loss and take-profit) gets one row of its state now. Returns the rows
+        written (0: no such order)."""
+        coid = client_order_id(agent_id, dedupe_key)
+        order = self.broker.get_order(coid)
+        if order is None:
+            return 0
+        approved = Verdict(approved=True, order=intent)
+        self._write(
+            risk_record(
+                approved, intent, agent_id=agent_id, trace_id=trace_id, hook_id=hook_id,
+                event_id=event_id, client_order_id=coid, event_ts=iso_ms(order.created_ms),
+            )
+        )  # fmt: skip
+        orders = [order]
+        for role in ("stop_loss", "take_profit"):
+            child = self.broker.get_order(child_order_id(coid, role))
+            if child is not None:
+                orders.append(child)
+        for o in orders:
+            when = o.filled_ms if o.status == "FILLED" and o.filled_ms else o.updated_ms
+            self._write(order_record(o, self.broker.name, event_ts=iso_ms(when)))
+        return 1 + len(orders)
 
     def _write_verdict(
         self,

@@ -5,6 +5,7 @@ clock it is refused in the audit log (``CUT_SHORT``) and alerted, never placed l
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from daemon.agents.pipeline import open_agents
 from daemon.app import build_feeds
 from daemon.audit.reader import recent_evaluations
+from daemon.audit.writer import AuditWriter
 from daemon.config import Config
 from daemon.service import Service
 from daemon.trading.desk import TradeDesk
@@ -51,9 +53,10 @@ def quick_stop(cfg: Config) -> Config:
     return msgspec.structs.replace(cfg, daemon=daemon)
 
 
-async def run_cut(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+async def run_cut(cfg: Config, monkeypatch: pytest.MonkeyPatch, *, placed: bool = False) -> None:
     """Run until the CUT_AT-th intent reaches the desk, then hang there (the process
-    frozen after its rows were written) and stop: the drain is cut, as by a kill."""
+    frozen after its rows were written) and stop: the drain is cut, as by a kill.
+    ``placed``: hang after the desk recorded the order, its rows never written."""
     handle = TradeDesk.handle
     calls = 0
     reached = anyio.Event()
@@ -62,6 +65,10 @@ async def run_cut(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
         nonlocal calls
         calls += 1
         if calls == CUT_AT:
+            if placed:
+                with monkeypatch.context() as m:  # the rows stay queued: a kill takes them
+                    m.setattr(AuditWriter, "write", lambda self, record: None)
+                    await handle(self, *args, **kwargs)
             reached.set()
             await anyio.sleep_forever()
         return await handle(self, *args, **kwargs)
@@ -110,6 +117,41 @@ async def test_a_cut_off_intent_is_placed_at_its_own_event_after_the_restart(
     assert len(risk) == len(want) and all(r["approved"] for r in risk)
     hooks = [r for r in audit(root) if r["type"] == "hook"]
     assert len(hooks) == 60, "no event evaluated twice"
+    assert recent_evaluations(root / "state" / "audit").cut == {}
+
+
+async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kill came after the order was recorded, before its verdict's and order's
+    rows were written: the restart places nothing twice and audits the approval and
+    the order as the broker holds it (its fill, its stop-loss), once."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    ref = tmp_path / "ref"
+    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
+                  build_feeds, components=[open_agents])  # fmt: skip
+    with anyio.fail_after(60):
+        await svc.run()
+
+    root = tmp_path / "cut"
+    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
+    await run_cut(cfg, monkeypatch, placed=True)
+    assert len(fills(root)) == CUT_AT - 1, "the third order's rows were never written"
+    svc = Service(cfg, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    assert fills(root) == fills(ref)
+    risk = [r for r in audit(root) if r["type"] == "risk"]
+    assert len(risk) == len(fills(ref)) and all(r["approved"] for r in risk)
+    assert len({r["clientOrderId"] for r in risk}) == len(risk), "one verdict an order"
+    want = Counter((r["clientOrderId"], r["status"]) for r in audit(ref) if r["type"] == "order")
+    got = Counter((r["clientOrderId"], r["status"]) for r in audit(root) if r["type"] == "order")
+    assert got - want == Counter(), "no row twice"
+    # The restored rows are the orders' state at the restart: the entry's OPEN row,
+    # replaced by its fill on arrival, is the one the kill took for good.
+    (lost,) = (want - got).keys()
+    assert lost[1] == "OPEN" and (lost[0], "FILLED") in got
     assert recent_evaluations(root / "state" / "audit").cut == {}
 
 

@@ -171,7 +171,7 @@ def test_recent_rows_name_the_intents_a_stop_cut_short(tmp_path: Path) -> None:
 
     w = AuditWriter(tmp_path)
     w.write(intent("e1"))
-    w.write(risk(event_id="e1", hook_id="autotrade_x"))  # checked: done
+    w.write(risk(event_id="e1", hook_id="autotrade_x", client_order_id="mw-1"))  # checked
     w.write(intent("e2", suppressed_by="dedupe"))
     w.write(intent("e3"))
     w.write(risk(event_id="e3", hook_id="autotrade_other"))  # another hook's
@@ -187,6 +187,7 @@ def test_recent_rows_name_the_intents_a_stop_cut_short(tmp_path: Path) -> None:
             CutIntent("e4", topic, "autotrade_x", "t1", out),
         ]
     }
+    assert recent.checked == {"mw-1"}  # a second hook's intent for it was not cut
 
 
 def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: Path) -> None:
