@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from daemon.errors import StoreError
+from daemon.errors import NOT_JSON, StoreError
 from daemon.events import FeedEvent, decode, encode
 
 log = structlog.get_logger("backlog")
@@ -107,7 +107,7 @@ class Backlog:
             self._count -= 1
             try:
                 out.append(decode(line))
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (*NOT_JSON, msgspec.ValidationError):
                 self.unreadable += 1
                 log.warning("backlog line unreadable", path=str(self.path), skipped=self.unreadable)
         self._read_at = fh.tell()

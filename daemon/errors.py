@@ -26,7 +26,14 @@ adapter that meets them, never deeper.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+#: What decoding JSON bytes raises when they are not JSON: msgspec's DecodeError,
+#: and UnicodeDecodeError (no DecodeError) for a string that is not UTF-8, as a
+#: hostile peer sends or a kill leaves, tearing a line inside a character.
+NOT_JSON: Final = (msgspec.DecodeError, UnicodeDecodeError)
 
 
 class MarketwakeError(Exception):

@@ -26,7 +26,7 @@ import msgspec
 from daemon.atomicfile import write_atomic
 from daemon.config import StateSection
 from daemon.copytrade.book import BookSnapshot, LeaderBook
-from daemon.errors import StoreError
+from daemon.errors import NOT_JSON, StoreError
 from daemon.events import (
     COPYTRADE_SIGNALS,
     MARKET_CANDLE_CLOSED,
@@ -248,7 +248,7 @@ class StateCache:
         """
         try:
             snap = msgspec.json.decode(data, type=_Snapshot)
-        except msgspec.DecodeError as exc:
+        except NOT_JSON as exc:
             raise StoreError(f"state snapshot is not readable: {exc}") from None
         if snap.version != SNAPSHOT_VERSION:
             raise StoreError(

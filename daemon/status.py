@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from daemon.errors import StoreError, WorkspaceFileError
+from daemon.errors import NOT_JSON, StoreError, WorkspaceFileError
 from daemon.events import iso_ms
 from daemon.statedir import STATUS_FILE
 from hooks_runtime.safe_read import read_regular
@@ -283,5 +283,5 @@ def read_status(state_dir: Path) -> Status:
         return msgspec.json.decode(data, type=Status)
     except WorkspaceFileError as exc:  # (it names the file)
         raise StoreError(str(exc)) from None
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise StoreError(f"cannot read {path}: {exc}") from None

@@ -59,7 +59,7 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from daemon.errors import FeedProtocolError, ReplayError
+from daemon.errors import NOT_JSON, FeedProtocolError, ReplayError
 from daemon.events import (
     ACCOUNT_PREFIX,
     MARKET_CANDLE_CLOSED,
@@ -389,7 +389,7 @@ class ReplayFeed:
         try:
             event = decode(line)
             ms = parse_iso_ms(event.ts)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        except (*NOT_JSON, msgspec.ValidationError, ValueError) as exc:
             raise ReplayError(f"{self.path}:{lineno}: not a FeedEvent: {exc}") from None
         return [(ms, event)]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from daemon.errors import HookCrashed, HookRequestUnsendable
+from daemon.errors import NOT_JSON, HookCrashed, HookRequestUnsendable
 from hooks_runtime.config import SandboxConfig
 
 HookKind = Literal["wake", "autotrade", "copytrade"]
@@ -243,6 +243,6 @@ def decode_from_worker(body: bytes | memoryview) -> FromWorker:
     """Decode a worker → parent body; anything malformed is a crashed worker."""
     try:
         msg: FromWorker = _from_worker.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError, RecursionError) as exc:
         raise HookCrashed(f"worker sent a malformed frame: {exc}") from None
     return msg

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from daemon.errors import HookCompileError, HookCrashed, HookResultInvalid
+from daemon.errors import NOT_JSON, HookCompileError, HookCrashed, HookResultInvalid
 from hooks_runtime import hardening, policy
 from hooks_runtime.config import SandboxConfig
 from hooks_runtime.decisions import to_builtins
@@ -576,6 +576,6 @@ def main(bell_fd: int) -> None:
     _send_all(ipc_out, FrameEncoder().encode(ready))
     try:
         _serve(frames, Evaluator(cfg), ResultSender(ipc_out, cfg), bell, linger)
-    except (msgspec.DecodeError, msgspec.ValidationError, OSError, HookCrashed):
+    except (*NOT_JSON, msgspec.ValidationError, OSError, HookCrashed):
         os._exit(2)
     os._exit(0)

@@ -38,7 +38,7 @@ from daemon.bus import Bus, Subscription
 from daemon.config import Config, CopytradeSection
 from daemon.copytrade.follow import FollowSettings
 from daemon.copytrade.relay import LEADER_STATS_FILE, MAX_LEADER_STATS_BYTES, LeaderRelay
-from daemon.errors import StoreError, WorkspaceFileError
+from daemon.errors import NOT_JSON, StoreError, WorkspaceFileError
 from daemon.events import MARKETPLACE_STRATEGY_UPDATED, FeedEvent, signal_of
 from daemon.state import StateCache, write_snapshot
 from daemon.status import AccountStatus
@@ -331,7 +331,7 @@ def load_leader_stats(relay: LeaderRelay, path: Path) -> None:
         return
     try:
         relay.load_stats(read_regular(path, MAX_LEADER_STATS_BYTES, "the leader records"))
-    except (WorkspaceFileError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (WorkspaceFileError, *NOT_JSON, msgspec.ValidationError) as exc:
         log.warning("leader records unreadable; counting from zero", path=str(path), error=str(exc))
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from daemon.audit.files import AuditFile, list_files, open_lines
+from daemon.errors import NOT_JSON
 from daemon.events import iso_ms, now_ms, parse_iso_ms
 
 Record = dict[str, Any]
@@ -112,7 +113,7 @@ def parse_line(line: bytes, stats: Stats | None = None) -> Record | None:
     """One audit line as a dict, or None (counted) when it is not a JSON object."""
     try:
         value = _decoder.decode(line)
-    except msgspec.DecodeError:
+    except NOT_JSON:
         value = None
     if isinstance(value, dict):
         return value
@@ -438,7 +439,9 @@ def _torn_event(line: bytes) -> tuple[str, str] | None:
     torn. Its decisions had not acted yet (they wait for that write), so the
     event must be evaluated again, not counted as done from its whole rows."""
     m = _TORN.match(line)
-    return (m.group(1).decode(), m.group(2).decode()) if m else None
+    if m is None:
+        return None
+    return m.group(1).decode(errors="replace"), m.group(2).decode(errors="replace")
 
 
 def _note_intent(

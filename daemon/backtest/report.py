@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from daemon.audit.render import price_text
+from daemon.errors import NOT_JSON
 from daemon.events import parse_iso_ms
 from daemon.trading.matching import FillCosts, apply_fill
 from daemon.trading.paper_store import FillRow
@@ -348,7 +349,7 @@ class Tally:
         for line in lines:
             try:
                 row = _row.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (*NOT_JSON, msgspec.ValidationError):
                 continue
             if row.agent_id == self.agent:
                 self.add(row)

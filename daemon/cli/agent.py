@@ -20,7 +20,7 @@ from daemon import logs
 from daemon.agents.workspace import load_agent_config
 from daemon.cli.common import MAX_EVENT_FILE_BYTES, echo, load_config_or_defaults
 from daemon.config import Config
-from daemon.errors import StoreError
+from daemon.errors import NOT_JSON, StoreError
 from daemon.events import decode, iso_ms, now_ms
 from daemon.inputfile import read_input
 from daemon.llm.runner import LlmRunner, RegistryToolBox, Step
@@ -82,7 +82,7 @@ def _reason(event_path: Path | None) -> WakeReason:
         )  # fmt: skip
     try:
         event = decode(read_input(event_path, MAX_EVENT_FILE_BYTES))
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (OSError, *NOT_JSON, msgspec.ValidationError) as exc:
         raise click.ClickException(f"{event_path}: not a FeedEvent: {exc}") from None
     return WakeReason(
         hook_id="manual",

@@ -30,7 +30,7 @@ from daemon.copytrade.relay import (
     decode_stats,
 )
 from daemon.copytrade.view import checks
-from daemon.errors import MarketwakeError, StoreError, WorkspaceFileError
+from daemon.errors import NOT_JSON, MarketwakeError, StoreError, WorkspaceFileError
 from daemon.events import COPYTRADE_SIGNAL_OPENED, iso_ms, parse_iso_ms, topic_matches
 from daemon.state import StateCache, read_snapshot
 from daemon.statedir import SNAPSHOT_FILE
@@ -173,7 +173,7 @@ def _leader_records(path: Path) -> list[StrategyStats]:
         return []
     try:
         return decode_stats(read_regular(path, MAX_LEADER_STATS_BYTES, "the leader records"))
-    except (WorkspaceFileError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (WorkspaceFileError, *NOT_JSON, msgspec.ValidationError) as exc:
         echo(f"warning: leader records not shown: {exc}", err=True)
         return []
 

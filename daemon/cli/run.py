@@ -12,7 +12,7 @@ from daemon import config as config_mod
 from daemon.backtest.report import counted
 from daemon.cli.common import echo, echo_json, resolve_state_dir, state_dir_option
 from daemon.control import CONTROL_SOCKET, ask_status
-from daemon.errors import StoreError
+from daemon.errors import NOT_JSON, StoreError
 from daemon.logs import configure as configure_logging
 from daemon.printable import visible
 from daemon.statedir import STATUS_FILE, holder
@@ -216,7 +216,7 @@ def status_command(config_path: Path | None, state_dir: Path | None, as_json: bo
     if raw is not None:
         try:
             live = msgspec.json.decode(raw, type=Status)
-        except msgspec.DecodeError:
+        except NOT_JSON:
             live = None
         except msgspec.ValidationError:
             live = None

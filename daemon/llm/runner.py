@@ -33,7 +33,7 @@ import structlog
 
 from daemon.audit.records import LlmReport, ToolCallReport
 from daemon.config import unexpanded
-from daemon.errors import ConfigError
+from daemon.errors import NOT_JSON, ConfigError
 from daemon.llm.conversation import (
     Conversation,
     ToolCall,
@@ -286,7 +286,7 @@ def _error_of(text: str) -> str:
     """The one-line error of a tool's error answer (its ``message``, else the text)."""
     try:
         data = msgspec.json.decode(text)
-    except msgspec.DecodeError:
+    except NOT_JSON:
         return text[:200]
     if isinstance(data, dict):
         return str(data.get("message") or data.get("error") or text)[:200]

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from daemon.errors import StoreError
+from daemon.errors import NOT_JSON, StoreError
 from daemon.rag.schema import PAYLOAD_FIELDS, POINT_DTYPE, VECTORS, CollectionMeta
 from daemon.rag.store import F32, Coverage, Hit, QueryFilter, Range
 
@@ -179,7 +179,7 @@ class EmbeddedStore:
             # asarray drops the np.memmap subclass (slow __getitem__), keeps the mapping.
             points = np.asarray(np.load(d / "points.npy", mmap_mode="r"))
             vectors = {n: np.asarray(np.load(d / f"vec_{n}.npy", mmap_mode="r")) for n in VECTORS}
-        except (OSError, ValueError, msgspec.DecodeError) as exc:
+        except (OSError, ValueError, *NOT_JSON) as exc:
             raise StoreError(f"{d}: cannot load collection: {exc}") from None
         # One reference swap: concurrent readers see either snapshot, never a mix.
         self._snap = _Snapshot.of(gen, meta, points, vectors)

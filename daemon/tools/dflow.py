@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from daemon.errors import FeedError
+from daemon.errors import NOT_JSON, FeedError
 
 # Settlement mints a market's ``accounts`` map is keyed by: USDC first, then CASH.
 USDC_MINT = "EPjFWdd5AufqSSqeM2qN1xzybapC8G4wEGGkZwyTDt1v"
@@ -86,7 +86,7 @@ def decode(body: bytes, tp: type[Any]) -> Any:
     """``body`` as ``tp``; DflowError says what did not fit."""
     try:
         return msgspec.json.decode(body, type=tp)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise DflowError(f"unexpected answer from dflow: {exc}") from None
 
 
@@ -94,7 +94,7 @@ def error_message(status: int, body: bytes) -> str:
     """The API's own message for a non-200 answer, else the status."""
     try:
         msg = msgspec.json.decode(body, type=_ErrorBody).msg
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (*NOT_JSON, msgspec.ValidationError):
         msg = ""
     return f"HTTP {status}: {msg}" if msg else f"HTTP {status}"
 

@@ -17,7 +17,7 @@ from typing import Any
 import feedparser
 import msgspec
 
-from daemon.errors import FeedError
+from daemon.errors import NOT_JSON, FeedError
 
 # Text kept per headline: enough for the lexicon and the model, bounded.
 MAX_TITLE_CHARS = 300
@@ -93,7 +93,7 @@ def parse_search(body: bytes, source: str) -> list[Headline]:
     """A Tavily-style ``/search`` answer: ``{"results": [{title, url, content}]}``."""
     try:
         answer = msgspec.json.decode(body, type=_SearchAnswer)
-    except msgspec.DecodeError as exc:
+    except NOT_JSON as exc:
         raise SourceError(f"unexpected search answer: {exc}") from None
     return [
         Headline(
@@ -122,7 +122,7 @@ def parse_fear_greed(body: bytes) -> FearGreed:
     try:
         days = msgspec.json.decode(body, type=_FngAnswer).data
         value = int(days[0].value)
-    except (msgspec.DecodeError, IndexError, ValueError) as exc:
+    except (*NOT_JSON, IndexError, ValueError) as exc:
         raise SourceError(f"unexpected Fear & Greed answer: {exc or 'no data'}") from None
     if not 0 <= value <= 100:
         raise SourceError(f"Fear & Greed value {value} is outside 0..100")

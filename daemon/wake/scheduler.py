@@ -60,7 +60,7 @@ import structlog
 
 from daemon.audit.records import AuditRecord, RunRecord, WakeRecord, now_ts
 from daemon.clock import Clock, EventClock, SystemClock
-from daemon.errors import StoreError
+from daemon.errors import NOT_JSON, StoreError
 from daemon.events import iso_ms
 from daemon.wake.budget import SlidingWindowBudget
 from daemon.wake.context import (
@@ -194,7 +194,7 @@ class WakeScheduler:
         for run_id, due_at, body in rows:
             try:
                 saved = _saved_decoder.decode(body)
-            except msgspec.DecodeError as exc:  # keep the rest; say what was lost
+            except NOT_JSON as exc:  # keep the rest; say what was lost
                 log.error(
                     "unreadable queued run dropped", agent=self.agent_id, run=run_id, error=str(exc)
                 )

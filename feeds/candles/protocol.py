@@ -22,7 +22,7 @@ from typing import Final
 
 import msgspec
 
-from daemon.errors import FeedProtocolError
+from daemon.errors import NOT_JSON, FeedProtocolError
 from daemon.events import (
     MARKET_CANDLE_CLOSED,
     MARKET_CANDLE_UPDATED,
@@ -172,7 +172,7 @@ def parse_candles(body: bytes, timeframe: str) -> list[Candle]:
     tf_ms = timeframe_ms(timeframe)
     try:
         wire = _candles_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"bad candles response: {exc} ({_snippet(body)})") from None
     by_start = {c.open_time_ms: c for c in (wire_candle(w, tf_ms) for w in wire.candles)}
     return [by_start[k] for k in sorted(by_start)]
@@ -182,7 +182,7 @@ def parse_server_time(body: bytes) -> int:
     """Server time in epoch ms from ``GET /time`` (string or numeric fields)."""
     try:
         wire = _time_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"bad /time response: {exc} ({_snippet(body)})") from None
     try:
         if wire.epochMillis is not None:
@@ -204,7 +204,7 @@ def describe_error(status: int, body: bytes) -> str:
     """A readable message for an error response (Coinbase's error shape if present)."""
     try:
         err = _error_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (*NOT_JSON, msgspec.ValidationError):
         return f"HTTP {status}: {_snippet(body)}"
     detail = err.error_details or err.message
     return f"HTTP {status} {err.error or ''}: {detail}".rstrip(": ")

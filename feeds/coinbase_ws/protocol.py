@@ -24,7 +24,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
-from daemon.errors import FeedProtocolError
+from daemon.errors import NOT_JSON, FeedProtocolError
 from daemon.events import Candle, parse_iso_ms
 from feeds.candles.protocol import WireCandle, wire_candle
 
@@ -366,7 +366,7 @@ def parse_frame(data: str | bytes) -> Frame:
                 subs.update(event.subscriptions)
             return SubscriptionsFrame(sequence_num=env.sequence_num, subscriptions=subs)
         return OtherFrame(channel=env.channel[:64], sequence_num=env.sequence_num)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"malformed frame: {exc}") from None
 
 

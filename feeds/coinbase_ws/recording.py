@@ -28,7 +28,7 @@ from typing import Final
 
 import msgspec
 
-from daemon.errors import FeedProtocolError
+from daemon.errors import NOT_JSON, FeedProtocolError
 from daemon.events import Candle, FeedEvent
 from feeds.candles.protocol import closed_event
 from feeds.coinbase_ws.feed import tick_event
@@ -69,7 +69,7 @@ class RecordedLine(msgspec.Struct, frozen=True, kw_only=True):
 def _head(line: str | bytes) -> _Line:
     try:
         return _line_decoder.decode(line)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"not a Coinbase message: {exc}") from None
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Final, TypeVar
 
 import msgspec
 
-from daemon.errors import SignalRejected
+from daemon.errors import NOT_JSON, SignalRejected
 from daemon.events import (
     Amount,
     SignalKind,
@@ -114,7 +114,7 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes, what: str) -> T:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise SignalRejected(422, f"invalid {what}: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except NOT_JSON as exc:
         raise SignalRejected(400, f"body is not JSON: {exc}") from None
 
 

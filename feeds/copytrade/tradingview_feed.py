@@ -29,7 +29,7 @@ import structlog
 from aiohttp import web
 
 from daemon.audit.records import SignalRecord, now_ts
-from daemon.errors import SignalRejected, StoreError
+from daemon.errors import NOT_JSON, SignalRejected, StoreError
 from daemon.events import FeedEvent, now_ms, signal_event
 from feeds.config import TradingViewHookSection, TradingViewSection
 from feeds.copytrade.alert_inbox import AlertInbox
@@ -113,7 +113,7 @@ class TradingViewFeed(SignalDoor):
         if state is not None:
             try:
                 self.mapper.load(state)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except (*NOT_JSON, msgspec.ValidationError) as exc:
                 log.warning("tradingview positions unreadable; starting flat", error=str(exc))
         # alerts a stop left answered but not mapped: stored now, published with the
         # other unpublished signals when the door opens
@@ -147,7 +147,7 @@ class TradingViewFeed(SignalDoor):
                     signal_event(s, SOURCE, received)
                     for s in self.mapper.map(leader, symbol, alert)
                 ]
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            except (*NOT_JSON, msgspec.ValidationError, ValueError) as exc:
                 log.warning("tradingview alert not mapped", leader=leader, error=str(exc))
             try:
                 await self.run_inbox(self._inbox.mapped, seq, events, self.mapper.dump(), now_ms())

@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from daemon.errors import FeedProtocolError
+from daemon.errors import NOT_JSON, FeedProtocolError
 from daemon.events import MARKET_MOVERS_DETECTED, FeedEvent, MoverPayload, iso_ms
 
 SOURCE: Final = "movers"
@@ -60,7 +60,7 @@ def parse_products(body: bytes, quotes: frozenset[str]) -> list[Quote]:
     """The tradable products of a response (any quote when ``quotes`` is empty)."""
     try:
         wire = _decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (*NOT_JSON, msgspec.ValidationError) as exc:
         raise FeedProtocolError(f"products response is not the expected JSON: {exc}") from None
     out = []
     for p in wire.products:

@@ -225,6 +225,8 @@ def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: P
     w.close()
     with path.open("ab") as f:
         f.write(encode_line(risk(event_id="e3", trace_id="t2"))[:60] + b"\n")
+    with path.open("ab") as f:  # bytes that are no UTF-8 where the names go
+        f.write(b'{"type":"hook","ts":"x","agentId":"\xff\xfe","traceId":"\xc3"\n')
     recent = recent_evaluations(tmp_path)
     assert recent.evaluated == {"alpha": ["e1", "e2"], "beta": ["e2"]}
     assert recent.outputs["alpha"]["h1"]["reason"] == "two again" and recent.cut == {}
