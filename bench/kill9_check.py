@@ -10,7 +10,8 @@ other run is started, SIGKILLed after 0.4 to 2 s, and started again until it
 finishes by itself. Compared with the reference: each (event, hook)'s decision
 and what suppressed it (its newest row: an event whose write a kill tore is
 evaluated again, and both rows stay), the paper account's orders and fills, and
-the wake runs. Rows written after an action (the wake's, the run's, the order's)
+the wake runs of the last week (older run history is pruned, by each process at
+its first run, so at different moments). Rows written after an action (the wake's, the run's, the order's)
 may be lost by a kill and are only counted, as are torn lines, hook rows written
 again and intents acted on at a restart. Prints one line per run and the share
 of runs identical to the reference.
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from candles import head  # bench/ is on the path when run as a script
 
+from daemon.wake.store import KEEP_SECONDS, PRUNE_EVERY_SECONDS
 from feeds.synthetic import generate_candles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +50,9 @@ class Outcome:
     torn: int  # lines a kill tore mid-write
     orders: list[tuple[str, str]]
     fills: list[tuple[str, float, float, int]]
-    wake_runs: int
+    # Start times of the wake runs no history prune can have taken (each process
+    # prunes at its first run, so when rows older than the kept week go differs).
+    wake_runs: list[float]
     other_rows: int  # written after an action: a kill may lose them
 
     def differs(self, ref: Outcome) -> list[str]:
@@ -131,7 +135,14 @@ def outcome(state: Path) -> Outcome:
                 "SELECT client_order_id, signed_qty, price, ts_ms FROM fills"
                 " ORDER BY client_order_id, ts_ms"
             ).fetchall(),
-            int(wake.execute("SELECT COUNT(*) FROM wake_runs").fetchone()[0]),
+            [
+                started
+                for (started,) in wake.execute(
+                    "SELECT started_at FROM wake_runs WHERE started_at >"
+                    " (SELECT MAX(started_at) FROM wake_runs) - ? ORDER BY started_at",
+                    (KEEP_SECONDS - PRUNE_EVERY_SECONDS,),
+                )
+            ],
             other,
         )
     finally:
@@ -158,7 +169,7 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
         ref_s = time.perf_counter() - start
         print(
             f"reference: {candles} candles in {ref_s:.1f}s, {len(ref.hook_rows)} hook rows, "
-            f"{len(ref.orders)} orders, {len(ref.fills)} fills, {ref.wake_runs} wake runs"
+            f"{len(ref.orders)} orders, {len(ref.fills)} fills, {len(ref.wake_runs)} wake runs in the last (unpruned) week"
         )
         same = 0
         for n in range(runs):

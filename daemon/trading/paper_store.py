@@ -116,8 +116,12 @@ class PaperStore:
         )
         try:
             self._migrate()
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # One transaction: a kill between the tables and the version left a
+            # current store marked version 0, which no start could open again
+            # (its migration added a column the store already had).
+            self._db.executescript(
+                f"BEGIN;\n{_SCHEMA}\nPRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;"
+            )
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{path}: cannot open paper broker store: {exc}") from None
         self.path = path
@@ -130,6 +134,10 @@ class PaperStore:
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'orders'"
         ).fetchone()
         if version >= SCHEMA_VERSION or not has_orders:
+            return
+        fills = {row[1] for row in self._db.execute("PRAGMA table_info(fills)")}
+        if {"account", "fee"} <= fills:  # current tables, their version never written
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             return
         steps = ([] if version >= 1 else _MIGRATE_V1.split(";")) + [_MIGRATE_V2]
         with self._db.atomic():

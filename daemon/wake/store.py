@@ -25,6 +25,7 @@ from daemon.sqlite import add_columns, open_sqlite
 
 FILE_NAME = "wake.sqlite3"
 PRUNE_EVERY_SECONDS = 3600.0  # of run start times (event time in a replay)
+KEEP_SECONDS = 7 * 86400.0  # run history kept (older rows pruned, the next hour's prune)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS wake_runs (
@@ -56,7 +57,7 @@ class RunStore:
         self,
         path: Path,
         *,
-        keep_seconds: float = 7 * 86400,
+        keep_seconds: float = KEEP_SECONDS,
         synchronous: Literal["OFF", "NORMAL"] = "NORMAL",
     ) -> None:
         self.path = Path(path)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
+from daemon.sqlite import Connection
 from daemon.trading.matching import FillCosts
 from daemon.trading.paper import PaperBroker
 from daemon.trading.paper_store import RECENT_ORDERS, SCHEMA_VERSION, FillRow, PaperStore
@@ -114,3 +116,38 @@ def test_the_order_rate_check_reads_by_index(tmp_path: Path) -> None:
         assert "orders_recent" in " ".join(str(row[-1]) for row in plan)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "OFF"])
+def test_a_store_whose_creation_a_kill_cut_opens_and_is_created_whole(
+    tmp_path: Path, synchronous: Literal["FULL", "OFF"]
+) -> None:
+    """A kill between the tables and their version once left a current store marked
+    version 0: every later start failed ("duplicate column name: account"). Such a
+    store opens (found by bench/kill9_check.py), and a new one gets its tables and
+    version in one transaction."""
+    path = tmp_path / "paper.sqlite3"
+    PaperStore(path, synchronous).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=0")  # as the kill left it
+    db.close()
+    store = PaperStore(path, synchronous)
+    try:
+        assert store.all_orders() == []
+        (version,) = store._db.execute("PRAGMA user_version").fetchone()
+        assert version == SCHEMA_VERSION
+    finally:
+        store.close()
+    script: list[str] = []
+    real = Connection.executescript
+
+    def spy(self: sqlite3.Connection, sql: str) -> sqlite3.Cursor:
+        script.append(sql)
+        return real(self, sql)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Connection, "executescript", spy)
+        PaperStore(tmp_path / "new.sqlite3", synchronous).close()
+    (created,) = [s for s in script if "CREATE TABLE" in s]
+    assert created.startswith("BEGIN;") and created.rstrip().endswith("COMMIT;")
+    assert "PRAGMA user_version" in created
