@@ -192,6 +192,9 @@ class Dispatcher:
     # Hands the audit rows queued so far to the OS (AuditWriter.write_ahead); None
     # for a scratch state dir, which no restart reads.
     write_ahead: Callable[[], None] | None = None
+    # Orders the broker finished at start (recorded, never opened, before a stop):
+    # their rows were written then, so a cut intent of theirs only lacks its verdict.
+    recovered: set[str] = field(default_factory=set)
     # (agent, signal event id) of copied orders already alerted as refused
     _refused: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
     # The hook store's failure while it lasts: decisions that would act are suppressed
@@ -673,14 +676,14 @@ class Dispatcher:
             if d is None:
                 continue
             key = _trade_key(d, c.hook_id, c.event_id, c.topic)
-            if (
-                d.intent.action not in ORDER_ACTIONS
-                and client_order_id(rt.agent_id, key) in checked
-            ):
+            new_order = d.intent.action not in ORDER_ACTIONS
+            if new_order and client_order_id(rt.agent_id, key) in checked:
                 continue
             if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
                 rt.cut.setdefault(c.event_id, []).append(c)
                 continue
+            if new_order and self._restore_rows(rt, c, d, key, c.trace_id):
+                continue  # the kill came after the order was recorded: not cut
             if self.desk.refuse_cut(
                 d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=c.trace_id,
                 hook_id=c.hook_id, event_id=c.event_id,
@@ -701,6 +704,17 @@ class Dispatcher:
                 )  # fmt: skip
         return alerts
 
+    def _restore_rows(
+        self, rt: AgentRuntime, c: CutIntent, d: Trade, key: str, trace: str | None
+    ) -> int:
+        """The rows a kill took of a cut intent whose order the broker has (see
+        :meth:`TradeDesk.restore_rows`); 0 when it has none."""
+        coid = client_order_id(rt.agent_id, key)
+        return self.desk.restore_rows(
+            d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=trace,
+            hook_id=c.hook_id, event_id=c.event_id, orders=coid not in self.recovered,
+        )  # fmt: skip
+
     async def _redo_cut(self, rt: AgentRuntime, event: FeedEvent) -> None:
         """The intents of ``event`` that a stop cut short (its rows written, no risk
         row; see :func:`recent_evaluations`), acted on now that ``event`` is here
@@ -720,10 +734,7 @@ class Dispatcher:
             about = {"agent": rt.agent_id, "hook": c.hook_id, "event_id": event.event_id}
             if outcome.duplicate:  # the kill came after the order was recorded
                 key = _trade_key(d, c.hook_id, event.event_id, event.topic)
-                rows = self.desk.restore_rows(
-                    d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=trace,
-                    hook_id=c.hook_id, event_id=event.event_id,
-                )  # fmt: skip
+                rows = self._restore_rows(rt, c, d, key, trace)
                 log.info(
                     "trade intent cut short by the stop: its order was placed", rows=rows, **about
                 )

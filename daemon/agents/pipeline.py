@@ -177,7 +177,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                     service.tools.ctx.agent_view = manager.agent_view
             io.start(_forward, receive, service)
             io.start(alerts.run)
-            await broker.recover(as_recorded=cfg.event_time)
+            recovered = await broker.recover(as_recorded=cfg.event_time)
+            dispatcher.recovered = {order.client_order_id for order in recovered}
             tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
             tg.start_soon(manager.run)
             await manager.wait_loaded()

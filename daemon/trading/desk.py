@@ -225,13 +225,15 @@ class TradeDesk:
         trace_id: str | None,
         hook_id: str,
         event_id: str,
+        orders: bool = True,
     ) -> int:
         """Audit what the broker holds of ``intent``'s order, whose rows a kill took:
         it came after the order was recorded and before the verdict's row and the
         order's were written (they go in that order, so none of them was). The
         verdict was an approval (the order exists); each order (the entry, its
-        stop-loss and take-profit) gets one row of its state now. Returns the rows
-        written (0: no such order)."""
+        stop-loss and take-profit) gets one row of its state now, unless ``orders``
+        is False (the broker finished the order at start and wrote its rows then).
+        Returns the rows written (0: no such order)."""
         coid = client_order_id(agent_id, dedupe_key)
         order = self.broker.get_order(coid)
         if order is None:
@@ -243,15 +245,17 @@ class TradeDesk:
                 event_id=event_id, client_order_id=coid, event_ts=iso_ms(order.created_ms),
             )
         )  # fmt: skip
-        orders = [order]
+        if not orders:
+            return 1
+        held = [order]
         for role in ("stop_loss", "take_profit"):
             child = self.broker.get_order(child_order_id(coid, role))
             if child is not None:
-                orders.append(child)
-        for o in orders:
+                held.append(child)
+        for o in held:
             when = o.filled_ms if o.status == "FILLED" and o.filled_ms else o.updated_ms
             self._write(order_record(o, self.broker.name, event_ts=iso_ms(when)))
-        return 1 + len(orders)
+        return 1 + len(held)
 
     def _write_verdict(
         self,

@@ -20,6 +20,7 @@ from daemon.audit.writer import AuditWriter
 from daemon.config import Config
 from daemon.service import Service
 from daemon.trading.desk import TradeDesk
+from daemon.trading.paper import PaperBroker
 from feeds.synthetic import generate_candles
 from tests.agents.test_pipeline import audit, workspace
 from tests.agents.test_replay_restart import config
@@ -53,21 +54,33 @@ def quick_stop(cfg: Config) -> Config:
     return msgspec.structs.replace(cfg, daemon=daemon)
 
 
-async def run_cut(cfg: Config, monkeypatch: pytest.MonkeyPatch, *, placed: bool = False) -> None:
+async def run_cut(
+    cfg: Config, monkeypatch: pytest.MonkeyPatch, *, stage: str = "rows written"
+) -> None:
     """Run until the CUT_AT-th intent reaches the desk, then hang there (the process
     frozen after its rows were written) and stop: the drain is cut, as by a kill.
-    ``placed``: hang after the desk recorded the order, its rows never written."""
+    ``stage`` "placed": hang once the desk placed the order, its rows never written;
+    "recorded": once the broker recorded it (PENDING_SUBMIT), its verdict's row
+    never written and the order never opened."""
     handle = TradeDesk.handle
     calls = 0
     reached = anyio.Event()
+
+    async def frozen(*args: Any, **kwargs: Any) -> None:
+        reached.set()
+        await anyio.sleep_forever()
 
     async def hanging(self: TradeDesk, *args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == CUT_AT:
-            if placed:
-                with monkeypatch.context() as m:  # the rows stay queued: a kill takes them
+            with monkeypatch.context() as m:  # the rows stay queued: a kill takes them
+                if stage == "placed":
                     m.setattr(AuditWriter, "write", lambda self, record: None)
+                    await handle(self, *args, **kwargs)
+                elif stage == "recorded":
+                    m.setattr(TradeDesk, "_write_verdict", lambda self, *a: None)
+                    m.setattr(PaperBroker, "_open", frozen)
                     await handle(self, *args, **kwargs)
             reached.set()
             await anyio.sleep_forever()
@@ -120,12 +133,15 @@ async def test_a_cut_off_intent_is_placed_at_its_own_event_after_the_restart(
     assert recent_evaluations(root / "state" / "audit").cut == {}
 
 
+@pytest.mark.parametrize("stage", ["placed", "recorded"])
 async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
-    """The kill came after the order was recorded, before its verdict's and order's
+    """The kill came after the order was placed, before its verdict's and order's
     rows were written: the restart places nothing twice and audits the approval and
-    the order as the broker holds it (its fill, its stop-loss), once."""
+    the order as the broker holds it (its fill, its stop-loss), once. Recorded and
+    never opened, the broker opens it at start (its rows written then): the restart
+    adds the approval only."""
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=11, n=60, timeframe="1m")
     ref = tmp_path / "ref"
@@ -136,7 +152,7 @@ async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
 
     root = tmp_path / "cut"
     cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
-    await run_cut(cfg, monkeypatch, placed=True)
+    await run_cut(cfg, monkeypatch, stage=stage)
     assert len(fills(root)) == CUT_AT - 1, "the third order's rows were never written"
     svc = Service(cfg, build_feeds, components=[open_agents])
     with anyio.fail_after(60):
@@ -148,10 +164,13 @@ async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
     want = Counter((r["clientOrderId"], r["status"]) for r in audit(ref) if r["type"] == "order")
     got = Counter((r["clientOrderId"], r["status"]) for r in audit(root) if r["type"] == "order")
     assert got - want == Counter(), "no row twice"
-    # The restored rows are the orders' state at the restart: the entry's OPEN row,
-    # replaced by its fill on arrival, is the one the kill took for good.
-    (lost,) = (want - got).keys()
-    assert lost[1] == "OPEN" and (lost[0], "FILLED") in got
+    if stage == "placed":
+        # The restored rows are the orders' state at the restart: the entry's OPEN
+        # row, replaced by its fill on arrival, is the one the kill took for good.
+        (lost,) = (want - got).keys()
+        assert lost[1] == "OPEN" and (lost[0], "FILLED") in got
+    else:
+        assert got == want
     assert recent_evaluations(root / "state" / "audit").cut == {}
 
 
@@ -216,3 +235,26 @@ async def test_a_trade_events_rows_are_all_handed_to_the_os_before_the_next_even
         await svc.run()
     assert len(fills(tmp_path)) == 6
     assert left == [0] * 6
+
+
+async def test_on_wall_clock_a_cut_intent_whose_order_was_placed_gets_its_rows_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live, the kill came after the order was placed: nothing is refused or
+    alerted, and the approval and the order's state are audited at the start."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    root = tmp_path / "cut"
+    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
+    await run_cut(cfg, monkeypatch, stage="placed")
+    (cut,) = recent_evaluations(root / "state" / "audit").cut["alpha"]
+    wall = msgspec.structs.replace(cfg, daemon=msgspec.structs.replace(cfg.daemon, clock="wall"))
+    svc = Service(wall, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    risk = [r for r in audit(root) if r["type"] == "risk" and r["eventId"] == cut.event_id]
+    assert [r["approved"] for r in risk] == [True]
+    coid = risk[0]["clientOrderId"]
+    assert (coid, "FILLED") in {(r["clientOrderId"], r["status"]) for r in audit(root)
+                                if r["type"] == "order"}  # fmt: skip
+    assert recent_evaluations(root / "state" / "audit").cut == {}
