@@ -71,7 +71,7 @@ from daemon.events import (
 from daemon.logs import Outage
 from daemon.state import StateCache
 from daemon.trading.broker import client_order_id
-from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
+from daemon.trading.desk import AuditSink, IntentOf, TradeDesk, TradeOutcome
 from daemon.trading.intents import ORDER_ACTIONS
 from daemon.trading.risk import CUT_SHORT
 from daemon.trading.route import MarketRoutes
@@ -684,10 +684,7 @@ class Dispatcher:
                 continue
             if new_order and self._restore_rows(rt, c, d, key, c.trace_id):
                 continue  # the kill came after the order was recorded: not cut
-            if self.desk.refuse_cut(
-                d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=c.trace_id,
-                hook_id=c.hook_id, event_id=c.event_id,
-            ):  # fmt: skip
+            if self.desk.refuse_cut(d.intent, _intent_of(rt, c, key, c.trace_id)):
                 log.warning(
                     "trade intent cut short by the stop: not placed (live: the market moved on)",
                     agent=rt.agent_id,
@@ -709,11 +706,8 @@ class Dispatcher:
     ) -> int:
         """The rows a kill took of a cut intent whose order the broker has (see
         :meth:`TradeDesk.restore_rows`); 0 when it has none."""
-        coid = client_order_id(rt.agent_id, key)
-        return self.desk.restore_rows(
-            d.intent, agent_id=rt.agent_id, dedupe_key=key, trace_id=trace,
-            hook_id=c.hook_id, event_id=c.event_id, orders=coid not in self.recovered,
-        )  # fmt: skip
+        recovered = client_order_id(rt.agent_id, key) in self.recovered
+        return self.desk.restore_rows(d.intent, _intent_of(rt, c, key, trace), orders=not recovered)
 
     async def _redo_cut(self, rt: AgentRuntime, event: FeedEvent) -> None:
         """The intents of ``event`` that a stop cut short (its rows written, no risk
@@ -900,6 +894,13 @@ def _timed(event: FeedEvent) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _intent_of(rt: AgentRuntime, c: CutIntent, key: str, trace: str | None) -> IntentOf:
+    return IntentOf(
+        agent_id=rt.agent_id, dedupe_key=key, trace_id=trace, hook_id=c.hook_id,
+        event_id=c.event_id,
+    )  # fmt: skip
 
 
 def _cut_trade(rt: AgentRuntime, c: CutIntent) -> Trade | None:

@@ -56,6 +56,17 @@ class TradeOutcome(msgspec.Struct, frozen=True, kw_only=True):
     duplicate: bool = False
 
 
+class IntentOf(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose an intent is and where it came from: what its audit rows name, and the
+    key of its client order id."""
+
+    agent_id: str
+    dedupe_key: str
+    trace_id: str | None
+    hook_id: str
+    event_id: str
+
+
 class TradeDesk:
     """Risk engines per agent in front of one broker, with every step audited.
 
@@ -184,16 +195,7 @@ class TradeDesk:
             done = await broker.modify(coid, intent)
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=done)
 
-    def refuse_cut(
-        self,
-        intent: TradeIntent,
-        *,
-        agent_id: str,
-        dedupe_key: str,
-        trace_id: str | None,
-        hook_id: str,
-        event_id: str,
-    ) -> bool:
+    def refuse_cut(self, intent: TradeIntent, of: IntentOf) -> bool:
         """Audit ``intent``, which a stop cut short and which is not acted on late,
         as refused (``CUT_SHORT``); False when the broker shows it done (the kill
         came after its order was recorded, or its order is no longer working)."""
@@ -204,7 +206,7 @@ class TradeDesk:
             if order is None or order.status != "OPEN":
                 return False
         else:
-            coid = client_order_id(agent_id, dedupe_key)
+            coid = client_order_id(of.agent_id, of.dedupe_key)
             if self.broker.get_order(coid) is not None:
                 return False
         why = (
@@ -212,21 +214,13 @@ class TradeDesk:
             "time it is not acted on after the restart (the market has moved on)"
         )
         verdict = Verdict(approved=False, reasons=(Reason(CUT_SHORT, why),))
-        account = self.account_of(agent_id)
-        self._write_verdict(verdict, intent, agent_id, trace_id, hook_id, event_id, coid, account)
+        account = self.account_of(of.agent_id)
+        self._write_verdict(
+            verdict, intent, of.agent_id, of.trace_id, of.hook_id, of.event_id, coid, account
+        )
         return True
 
-    def restore_rows(
-        self,
-        intent: TradeIntent,
-        *,
-        agent_id: str,
-        dedupe_key: str,
-        trace_id: str | None,
-        hook_id: str,
-        event_id: str,
-        orders: bool = True,
-    ) -> int:
+    def restore_rows(self, intent: TradeIntent, of: IntentOf, *, orders: bool = True) -> int:
         """Audit what the broker holds of ``intent``'s order, whose rows a kill took:
         it came after the order was recorded and before the verdict's row and the
         order's were written (they go in that order, so none of them was). The
@@ -234,15 +228,16 @@ class TradeDesk:
         stop-loss and take-profit) gets one row of its state now, unless ``orders``
         is False (the broker finished the order at start and wrote its rows then).
         Returns the rows written (0: no such order)."""
-        coid = client_order_id(agent_id, dedupe_key)
+        coid = client_order_id(of.agent_id, of.dedupe_key)
         order = self.broker.get_order(coid)
         if order is None:
             return 0
         approved = Verdict(approved=True, order=intent)
         self._write(
             risk_record(
-                approved, intent, agent_id=agent_id, trace_id=trace_id, hook_id=hook_id,
-                event_id=event_id, client_order_id=coid, event_ts=iso_ms(order.created_ms),
+                approved, intent, agent_id=of.agent_id, trace_id=of.trace_id,
+                hook_id=of.hook_id, event_id=of.event_id, client_order_id=coid,
+                event_ts=iso_ms(order.created_ms),
             )
         )  # fmt: skip
         if not orders:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from daemon.audit.records import OrderRecord, RiskRecord
 from daemon.events import ACCOUNT_ORDER_MODIFIED, FeedEvent
-from daemon.trading.desk import TradeDesk
+from daemon.trading.desk import IntentOf, TradeDesk
 from daemon.trading.intents import RiskLimits, TradeIntent, TradingState, parse_intent
 from daemon.trading.paper import PaperBroker
 from tests.trading.conftest import Audit
@@ -130,13 +130,17 @@ async def test_a_cut_short_intent_is_refused_unless_the_broker_shows_it_done(
     longer working, is done (nothing written); anything else gets a CUT_SHORT row."""
     desk = TradeDesk(broker, audit)
     coid = await _resting(desk, broker)
-    about = {"agent_id": "a", "trace_id": "t", "hook_id": "autotrade_x", "event_id": "e1"}
+
+    def of(key: str) -> IntentOf:
+        return IntentOf(agent_id="a", dedupe_key=key, trace_id="t", hook_id="autotrade_x",
+                        event_id="e1")  # fmt: skip
+
     written = len(audit)
-    assert not desk.refuse_cut(parse_intent(LIMIT), dedupe_key="k", **about)  # placed
+    assert not desk.refuse_cut(parse_intent(LIMIT), of("k"))  # placed
     assert len(audit) == written
-    assert desk.refuse_cut(parse_intent(LIMIT), dedupe_key="other", **about)
+    assert desk.refuse_cut(parse_intent(LIMIT), of("other"))
     cancel = parse_intent({"action": "CANCEL_ORDER", "symbol": "BTC", "orderId": coid})
-    assert desk.refuse_cut(cancel, dedupe_key="-", **about)  # still working
+    assert desk.refuse_cut(cancel, of("-"))  # still working
     rows = audit[written:]
     assert [(r.approved, r.reasons[0]["code"]) for r in rows if isinstance(r, RiskRecord)] == [
         (False, "CUT_SHORT"),
@@ -144,6 +148,6 @@ async def test_a_cut_short_intent_is_refused_unless_the_broker_shows_it_done(
     ]
     assert broker.get_order(coid) is not None
     await desk.handle(cancel, agent_id="a", dedupe_key="c", trace_id="t")
-    assert not desk.refuse_cut(cancel, dedupe_key="-", **about)  # canceled since
+    assert not desk.refuse_cut(cancel, of("-"))  # canceled since
     gone = parse_intent({"action": "CANCEL_ORDER", "symbol": "BTC", "orderId": "mw-unknown"})
-    assert not desk.refuse_cut(gone, dedupe_key="-", **about)
+    assert not desk.refuse_cut(gone, of("-"))
