@@ -666,7 +666,8 @@ class Dispatcher:
         which comes again on event time (the replay resumes before it) and for a
         signal (known by id). A live market event does not: its intent is refused
         in the audit log (the market has moved on since the decision), unless the
-        broker has its order (the kill came after it was recorded). Returns the
+        broker has its order (the kill came after it was recorded: its rows are
+        written instead). Returns the
         alerts to raise for the refused ones: a trade the agent decided on did not
         happen, which its operator must hear of. An intent for an order that has a
         risk row (``checked``: another hook asked for it first) was not cut."""
