@@ -258,3 +258,45 @@ async def test_on_wall_clock_a_cut_intent_whose_order_was_placed_gets_its_rows_b
     assert (coid, "FILLED") in {(r["clientOrderId"], r["status"]) for r in audit(root)
                                 if r["type"] == "order"}  # fmt: skip
     assert recent_evaluations(root / "state" / "audit").cut == {}
+
+
+@pytest.mark.parametrize("clock", ["event", "wall"])
+async def test_broken_cut_rows_in_the_audit_are_skipped_not_fatal(
+    tmp_path: Path, clock: str
+) -> None:
+    """The audit log is a file an operator (or a disk) can damage: intents in it that
+    no longer parse, or name an agent that is gone, cost a warning, not the start."""
+    from daemon.audit.records import HookRecord
+
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=20, timeframe="1m")
+    first = int(csv.read_text().splitlines()[1].split(",")[0])
+    ids = [f"replay:BTC-USD:1m:{first + 60_000 * n}" for n in (3, 6)]
+    bad = [
+        {"decision": "TRADE_INTENT", "reason": "r", "intent": "not an object"},
+        {"decision": "TRADE_INTENT", "reason": "r", "intent": {
+            "action": "PLACE_MARKET_ORDER", "symbol": "B" * 5000, "side": "buy", "volume": 1e308}},
+    ]  # fmt: skip
+    w = AuditWriter(tmp_path / "state" / "audit")
+    for agent in ("alpha", "gone"):
+        for event_id, output in zip(ids, bad, strict=True):
+            w.write(HookRecord(
+                ts="2026-01-01T00:00:00.000Z", agent_id=agent, trace_id="t", hook_id="autotrade_x",
+                revision="r", kind="autotrade", event_id=event_id, topic="market.candle.closed",
+                decision="TRADE_INTENT", reason="r", output=output,
+            ))  # fmt: skip
+    w.close()
+    assert len(recent_evaluations(tmp_path / "state" / "audit").cut["alpha"]) == 2
+    cfg = config(tmp_path, workspace(tmp_path, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0)
+    cfg = msgspec.structs.replace(cfg, daemon=msgspec.structs.replace(cfg.daemon, clock=clock))
+    svc = Service(cfg, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    rows = audit(tmp_path)
+    assert not [r for r in rows if r["type"] == "risk" and r["eventId"] in ids]
+    evaluated = [
+        r["eventId"] for r in rows if r.get("hookId") == "autotrade_fifth" and r["type"] == "hook"
+    ]
+    everything = [f"replay:BTC-USD:1m:{first + 60_000 * n}" for n in range(1, 21)]
+    # the rest of the replay ran; the two the rows name count as evaluated
+    assert evaluated == [e for e in everything if e not in ids]
