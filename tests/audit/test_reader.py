@@ -232,6 +232,54 @@ def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: P
     assert recent.outputs["alpha"]["h1"]["reason"] == "two again" and recent.cut == {}
 
 
+@pytest.mark.parametrize("kind", ["hook", "wake"])
+def test_a_row_torn_before_its_names_marks_the_write_it_continues(
+    tmp_path: Path, kind: str
+) -> None:
+    """A tear in a row's first bytes leaves its agent and trace unreadable: right
+    after a whole row of an event, a line that can be the start of that agent's
+    row for that event marks the event as not evaluated, wherever the tear fell.
+    A line that cannot (another agent, another event, another kind of row), or
+    one that does not follow the event's rows, changes nothing."""
+    from daemon.audit.reader import recent_evaluations
+    from daemon.audit.records import encode_line
+    from tests.audit.factory import risk
+
+    row = hook(event_id="e2", trace_id="t2") if kind == "hook" else wake(trace_id="t2")
+    whole = encode_line(row)
+    names_end = whole.index(b"t2") + 3  # past the trace's closing quote
+    (tmp_path / "a").mkdir()
+
+    def recent_with(torn: bytes, between: Any = None, sub: str = "a") -> list[str]:
+        d = tmp_path / sub
+        for f in d.glob("audit-*"):
+            f.unlink()
+        w = AuditWriter(d)
+        w.write(hook(event_id="e1", trace_id="t1"))
+        w.write(hook(event_id="e2", trace_id="t2", hook_id="h1"))
+        if between is not None:
+            w.write(between)
+        w.close()
+        (path,) = d.glob("audit-*.jsonl")
+        with path.open("ab") as f:
+            f.write(torn + b"\n")
+        return recent_evaluations(d).evaluated["alpha"]
+
+    for cut in range(1, names_end):
+        assert recent_with(whole[:cut]) == ["e1"], whole[:cut]
+    others = [
+        encode_line(hook(agent_id="alphabet", event_id="e2", trace_id="t2"))[:names_end],
+        whole[:names_end].replace(b'"t2"', b'"t3"'),
+        encode_line(risk(event_id="e2", trace_id="t2"))[:30],
+        b'{"type":"order"',
+        b"not json at all",
+    ]
+    for torn in others:
+        assert recent_with(torn) == ["e1", "e2"], torn
+    after_risk = recent_with(whole[:20], between=risk(event_id="e0", trace_id="t0"))
+    assert after_risk == ["e1", "e2"]
+
+
 def test_market_time_window_selects_by_event_ts(tmp_path: Path) -> None:
     """--from/--to select rows by the market time they are about (``eventTs``), which a
     backtest writes seconds after one another for a whole year; rows without one are
