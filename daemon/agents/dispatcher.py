@@ -48,7 +48,7 @@ from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, s
 from daemon.agents.store import AGENT_WIDE, HookStore
 from daemon.agents.workspace import Agent
 from daemon.alerts import Alert, AlertNotifier
-from daemon.audit.reader import CutIntent
+from daemon.audit.reader import CutIntent, Unplaced
 from daemon.audit.records import HookRecord, now_ts
 from daemon.bus import Subscription
 from daemon.clock import EventClock
@@ -72,7 +72,7 @@ from daemon.logs import Outage
 from daemon.state import StateCache
 from daemon.trading.broker import client_order_id
 from daemon.trading.desk import AuditSink, IntentOf, TradeDesk, TradeOutcome
-from daemon.trading.intents import ORDER_ACTIONS
+from daemon.trading.intents import ORDER_ACTIONS, TradeIntent
 from daemon.trading.risk import CUT_SHORT
 from daemon.trading.route import MarketRoutes
 from daemon.wake.context import WakeRequest
@@ -660,53 +660,101 @@ class Dispatcher:
         return partial(self._copy, trade, about)
 
     def hold_cut(
-        self, rt: AgentRuntime, cut: list[CutIntent], replayed: bool, checked: set[str]
+        self,
+        rt: AgentRuntime,
+        cut: list[CutIntent],
+        unplaced: list[Unplaced],
+        replayed: bool,
+        checked: set[str],
     ) -> list[Alert]:
         """At an agent's start: keep the intents a stop cut short for their event,
         which comes again on event time (the replay resumes before it) and for a
         signal (known by id). A live market event does not: its intent is refused
         in the audit log (the market has moved on since the decision), unless the
         broker has its order (the kill came after it was recorded: its rows are
-        written instead). Returns the
-        alerts to raise for the refused ones: a trade the agent decided on did not
-        happen, which its operator must hear of. An intent for an order that has a
-        risk row (``checked``: another hook asked for it first) was not cut."""
+        written instead). An approval with no order row (``unplaced``) gets the
+        rows of the order the broker has; without one, a hook's intent is cut
+        short as above, and another's (a tool's: its run is gone) is refused.
+        Returns the alerts to raise for the refused ones: a trade the agent
+        decided on did not happen, which its operator must hear of. An intent for
+        an order that has a risk row (``checked``: another hook asked for it
+        first) was not cut."""
         alerts: list[Alert] = []
         for c in cut:
             d = _cut_trade(rt, c)
             if d is None:
                 continue
             key = _trade_key(d, c.hook_id, c.event_id, c.topic)
-            new_order = d.intent.action not in ORDER_ACTIONS
-            if new_order and client_order_id(rt.agent_id, key) in checked:
+            if (
+                d.intent.action not in ORDER_ACTIONS
+                and client_order_id(rt.agent_id, key) in checked
+            ):
                 continue
-            if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
-                rt.cut.setdefault(c.event_id, []).append(c)
-                continue
-            if new_order and self._restore_rows(rt, c, d, key, c.trace_id):
-                continue  # the kill came after the order was recorded: not cut
-            if self.desk.refuse_cut(d.intent, _intent_of(rt, c, key, c.trace_id)):
-                log.warning(
-                    "trade intent cut short by the stop: not placed (live: the market moved on)",
-                    agent=rt.agent_id,
-                    hook=c.hook_id,
-                    event_id=c.event_id,
-                )
-                why = f"{CUT_SHORT}: not placed after the restart ({d.reason})"
-                alerts.append(
-                    Alert(
-                        agent_id=rt.agent_id, hook_id=c.hook_id, reason=why,
-                        event_id=c.event_id, trace_id=c.trace_id or trace_id_for(c.event_id),
-                        symbol=d.intent.symbol, topic=c.topic,
-                    )
-                )  # fmt: skip
+            self._hold(rt, c, d, key, replayed, alerts)
+        for u in unplaced:
+            self._unplaced(rt, u, replayed, alerts)
         return alerts
+
+    def _hold(
+        self,
+        rt: AgentRuntime,
+        c: CutIntent,
+        d: Trade,
+        key: str,
+        replayed: bool,
+        alerts: list[Alert],
+    ) -> None:
+        """One cut-short intent (see :meth:`hold_cut`)."""
+        if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
+            rt.cut.setdefault(c.event_id, []).append(c)
+            return
+        new_order = d.intent.action not in ORDER_ACTIONS
+        if new_order and self._restore_rows(rt, c, d, key, c.trace_id) >= 0:
+            return  # the kill came after the order was recorded: not cut
+        if self.desk.refuse_cut(d.intent, _intent_of(rt, c, key, c.trace_id)):
+            log.warning(
+                "trade intent cut short by the stop: not placed (live: the market moved on)",
+                agent=rt.agent_id,
+                hook=c.hook_id,
+                event_id=c.event_id,
+            )
+            why = f"{CUT_SHORT}: not placed after the restart ({d.reason})"
+            alerts.append(_cut_alert(rt, c.hook_id, c.event_id, c.trace_id, d.intent, why, c.topic))
+
+    def _unplaced(self, rt: AgentRuntime, u: Unplaced, replayed: bool, alerts: list[Alert]) -> None:
+        """One approval the audit shows no order row for (see :meth:`hold_cut`)."""
+        about = {"agent": rt.agent_id, "by": u.hook_id, "client_order_id": u.client_order_id}
+        try:
+            intent = msgspec.convert(u.intent, TradeIntent)
+        except msgspec.ValidationError as exc:  # a row written by another version
+            log.warning("approved intent unreadable", error=str(exc), **about)
+            return
+        if intent.action in ORDER_ACTIONS:
+            return  # a change or cancel: its rows are the order's own
+        of = IntentOf(
+            agent_id=rt.agent_id, dedupe_key="", trace_id=u.trace_id, hook_id=u.hook_id,
+            event_id=u.event_id, client_order_id=u.client_order_id,
+        )  # fmt: skip
+        recovered = u.client_order_id in self.recovered
+        rows = self.desk.restore_rows(intent, of, orders=not recovered, approval=False)
+        if rows >= 0:
+            log.info("order placed just before the stop: its rows written now", rows=rows, **about)
+            return
+        d = _cut_trade(rt, u.cut) if u.cut is not None else None
+        if u.cut is not None and d is not None:
+            key = _trade_key(d, u.cut.hook_id, u.cut.event_id, u.cut.topic)
+            self._hold(rt, u.cut, d, key, replayed, alerts)
+            return
+        if self.desk.refuse_cut(intent, of):
+            log.warning("approved order cut short by the stop: not placed", **about)
+            why = f"{CUT_SHORT}: approved, then not placed: the daemon stopped in between"
+            alerts.append(_cut_alert(rt, u.hook_id, u.event_id, u.trace_id, intent, why, None))
 
     def _restore_rows(
         self, rt: AgentRuntime, c: CutIntent, d: Trade, key: str, trace: str | None
     ) -> int:
         """The rows a kill took of a cut intent whose order the broker has (see
-        :meth:`TradeDesk.restore_rows`); 0 when it has none."""
+        :meth:`TradeDesk.restore_rows`); -1 when it has none."""
         recovered = client_order_id(rt.agent_id, key) in self.recovered
         return self.desk.restore_rows(d.intent, _intent_of(rt, c, key, trace), orders=not recovered)
 
@@ -901,6 +949,23 @@ def _intent_of(rt: AgentRuntime, c: CutIntent, key: str, trace: str | None) -> I
     return IntentOf(
         agent_id=rt.agent_id, dedupe_key=key, trace_id=trace, hook_id=c.hook_id,
         event_id=c.event_id,
+    )  # fmt: skip
+
+
+def _cut_alert(
+    rt: AgentRuntime,
+    hook_id: str | None,
+    event_id: str | None,
+    trace_id: str | None,
+    intent: TradeIntent,
+    why: str,
+    topic: str | None,
+) -> Alert:
+    """The alert for an intent a stop cut short and that is not placed."""
+    return Alert(
+        agent_id=rt.agent_id, hook_id=hook_id or "", reason=why, event_id=event_id or "",
+        trace_id=trace_id or (trace_id_for(event_id) if event_id else ""),
+        symbol=intent.symbol, topic=topic,
     )  # fmt: skip
 
 

@@ -415,7 +415,9 @@ class AgentManager:
             rt.recent[event_id] = None
         rt.last_outputs.update(recent.outputs.pop(agent.agent_id, {}))
         cut = recent.cut.pop(agent.agent_id, [])
-        for alert in self.dispatcher.hold_cut(rt, cut, self.event_time, recent.checked):
+        unplaced = recent.unplaced.pop(agent.agent_id, [])
+        held = self.dispatcher.hold_cut(rt, cut, unplaced, self.event_time, recent.checked)
+        for alert in held:
             self._tg.start_soon(self.dispatcher.alerts.send, alert)
         self._restore_pauses(rt)
         self.runtimes[agent.agent_id] = rt

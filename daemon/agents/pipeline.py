@@ -108,6 +108,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             run_store = RunStore.in_dir(state_dir, light)
             closing.callback(run_store.close)
             desk = TradeDesk(broker, audit)
+            if cfg.daemon.durable:  # (a scratch dir is never restarted)
+                desk.write_ahead = audit.write_ahead
             service.audit = audit.write
             if service.tools is not None:  # the trading tools of LLM runs act through it
                 service.tools.ctx.desk = desk

@@ -141,6 +141,7 @@ class Reconciler:
             trace_id=trace_id_for(key),
             hook_id=HOOK_ID,
             event_id=key,
+            ahead=True,
         )
         if outcome.verdict is not None and not outcome.verdict.approved:
             return False

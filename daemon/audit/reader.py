@@ -320,6 +320,19 @@ class CutIntent(msgspec.Struct, frozen=True):
     output: dict[str, Any]  # the decision, as lastOutputs holds it
 
 
+class Unplaced(msgspec.Struct, frozen=True):
+    """An approval with no order row of its client order id after it: the stop came
+    between the verdict's row and the order's record, or between the record and
+    the order's rows (the broker knows which, by the id)."""
+
+    client_order_id: str
+    hook_id: str | None  # a hook, or the tool that placed it
+    event_id: str | None
+    trace_id: str | None
+    intent: dict[str, Any]  # the intent as the risk row holds it
+    cut: CutIntent | None = None  # the hook intent it approved, when its row was read
+
+
 class Recent(msgspec.Struct, frozen=True):
     """What the newest audit rows say each agent had done when the daemon stopped."""
 
@@ -332,6 +345,8 @@ class Recent(msgspec.Struct, frozen=True):
     # Client order ids with a risk row: an intent for one of them (a second hook
     # asking for the same order) was checked once, and is no intent cut short.
     checked: set[str] = msgspec.field(default_factory=set)
+    # Per agent, the approvals with no order row after them, oldest first.
+    unplaced: dict[str, list[Unplaced]] = msgspec.field(default_factory=dict)
 
 
 def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Recent:
@@ -344,10 +359,13 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     A decision's rows reach the OS before it acts, and its intent's risk row is
     written when the desk checks it: an acted TRADE_INTENT row with no risk row of
     its (agent, event, hook) is an intent a kill cut short, maybe before its order
-    was recorded (the broker knows, by its client order id)."""
+    was recorded (the broker knows, by its client order id). So is an approval
+    with no order row after it (an order a tool placed goes out after its
+    approval's row reaches the OS), unless a later verdict settled it."""
     out: dict[str, dict[str, None]] = {}
     cut: dict[tuple[str, str, str], CutIntent] = {}
     checked: set[str] = set()
+    unplaced: dict[str, tuple[str, Unplaced]] = {}  # by client order id: (agent, it)
     outputs = LastOutputs()
     budget = max_bytes
     chunks: list[bytes] = []
@@ -379,12 +397,25 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     def fold(rows: list[Record]) -> None:
         for rec in rows:
             if rec.get("type") == "risk":
-                cut.pop(
-                    (rec.get("agentId", ""), rec.get("eventId", ""), rec.get("hookId", "")), None
-                )
+                agent, event_id, hook = rec.get("agentId"), rec.get("eventId"), rec.get("hookId")
+                intent = cut.pop((str(agent), str(event_id), str(hook)), None)
                 coid = rec.get("clientOrderId")
                 if isinstance(coid, str):
                     checked.add(coid)
+                    unplaced.pop(coid, None)  # a later verdict settles an earlier one
+                    if _approval(rec) and isinstance(agent, str):
+                        trace = rec.get("traceId")
+                        unplaced[coid] = (
+                            agent,
+                            Unplaced(
+                                coid,
+                                hook if isinstance(hook, str) else None,
+                                event_id if isinstance(event_id, str) else None,
+                                trace if isinstance(trace, str) else None,
+                                rec["intent"],
+                                intent,
+                            ),
+                        )
                 continue
             if rec.get("type") != "hook":
                 continue
@@ -412,6 +443,9 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 continue
             prev = None
             kind, agent, trace = rec.get("type"), rec.get("agentId"), rec.get("traceId")
+            if kind == "order":
+                unplaced.pop(str(rec.get("clientOrderId")), None)
+                continue
             if kind not in ("hook", "wake", "risk") or not isinstance(agent, str):
                 continue
             block = held.get(agent)
@@ -432,7 +466,15 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     for (agent, _, _), intent in cut.items():
         by_agent.setdefault(agent, []).append(intent)
     evaluated = {agent: list(ids) for agent, ids in out.items()}
-    return Recent(evaluated, outputs.by_agent, by_agent, checked)
+    approvals: dict[str, list[Unplaced]] = {}
+    for agent, u in unplaced.values():
+        approvals.setdefault(agent, []).append(u)
+    return Recent(evaluated, outputs.by_agent, by_agent, checked, approvals)
+
+
+def _approval(rec: Record) -> bool:
+    """Whether risk row ``rec`` approved an intent it holds."""
+    return rec.get("approved") is True and isinstance(rec.get("intent"), dict)
 
 
 _TORN = re.compile(

@@ -161,29 +161,31 @@ class LlmRunner:
         status: Literal["ok", "failed", "timeout"] = "ok"
         error: str | None = None
         conv: Conversation | None = None
-        with anyio.move_on_after(cfg.deadline_seconds) as scope:
-            try:
-                if missing := unexpanded(cfg.api_key.reveal()):
-                    # Loaded while the agent was disabled; never send the literal as a key.
-                    raise ConfigError(
-                        f"runner.api_key reads ${{{missing[0]}}}, which is not set in the "
-                        "environment"
-                    )
-                system, user = await system_prompt(self.agent_dir), render_context(ctx)
-                self._observe(Step("system", system))
-                self._observe(Step("user", user))
-                conv = self._open(cfg, system, user, specs)
-                await self._loop(conv, tally, tools)
-            except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
-                status, tally.stop = "failed", "error"
-                error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
-                log.warning("llm run failed", agent=ctx.agent_id, run=ctx.run_id, error=error)
-        if scope.cancelled_caught:
-            status, tally.stop = "timeout", "deadline"
-            error = f"the run passed its {cfg.deadline_seconds:g} s deadline and was cut"
-        if conv is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await conv.close()
+        try:
+            with anyio.move_on_after(cfg.deadline_seconds) as scope:
+                try:
+                    if missing := unexpanded(cfg.api_key.reveal()):
+                        # Loaded while the agent was disabled; never send the literal as a key.
+                        raise ConfigError(
+                            f"runner.api_key reads ${{{missing[0]}}}, which is not set in the "
+                            "environment"
+                        )
+                    system, user = await system_prompt(self.agent_dir), render_context(ctx)
+                    self._observe(Step("system", system))
+                    self._observe(Step("user", user))
+                    conv = self._open(cfg, system, user, specs)
+                    await self._loop(conv, tally, tools)
+                except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
+                    status, tally.stop = "failed", "error"
+                    error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+                    log.warning("llm run failed", agent=ctx.agent_id, run=ctx.run_id, error=error)
+            if scope.cancelled_caught:
+                status, tally.stop = "timeout", "deadline"
+                error = f"the run passed its {cfg.deadline_seconds:g} s deadline and was cut"
+        finally:  # a cancelled run (a stop, a reload) closes its connection too
+            if conv is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await conv.close()
         return RunResult(status=status, error=error, llm=self._report(tally))
 
     async def _loop(self, conv: Conversation, tally: _Tally, tools: ToolBox | None) -> None:

@@ -146,6 +146,7 @@ async def submit_trading_signal(ctx: ToolContext, req: SignalRequest) -> msgspec
         trace_id=call.trace_id,
         hook_id="submit_trading_signal",
         event_id=call.event_id,
+        ahead=True,
     )
     verdict, order = outcome.verdict, outcome.order
     approved = None if verdict is None else verdict.approved

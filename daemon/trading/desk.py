@@ -14,6 +14,7 @@ account, named by its ``orderId`` (the order's ``clientOrderId``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -63,8 +64,14 @@ class IntentOf(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     dedupe_key: str
     trace_id: str | None
-    hook_id: str
-    event_id: str
+    hook_id: str | None
+    event_id: str | None
+    client_order_id: str = ""  # when known (else derived from the key)
+
+    @property
+    def coid(self) -> str:
+        """The intent's client order id."""
+        return self.client_order_id or client_order_id(self.agent_id, self.dedupe_key)
 
 
 class TradeDesk:
@@ -76,6 +83,9 @@ class TradeDesk:
     def __init__(self, broker: Broker, audit: AuditSink | None = None) -> None:
         self.broker = broker
         self.audit = audit
+        # Hands the queued audit rows to the OS (AuditWriter.write_ahead); None when
+        # nothing is restarted (a backtest). Used by ``handle(ahead=True)``.
+        self.write_ahead: Callable[[], None] | None = None
         self._engines: dict[str, RiskEngine] = {}
         self._accounts: dict[str, str] = {}
         self._state = TradingState.ACTIVE
@@ -110,8 +120,14 @@ class TradeDesk:
         trace_id: str | None,
         hook_id: str | None = None,
         event_id: str | None = None,
+        ahead: bool = False,
     ) -> TradeOutcome:
-        """Check, audit the verdict, submit. ``dedupe_key`` must be stable across retries."""
+        """Check, audit the verdict, submit. ``dedupe_key`` must be stable across retries.
+
+        ``ahead``: for an intent no hook row announced (a tool's, a correction's),
+        an approval's row reaches the OS before its order is recorded and the
+        order's rows as soon as it is, so a restart finds an order a kill cut
+        off from its rows (``recent_evaluations``' unplaced approvals)."""
         if intent.action in ORDER_ACTIONS:
             return await self._amend(
                 intent, agent_id=agent_id, trace_id=trace_id, hook_id=hook_id, event_id=event_id
@@ -138,6 +154,9 @@ class TradeDesk:
         self._write_verdict(verdict, intent, agent_id, trace_id, hook_id, event_id, coid, account)
         if not verdict.approved or verdict.order is None:
             return TradeOutcome(client_order_id=coid, verdict=verdict, order=None)
+        write_ahead = self.write_ahead if ahead else None
+        if write_ahead is not None:
+            write_ahead()
         request = OrderRequest(
             client_order_id=coid,
             agent_id=agent_id,
@@ -147,6 +166,8 @@ class TradeDesk:
             role="close" if intent.action == "CLOSE_POSITION" else "entry",
         )
         order = await broker.submit(request)
+        if write_ahead is not None:
+            write_ahead()
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=order)
 
     async def _amend(
@@ -206,7 +227,7 @@ class TradeDesk:
             if order is None or order.status != "OPEN":
                 return False
         else:
-            coid = client_order_id(of.agent_id, of.dedupe_key)
+            coid = of.coid
             if self.broker.get_order(coid) is not None:
                 return False
         why = (
@@ -220,28 +241,33 @@ class TradeDesk:
         )
         return True
 
-    def restore_rows(self, intent: TradeIntent, of: IntentOf, *, orders: bool = True) -> int:
+    def restore_rows(
+        self, intent: TradeIntent, of: IntentOf, *, orders: bool = True, approval: bool = True
+    ) -> int:
         """Audit what the broker holds of ``intent``'s order, whose rows a kill took:
         it came after the order was recorded and before the verdict's row and the
         order's were written (they go in that order, so none of them was). The
-        verdict was an approval (the order exists); each order (the entry, its
-        stop-loss and take-profit) gets one row of its state now, unless ``orders``
-        is False (the broker finished the order at start and wrote its rows then).
-        Returns the rows written (0: no such order)."""
-        coid = client_order_id(of.agent_id, of.dedupe_key)
+        verdict was an approval (the order exists), unless ``approval`` is False
+        (its row was written); each order (the entry, its stop-loss and
+        take-profit) gets one row of its state now, unless ``orders`` is False
+        (the broker finished the order at start and wrote its rows then).
+        Returns the rows written (-1: no such order)."""
+        coid = of.coid
         order = self.broker.get_order(coid)
         if order is None:
-            return 0
-        approved = Verdict(approved=True, order=intent)
-        self._write(
-            risk_record(
-                approved, intent, agent_id=of.agent_id, trace_id=of.trace_id,
-                hook_id=of.hook_id, event_id=of.event_id, client_order_id=coid,
-                event_ts=iso_ms(order.created_ms),
-            )
-        )  # fmt: skip
+            return -1
+        written = 0
+        if approval:
+            self._write(
+                risk_record(
+                    Verdict(approved=True, order=intent), intent, agent_id=of.agent_id,
+                    trace_id=of.trace_id, hook_id=of.hook_id, event_id=of.event_id,
+                    client_order_id=coid, event_ts=iso_ms(order.created_ms),
+                )
+            )  # fmt: skip
+            written = 1
         if not orders:
-            return 1
+            return written
         held = [order]
         for role in ("stop_loss", "take_profit"):
             child = self.broker.get_order(child_order_id(coid, role))
@@ -250,7 +276,7 @@ class TradeDesk:
         for o in held:
             when = o.filled_ms if o.status == "FILLED" and o.filled_ms else o.updated_ms
             self._write(order_record(o, self.broker.name, event_ts=iso_ms(when)))
-        return 1 + len(held)
+        return written + len(held)
 
     def _write_verdict(
         self,

@@ -61,7 +61,8 @@ async def run_cut(
     frozen after its rows were written) and stop: the drain is cut, as by a kill.
     ``stage`` "placed": hang once the desk placed the order, its rows never written;
     "recorded": once the broker recorded it (PENDING_SUBMIT), its verdict's row
-    never written and the order never opened."""
+    never written and the order never opened; "approved": once its approval was
+    written, before the broker got the order."""
     handle = TradeDesk.handle
     calls = 0
     reached = anyio.Event()
@@ -81,6 +82,9 @@ async def run_cut(
                 elif stage == "recorded":
                     m.setattr(TradeDesk, "_write_verdict", lambda self, *a: None)
                     m.setattr(PaperBroker, "_open", frozen)
+                    await handle(self, *args, **kwargs)
+                elif stage == "approved":  # the verdict's row written, the order not
+                    m.setattr(PaperBroker, "submit", frozen)
                     await handle(self, *args, **kwargs)
             reached.set()
             await anyio.sleep_forever()
@@ -131,6 +135,48 @@ async def test_a_cut_off_intent_is_placed_at_its_own_event_after_the_restart(
     hooks = [r for r in audit(root) if r["type"] == "hook"]
     assert len(hooks) == 60, "no event evaluated twice"
     assert recent_evaluations(root / "state" / "audit").cut == {}
+
+
+@pytest.mark.parametrize("clock", ["event", "wall"])
+async def test_an_approval_whose_order_never_reached_the_broker_is_cut_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: str
+) -> None:
+    """The stop came after the verdict's row was written, before the broker had the
+    order: the approval has no order row. On event time its intent is acted on at
+    its own event (a second approval, in the new daemon run); on wall clock it is
+    refused (CUT_SHORT), after its approval."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    ref = tmp_path / "ref"
+    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
+                  build_feeds, components=[open_agents])  # fmt: skip
+    with anyio.fail_after(60):
+        await svc.run()
+
+    root = tmp_path / "cut"
+    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
+    await run_cut(cfg, monkeypatch, stage="approved")
+    recent = recent_evaluations(root / "state" / "audit")
+    assert recent.cut == {}, "its risk row was written"
+    (unplaced,) = recent.unplaced["alpha"]
+    assert unplaced.cut is not None and unplaced.cut.hook_id == "autotrade_fifth"
+    cfg = msgspec.structs.replace(cfg, daemon=msgspec.structs.replace(cfg.daemon, clock=clock))
+    svc = Service(cfg, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    verdicts = [
+        (r["approved"], r["reasons"][0]["code"] if r["reasons"] else "")
+        for r in audit(root)
+        if r["type"] == "risk" and r["clientOrderId"] == unplaced.client_order_id
+    ]
+    if clock == "event":
+        assert fills(root) == fills(ref)
+        assert verdicts == [(True, ""), (True, "")]
+    else:
+        assert verdicts == [(True, ""), (False, "CUT_SHORT")]
+        placed = {r["clientOrderId"] for r in audit(root) if r["type"] == "order"}
+        assert unplaced.client_order_id not in placed
+    assert recent_evaluations(root / "state" / "audit").unplaced == {}
 
 
 @pytest.mark.parametrize("stage", ["placed", "recorded"])

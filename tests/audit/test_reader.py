@@ -190,6 +190,38 @@ def test_recent_rows_name_the_intents_a_stop_cut_short(tmp_path: Path) -> None:
     assert recent.checked == {"mw-1"}  # a second hook's intent for it was not cut
 
 
+def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> None:
+    """An approval stays unplaced until an order row of its client order id follows
+    it, or a later verdict on that id; a refusal never is one. A hook's intent the
+    approval checked goes with it (no longer cut: its risk row was written)."""
+    from daemon.audit.reader import CutIntent, recent_evaluations
+    from tests.audit.factory import risk
+
+    out = {"decision": "TRADE_INTENT", "reason": "r", "intent": {"action": "CLOSE_POSITION",
+           "symbol": "ETH-USD"}}  # fmt: skip
+    w = AuditWriter(tmp_path)
+    w.write(hook(event_id="e1", hook_id="autotrade_x", kind="autotrade",
+                 decision="TRADE_INTENT", output=out))  # fmt: skip
+    w.write(risk(event_id="e1", hook_id="autotrade_x", client_order_id="mw-1", intent=out))
+    w.write(risk(hook_id="submit_trading_signal", client_order_id="mw-2", intent=out))
+    w.write(order(client_order_id="mw-2"))  # placed
+    w.write(risk(hook_id="submit_trading_signal", client_order_id="mw-3", intent=out))
+    w.write(risk(approved=False, client_order_id="mw-3", intent=out))  # settled later
+    w.write(risk(approved=False, client_order_id="mw-4", intent=out))  # a refusal
+    w.write(risk(agent_id="beta", hook_id="t", trace_id="t9", client_order_id="mw-5",
+                 intent=out))  # fmt: skip
+    w.close()
+    recent = recent_evaluations(tmp_path)
+    assert recent.cut == {}
+    got = {a: [(u.client_order_id, u.hook_id, u.trace_id) for u in us]
+           for a, us in recent.unplaced.items()}  # fmt: skip
+    assert got == {"alpha": [("mw-1", "autotrade_x", "t1")], "beta": [("mw-5", "t", "t9")]}
+    first = recent.unplaced["alpha"][0]
+    assert first.intent == out and first.event_id == "e1"
+    assert first.cut == CutIntent("e1", "market.candle.closed", "autotrade_x", "t1", out)
+    assert recent.unplaced["beta"][0].cut is None
+
+
 def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: Path) -> None:
     """A kill inside the write-ahead leaves an event's first rows whole and the next
     one torn: its decisions never acted, so it is evaluated again (not in

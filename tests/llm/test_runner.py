@@ -210,6 +210,36 @@ async def test_a_run_past_its_deadline_is_cut_and_reported() -> None:
     assert "deadline" in (result.error or "")
 
 
+async def test_a_run_cancelled_from_outside_closes_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop or a reload cancels a run mid-request: its HTTP client is closed then
+    too, not left to the garbage collector with its socket open."""
+    from daemon.llm.conversation import OpenAIConversation
+
+    close, turn = OpenAIConversation.close, OpenAIConversation.turn
+    closed: list[bool] = []
+    asked = anyio.Event()
+
+    async def closing(self: OpenAIConversation) -> None:
+        await close(self)
+        closed.append(True)
+
+    async def asking(self: OpenAIConversation) -> Any:
+        asked.set()
+        return await turn(self)
+
+    monkeypatch.setattr(OpenAIConversation, "close", closing)
+    monkeypatch.setattr(OpenAIConversation, "turn", asking)
+    async with fake_openai([3.0, openai_turn("late")]) as (_, url), anyio.create_task_group() as tg:
+        tg.start_soon(LlmRunner(cfg("openai", url), tools=TOOLS).run, CTX)
+        with anyio.fail_after(10):
+            await asked.wait()
+        await anyio.sleep(0.2)  # the request is out; the model stalls on it
+        tg.cancel_scope.cancel()
+    assert closed == [True]
+
+
 async def test_tool_call_budget_asks_the_model_to_conclude() -> None:
     """Calls past max_tool_calls are answered with an error; a model that keeps
     calling ends the run with stop reason max_tool_calls."""
