@@ -105,6 +105,25 @@ async def run_cut(
             tg.cancel_scope.cancel()
 
 
+async def cut_beside_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> tuple[Path, Path, Config]:
+    """The same replay run through (under ``ref``) and stopped at its CUT_AT-th intent
+    at ``stage`` (under ``cut``, see :func:`run_cut`): both roots and the config of
+    the stopped one."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    ref = tmp_path / "ref"
+    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
+                  build_feeds, components=[open_agents])  # fmt: skip
+    with anyio.fail_after(60):
+        await svc.run()
+    root = tmp_path / "cut"
+    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
+    await run_cut(cfg, monkeypatch, stage=stage)
+    return ref, root, cfg
+
+
 async def test_a_cut_off_intent_is_placed_at_its_own_event_after_the_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,17 +164,7 @@ async def test_an_approval_whose_order_never_reached_the_broker_is_cut_short(
     order: the approval has no order row. On event time its intent is acted on at
     its own event (a second approval, in the new daemon run); on wall clock it is
     refused (CUT_SHORT), after its approval."""
-    csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=11, n=60, timeframe="1m")
-    ref = tmp_path / "ref"
-    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
-                  build_feeds, components=[open_agents])  # fmt: skip
-    with anyio.fail_after(60):
-        await svc.run()
-
-    root = tmp_path / "cut"
-    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
-    await run_cut(cfg, monkeypatch, stage="approved")
+    ref, root, cfg = await cut_beside_reference(tmp_path, monkeypatch, "approved")
     recent = recent_evaluations(root / "state" / "audit")
     assert recent.cut == {}, "its risk row was written"
     (unplaced,) = recent.unplaced["alpha"]
@@ -188,17 +197,7 @@ async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
     the order as the broker holds it (its fill, its stop-loss), once. Recorded and
     never opened, the broker opens it at start (its rows written then): the restart
     adds the approval only."""
-    csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=11, n=60, timeframe="1m")
-    ref = tmp_path / "ref"
-    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
-                  build_feeds, components=[open_agents])  # fmt: skip
-    with anyio.fail_after(60):
-        await svc.run()
-
-    root = tmp_path / "cut"
-    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
-    await run_cut(cfg, monkeypatch, stage=stage)
+    ref, root, cfg = await cut_beside_reference(tmp_path, monkeypatch, stage)
     assert len(fills(root)) == CUT_AT - 1, "the third order's rows were never written"
     svc = Service(cfg, build_feeds, components=[open_agents])
     with anyio.fail_after(60):
