@@ -310,8 +310,9 @@ async def test_broken_cut_rows_in_the_audit_are_skipped_not_fatal(
     tmp_path: Path, clock: str
 ) -> None:
     """The audit log is a file an operator (or a disk) can damage: intents in it that
-    no longer parse, or name an agent that is gone, cost a warning, not the start."""
-    from daemon.audit.records import HookRecord
+    no longer parse, or name an agent that is gone, cost a warning, not the start;
+    so do approvals of intents that do not parse (no order row after them)."""
+    from daemon.audit.records import HookRecord, RiskRecord
 
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=11, n=20, timeframe="1m")
@@ -330,8 +331,14 @@ async def test_broken_cut_rows_in_the_audit_are_skipped_not_fatal(
                 revision="r", kind="autotrade", event_id=event_id, topic="market.candle.closed",
                 decision="TRADE_INTENT", reason="r", output=output,
             ))  # fmt: skip
+        for n, intent in enumerate([{"action": "X"}, bad[1]["intent"]]):
+            w.write(RiskRecord(
+                ts="2026-01-01T00:00:00.000Z", agent_id=agent, trace_id="t", approved=True,
+                hook_id="submit_trading_signal", intent=intent, client_order_id=f"mw-{agent}{n}",
+            ))  # fmt: skip
     w.close()
-    assert len(recent_evaluations(tmp_path / "state" / "audit").cut["alpha"]) == 2
+    recent = recent_evaluations(tmp_path / "state" / "audit")
+    assert len(recent.cut["alpha"]) == 2 and len(recent.unplaced["alpha"]) == 2
     cfg = config(tmp_path, workspace(tmp_path, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0)
     cfg = msgspec.structs.replace(cfg, daemon=msgspec.structs.replace(cfg.daemon, clock=clock))
     svc = Service(cfg, build_feeds, components=[open_agents])
@@ -339,6 +346,7 @@ async def test_broken_cut_rows_in_the_audit_are_skipped_not_fatal(
         await svc.run()
     rows = audit(tmp_path)
     assert not [r for r in rows if r["type"] == "risk" and r["eventId"] in ids]
+    assert not [r for r in rows if r["type"] == "risk" and r["hookId"] != "autotrade_fifth"]
     evaluated = [
         r["eventId"] for r in rows if r.get("hookId") == "autotrade_fifth" and r["type"] == "hook"
     ]
