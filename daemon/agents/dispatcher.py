@@ -745,7 +745,11 @@ class Dispatcher:
             key = _trade_key(d, u.cut.hook_id, u.cut.event_id, u.cut.topic)
             self._hold(rt, u.cut, d, key, replayed, alerts)
             return
-        if self.desk.refuse_cut(intent, of):
+        gone = (
+            "the daemon stopped between this approval and its order; the run that "
+            "asked for it is gone, so it is not placed after the restart"
+        )
+        if self.desk.refuse_cut(intent, of, gone):
             log.warning("approved order cut short by the stop: not placed", **about)
             why = f"{CUT_SHORT}: approved, then not placed: the daemon stopped in between"
             alerts.append(_cut_alert(rt, u.hook_id, u.event_id, u.trace_id, intent, why, None))

@@ -505,7 +505,8 @@ def _continues(line: bytes, agent: str, trace: str) -> bool:
     whole row before it (its write's previous row) says whose it was. A line
     that could be another agent's, another event's or another kind of row is not.
     When it was in fact the first row of the next write, the event before it is
-    evaluated again, which its dedupe keys and client order ids make harmless."""
+    evaluated again: its client order ids and dedupe keys keep that from trading
+    twice, but a wake without a key whose run had started runs again."""
     if not line:
         return False
     for start in _ROW_STARTS:

@@ -216,10 +216,19 @@ class TradeDesk:
             done = await broker.modify(coid, intent)
         return TradeOutcome(client_order_id=coid, verdict=verdict, order=done)
 
-    def refuse_cut(self, intent: TradeIntent, of: IntentOf) -> bool:
+    def refuse_cut(
+        self,
+        intent: TradeIntent,
+        of: IntentOf,
+        why: str = (
+            "the daemon stopped between this decision and its order; on wall-clock "
+            "time it is not acted on after the restart (the market has moved on)"
+        ),
+    ) -> bool:
         """Audit ``intent``, which a stop cut short and which is not acted on late,
-        as refused (``CUT_SHORT``); False when the broker shows it done (the kill
-        came after its order was recorded, or its order is no longer working)."""
+        as refused (``CUT_SHORT``, saying ``why``); False when the broker shows it
+        done (the kill came after its order was recorded, or its order is no
+        longer working)."""
         if intent.action in ORDER_ACTIONS:
             assert intent.order_id is not None  # TradeIntent guarantees it
             coid = intent.order_id
@@ -230,10 +239,6 @@ class TradeDesk:
             coid = of.coid
             if self.broker.get_order(coid) is not None:
                 return False
-        why = (
-            "the daemon stopped between this decision and its order; on wall-clock "
-            "time it is not acted on after the restart (the market has moved on)"
-        )
         verdict = Verdict(approved=False, reasons=(Reason(CUT_SHORT, why),))
         account = self.account_of(of.agent_id)
         self._write_verdict(

@@ -121,6 +121,7 @@ async def test_a_tool_order_never_recorded_is_refused_and_alerted_once(
         await runner.cleanup()
     refused = [r for r in rows_of(tmp_path, "risk") if not r["approved"]]
     assert [(r["clientOrderId"], r["reasons"][0]["code"]) for r in refused] == [(coid, "CUT_SHORT")]
+    assert "the run that asked for it is gone" in refused[0]["reasons"][0]["message"]
     assert [(a["hookId"], a["symbol"]) for a in posted] == [("submit_trading_signal", "BTC-USD")]
     assert posted[0]["reason"].startswith("CUT_SHORT: approved, then not placed")
     assert rows_of(tmp_path, "order") == []
