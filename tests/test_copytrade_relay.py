@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from daemon.copytrade.relay import LeaderRelay
 from daemon.events import (
     ACCOUNT_ORDER_FILLED,
@@ -52,6 +54,7 @@ def test_a_moved_stop_is_a_modified_and_a_flip_closes_then_opens() -> None:
     assert out[1].payload == {
         "leader": "alice", "closedPositions": 1, "wins": 0, "winRate": 0.0,
         "realizedPnl": -2.5, "maxDrawdown": 2.5, "peakPnl": 0.0,
+        "signals": 2, "lastSignalAt": "2026-11-25T12:00:00.000Z",  # modified, closed
     }  # fmt: skip
     opened = {"quantity": -0.5, "avgPrice": 100.0, "openedMs": 2000}
     [o] = relay.on_event(ev(ACCOUNT_POSITION_OPENED, "opened:c2", opened))
@@ -102,6 +105,7 @@ def test_the_records_continue_from_what_was_kept() -> None:
     assert record.payload == {
         "leader": "alice", "closedPositions": 2, "wins": 1, "winRate": 0.5,
         "realizedPnl": 6.0, "maxDrawdown": 4.0, "peakPnl": 10.0,
+        "signals": 4, "lastSignalAt": "2026-11-25T12:00:00.000Z",  # two each run
     }  # fmt: skip
     assert again.stats["bob"].closed_positions == 0
 
@@ -130,3 +134,42 @@ def test_kept_records_that_are_not_a_small_regular_file_start_from_zero(tmp_path
     relay = LeaderRelay({"lead": "alice"})
     load_leader_stats(relay, kept)
     assert relay.stats["alice"].closed_positions == 3
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+async def test_signal_counts_are_kept_without_a_close_by_the_end_of_the_relay(
+    tmp_path: Path, cancelled: bool
+) -> None:
+    """Records are kept at each close, and the signal counts within a second of a
+    signal or when the relay ends (drained or cancelled), so ``copytrade status``
+    counts a leader agent's signals before its first close."""
+    import anyio
+
+    from daemon.agents.pipeline import _relay
+    from daemon.copytrade.relay import decode_stats
+
+    opened = {"quantity": 1.0, "avgPrice": 100.0, "openedMs": 1}
+    path = tmp_path / "kept.json"
+    relay, rows = LeaderRelay({"lead": "alice"}), []
+    send, receive = anyio.create_memory_object_stream[FeedEvent](10)
+    relayed, end = anyio.Event(), anyio.Event()
+
+    async def events() -> Any:
+        yield ev(ACCOUNT_POSITION_OPENED, "o1", opened)
+        relayed.set()
+        await end.wait()  # the drain closes the subscription
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_relay, events(), relay, send, path, rows.append)
+        await relayed.wait()
+        await anyio.sleep(0.05)
+        assert not path.exists(), "a second late at most: not yet"
+        if cancelled:
+            tg.cancel_scope.cancel()
+        else:
+            end.set()
+    [kept] = decode_stats(path.read_bytes())
+    assert (kept.signals, kept.closed_positions, len(rows)) == (1, 0, 1)
+    assert receive.receive_nowait().topic == "copytrade.signal.opened"
+    send.close()
+    receive.close()

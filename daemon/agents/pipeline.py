@@ -347,25 +347,40 @@ async def _relay(
 ) -> None:
     """Publish the signals the leaders' account events make (until the drain closes
     ``sub``; what comes after the outbox closed is dropped with the daemon), each in
-    the audit log as the doors' are; keep the leaders' records after each close."""
-    async for event in sub:
+    the audit log as the doors' are; keep the leaders' records after each close,
+    and their signal counts at most a second late (and at the end)."""
+    kept_at, unkept = anyio.current_time(), False
+
+    async def keep() -> None:
+        nonlocal kept_at, unkept
+        kept_at, unkept = anyio.current_time(), False
         try:
-            signals = relay.on_event(event)
-        except (KeyError, TypeError, ValueError):  # an account event of another shape
-            log.exception("copy-trade relay skipped an event", event_id=event.event_id)
-            continue
-        if any(out.topic == MARKETPLACE_STRATEGY_UPDATED for out in signals):
+            await anyio.to_thread.run_sync(write_snapshot, stats_path, relay.dump_stats())
+        except StoreError as exc:
+            log.warning("leader records not kept", error=str(exc))
+
+    try:
+        async for event in sub:
             try:
-                await anyio.to_thread.run_sync(write_snapshot, stats_path, relay.dump_stats())
-            except StoreError as exc:
-                log.warning("leader records not kept", error=str(exc))
-        for out in signals:
-            try:
-                await send.send(out)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            if out.topic != MARKETPLACE_STRATEGY_UPDATED:  # "accepted": it was published
-                audit(_signal_record(out))
+                signals = relay.on_event(event)
+            except (KeyError, TypeError, ValueError):  # an account event of another shape
+                log.exception("copy-trade relay skipped an event", event_id=event.event_id)
+                continue
+            unkept = unkept or bool(signals)
+            closed = any(out.topic == MARKETPLACE_STRATEGY_UPDATED for out in signals)
+            if closed or (unkept and anyio.current_time() - kept_at >= 1.0):
+                await keep()
+            for out in signals:
+                try:
+                    await send.send(out)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+                if out.topic != MARKETPLACE_STRATEGY_UPDATED:  # "accepted": published
+                    audit(_signal_record(out))
+    finally:
+        if unkept:
+            with anyio.CancelScope(shield=True):
+                await keep()
 
 
 def _signal_record(event: FeedEvent) -> SignalRecord:

@@ -132,6 +132,8 @@ def gather(
             entry["agent"] = True
             if name in records:
                 entry["record"] = msgspec.to_builtins(records[name])
+                entry["signals"] = records[name].signals
+                entry["lastTime"] = records[name].last_signal_at
         leaders.append(entry)
 
     agents = followers(agents_dir or Path(cfg.hooks.agents_dir))
@@ -230,15 +232,20 @@ def copytrade_status(
         holds = f"; {held} open position{'s' if held != 1 else ''}" if held else ""
         if leader.get("agent"):
             r = leader.get("record")
+            sent = leader["signals"]
+            signals = f"; {sent} signal{'s' if sent != 1 else ''}" if sent else "; no signals yet"
+            if sent and leader.get("lastTime"):
+                signals += f", last at {leader['lastTime']}"
             echo(
                 f"  {leader['leader']}: an agent of this daemon"
                 + (
                     f": {r['closedPositions']} closed position"
                     f"{'s' if r['closedPositions'] != 1 else ''}, win rate {r['winRate']:.0%}, "
                     f"realized PnL {r['realizedPnl']:+.2f}, max drawdown {r['maxDrawdown']:.2f}"
-                    if r
+                    if r and r["closedPositions"]
                     else ": no position closed yet"
                 )
+                + signals
                 + holds
             )
             continue

@@ -16,9 +16,9 @@ may follow. Their account events become ``copytrade.signal.*`` from leader
 
 Signal ids come from the account events' ids, so they are stable. After each
 close the leader's running record goes out as ``marketplace.strategy.updated``
-(closed positions, win rate, realized PnL, max drawdown of realized PnL; since
-the daemon first ran: the pipeline keeps them in the state dir, see
-:meth:`LeaderRelay.dump_stats`).
+(closed positions, win rate, realized PnL, max drawdown of realized PnL, signals
+published; since the daemon first ran: the pipeline keeps them in the state dir,
+see :meth:`LeaderRelay.dump_stats`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ class StrategyStats(msgspec.Struct, kw_only=True, rename="camel"):
     realized_pnl: float = 0.0
     max_drawdown: float = 0.0
     peak_pnl: float = 0.0
+    signals: int = 0  # published, of every kind
+    last_signal_at: str | None = None  # the newest one's market time
 
 
 def decode_stats(data: bytes) -> list[StrategyStats]:
@@ -179,6 +181,9 @@ class LeaderRelay:
         take_profit: Any = None,
     ) -> FeedEvent:
         signal_id = event.event_id.split(":", 1)[-1][:128]
+        stats = self.stats[leader]
+        stats.signals += 1
+        stats.last_signal_at = event.ts
         signal = SignalPayload(
             leader=leader,
             signal_id=signal_id,

@@ -123,7 +123,8 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
     assert shown.exit_code == 0, shown.output
     assert (
         "  leader: an agent of this daemon: 1 closed position, win rate 100%, "
-        f"realized PnL {stats['realizedPnl']:+.2f}, max drawdown 0.00"
+        f"realized PnL {stats['realizedPnl']:+.2f}, max drawdown 0.00; "
+        f"4 signals, last at {signals[-1].ts}"
     ) in shown.output
     assert "none configured" not in shown.output
     # Each signal is in the audit log as the doors' are (no HTTP answer), and the status
