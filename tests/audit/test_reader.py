@@ -312,6 +312,50 @@ def test_a_row_torn_before_its_names_marks_the_write_it_continues(
     assert after_risk == ["e1", "e2"]
 
 
+def test_recent_rows_survive_a_tear_at_every_byte(tmp_path: Path) -> None:
+    """Whatever byte a kill tears the log at (and whatever a restart appends after
+    it), reading the recent rows back never raises, and never counts an event the
+    tear reached into as evaluated when the rows before it are its own."""
+    from daemon.audit.reader import recent_evaluations
+    from daemon.audit.records import encode_line
+    from tests.audit.factory import risk
+
+    trade = {"decision": "TRADE_INTENT", "reason": "é", "intent": {
+        "action": "CLOSE_POSITION", "symbol": "ETH-USD"}}  # fmt: skip
+    rows = [
+        hook(event_id="e1", trace_id="t1"),
+        hook(event_id="e2", trace_id="t2", hook_id="h1", reason="ü" * 20),
+        hook(
+            event_id="e2",
+            trace_id="t2",
+            hook_id="h2",
+            kind="autotrade",
+            output=trade,
+            decision="TRADE_INTENT",
+        ),
+        wake(trace_id="t2"),
+        risk(event_id="e2", hook_id="h2", trace_id="t2", client_order_id="mw-1", intent=trade),
+        order(client_order_id="mw-1"),
+    ]
+    lines = [encode_line(r) for r in rows]
+    whole = b"".join(lines)
+    starts = [whole.index(line) for line in lines]
+    # Torn inside one of e2's hook or wake rows (not at a row's end: a tear that
+    # falls between two rows leaves nothing to see, as a write that ended there).
+    inside = {c for k in (1, 2, 3) for c in range(starts[k] + 1, starts[k] + len(lines[k]) - 1)}
+    # ... past the first row's names: e1's rows are known not to be torn.
+    named = starts[1] + lines[1].index(b'"traceId":"t2"') + len(b'"traceId":"t2"')
+    for cut in range(len(whole)):
+        d = tmp_path / str(cut)
+        d.mkdir()
+        (d / "audit-2026-02-17.jsonl").write_bytes(whole[:cut] + b"\n" + b"\xff{" * (cut % 3))
+        evaluated = recent_evaluations(d).evaluated.get("alpha", [])
+        if cut in inside:
+            assert "e2" not in evaluated, (cut, whole[:cut][-60:])
+            # a tear in e2's first row's names could be e1's next row: e1 again too
+            assert evaluated == ["e1"] or cut < named, (cut, whole[:cut][-60:])
+
+
 def test_market_time_window_selects_by_event_ts(tmp_path: Path) -> None:
     """--from/--to select rows by the market time they are about (``eventTs``), which a
     backtest writes seconds after one another for a whole year; rows without one are
