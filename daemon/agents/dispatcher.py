@@ -339,7 +339,8 @@ class Dispatcher:
         # Every hook row of the event is queued before any action awaits, so the rows
         # reach the audit log together: after a crash the audit tail never shows an
         # event with some of its hooks evaluated and others not (see checkpoints).
-        actions = [self._settle(rt, event, trace, result) for result in results]
+        n = len(results)
+        actions = [self._settle(rt, event, trace, result, n) for result in results]
         if self.write_ahead is not None and any(_acts(r) for r in results):
             if not marked(event):
                 # A signal is evaluated again after a crash took its rows (known by
@@ -603,25 +604,27 @@ class Dispatcher:
     # -- settling one result -----------------------------------------------------
 
     def _settle(
-        self, rt: AgentRuntime, event: FeedEvent, trace: str, r: HookResult
+        self, rt: AgentRuntime, event: FeedEvent, trace: str, r: HookResult, n: int
     ) -> Callable[[], Awaitable[object]] | None:
-        """Record one result (audit row, dedupe, cooldown, wake submission) and return
-        the action it still needs (an alert to send, an intent to trade), if any."""
+        """Record one of the event's ``n`` results (audit row, dedupe, cooldown, wake
+        submission) and return the action it still needs (an alert to send, an
+        intent to trade), if any."""
         self.health.record(rt.agent_id, r.hook_id, r.error_kind, r.error)
+        audit_hook = partial(self._audit_hook, rt, event, trace, r, n)
         if not r.ok or r.decision is None:
-            self._audit_hook(rt, event, trace, r, error=f"{r.error_kind}: {r.error}")
+            audit_hook(error=f"{r.error_kind}: {r.error}")
             if r.error_kind == "paused":
                 self._persist_pause(rt, r)
             return None
         d = r.decision
         rt.last_outputs[r.hook_id] = to_builtins(d)  # as lookahead.carry does
         if isinstance(d, Ignore):
-            self._audit_hook(rt, event, trace, r)
+            audit_hook()
             return None
         blocked = self._blocked(rt, event, r.hook_id, d)
         if blocked != "none":
             self.suppressed += 1
-            self._audit_hook(rt, event, trace, r, suppressed_by=blocked)
+            audit_hook(suppressed_by=blocked)
             return None
         match d:
             case Wake():
@@ -629,14 +632,14 @@ class Dispatcher:
                 request = WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
                 outcome = rt.scheduler.submit(request)
                 by = outcome.suppressed_by
-                self._audit_hook(rt, event, trace, r, suppressed_by=by, ts=decided_at)
+                audit_hook(suppressed_by=by, ts=decided_at)
                 return None
             case AlertDecision():
-                self._audit_hook(rt, event, trace, r)
+                audit_hook()
                 alert = Alert(**self._about(rt, event, trace, r.hook_id, d))
                 return partial(self.alerts.send, alert)
             case Trade():
-                self._audit_hook(rt, event, trace, r)
+                audit_hook()
                 return self._trade(rt, event, trace, r.hook_id, d)
         return None
 
@@ -888,6 +891,7 @@ class Dispatcher:
         event: FeedEvent,
         trace: str,
         r: HookResult,
+        n: int,
         *,
         suppressed_by: str = "none",
         error: str | None = None,
@@ -913,6 +917,7 @@ class Dispatcher:
                 runtime_ms=round(r.runtime_ms, 3),
                 error=error,
                 output=_full_output(d),
+                event_hooks=n,
             )
         )
 

@@ -390,8 +390,9 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
         budget -= len(data)
         chunks.append(data)
     # Per agent, the hook rows of its newest event (by trace), held until a row
-    # shows that event's rows were all written: a torn row of the event means the
-    # write-ahead its decisions waited for was cut (see _torn_event).
+    # shows that event's rows were all written: a torn row of the event, or fewer
+    # rows than it has, means the write its decisions waited for was cut (see
+    # _torn_event, _whole).
     held: dict[str, tuple[str, list[Record]]] = {}
 
     def fold(rows: list[Record]) -> None:
@@ -427,9 +428,6 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 _note_intent(cut, agent, event_id, rec)
             outputs.add(rec)
 
-    # The agent whose held block the line before extended: a torn line right after
-    # it may be the next row of the same write, its names torn off (_continues).
-    prev: str | None = None
     for data in reversed(chunks):
         for line in data.splitlines():
             rec = parse_line(line)
@@ -437,11 +435,7 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 torn = _torn_event(line)
                 if torn is not None and held.get(torn[0], ("", []))[0] == torn[1]:
                     del held[torn[0]]  # not evaluated: the replay evaluates it again
-                elif prev in held and _continues(line, prev, held[prev][0]):
-                    del held[prev]
-                prev = None
                 continue
-            prev = None
             kind, agent, trace = rec.get("type"), rec.get("agentId"), rec.get("traceId")
             if kind == "order":
                 unplaced.pop(str(rec.get("clientOrderId")), None)
@@ -451,17 +445,16 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
             block = held.get(agent)
             if block is not None and block[0] == trace and kind != "risk":
                 block[1].append(rec)
-                prev = agent
                 continue
-            if block is not None:
-                fold(held.pop(agent)[1])
+            if block is not None and _whole(rows := held.pop(agent)[1]):
+                fold(rows)
             if kind == "risk":
                 fold([rec])
             elif isinstance(trace, str):
                 held[agent] = (trace, [rec])
-                prev = agent
     for _, rows in held.values():
-        fold(rows)
+        if _whole(rows):
+            fold(rows)
     by_agent: dict[str, list[CutIntent]] = {}
     for (agent, _, _), intent in cut.items():
         by_agent.setdefault(agent, []).append(intent)
@@ -495,36 +488,20 @@ def _torn_event(line: bytes) -> tuple[str, str] | None:
     return m.group(1).decode(errors="replace"), m.group(2).decode(errors="replace")
 
 
-_ENC = msgspec.json.Encoder()
-_ROW_STARTS = (b'{"type":"hook","ts":"', b'{"type":"wake","ts":"')
-
-
-def _continues(line: bytes, agent: str, trace: str) -> bool:
-    """Whether torn ``line`` can be the start of a hook or wake row of ``agent`` and
-    ``trace``: a tear in a row's first bytes leaves its names unreadable, and the
-    whole row before it (its write's previous row) says whose it was. A line
-    that could be another agent's, another event's or another kind of row is not.
-    When it was in fact the first row of the next write, the event before it is
-    evaluated again: its client order ids and dedupe keys keep that from trading
-    twice, but a wake without a key whose run had started runs again."""
-    if not line:
-        return False
-    for start in _ROW_STARTS:
-        if len(line) <= len(start):
-            if start.startswith(line):
-                return True
-            continue
-        if not line.startswith(start):
-            continue
-        rest = line[len(start) :]
-        quote = rest.find(b'"')
-        if quote < 0:
-            return True  # torn inside the timestamp
-        want = b'","agentId":' + _ENC.encode(agent) + b',"traceId":' + _ENC.encode(trace)
-        tail = rest[quote:]
-        n = min(len(tail), len(want))
-        return tail[:n] == want[:n]
-    return False
+def _whole(rows: list[Record]) -> bool:
+    """Whether an event's held rows hold every hook row the event has: its rows
+    are queued together and say how many (``eventHooks``), so one short of that
+    was cut by a kill, wherever the write tore (between two rows too, which
+    leaves no torn line). Its decisions had not acted (they wait for that
+    write): the event is evaluated again. Rows that do not say are whole."""
+    want, hooks = 0, set()
+    for rec in rows:
+        if rec.get("type") == "hook":
+            hooks.add(rec.get("hookId"))
+            n = rec.get("eventHooks")
+            if type(n) is int:
+                want = max(want, n)
+    return len(hooks) >= want
 
 
 def _note_intent(

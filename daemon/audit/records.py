@@ -74,6 +74,9 @@ class HookRecord(_Record, frozen=True, kw_only=True, tag="hook"):
     # ``decision``/``reason``/``dedupeKey`` (cooldown, data, an intent): with it the
     # audit alone rebuilds lastOutputs (restarts, ``hooks test --from-audit``).
     output: dict[str, Any] | None = None
+    # How many hook rows the event has (queued together): a restart that finds
+    # fewer knows a kill cut their write, wherever it tore (even between rows).
+    event_hooks: int | None = None
 
 
 class WakeRecord(_Record, frozen=True, kw_only=True, tag="wake"):

@@ -327,6 +327,8 @@ async def test_failing_hook_is_paused_persisted_and_resumed_by_the_cli(tmp_path:
     ]
     first_pause = next(i for i, e in enumerate(errors) if e.startswith("paused"))
     assert all("ZeroDivisionError" in e for e in errors[:first_pause])
+    # failed, timed out or paused, each event's rows say it has two
+    assert {r["eventHooks"] for r in audit(tmp_path) if r["type"] == "hook"} == {2}
     assert first_pause < 10
     assert any("ZeroDivisionError" in e for e in errors[first_pause:]), "resumed"
     transitions = [

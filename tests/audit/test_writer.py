@@ -61,13 +61,13 @@ def slow_first_append(w: AuditWriter, monkeypatch: pytest.MonkeyPatch) -> thread
 
 def test_hook_record_has_exactly_the_design_fields(tmp_path: Path) -> None:
     """A hook line carries design.md's fields plus type, the daemon run id, the
-    event's own time and the whole decision (``output``), nulls included; the writer
-    stamps its run id on every record."""
+    event's own time, the whole decision (``output``) and the event's number of
+    hook rows, nulls included; the writer stamps its run id on every record."""
     w = AuditWriter(tmp_path, run_id="20261124T000000Z-ab12")
     w.write(hook())
     w.close()
     (rec,) = lines(tmp_path)
-    assert set(rec) == DESIGN_FIELDS | {"type", "daemonRun", "eventTs", "output"}
+    assert set(rec) == DESIGN_FIELDS | {"type", "daemonRun", "eventTs", "output", "eventHooks"}
     assert rec["type"] == "hook" and rec["dedupeKey"] is None and rec["suppressedBy"] == "none"
     assert rec["output"] is None
     assert rec["daemonRun"] == "20261124T000000Z-ab12"
