@@ -181,6 +181,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             io.start(alerts.run)
             recovered = await broker.recover(as_recorded=cfg.event_time)
             dispatcher.recovered = {order.client_order_id for order in recovered}
+            caught_up = desk.catch_up_rows(seen.orders, dispatcher.recovered)
+            if caught_up:
+                log.info("order changes a stop kept from the audit written now", rows=caught_up)
             tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)
             tg.start_soon(manager.run)
             await manager.wait_loaded()

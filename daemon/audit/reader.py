@@ -333,6 +333,13 @@ class Unplaced(msgspec.Struct, frozen=True):
     cut: CutIntent | None = None  # the hook intent it approved, when its row was read
 
 
+class AuditedOrder(msgspec.Struct, frozen=True):
+    """An order as its newest row in the audit shows it."""
+
+    status: str
+    role: str
+
+
 class Recent(msgspec.Struct, frozen=True):
     """What the newest audit rows say each agent had done when the daemon stopped."""
 
@@ -347,6 +354,8 @@ class Recent(msgspec.Struct, frozen=True):
     checked: set[str] = msgspec.field(default_factory=set)
     # Per agent, the approvals with no order row after them, oldest first.
     unplaced: dict[str, list[Unplaced]] = msgspec.field(default_factory=dict)
+    # By client order id, each order's newest row: what the audit last saw of it.
+    orders: dict[str, AuditedOrder] = msgspec.field(default_factory=dict)
 
 
 def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Recent:
@@ -366,6 +375,7 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     cut: dict[tuple[str, str, str], CutIntent] = {}
     checked: set[str] = set()
     unplaced: dict[str, tuple[str, Unplaced]] = {}  # by client order id: (agent, it)
+    orders: dict[str, AuditedOrder] = {}
     outputs = LastOutputs()
     budget = max_bytes
     chunks: list[bytes] = []
@@ -438,7 +448,11 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 continue
             kind, agent, trace = rec.get("type"), rec.get("agentId"), rec.get("traceId")
             if kind == "order":
-                unplaced.pop(str(rec.get("clientOrderId")), None)
+                coid, status, role = rec.get("clientOrderId"), rec.get("status"), rec.get("role")
+                if isinstance(coid, str):
+                    unplaced.pop(coid, None)
+                    if isinstance(status, str) and isinstance(role, str):
+                        orders[coid] = AuditedOrder(status, role)
                 continue
             if kind not in ("hook", "wake", "risk") or not isinstance(agent, str):
                 continue
@@ -462,7 +476,7 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     approvals: dict[str, list[Unplaced]] = {}
     for agent, u in unplaced.values():
         approvals.setdefault(agent, []).append(u)
-    return Recent(evaluated, outputs.by_agent, by_agent, checked, approvals)
+    return Recent(evaluated, outputs.by_agent, by_agent, checked, approvals, orders)
 
 
 def _approval(rec: Record) -> bool:

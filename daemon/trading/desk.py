@@ -14,18 +14,22 @@ account, named by its ``orderId`` (the order's ``clientOrderId``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Collection, Mapping
+from typing import Final, Protocol
 
 import msgspec
 
+from daemon.audit.reader import AuditedOrder
 from daemon.audit.records import AuditRecord
 from daemon.events import FeedEvent, Publish, iso_ms
 from daemon.trading.broker import Broker, OrderRequest, child_order_id, client_order_id
 from daemon.trading.intents import ORDER_ACTIONS, RiskLimits, TradeIntent, TradingState
-from daemon.trading.portfolio import Order
+from daemon.trading.portfolio import WORKING, Order
 from daemon.trading.records import order_record, order_record_from_event, risk_record
 from daemon.trading.risk import CUT_SHORT, ORDER_NOT_FOUND, Reason, RiskEngine, Verdict
+
+#: Order rows of an order still working (the paper broker's rows use these).
+WORKING_ROWS: Final = frozenset({*WORKING, "PARTIALLY_FILLED"})
 
 
 class AuditSink(Protocol):
@@ -279,9 +283,43 @@ class TradeDesk:
             if child is not None:
                 held.append(child)
         for o in held:
-            when = o.filled_ms if o.status == "FILLED" and o.filled_ms else o.updated_ms
-            self._write(order_record(o, self.broker.name, event_ts=iso_ms(when)))
+            self._write_order(o)
         return written + len(held)
+
+    def catch_up_rows(self, audited: Mapping[str, AuditedOrder], skip: Collection[str]) -> int:
+        """Audit what the broker did to orders after the audit's last rows of them:
+        at a restart, the changes a kill took (a bracket exit filled, its sibling
+        canceled: those rows are batched). An order the audit last saw working
+        that the broker has since finished gets a row of its final state; a
+        stop-loss or take-profit of an audited entry with no row of its own gets
+        one of its state now. ``skip``: orders whose rows were written at this
+        start (the broker's recovery). Returns the rows written."""
+        written = 0
+        for coid, seen in audited.items():
+            if coid in skip:
+                continue
+            order = self.broker.get_order(coid)
+            if order is None:
+                continue
+            if seen.status in WORKING_ROWS and order.status not in WORKING:
+                self._write_order(order)
+                written += 1
+            if seen.role != "entry":
+                continue
+            for role in ("stop_loss", "take_profit"):
+                child_id = child_order_id(coid, role)
+                if child_id in audited or child_id in skip:
+                    continue
+                child = self.broker.get_order(child_id)
+                if child is not None:
+                    self._write_order(child)
+                    written += 1
+        return written
+
+    def _write_order(self, order: Order) -> None:
+        """A row of ``order`` as the broker holds it, at the market time it got there."""
+        when = order.filled_ms if order.status == "FILLED" and order.filled_ms else order.updated_ms
+        self._write(order_record(order, self.broker.name, event_ts=iso_ms(when)))
 
     def _write_verdict(
         self,

@@ -353,3 +353,53 @@ async def test_broken_cut_rows_in_the_audit_are_skipped_not_fatal(
     everything = [f"replay:BTC-USD:1m:{first + 60_000 * n}" for n in range(1, 21)]
     # the rest of the replay ran; the two the rows name count as evaluated
     assert evaluated == [e for e in everything if e not in ids]
+
+
+async def test_order_changes_a_stop_kept_from_the_audit_are_written_at_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bracket order's later changes (its stop-loss opened, then canceled when the
+    position closed) are batched rows: a kill can take them while the broker has
+    them. The restart writes each order's final state the audit lacks: the order
+    rows then match a run that lost none (bar the steps in between), once."""
+    from daemon.audit.records import OrderRecord
+
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=60, timeframe="1m")
+    ref = tmp_path / "ref"
+    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
+                  build_feeds, components=[open_agents])  # fmt: skip
+    with anyio.fail_after(60):
+        await svc.run()
+    want = Counter((r["clientOrderId"], r["status"]) for r in audit(ref) if r["type"] == "order")
+    stops = sorted({c for c, _ in want if c.endswith(":sl")})
+    assert len(stops) >= 4 and (stops[0], "CANCELED") in want
+
+    root = tmp_path / "lost"
+    cfg = config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0)
+    write = AuditWriter.write
+
+    def losing(self: AuditWriter, record: Any) -> None:
+        # every stop-loss's cancel, and the first one's every row: as a kill would
+        if (
+            isinstance(record, OrderRecord)
+            and record.role == "stop_loss"
+            and (record.status == "CANCELED" or record.client_order_id == stops[0])
+        ):
+            return
+        write(self, record)
+
+    with monkeypatch.context() as m:
+        m.setattr(AuditWriter, "write", losing)
+        svc = Service(cfg, build_feeds, components=[open_agents])
+        with anyio.fail_after(60):
+            await svc.run()
+    got = Counter((r["clientOrderId"], r["status"]) for r in audit(root) if r["type"] == "order")
+    assert (stops[0], "OPEN") not in got and (stops[1], "CANCELED") not in got
+    for _ in range(2):  # restarted twice: the second finds nothing to write
+        svc = Service(cfg, build_feeds, components=[open_agents])
+        with anyio.fail_after(60):
+            await svc.run()
+    got = Counter((r["clientOrderId"], r["status"]) for r in audit(root) if r["type"] == "order")
+    assert got - want == Counter(), "no row twice"
+    assert want - got == Counter({(stops[0], "OPEN"): 1}), "only the step in between"

@@ -194,7 +194,7 @@ def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> Non
     """An approval stays unplaced until an order row of its client order id follows
     it, or a later verdict on that id; a refusal never is one. A hook's intent the
     approval checked goes with it (no longer cut: its risk row was written)."""
-    from daemon.audit.reader import CutIntent, recent_evaluations
+    from daemon.audit.reader import AuditedOrder, CutIntent, recent_evaluations
     from tests.audit.factory import risk
 
     out = {"decision": "TRADE_INTENT", "reason": "r", "intent": {"action": "CLOSE_POSITION",
@@ -204,7 +204,8 @@ def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> Non
                  decision="TRADE_INTENT", output=out))  # fmt: skip
     w.write(risk(event_id="e1", hook_id="autotrade_x", client_order_id="mw-1", intent=out))
     w.write(risk(hook_id="submit_trading_signal", client_order_id="mw-2", intent=out))
-    w.write(order(client_order_id="mw-2"))  # placed
+    w.write(order(client_order_id="mw-2", status="OPEN"))  # placed
+    w.write(order(client_order_id="mw-2"))  # filled
     w.write(risk(hook_id="submit_trading_signal", client_order_id="mw-3", intent=out))
     w.write(risk(approved=False, client_order_id="mw-3", intent=out))  # settled later
     w.write(risk(approved=False, client_order_id="mw-4", intent=out))  # a refusal
@@ -220,6 +221,7 @@ def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> Non
     assert first.intent == out and first.event_id == "e1"
     assert first.cut == CutIntent("e1", "market.candle.closed", "autotrade_x", "t1", out)
     assert recent.unplaced["beta"][0].cut is None
+    assert recent.orders == {"mw-2": AuditedOrder("FILLED", "entry")}  # its newest row
 
 
 def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: Path) -> None:
