@@ -369,8 +369,8 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
     written when the desk checks it: an acted TRADE_INTENT row with no risk row of
     its (agent, event, hook) is an intent a kill cut short, maybe before its order
     was recorded (the broker knows, by its client order id). So is an approval
-    with no order row after it (an order a tool placed goes out after its
-    approval's row reaches the OS), unless a later verdict settled it."""
+    with no order row (an order a tool placed goes out after its approval's row
+    reaches the OS), unless a later verdict settled it."""
     out: dict[str, dict[str, None]] = {}
     cut: dict[tuple[str, str, str], CutIntent] = {}
     checked: set[str] = set()
@@ -414,7 +414,9 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
                 if isinstance(coid, str):
                     checked.add(coid)
                     unplaced.pop(coid, None)  # a later verdict settles an earlier one
-                    if _approval(rec) and isinstance(agent, str):
+                    # (an approval written after its order's rows: the broker's
+                    # recovery at a start opened the order before it was redone)
+                    if _approval(rec) and isinstance(agent, str) and coid not in orders:
                         trace = rec.get("traceId")
                         unplaced[coid] = (
                             agent,

@@ -196,12 +196,14 @@ async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
     rows were written: the restart places nothing twice and audits the approval and
     the order as the broker holds it (its fill, its stop-loss), once. Recorded and
     never opened, the broker opens it at start (its rows written then): the restart
-    adds the approval only."""
+    adds the approval only (after the order's rows: a later restart finds nothing
+    to write for it)."""
     ref, root, cfg = await cut_beside_reference(tmp_path, monkeypatch, stage)
     assert len(fills(root)) == CUT_AT - 1, "the third order's rows were never written"
-    svc = Service(cfg, build_feeds, components=[open_agents])
-    with anyio.fail_after(60):
-        await svc.run()
+    for _ in range(2):
+        svc = Service(cfg, build_feeds, components=[open_agents])
+        with anyio.fail_after(60):
+            await svc.run()
     assert fills(root) == fills(ref)
     risk = [r for r in audit(root) if r["type"] == "risk"]
     assert len(risk) == len(fills(ref)) and all(r["approved"] for r in risk)

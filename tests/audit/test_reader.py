@@ -192,8 +192,9 @@ def test_recent_rows_name_the_intents_a_stop_cut_short(tmp_path: Path) -> None:
 
 def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> None:
     """An approval stays unplaced until an order row of its client order id follows
-    it, or a later verdict on that id; a refusal never is one. A hook's intent the
-    approval checked goes with it (no longer cut: its risk row was written)."""
+    it, or a later verdict on that id; a refusal never is one, nor an approval
+    after its order's rows. A hook's intent the approval checked goes with it (no
+    longer cut: its risk row was written)."""
     from daemon.audit.reader import AuditedOrder, CutIntent, recent_evaluations
     from tests.audit.factory import risk
 
@@ -209,6 +210,8 @@ def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> Non
     w.write(risk(hook_id="submit_trading_signal", client_order_id="mw-3", intent=out))
     w.write(risk(approved=False, client_order_id="mw-3", intent=out))  # settled later
     w.write(risk(approved=False, client_order_id="mw-4", intent=out))  # a refusal
+    w.write(order(client_order_id="mw-6"))  # recovered at a start, then its approval
+    w.write(risk(hook_id="autotrade_x", client_order_id="mw-6", intent=out))
     w.write(risk(agent_id="beta", hook_id="t", trace_id="t9", client_order_id="mw-5",
                  intent=out))  # fmt: skip
     w.close()
@@ -221,7 +224,7 @@ def test_recent_rows_name_the_approvals_with_no_order_row(tmp_path: Path) -> Non
     assert first.intent == out and first.event_id == "e1"
     assert first.cut == CutIntent("e1", "market.candle.closed", "autotrade_x", "t1", out)
     assert recent.unplaced["beta"][0].cut is None
-    assert recent.orders == {"mw-2": AuditedOrder("FILLED", "entry")}  # its newest row
+    assert recent.orders["mw-2"] == AuditedOrder("FILLED", "entry")  # its newest row
 
 
 def test_an_event_whose_rows_a_kill_tore_is_not_counted_as_evaluated(tmp_path: Path) -> None:
