@@ -11,10 +11,11 @@ finishes by itself. Compared with the reference: each (event, hook)'s decision
 and what suppressed it (its newest row: an event whose write a kill tore is
 evaluated again, and both rows stay), the paper account's orders and fills, and
 the wake runs of the last week (older run history is pruned, by each process at
-its first run, so at different moments). Rows written after an action (the wake's, the run's, the order's)
-may be lost by a kill and are only counted, as are torn lines, hook rows written
-again and intents acted on at a restart. Prints one line per run and the share
-of runs identical to the reference.
+its first run, so at different moments), and that no order row was written
+twice. Other rows written after an action (the run's, a step of an order's)
+may be lost by a kill and are only counted by kind, as are torn lines, hook
+rows written again and intents acted on at a restart. Prints one line per run
+and the share of runs identical to the reference.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from candles import head  # bench/ is on the path when run as a script
 
@@ -53,9 +56,12 @@ class Outcome:
     # Start times of the wake runs no history prune can have taken (each process
     # prunes at its first run, so when rows older than the kept week go differs).
     wake_runs: list[float]
-    other_rows: int  # written after an action: a kill may lose them
+    # The other rows by (type, what they are about, state): written after an
+    # action, a kill may lose some; none may be written twice.
+    other_rows: Counter[tuple[str, str, str]]
 
     def differs(self, ref: Outcome) -> list[str]:
+        twice = self.other_rows - ref.other_rows
         return [
             name
             for name, mine, theirs in (
@@ -63,9 +69,30 @@ class Outcome:
                 ("orders", self.orders, ref.orders),
                 ("fills", self.fills, ref.fills),
                 ("wake runs", self.wake_runs, ref.wake_runs),
+                ("order rows written twice", +Counter(k for k in twice if k[0] == "order"), {}),
             )
             if mine != theirs
         ]
+
+    def lost(self, ref: Outcome) -> str:
+        """The other rows the reference has and this run lost, by kind."""
+        kinds = Counter(
+            f"{t} {state}" for t, _, state in (ref.other_rows - self.other_rows).elements()
+        )
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "none"
+
+
+def other_key(row: dict[str, Any]) -> tuple[str, str, str]:
+    """A non-hook row by what a restart must not write twice."""
+    kind = str(row.get("type"))
+    if kind == "order":
+        return kind, row["clientOrderId"], row["status"]
+    if kind == "risk":
+        return kind, str(row.get("clientOrderId")), str(row["approved"])
+    if kind in ("run", "wake"):
+        about = row.get("eventId") or ",".join(row.get("eventIds") or ())
+        return kind, str(about), str(row.get("status") or row.get("outcome"))
+    return kind, "", ""
 
 
 def config(tmp: Path, csv: Path, state: str) -> Path:
@@ -107,7 +134,8 @@ def killed_run(cfg: Path, rng: random.Random, log: Path) -> int:
 
 def outcome(state: Path) -> Outcome:
     hooks: dict[tuple[str, str], tuple[str, str]] = {}
-    other = again = torn = 0
+    other: Counter[tuple[str, str, str]] = Counter()
+    again = torn = 0
     for f in sorted((state / "audit").glob("audit-*.jsonl")):
         for line in f.read_bytes().splitlines():
             try:
@@ -120,7 +148,7 @@ def outcome(state: Path) -> Outcome:
                 again += key in hooks
                 hooks[key] = (row["decision"], row["suppressedBy"])
             else:
-                other += 1
+                other[other_key(row)] += 1
     paper = sqlite3.connect(state / "paper.sqlite3")
     wake = sqlite3.connect(state / "wake.sqlite3")
     try:
@@ -179,13 +207,12 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
             redone = log.read_bytes().count(b"trade intent cut short by the stop")
             got = outcome(tmp / f"run{n}")
             diff = got.differs(ref)
-            lost = ref.other_rows - got.other_rows
             same += not diff
             print(
                 f"run {n}: {kills} kills; {'differs in ' + ', '.join(diff) if diff else 'same'}"
                 f" ({redone} intents cut short by a kill and acted on at the restart;"
                 f" {got.torn} torn lines, {got.again} hook rows evaluated again after one;"
-                f" {lost} rows written after an action lost)"
+                f" rows lost: {got.lost(ref)})"
             )
         print(f"identical to the reference: {same} of {runs} runs")
 

@@ -192,9 +192,6 @@ class Dispatcher:
     # Hands the audit rows queued so far to the OS (AuditWriter.write_ahead); None
     # for a scratch state dir, which no restart reads.
     write_ahead: Callable[[], None] | None = None
-    # Orders the broker finished at start (recorded, never opened, before a stop):
-    # their rows were written then, so a cut intent of theirs only lacks its verdict.
-    recovered: set[str] = field(default_factory=set)
     # (agent, signal event id) of copied orders already alerted as refused
     _refused: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict)
     # The hook store's failure while it lasts: decisions that would act are suppressed
@@ -738,10 +735,12 @@ class Dispatcher:
             agent_id=rt.agent_id, dedupe_key="", trace_id=u.trace_id, hook_id=u.hook_id,
             event_id=u.event_id, client_order_id=u.client_order_id,
         )  # fmt: skip
-        recovered = u.client_order_id in self.recovered
-        rows = self.desk.restore_rows(intent, of, orders=not recovered, approval=False)
+        rows = self.desk.restore_rows(intent, of, approval=False)
         if rows >= 0:
-            log.info("order placed just before the stop: its rows written now", rows=rows, **about)
+            if rows:
+                log.info(
+                    "order placed just before the stop: its rows written now", rows=rows, **about
+                )
             return
         d = _cut_trade(rt, u.cut) if u.cut is not None else None
         if u.cut is not None and d is not None:
@@ -762,8 +761,7 @@ class Dispatcher:
     ) -> int:
         """The rows a kill took of a cut intent whose order the broker has (see
         :meth:`TradeDesk.restore_rows`); -1 when it has none."""
-        recovered = client_order_id(rt.agent_id, key) in self.recovered
-        return self.desk.restore_rows(d.intent, _intent_of(rt, c, key, trace), orders=not recovered)
+        return self.desk.restore_rows(d.intent, _intent_of(rt, c, key, trace))
 
     async def _redo_cut(self, rt: AgentRuntime, event: FeedEvent) -> None:
         """The intents of ``event`` that a stop cut short (its rows written, no risk

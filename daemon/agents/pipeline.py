@@ -179,9 +179,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                     service.tools.ctx.agent_view = manager.agent_view
             io.start(_forward, receive, service)
             io.start(alerts.run)
-            recovered = await broker.recover(as_recorded=cfg.event_time)
-            dispatcher.recovered = {order.client_order_id for order in recovered}
-            caught_up = desk.catch_up_rows(seen.orders, dispatcher.recovered)
+            desk.known_rows(seen.orders, await broker.recover(as_recorded=cfg.event_time))
+            caught_up = desk.catch_up_rows()
             if caught_up:
                 log.info("order changes a stop kept from the audit written now", rows=caught_up)
             tg.start_soon(checkpoints.run, cfg.audit.flush_interval_seconds)

@@ -14,7 +14,7 @@ account, named by its ``orderId`` (the order's ``clientOrderId``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Protocol
 
 import msgspec
@@ -90,6 +90,8 @@ class TradeDesk:
         # Hands the queued audit rows to the OS (AuditWriter.write_ahead); None when
         # nothing is restarted (a backtest). Used by ``handle(ahead=True)``.
         self.write_ahead: Callable[[], None] | None = None
+        # By client order id, what the audit holds of each order (see known_rows).
+        self.audited: dict[str, AuditedOrder] = {}
         self._engines: dict[str, RiskEngine] = {}
         self._accounts: dict[str, str] = {}
         self._state = TradingState.ACTIVE
@@ -250,16 +252,25 @@ class TradeDesk:
         )
         return True
 
-    def restore_rows(
-        self, intent: TradeIntent, of: IntentOf, *, orders: bool = True, approval: bool = True
-    ) -> int:
+    def known_rows(self, audited: Mapping[str, AuditedOrder], written: Iterable[Order]) -> None:
+        """What the audit holds of each order at a start: the newest row of each
+        (``audited``, read before the start wrote any), and the state of the
+        orders whose rows the start wrote (the broker's recovery), with their
+        stop-loss and take-profit. Rows restored after a kill are written against
+        it, so no restart writes a row the audit already has."""
+        self.audited = dict(audited)
+        for order in written:
+            for o in (order, *self._children(order.client_order_id)):
+                self.audited[o.client_order_id] = AuditedOrder(o.status, o.role)
+
+    def restore_rows(self, intent: TradeIntent, of: IntentOf, *, approval: bool = True) -> int:
         """Audit what the broker holds of ``intent``'s order, whose rows a kill took:
         it came after the order was recorded and before the verdict's row and the
-        order's were written (they go in that order, so none of them was). The
-        verdict was an approval (the order exists), unless ``approval`` is False
-        (its row was written); each order (the entry, its stop-loss and
-        take-profit) gets one row of its state now, unless ``orders`` is False
-        (the broker finished the order at start and wrote its rows then).
+        order's were written (they go in that order). The verdict was an approval
+        (the order exists), unless ``approval`` is False (its row was written);
+        each order (the entry, its stop-loss and take-profit) gets one row of its
+        state now, unless the audit has it (:meth:`known_rows`: the broker's
+        recovery at this start wrote them, or an earlier restart did).
         Returns the rows written (-1: no such order)."""
         coid = of.coid
         order = self.broker.get_order(coid)
@@ -275,51 +286,43 @@ class TradeDesk:
                 )
             )  # fmt: skip
             written = 1
-        if not orders:
-            return written
-        held = [order]
-        for role in ("stop_loss", "take_profit"):
-            child = self.broker.get_order(child_order_id(coid, role))
-            if child is not None:
-                held.append(child)
-        for o in held:
-            self._write_order(o)
-        return written + len(held)
+        return written + sum(self._write_order(o) for o in (order, *self._children(coid)))
 
-    def catch_up_rows(self, audited: Mapping[str, AuditedOrder], skip: Collection[str]) -> int:
-        """Audit what the broker did to orders after the audit's last rows of them:
-        at a restart, the changes a kill took (a bracket exit filled, its sibling
-        canceled: those rows are batched). An order the audit last saw working
-        that the broker has since finished gets a row of its final state; a
-        stop-loss or take-profit of an audited entry with no row of its own gets
-        one of its state now. ``skip``: orders whose rows were written at this
-        start (the broker's recovery). Returns the rows written."""
+    def catch_up_rows(self) -> int:
+        """Audit what the broker did to orders after the audit's last rows of them
+        (:meth:`known_rows`): at a restart, the changes a kill took (a bracket exit
+        filled, its sibling canceled: those rows are batched). An order the audit
+        last saw working that the broker has since finished gets a row of its
+        final state; a stop-loss or take-profit of an audited entry with no row of
+        its own gets one of its state now. Returns the rows written."""
         written = 0
-        for coid, seen in audited.items():
-            if coid in skip:
-                continue
+        for coid, seen in list(self.audited.items()):
             order = self.broker.get_order(coid)
             if order is None:
                 continue
             if seen.status in WORKING_ROWS and order.status not in WORKING:
-                self._write_order(order)
-                written += 1
-            if seen.role != "entry":
-                continue
-            for role in ("stop_loss", "take_profit"):
-                child_id = child_order_id(coid, role)
-                if child_id in audited or child_id in skip:
-                    continue
-                child = self.broker.get_order(child_id)
-                if child is not None:
-                    self._write_order(child)
-                    written += 1
+                written += self._write_order(order)
+            if seen.role == "entry":
+                written += sum(self._write_order(child) for child in self._children(coid))
         return written
 
-    def _write_order(self, order: Order) -> None:
-        """A row of ``order`` as the broker holds it, at the market time it got there."""
+    def _children(self, coid: str) -> list[Order]:
+        """The stop-loss and take-profit orders entry ``coid`` spawned."""
+        found = (
+            self.broker.get_order(child_order_id(coid, r)) for r in ("stop_loss", "take_profit")
+        )
+        return [o for o in found if o is not None]
+
+    def _write_order(self, order: Order) -> bool:
+        """A row of ``order`` as the broker holds it, at the market time it got there,
+        unless the audit's newest row of it already says so."""
+        seen = self.audited.get(order.client_order_id)
+        if seen is not None and seen.status == order.status:
+            return False
+        self.audited[order.client_order_id] = AuditedOrder(order.status, order.role)
         when = order.filled_ms if order.status == "FILLED" and order.filled_ms else order.updated_ms
         self._write(order_record(order, self.broker.name, event_ts=iso_ms(when)))
+        return True
 
     def _write_verdict(
         self,

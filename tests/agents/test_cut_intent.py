@@ -221,6 +221,46 @@ async def test_a_cut_intent_whose_order_was_recorded_gets_its_rows_back(
     assert recent_evaluations(root / "state" / "audit").cut == {}
 
 
+async def test_a_restart_stopped_before_its_redo_writes_no_row_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recorded and never opened, the order is opened by the broker's recovery at the
+    first restart (its rows written then), and that restart is stopped before the
+    replay redoes the intent: the next restart writes the approval only, not the
+    order's rows a second time."""
+    from daemon.agents.dispatcher import Dispatcher
+
+    ref, root, cfg = await cut_beside_reference(tmp_path, monkeypatch, "recorded")
+    reached = anyio.Event()
+
+    async def frozen(self: Dispatcher, *args: Any) -> None:
+        reached.set()
+        await anyio.sleep_forever()
+
+    with monkeypatch.context() as m:
+        m.setattr(Dispatcher, "_redo_cut", frozen)
+        svc = Service(cfg, build_feeds, components=[open_agents])
+        async with anyio.create_task_group() as tg:
+
+            async def stop() -> None:
+                await reached.wait()
+                svc.request_stop()
+
+            tg.start_soon(stop)
+            with anyio.fail_after(60):
+                await svc.run()
+    assert len(fills(root)) == CUT_AT, "the recovery's rows, written at that start"
+    svc = Service(cfg, build_feeds, components=[open_agents])
+    with anyio.fail_after(60):
+        await svc.run()
+    assert fills(root) == fills(ref)
+    want = Counter((r["clientOrderId"], r["status"]) for r in audit(ref) if r["type"] == "order")
+    got = Counter((r["clientOrderId"], r["status"]) for r in audit(root) if r["type"] == "order")
+    assert got == want, "each row once"
+    risk = [r["clientOrderId"] for r in audit(root) if r["type"] == "risk"]
+    assert sorted(risk) == sorted(set(risk)) and len(risk) == len(fills(ref))
+
+
 async def test_on_wall_clock_a_cut_off_intent_is_refused_not_placed_late(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
