@@ -92,17 +92,22 @@ async def run_cut(
 
     with monkeypatch.context() as m:
         m.setattr(TradeDesk, "handle", hanging)
-        svc = Service(cfg, build_feeds, components=[open_agents])
-        async with anyio.create_task_group() as tg:
+        await run_until(Service(cfg, build_feeds, components=[open_agents]), reached)
 
-            async def stop() -> None:
-                await reached.wait()
-                svc.request_stop()
 
-            tg.start_soon(stop)
-            with anyio.fail_after(60):
-                await svc.run()
-            tg.cancel_scope.cancel()
+async def run_until(svc: Service, reached: anyio.Event) -> None:
+    """Run ``svc`` and ask it to stop once ``reached`` is set (the process frozen
+    there: with a short stop timeout, the drain is cut, as by a kill)."""
+    async with anyio.create_task_group() as tg:
+
+        async def stop() -> None:
+            await reached.wait()
+            svc.request_stop()
+
+        tg.start_soon(stop)
+        with anyio.fail_after(60):
+            await svc.run()
+        tg.cancel_scope.cancel()
 
 
 async def cut_beside_reference(
@@ -239,16 +244,7 @@ async def test_a_restart_stopped_before_its_redo_writes_no_row_twice(
 
     with monkeypatch.context() as m:
         m.setattr(Dispatcher, "_redo_cut", frozen)
-        svc = Service(cfg, build_feeds, components=[open_agents])
-        async with anyio.create_task_group() as tg:
-
-            async def stop() -> None:
-                await reached.wait()
-                svc.request_stop()
-
-            tg.start_soon(stop)
-            with anyio.fail_after(60):
-                await svc.run()
+        await run_until(Service(cfg, build_feeds, components=[open_agents]), reached)
     assert len(fills(root)) == CUT_AT, "the recovery's rows, written at that start"
     svc = Service(cfg, build_feeds, components=[open_agents])
     with anyio.fail_after(60):

@@ -20,6 +20,7 @@ from daemon.audit.reader import recent_evaluations
 from daemon.audit.writer import AuditWriter
 from daemon.service import Service
 from daemon.trading.paper import PaperBroker
+from tests.agents.test_cut_intent import run_until
 from tests.agents.test_pipeline import WAKE_EVERY, PacedFeed, audit, candle, config, workspace
 from tests.llm.fakes import fake_openai, openai_turn
 from tests.llm.test_daemon_llm import RUNNER
@@ -72,16 +73,7 @@ async def run_frozen(root: Path, monkeypatch: pytest.MonkeyPatch, stage: str) ->
         with monkeypatch.context() as m:
             m.setattr(AuditWriter, "__init__", keep)
             m.setattr(PaperBroker, "submit", frozen)
-            async with anyio.create_task_group() as tg:
-
-                async def stop() -> None:
-                    await reached.wait()
-                    svc.request_stop()
-
-                tg.start_soon(stop)
-                with anyio.fail_after(30):
-                    await svc.run()
-                tg.cancel_scope.cancel()
+            await run_until(svc, reached)
     return queued
 
 
