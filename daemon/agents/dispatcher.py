@@ -607,21 +607,20 @@ class Dispatcher:
         submission) and return the action it still needs (an alert to send, an
         intent to trade), if any."""
         self.health.record(rt.agent_id, r.hook_id, r.error_kind, r.error)
-        audit_hook = partial(self._audit_hook, rt, event, trace, r, n)
         if not r.ok or r.decision is None:
-            audit_hook(error=f"{r.error_kind}: {r.error}")
+            self._audit_hook(rt, event, trace, r, n, error=f"{r.error_kind}: {r.error}")
             if r.error_kind == "paused":
                 self._persist_pause(rt, r)
             return None
         d = r.decision
         rt.last_outputs[r.hook_id] = to_builtins(d)  # as lookahead.carry does
         if isinstance(d, Ignore):
-            audit_hook()
+            self._audit_hook(rt, event, trace, r, n)
             return None
         blocked = self._blocked(rt, event, r.hook_id, d)
         if blocked != "none":
             self.suppressed += 1
-            audit_hook(suppressed_by=blocked)
+            self._audit_hook(rt, event, trace, r, n, suppressed_by=blocked)
             return None
         match d:
             case Wake():
@@ -629,14 +628,14 @@ class Dispatcher:
                 request = WakeRequest(**self._about(rt, event, trace, r.hook_id, d))
                 outcome = rt.scheduler.submit(request)
                 by = outcome.suppressed_by
-                audit_hook(suppressed_by=by, ts=decided_at)
+                self._audit_hook(rt, event, trace, r, n, suppressed_by=by, ts=decided_at)
                 return None
             case AlertDecision():
-                audit_hook()
+                self._audit_hook(rt, event, trace, r, n)
                 alert = Alert(**self._about(rt, event, trace, r.hook_id, d))
                 return partial(self.alerts.send, alert)
             case Trade():
-                audit_hook()
+                self._audit_hook(rt, event, trace, r, n)
                 return self._trade(rt, event, trace, r.hook_id, d)
         return None
 
