@@ -396,6 +396,7 @@ class AgentManager:
             runner_factory=partial(build_runner, agent_dir=agent.path, tools=self.tools)
             if self.run_agents
             else _log_runner,
+            write_ahead=self.dispatcher.write_ahead,
         )
         ahead = self.state_factory() if self.event_time else None
         rt = AgentRuntime(

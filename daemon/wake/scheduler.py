@@ -153,11 +153,16 @@ class WakeScheduler:
         state: StateProvider | None = None,
         paused: bool = False,
         runner_factory: Callable[[RunnerConfig], Runner] = build_runner,
+        write_ahead: Callable[[], None] | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.policy = policy
         self.store = store
         self.sink = sink
+        # Hands the records sunk so far to the OS (AuditWriter.write_ahead; None: a
+        # scratch dir): a run's rows, which a kill would otherwise take from the
+        # batch, go out as the run starts and as it ends.
+        self.write_ahead = write_ahead
         self.clock: Clock = clock or SystemClock()
         self.state = state
         self.paused = paused
@@ -485,6 +490,8 @@ class WakeScheduler:
     async def _execute(self, run: _PendingRun, ctx: WakeContext) -> None:
         trace = run.wakes[0].trace_id if run.wakes else None
         self.sink(self._run_record(run, trace))
+        if self.write_ahead is not None:
+            self.write_ahead()
         self.counters[f"runs_{run.kind}"] += 1
         t0 = time.perf_counter()
         result = RunResult(status="failed", error="cancelled: the scheduler stopped")
@@ -505,6 +512,8 @@ class WakeScheduler:
                 day.tokens_in += usage[1]
                 day.tokens_out += usage[2]
             self.sink(self._run_record(run, trace, duration_ms, result))
+            if self.write_ahead is not None:
+                self.write_ahead()
 
     def _note_outcome(self, result: RunResult) -> None:
         if result.status == "ok":

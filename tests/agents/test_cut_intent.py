@@ -320,6 +320,48 @@ async def test_a_trade_events_rows_are_all_handed_to_the_os_before_the_next_even
     assert left == [0] * 6
 
 
+async def test_a_runs_rows_reach_the_os_as_it_starts_and_as_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's rows are written ahead, not left for the flusher's batch: a kill during
+    the run leaves its start in the log, and one after it its end."""
+    from daemon.wake.runners import LogRunner
+    from daemon.wake.scheduler import WakeScheduler
+    from tests.agents.test_pipeline import WAKE_EVERY
+
+    writers: list[AuditWriter] = []
+    init, run, execute = AuditWriter.__init__, LogRunner.run, WakeScheduler._execute
+    at_start: list[int] = []
+    at_end: list[int] = []
+
+    def keep(self: AuditWriter, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        writers.append(self)
+
+    async def starting(self: LogRunner, ctx: Any) -> Any:
+        at_start.append(writers[-1].pending)
+        return await run(self, ctx)
+
+    async def ending(self: WakeScheduler, *args: Any) -> None:
+        await execute(self, *args)
+        at_end.append(writers[-1].pending)
+
+    monkeypatch.setattr(AuditWriter, "__init__", keep)
+    monkeypatch.setattr(LogRunner, "run", starting)
+    monkeypatch.setattr(WakeScheduler, "_execute", ending)
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=11, n=20, timeframe="1m")
+    cfg = config(tmp_path, workspace(tmp_path, {"wake_every.py": WAKE_EVERY}), csv, 0)
+    audit_cfg = msgspec.structs.replace(cfg.audit, flush_interval_seconds=3600)
+    svc = Service(msgspec.structs.replace(cfg, audit=audit_cfg), build_feeds,
+                  components=[open_agents])  # fmt: skip
+    with anyio.fail_after(60):
+        await svc.run()
+    runs = [r for r in audit(tmp_path) if r["type"] == "run"]
+    assert len(at_start) == len(at_end) == len(runs) / 2 >= 2
+    assert at_start == at_end == [0] * len(at_start)
+
+
 async def test_on_wall_clock_a_cut_intent_whose_order_was_placed_gets_its_rows_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
