@@ -98,6 +98,7 @@ class AgentManager:
         self.drain_wakes = False
         # Per agent, the events its newest audit rows show evaluated (see checkpoints).
         self.recently_evaluated = recently_evaluated or Recent({}, {})
+        self._started: set[str] = set()  # agents loaded once in this process
         # The agent tools LLM runs call (a daemon.llm.runner.ToolBox; None: no tools).
         self.tools = tools
         # Where an agent's events go when its queue is full (a slow agent never holds
@@ -411,6 +412,9 @@ class AgentManager:
         )
         self.dispatcher.desk.set_limits(agent.agent_id, agent.config.risk, agent.config.account)
         self.dispatcher.checkpoints.load(agent.agent_id)
+        if agent.agent_id not in self._started:  # (a reload's old runs may still be going)
+            self._started.add(agent.agent_id)
+            scheduler.close_interrupted()
         recent = self.recently_evaluated
         for event_id in recent.evaluated.pop(agent.agent_id, [])[-RECENT_EVENTS:]:
             rt.recent[event_id] = None

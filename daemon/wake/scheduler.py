@@ -515,6 +515,30 @@ class WakeScheduler:
             if self.write_ahead is not None:
                 self.write_ahead()
 
+    def close_interrupted(self) -> int:
+        """At the daemon's start: each run of this agent that a stop cut (started, never
+        finished) ends as ``failed``, in the store (when it started, so the cooldown
+        still counts from there) and in the audit log, saying so; it is not run
+        again (it may have paid already). Returns how many."""
+        cut = self.store.unfinished(self.agent_id)
+        for run_id, started_at in cut:
+            self._persist(self.store.record_finish, run_id, started_at, "interrupted")
+            self.sink(
+                RunRecord(
+                    ts=now_ts(),
+                    event_ts=iso_ms(int(started_at * 1000)),
+                    agent_id=self.agent_id,
+                    run_id=run_id,
+                    runner=self.runner.name,
+                    status="failed",
+                    error="interrupted: the daemon stopped during this run; it is not run again",
+                    summary="run interrupted by a stop",
+                )
+            )
+        if cut:
+            log.warning("runs interrupted by the stop", agent=self.agent_id, runs=len(cut))
+        return len(cut)
+
     def _note_outcome(self, result: RunResult) -> None:
         if result.status == "ok":
             self.runs_failing = 0

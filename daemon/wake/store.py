@@ -135,6 +135,16 @@ class RunStore:
             (finished_at, status, *usage, run_id),
         )
 
+    def unfinished(self, agent_id: str) -> list[tuple[str, float]]:
+        """The agent's runs that started and never finished (a stop during them): (run
+        id, started at), oldest first."""
+        rows = self._exec(
+            "SELECT run_id, started_at FROM wake_runs WHERE agent_id = ? AND finished_at IS NULL"
+            " ORDER BY started_at",
+            (agent_id,),
+        )
+        return [(str(r[0]), float(r[1])) for r in rows]
+
     def usage_since(self, agent_id: str, since: float) -> tuple[int, float, int, int]:
         """(runs, cost, tokens in, tokens out) of the agent's runs started after ``since``."""
         rows = self._exec(

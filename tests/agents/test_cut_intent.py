@@ -483,3 +483,37 @@ async def test_order_changes_a_stop_kept_from_the_audit_are_written_at_the_resta
     got = Counter((r["clientOrderId"], r["status"]) for r in audit(root) if r["type"] == "order")
     assert got - want == Counter(), "no row twice"
     assert want - got == Counter({(stops[0], "OPEN"): 1}), "only the step in between"
+
+
+async def test_a_run_a_stop_cut_ends_as_interrupted_once(tmp_path: Path) -> None:
+    """A run the store shows started and never finished (the daemon was killed during
+    it) ends at the next start as failed, interrupted, in the audit log and the
+    store, and is not run again; the start after that writes nothing more."""
+    from daemon.wake.store import RunStore
+    from tests.agents.test_pipeline import PacedFeed
+    from tests.agents.test_pipeline import config as plain_config
+
+    agents = workspace(tmp_path, {"autotrade_fifth.py": TRADE_FIFTH})
+    store = RunStore.in_dir(tmp_path / "state")
+    store.record_start("alpha", "r-cut", "wake", 1_700_000_000.0)
+    store.record_start("alpha", "r-done", "wake", 1_700_000_100.0)
+    store.record_finish("r-done", 1_700_000_160.0, "ok")
+    store.close()
+    for _ in range(2):
+        svc = Service(plain_config(tmp_path, agents), lambda _: [PacedFeed([])],
+                      components=[open_agents])  # fmt: skip
+        with anyio.fail_after(60):
+            await svc.run()
+    (row,) = [r for r in audit(tmp_path) if r["type"] == "run"]
+    assert (row["runId"], row["status"], row["eventTs"]) == (
+        "r-cut",
+        "failed",
+        "2023-11-14T22:13:20.000Z",
+    )
+    assert row["error"].startswith("interrupted: the daemon stopped during this run")
+    store = RunStore.in_dir(tmp_path / "state")
+    try:
+        assert store.unfinished("alpha") == []
+        assert store.last_finish("alpha") == 1_700_000_160.0
+    finally:
+        store.close()
