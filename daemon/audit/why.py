@@ -79,7 +79,24 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
         and not _names(r, ident)
         and (not owners or r.get("agentId") in owners)
     ]
-    return sorted([*direct, *linked], key=_order)
+    found = [*direct, *linked]
+    # A run the daemon's stop cut ends in a row of its own run id but no trace (the
+    # store keeps no traces): looked for when a woken run shows no end here.
+    ended = {
+        r.get("runId") for r in found if r.get("type") == "run" and r.get("status") != "started"
+    }
+    open_runs = {
+        str(r["runId"])
+        for r in found
+        if r.get("type") == "wake" and r.get("runId") and r.get("runId") not in ended
+    }
+    if open_runs:
+        found += [
+            r
+            for r in iter_records(directory, flt, contains=sorted(open_runs))
+            if r.get("type") == "run" and r.get("runId") in open_runs and not r.get("traceId")
+        ]
+    return sorted(found, key=_order)
 
 
 def event_at(

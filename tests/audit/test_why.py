@@ -214,3 +214,26 @@ def test_an_order_trades_only_once_it_fills(
     assert explain(odd, "x").agents[0].outcome == "ORDER_OPEN"  # a hand-edited row: no crash
     text = CliRunner().invoke(why_command, ["mw-1", "--dir", str(tmp_path)])
     assert text.exit_code == 0 and f"agent alpha: {outcome}" in text.output
+
+
+def test_a_run_a_stop_cut_is_found_by_its_run_id(tmp_path: Path) -> None:
+    """The row that ends a run a stop cut carries the run id but no trace (the run
+    store keeps none): `why` of the waking event still shows how the run ended.
+    A run of another event, also without a trace, stays out."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(decision="WAKE", reason="two green candles"))
+    w.write(wake(run_id="r1"))
+    w.write(run(status="started"))
+    w.write(run(trace_id=None, status="failed", error="interrupted: the daemon stopped",
+                ts=ts(sec=30)))  # fmt: skip
+    w.write(run(trace_id=None, run_id="r7", status="failed", ts=ts(sec=31)))
+    w.close()
+    records = collect(tmp_path, EVENT)
+    assert [
+        (r["type"], r.get("runId"), r.get("status")) for r in records if r["type"] == "run"
+    ] == [
+        ("run", "r1", "started"),
+        ("run", "r1", "failed"),
+    ]
+    (story,) = explain(records, EVENT).agents
+    assert story.outcome == "WOKE" and "run r1 failed" in story.why
