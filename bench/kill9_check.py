@@ -204,7 +204,13 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
             cfg = config(tmp, csv, f"run{n}")
             log = tmp / f"run{n}.log"
             kills = killed_run(cfg, rng, log)
-            redone = log.read_bytes().count(b"trade intent cut short by the stop")
+            logged = [
+                json.loads(line) for line in log.read_bytes().splitlines() if line[:1] == b"{"
+            ]
+            redone = sum(e["event"].startswith("trade intent cut short") for e in logged)
+            interrupted = sum(
+                e.get("runs", 0) for e in logged if e["event"] == "runs interrupted by the stop"
+            )
             got = outcome(tmp / f"run{n}")
             diff = got.differs(ref)
             same += not diff
@@ -212,7 +218,7 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
                 f"run {n}: {kills} kills; {'differs in ' + ', '.join(diff) if diff else 'same'}"
                 f" ({redone} intents cut short by a kill and acted on at the restart;"
                 f" {got.torn} torn lines, {got.again} hook rows evaluated again after one;"
-                f" rows lost: {got.lost(ref)})"
+                f" runs closed as interrupted: {interrupted}; rows lost: {got.lost(ref)})"
             )
         print(f"identical to the reference: {same} of {runs} runs")
 
