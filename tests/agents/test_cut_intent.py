@@ -110,12 +110,9 @@ async def run_until(svc: Service, reached: anyio.Event) -> None:
         tg.cancel_scope.cancel()
 
 
-async def cut_beside_reference(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str
-) -> tuple[Path, Path, Config]:
-    """The same replay run through (under ``ref``) and stopped at its CUT_AT-th intent
-    at ``stage`` (under ``cut``, see :func:`run_cut`): both roots and the config of
-    the stopped one."""
+async def reference_run(tmp_path: Path) -> tuple[Path, Path]:
+    """60 generated candles (``c.csv``) replayed through TRADE_FIFTH under ``ref``,
+    never stopped: the data and the reference's root."""
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=11, n=60, timeframe="1m")
     ref = tmp_path / "ref"
@@ -123,6 +120,16 @@ async def cut_beside_reference(
                   build_feeds, components=[open_agents])  # fmt: skip
     with anyio.fail_after(60):
         await svc.run()
+    return csv, ref
+
+
+async def cut_beside_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str
+) -> tuple[Path, Path, Config]:
+    """The same replay run through (under ``ref``) and stopped at its CUT_AT-th intent
+    at ``stage`` (under ``cut``, see :func:`run_cut`): both roots and the config of
+    the stopped one."""
+    csv, ref = await reference_run(tmp_path)
     root = tmp_path / "cut"
     cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
     await run_cut(cfg, monkeypatch, stage=stage)
@@ -132,19 +139,9 @@ async def cut_beside_reference(
 async def test_a_cut_off_intent_is_placed_at_its_own_event_after_the_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=11, n=60, timeframe="1m")
-    agents = workspace(tmp_path / "ref", {"autotrade_fifth.py": TRADE_FIFTH})
-    ref_cfg = config(tmp_path / "ref", agents, csv, speed=0)
-    svc = Service(ref_cfg, build_feeds, components=[open_agents])
-    with anyio.fail_after(60):
-        await svc.run()
-    want = fills(tmp_path / "ref")
+    ref, root, cfg = await cut_beside_reference(tmp_path, monkeypatch, "rows written")
+    want = fills(ref)
     assert len(want) == 12
-
-    root = tmp_path / "cut"
-    cfg = quick_stop(config(root, workspace(root, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0))
-    await run_cut(cfg, monkeypatch)
     before = fills(root)
     assert len(before) == CUT_AT - 1, "stopped at the cut intent"
     (cut,) = recent_evaluations(root / "state" / "audit").cut["alpha"]
@@ -444,13 +441,7 @@ async def test_order_changes_a_stop_kept_from_the_audit_are_written_at_the_resta
     rows then match a run that lost none (bar the steps in between), once."""
     from daemon.audit.records import OrderRecord
 
-    csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=11, n=60, timeframe="1m")
-    ref = tmp_path / "ref"
-    svc = Service(config(ref, workspace(ref, {"autotrade_fifth.py": TRADE_FIFTH}), csv, 0),
-                  build_feeds, components=[open_agents])  # fmt: skip
-    with anyio.fail_after(60):
-        await svc.run()
+    csv, ref = await reference_run(tmp_path)
     want = Counter((r["clientOrderId"], r["status"]) for r in audit(ref) if r["type"] == "order")
     stops = sorted({c for c, _ in want if c.endswith(":sl")})
     assert len(stops) >= 4 and (stops[0], "CANCELED") in want
