@@ -316,6 +316,22 @@ def test_recent_rows_survive_a_tear_at_every_byte(tmp_path: Path) -> None:
             assert evaluated[:2] == ["e1", "e2"], cut
 
 
+def test_odd_hook_row_counts_never_fail_the_read(tmp_path: Path) -> None:
+    """``eventHooks`` comes from a file a disk or an operator can damage: a count that
+    is not an integer is no count (the event's rows are whole); a huge or negative
+    one costs that event an evaluation again, at most, and never the start."""
+    from daemon.audit.reader import recent_evaluations
+    from daemon.audit.records import encode_line
+
+    lines = [encode_line(hook(event_id=f"e{n}", trace_id=f"t{n}")) for n in range(5)]
+    odd = [b'"3"', b"true", b"1.5", b"-4", b"1" + b"0" * 40]
+    with (tmp_path / "audit-2026-02-17.jsonl").open("wb") as f:
+        for line, count in zip(lines, odd, strict=True):
+            f.write(line.replace(b'"eventHooks":null', b'"eventHooks":' + count))
+    # e4 claims more rows than any event has: evaluated again, nothing worse
+    assert recent_evaluations(tmp_path).evaluated["alpha"] == ["e0", "e1", "e2", "e3"]
+
+
 def test_market_time_window_selects_by_event_ts(tmp_path: Path) -> None:
     """--from/--to select rows by the market time they are about (``eventTs``), which a
     backtest writes seconds after one another for a whole year; rows without one are
