@@ -124,3 +124,83 @@ def test_kill_9_at_12_random_moments_evaluates_every_close_once(tmp_path: Path) 
     )  # fmt: skip
     assert placed and set(placed.values()) == {1}, "no order placed twice"
     assert len({r["daemonRun"] for r in rows}) > 2, "the kills did cut the replay"
+
+
+RUNNER = """
+import json, os, sys, time
+ctx = json.load(sys.stdin)
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "runs.txt"), "a") as out:
+    ids = ",".join(r["eventId"] for r in ctx["reasons"])
+    out.write(f"{os.getpid()} {ctx['runId']} {ids}\\n")
+if os.path.exists(os.path.join(here, "hang")):
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path) -> None:
+    """``rerun_interrupted_within_seconds``: the daemon is killed while its command runner
+    works on a wake; the next start closes that run as interrupted, naming its event,
+    and runs the same wake once more (the runner gets the same event), then finishes
+    the replay. Nothing is run a third time."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=3, n=20, timeframe="1m")
+    first = event_ids(csv)[0]
+    agent = tmp_path / "agents" / "a"
+    (agent / "hooks").mkdir(parents=True)
+    (agent / "hooks" / "wake_first.py").write_text(
+        "def evaluate(event, state):\n"
+        f"    if event['eventId'] != {first!r}:\n"
+        "        return {'decision': 'IGNORE', 'reason': 'later'}\n"
+        "    return {'decision': 'WAKE', 'reason': 'the first close'}\n"
+    )
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    (agent / "agent.toml").write_text(
+        "[wake]\ndebounce_seconds = 0\ncooldown_after_run_seconds = 0\n"
+        "rerun_interrupted_within_seconds = 3600\n"
+        f'[wake.runner]\nkind = "command"\ncommand = ["{sys.executable}", "{script}"]\n'
+    )
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\n'
+        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
+        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
+        'timeframe = "1m"\nspeed = 0\n'
+    )
+    cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
+    runs, hang = tmp_path / "runs.txt", tmp_path / "hang"
+    hang.touch()
+    pids: list[int] = []
+    try:
+        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) as proc:  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not runs.exists() or not runs.read_text().endswith("\n"):
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)  # the run is in flight (its runner hangs)
+            proc.wait()
+        pids.append(int(runs.read_text().split()[0]))
+        hang.unlink()
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        again = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
+        assert again.returncode == 0, again.stderr[-2000:]
+        lines = [line.split() for line in runs.read_text().splitlines()]
+        pids += [int(line[0]) for line in lines[1:]]
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert [ids for *_, ids in lines] == [first, first], lines
+    cut_id, rerun_id = lines[0][1], lines[1][1]
+    rows = [r for r in audit_rows(tmp_path / "state") if r["type"] == "run"]
+    ends = {r["runId"]: r for r in rows if r["status"] != "started"}
+    assert ends[cut_id]["status"] == "failed" and ends[cut_id]["eventIds"] == [first]
+    assert ends[cut_id]["error"].endswith(f"its wakes run again as {rerun_id}")
+    assert ends[rerun_id]["status"] == "finished"
+    assert set(ends) == {cut_id, rerun_id}

@@ -98,4 +98,8 @@ class WakePolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     # LLM spend per UTC day of the agent's clock (wake and audit runs); once reached,
     # runs are suppressed with reason "cost" until the day turns. 0 = no cap.
     max_cost_per_day: NonNegFloat = 0.0
+    # A wake run a stop cut (the daemon stopped or was killed during it) runs once more
+    # at the next start if it began at most this long before; 0 = never (it may have
+    # paid already): for runners that cost nothing to repeat (a command, a local model).
+    rerun_interrupted_within_seconds: NonNegFloat = 0.0
     runner: RunnerConfig = msgspec.field(default_factory=RunnerConfig)

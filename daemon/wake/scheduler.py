@@ -98,11 +98,12 @@ def _discard(record: AuditRecord) -> None:
     """The default sink: records go nowhere."""
 
 
-class _Saved(msgspec.Struct, frozen=True):
-    """What the store keeps of a pending run besides its id and due time."""
+class _Saved(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What the store keeps of a pending or started run besides its id and times."""
 
     wakes: list[WakeRequest]
     earlier: dict[str, int]
+    rerun_of: str | None = None  # the run a stop cut that this one runs again
 
 
 _saved_decoder = msgspec.json.Decoder(_Saved)
@@ -127,6 +128,14 @@ class _PendingRun:
     wakes: deque[WakeRequest] = field(default_factory=deque)
     earlier: Counter[str] = field(default_factory=Counter)
     stored: bool = False  # in the store's pending rows (to be dropped when it starts)
+    rerun_of: str | None = None  # runs again the wakes of this run, which a stop cut
+
+    def as_saved(self) -> _Saved:
+        return _Saved(list(self.wakes), dict(self.earlier), self.rerun_of)
+
+    def saved(self) -> bytes:
+        """What the store keeps of it."""
+        return msgspec.json.encode(self.as_saved())
 
     def add(self, wake: WakeRequest, cap: int) -> None:
         """Keep the newest ``cap`` wakes; count older ones by hook."""
@@ -207,7 +216,13 @@ class WakeScheduler:
                 continue
             self._pending.append(
                 _PendingRun(
-                    run_id, "wake", due_at, deque(saved.wakes), Counter(saved.earlier), stored=True
+                    run_id,
+                    "wake",
+                    due_at,
+                    deque(saved.wakes),
+                    Counter(saved.earlier),
+                    stored=True,
+                    rerun_of=saved.rerun_of,
                 )
             )
             for w in saved.wakes:
@@ -287,8 +302,7 @@ class WakeScheduler:
         store is durable, else only at a clean stop."""
         if not (self.store.durable or stopping):
             return
-        body = msgspec.json.encode(_Saved(list(run.wakes), dict(run.earlier)))
-        self._persist(self.store.save_pending, self.agent_id, run.run_id, run.due_at, body)
+        self._persist(self.store.save_pending, self.agent_id, run.run_id, run.due_at, run.saved())
         run.stored = True
 
     def _forget(self, run: _PendingRun) -> None:
@@ -384,7 +398,11 @@ class WakeScheduler:
         # run queued (restored and run once), after it the run counts as started
         # (never paid for twice). One after the other, a crash between lost the run.
         queued, run.stored = run.stored, False
-        self._persist(self.store.record_start, self.agent_id, run.run_id, run.kind, now, queued)
+        # Its wakes too (durable: a restart after a kill reads them; see close_interrupted).
+        body = run.saved() if self.store.durable and run.kind == "wake" else None
+        self._persist(
+            self.store.record_start, self.agent_id, run.run_id, run.kind, now, queued, body
+        )
         today.runs += 1
         self._in_flight = run
         try:
@@ -495,11 +513,16 @@ class WakeScheduler:
         self.counters[f"runs_{run.kind}"] += 1
         t0 = time.perf_counter()
         result = RunResult(status="failed", error="cancelled: the scheduler stopped")
+        cut = True  # until the runner returns
         try:
             result = await self._call_runner(ctx)
+            cut = False
         finally:
             duration_ms = round((time.perf_counter() - t0) * 1000, 3)
             end = self.clock.now()
+            if cut and run.kind == "wake":  # a stop: its wakes may run again at the next start
+                _, then = self._rerun(run.run_id, run.as_saved(), self._last_start)
+                result = RunResult(status="failed", error=f"{result.error}; {then}")
             if run.kind == "wake":
                 self._last_wake_end = end
             llm = result.llm
@@ -517,27 +540,92 @@ class WakeScheduler:
 
     def close_interrupted(self) -> int:
         """At the daemon's start: each run of this agent that a stop cut (started, never
-        finished) ends as ``failed``, in the store (when it started, so the cooldown
-        still counts from there) and in the audit log, saying so; it is not run
-        again (it may have paid already). Returns how many."""
-        cut = self.store.unfinished(self.agent_id)
-        for run_id, started_at in cut:
-            self._persist(self.store.record_finish, run_id, started_at, "interrupted")
+        finished: a kill) ends as ``failed``, in the store (when it started, so the
+        cooldown still counts from there) and in the audit log, saying so, with the
+        events that woke it. It is not run again (it may have paid already) unless
+        the policy says so (:meth:`_rerun`). Returns how many."""
+        try:
+            cut = self.store.unfinished(self.agent_id)
+        except StoreError as exc:
+            log.error("runs a stop cut not closed", agent=self.agent_id, error=str(exc))
+            return 0
+        reruns = []
+        for u in cut:
+            saved: _Saved | None = None
+            if u.body is not None:
+                try:
+                    saved = _saved_decoder.decode(u.body)
+                except NOT_JSON as exc:
+                    log.error(
+                        "unreadable run record", agent=self.agent_id, run=u.run_id, error=str(exc)
+                    )
+            # Closed first: a crash before the re-run is queued loses it, never runs it twice.
+            self._persist(self.store.record_finish, u.run_id, u.started_at, "interrupted")
+            again, then = (
+                self._rerun(u.run_id, saved, u.started_at)
+                if u.kind == "wake"
+                else (None, "it is not run again")
+            )
+            if again is not None:
+                reruns.append(again.run_id)
+            wakes = saved.wakes if saved is not None else []
             self.sink(
                 RunRecord(
                     ts=now_ts(),
-                    event_ts=iso_ms(int(started_at * 1000)),
+                    event_ts=iso_ms(int(u.started_at * 1000)),
                     agent_id=self.agent_id,
-                    run_id=run_id,
+                    trace_id=wakes[0].trace_id if wakes else None,
+                    run_id=u.run_id,
                     runner=self.runner.name,
                     status="failed",
-                    error="interrupted: the daemon stopped during this run; it is not run again",
-                    summary="run interrupted by a stop",
+                    event_ids=[w.event_id for w in wakes if w.event_id is not None],
+                    trace_ids=list(dict.fromkeys(w.trace_id for w in wakes if w.trace_id)),
+                    error=f"interrupted: the daemon stopped during this run; {then}",
+                    summary=f"{u.kind} run, {len(wakes)} wake(s), interrupted by a stop",
                 )
             )
         if cut:
-            log.warning("runs interrupted by the stop", agent=self.agent_id, runs=len(cut))
+            log.warning(
+                "runs interrupted by the stop", agent=self.agent_id, runs=len(cut), rerun=reruns
+            )
         return len(cut)
+
+    def _rerun(
+        self, cut_id: str, saved: _Saved | None, started_at: float
+    ) -> tuple[_PendingRun | None, str]:
+        """Queue the wakes of a run a stop cut to run once more, first, when the policy
+        allows (``rerun_interrupted_within_seconds``; off by default: the cut run may
+        have paid for its tokens already). Returns the run queued (None: not) and
+        what the cut run's row says of it."""
+        within = self.policy.rerun_interrupted_within_seconds
+        if within <= 0:
+            return None, "it is not run again"
+        if saved is None or not saved.wakes:
+            return None, "it is not run again: its wakes were not kept"
+        if saved.rerun_of is not None:
+            return None, f"it is not run again: it ran the wakes of {saved.rerun_of} again"
+        clock = self.clock
+        age = clock.now() - started_at
+        # (On event time before the first event, the clock knows no time yet: a replay
+        # resumes where it stopped.)
+        if not (isinstance(clock, EventClock) and not clock.started) and age > within:
+            return None, (
+                f"it is not run again: it started {age:.0f} s before, over"
+                f" rerun_interrupted_within_seconds ({within:g})"
+            )
+        run = _PendingRun(
+            self._new_run_id(),
+            "wake",
+            started_at,
+            deque(saved.wakes),
+            Counter(saved.earlier),
+            rerun_of=cut_id,
+        )
+        self._pending.appendleft(run)
+        self._save(run, stopping=True)
+        self.counters["reruns"] += 1
+        self._changed.set()
+        return run, f"its wakes run again as {run.run_id}"
 
     def _note_outcome(self, result: RunResult) -> None:
         if result.status == "ok":
@@ -613,6 +701,8 @@ class WakeScheduler:
     ) -> RunRecord:
         earlier = summarize_earlier(run.earlier)
         summary = f"{run.kind} run, {len(run.wakes)} wake(s)" + (f"; {earlier}" if earlier else "")
+        if run.rerun_of is not None:
+            summary += f"; again, for {run.rerun_of}, which a stop cut"
         if result is not None:
             summary += f"; {result.summary()}"
         return RunRecord(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from daemon.errors import StoreError
 from daemon.sqlite import add_columns, open_sqlite
@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     status TEXT NOT NULL DEFAULT 'started',
     cost REAL NOT NULL DEFAULT 0,
     tokens_in INTEGER NOT NULL DEFAULT 0,
-    tokens_out INTEGER NOT NULL DEFAULT 0
+    tokens_out INTEGER NOT NULL DEFAULT 0,
+    body BLOB
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
 CREATE INDEX IF NOT EXISTS wake_runs_started ON wake_runs (started_at);
@@ -48,6 +49,15 @@ CREATE TABLE IF NOT EXISTS wake_pending (
     body BLOB NOT NULL
 );
 """
+
+
+class Unfinished(NamedTuple):
+    """A run the store shows started and never finished."""
+
+    run_id: str
+    started_at: float
+    kind: str
+    body: bytes | None  # its wakes (None: not kept, an older store or an audit run)
 
 
 class RunStore:
@@ -73,12 +83,14 @@ class RunStore:
         self._add_usage_columns()
 
     def _add_usage_columns(self) -> None:
-        """Stores from before LLM runs have no usage columns: add them (zeros)."""
+        """Stores from before LLM runs have no usage columns: add them (zeros); and
+        from before runs kept their wakes, no body (NULL: a run whose wakes are unknown)."""
         zero = "NOT NULL DEFAULT 0"
         columns = {
             "cost": f"REAL {zero}",
             "tokens_in": f"INTEGER {zero}",
             "tokens_out": f"INTEGER {zero}",
+            "body": "BLOB",
         }
         try:
             with self._lock:
@@ -99,17 +111,24 @@ class RunStore:
             raise StoreError(f"wake run store {self.path}: {exc}") from None
 
     def record_start(
-        self, agent_id: str, run_id: str, kind: str, started_at: float, queued: bool = False
+        self,
+        agent_id: str,
+        run_id: str,
+        kind: str,
+        started_at: float,
+        queued: bool = False,
+        body: bytes | None = None,
     ) -> None:
         """A run began (``queued``: and leaves the queued runs, in the same transaction,
-        so a crash leaves it either queued or started, never neither); also drops
-        history nobody needs any more."""
+        so a crash leaves it either queued or started, never neither), with ``body``
+        (its wakes, as a pending run's: what a restart reads of a run a stop cut);
+        also drops history nobody needs any more."""
         try:
             with self._lock, self._db.atomic():
                 self._db.execute(
-                    "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at)"
-                    " VALUES (?,?,?,?)",
-                    (run_id, agent_id, kind, started_at),
+                    "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at, body)"
+                    " VALUES (?,?,?,?,?)",
+                    (run_id, agent_id, kind, started_at, body),
                 )
                 if queued:
                     self._db.execute("DELETE FROM wake_pending WHERE run_id = ?", (run_id,))
@@ -135,15 +154,18 @@ class RunStore:
             (finished_at, status, *usage, run_id),
         )
 
-    def unfinished(self, agent_id: str) -> list[tuple[str, float]]:
-        """The agent's runs that started and never finished (a stop during them): (run
-        id, started at), oldest first."""
+    def unfinished(self, agent_id: str) -> list[Unfinished]:
+        """The agent's runs that started and never finished (a stop during them),
+        oldest first."""
         rows = self._exec(
-            "SELECT run_id, started_at FROM wake_runs WHERE agent_id = ? AND finished_at IS NULL"
-            " ORDER BY started_at",
+            "SELECT run_id, started_at, kind, body FROM wake_runs"
+            " WHERE agent_id = ? AND finished_at IS NULL ORDER BY started_at",
             (agent_id,),
         )
-        return [(str(r[0]), float(r[1])) for r in rows]
+        return [
+            Unfinished(str(r[0]), float(r[1]), str(r[2]), None if r[3] is None else bytes(r[3]))
+            for r in rows
+        ]
 
     def usage_since(self, agent_id: str, since: float) -> tuple[int, float, int, int]:
         """(runs, cost, tokens in, tokens out) of the agent's runs started after ``since``."""

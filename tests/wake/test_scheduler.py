@@ -10,8 +10,9 @@ import anyio
 import pytest
 
 from daemon.audit.records import AuditRecord, LlmReport, RunRecord
-from daemon.clock import SystemClock
+from daemon.clock import ManualClock, SystemClock
 from daemon.wake.context import RunResult, WakeContext
+from daemon.wake.policy import WakePolicy
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore
 from tests.wake.helpers import GateRunner, Harness, policy, wake
@@ -527,3 +528,147 @@ async def test_failed_runs_are_counted_for_status_with_the_last_error(tmp_path: 
         (3, 0, "failed: APIConnectionError: Connection error."),
         (4, 1, "failed: exit code 3"),
     ]
+
+
+START = ManualClock().now()  # where a harness's clock starts
+
+
+def _kill_copy(h: Harness, dest: Path) -> Path:
+    """The run store as a kill -9 would leave it now (SQLite's own backup of the open
+    database: what is committed, nothing a clean stop would add)."""
+    import sqlite3
+
+    dest.mkdir()
+    src = sqlite3.connect(h.store.path)
+    dst = sqlite3.connect(dest / "wake.sqlite3")
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    return dest
+
+
+async def _cut_during_a_run(tmp_path: Path, pol: WakePolicy, name: str = "killed") -> Harness:
+    """A scheduler whose first run (wakes ev1, ev2) is in flight when the process dies:
+    a copy of its store taken then."""
+    h = Harness(tmp_path, pol, runner=GateRunner(hold=True))
+    async with h.running():
+        h.sched.submit(wake(1))
+        h.sched.submit(wake(2))
+        await h.settle()
+        assert len(h.runner.contexts) == 1  # in flight
+        dead = _kill_copy(h, tmp_path / name)
+        h.runner.release.set()
+    h.store.close()
+    return dead
+
+
+async def test_a_run_a_kill_cut_runs_again_once_when_the_policy_says_so(tmp_path: Path) -> None:
+    """``rerun_interrupted_within_seconds``: the run a kill cut is closed as interrupted
+    at the next start, its row naming the events that woke it, and its wakes run once
+    more, first, with the same reasons. A kill during that re-run is not run a third
+    time; neither is anything at a later start."""
+    pol = policy(rerun_interrupted_within_seconds=600)
+    dead = await _cut_during_a_run(tmp_path, pol)
+    clock = ManualClock(START + 30)  # 30 s after the cut run started
+    again = Harness(dead, pol, runner=GateRunner(hold=True), clock=clock)
+    assert again.sched.close_interrupted() == 1
+    (closed,) = again.runs()
+    assert (closed.status, closed.event_ids, closed.trace_id) == ("failed", ["ev1", "ev2"], "tr1")
+    assert closed.trace_ids == ["tr1", "tr2"]
+    assert closed.error is not None and "its wakes run again as a1-" in closed.error
+    async with again.running():
+        await again.settle()
+        (ctx,) = again.runner.contexts
+        assert [r.event_id for r in ctx.reasons] == ["ev1", "ev2"]
+        assert closed.error.endswith(ctx.run_id)
+        deader = _kill_copy(again, tmp_path / "killed again")
+        again.runner.release.set()
+    started = again.runs("started")[0]
+    assert started.summary.endswith(f"again, for {closed.run_id}, which a stop cut")
+    assert started.event_ids == ["ev1", "ev2"] and started.trace_id == "tr1"
+    again.store.close()
+
+    third = Harness(deader, pol, clock=clock)
+    assert third.sched.close_interrupted() == 1 and not third.sched.busy
+    (row,) = third.runs()
+    assert row.run_id == ctx.run_id and row.error is not None
+    assert row.error.endswith(f"it is not run again: it ran the wakes of {closed.run_id} again")
+    assert third.sched.close_interrupted() == 0
+    third.store.close()
+
+
+async def test_a_run_a_kill_cut_is_not_run_again_by_default_or_when_old(tmp_path: Path) -> None:
+    """By default a cut run is only closed (it may have paid), yet its row still names
+    its events; with the option, a run that started longer ago than it allows is not
+    run again either, and the row says why."""
+    dead = await _cut_during_a_run(tmp_path, policy())
+    off = Harness(dead, policy(), clock=ManualClock(START + 30))
+    assert off.sched.close_interrupted() == 1 and not off.sched.busy
+    (row,) = off.runs()
+    assert row.event_ids == ["ev1", "ev2"] and row.error is not None
+    assert row.error.endswith("this run; it is not run again")
+    off.store.close()
+
+    pol = policy(rerun_interrupted_within_seconds=600)
+    (tmp_path / "b").mkdir()
+    dead = await _cut_during_a_run(tmp_path / "b", pol)
+    late = Harness(dead, pol, clock=ManualClock(START + 700))
+    assert late.sched.close_interrupted() == 1 and not late.sched.busy
+    (row,) = late.runs()
+    assert row.error is not None
+    assert row.error.endswith(
+        "it is not run again: it started 700 s before, over rerun_interrupted_within_seconds (600)"
+    )
+    late.store.close()
+
+
+async def test_a_run_a_clean_stop_cuts_runs_again_at_the_next_start(tmp_path: Path) -> None:
+    """A stop (not a kill) cancels the run in flight: with the option, its wakes are
+    kept as a queued run for the next start, which runs them once; the cut run's row
+    says so. An agent removed meanwhile drops them as suppressed by shutdown."""
+    pol = policy(rerun_interrupted_within_seconds=600)
+    h = Harness(tmp_path, pol, runner=GateRunner(hold=True))
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+    assert h.sched.abandon_pending(keep=True) == 1
+    (cut,) = h.runs("failed")
+    assert cut.error is not None
+    assert cut.error.startswith("cancelled: the scheduler stopped; its wakes run again as a1-")
+    h.store.close()
+
+    again = Harness(tmp_path, pol, clock=h.clock)
+    assert again.sched.counters["restored"] == 1
+    async with again.running():
+        await again.settle()
+    (ctx,) = again.runner.contexts
+    assert [r.event_id for r in ctx.reasons] == ["ev1"] and cut.error.endswith(ctx.run_id)
+    again.store.close()
+
+    (tmp_path / "removed").mkdir()
+    gone = Harness(tmp_path / "removed", pol, runner=GateRunner(hold=True))
+    async with gone.running():
+        gone.sched.submit(wake(2))
+        await gone.settle()
+    assert gone.sched.abandon_pending(keep=False) == 1
+    assert [(w.event_id, w.suppressed_by) for w in gone.wakes("suppressed")] == [
+        ("ev2", "shutdown")
+    ]
+    assert gone.store.pending("a1") == []
+    gone.store.close()
+
+
+async def test_a_cut_run_from_an_older_store_has_no_wakes_to_run(tmp_path: Path) -> None:
+    """A run row written before runs kept their wakes (no body) is closed, and not
+    run again: there is nothing to run."""
+    store = RunStore(tmp_path / "wake.sqlite3")
+    store.record_start("a1", "r-old", "wake", START)
+    store.close()
+    h = Harness(tmp_path, policy(rerun_interrupted_within_seconds=600))
+    assert h.sched.close_interrupted() == 1 and not h.sched.busy
+    (row,) = h.runs()
+    assert (row.run_id, row.event_ids) == ("r-old", [])
+    assert row.error is not None and row.error.endswith("its wakes were not kept")
+    h.store.close()
