@@ -123,15 +123,18 @@ class RunStore:
         so a crash leaves it either queued or started, never neither), with ``body``
         (its wakes, as a pending run's: what a restart reads of a run a stop cut);
         also drops history nobody needs any more."""
+        start = (
+            "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at, body)"
+            " VALUES (?,?,?,?,?)"
+        )
         try:
-            with self._lock, self._db.atomic():
-                self._db.execute(
-                    "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at, body)"
-                    " VALUES (?,?,?,?,?)",
-                    (run_id, agent_id, kind, started_at, body),
-                )
-                if queued:
-                    self._db.execute("DELETE FROM wake_pending WHERE run_id = ?", (run_id,))
+            with self._lock:
+                if not queued:  # one statement: atomic by itself
+                    self._db.execute(start, (run_id, agent_id, kind, started_at, body))
+                else:
+                    with self._db.atomic():
+                        self._db.execute(start, (run_id, agent_id, kind, started_at, body))
+                        self._db.execute("DELETE FROM wake_pending WHERE run_id = ?", (run_id,))
         except sqlite3.Error as exc:
             raise StoreError(f"wake run store {self.path}: {exc}") from None
         if abs(started_at - self._pruned_at) >= PRUNE_EVERY_SECONDS:
