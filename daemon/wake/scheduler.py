@@ -623,6 +623,9 @@ class WakeScheduler:
         )
         self._pending.appendleft(run)
         self._save(run, stopping=True)
+        for w in saved.wakes:  # its events' wakes, if they come again, join it (see _restore)
+            if w.event_id is not None:
+                self._restored[w.event_id, w.hook_id] = run.run_id
         self.counters["reruns"] += 1
         self._changed.set()
         return run, f"its wakes run again as {run.run_id}"

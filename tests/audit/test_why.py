@@ -237,3 +237,28 @@ def test_a_run_a_stop_cut_is_found_by_its_run_id(tmp_path: Path) -> None:
     ]
     (story,) = explain(records, EVENT).agents
     assert story.outcome == "WOKE" and "run r1 failed" in story.why
+
+
+def test_a_run_a_stop_cut_and_its_rerun_are_both_told(tmp_path: Path) -> None:
+    """A cut run whose wakes ran again (``rerun_interrupted_within_seconds``): both runs
+    carry the wake's trace, so `why` shows the cut run's end and the re-run, and says
+    how the re-run ended."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(decision="WAKE", reason="two green candles"))
+    w.write(wake(run_id="r1"))
+    w.write(run(status="started"))
+    w.write(run(status="failed", ts=ts(sec=30),
+                error="interrupted: the daemon stopped during this run; its wakes run again as r2"))  # fmt: skip
+    w.write(run(run_id="r2", status="started", ts=ts(sec=31)))
+    w.write(run(run_id="r2", status="finished", ts=ts(sec=40)))
+    w.close()
+    records = collect(tmp_path, EVENT)
+    assert [(r.get("runId"), r.get("status")) for r in records if r["type"] == "run"] == [
+        ("r1", "started"),
+        ("r1", "failed"),
+        ("r2", "started"),
+        ("r2", "finished"),
+    ]
+    (story,) = explain(records, EVENT).agents
+    assert story.outcome == "WOKE" and "run r2 finished" in story.why
+    assert any("its wakes run again as r2" in line for line in story.details)

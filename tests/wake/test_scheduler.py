@@ -574,10 +574,13 @@ async def test_a_run_a_kill_cut_runs_again_once_when_the_policy_says_so(tmp_path
     clock = ManualClock(START + 30)  # 30 s after the cut run started
     again = Harness(dead, pol, runner=GateRunner(hold=True), clock=clock)
     assert again.sched.close_interrupted() == 1
-    (closed,) = again.runs()
+    (closed,) = again.runs("failed")
     assert (closed.status, closed.event_ids, closed.trace_id) == ("failed", ["ev1", "ev2"], "tr1")
     assert closed.trace_ids == ["tr1", "tr2"]
     assert closed.error is not None and "its wakes run again as a1-" in closed.error
+    # Its event, evaluated again (its rows lost to the kill), wakes into that run.
+    redo = again.sched.submit(wake(1))
+    assert redo.outcome == "queued" and closed.error.endswith(str(redo.run_id))
     async with again.running():
         await again.settle()
         (ctx,) = again.runner.contexts
