@@ -16,6 +16,13 @@ twice. Other rows written after an action (the run's, a step of an order's)
 may be lost by a kill and are only counted by kind, as are torn lines, hook
 rows written again and intents acted on at a restart. Prints one line per run
 and the share of runs identical to the reference.
+
+``--runner-seconds S`` gives the example agent a runner that takes S seconds (a
+command: ``sleep S``) and ``[wake] rerun_interrupted_within_seconds``, so kills
+land during runs: the check is then that the wakes the reference ran are run
+here too (a run a kill cut runs once more at the restart), each by one finished
+run, except a re-run cut in turn (not run a third time: counted apart); the
+wake runs' start times are not compared (a re-run starts later).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -59,17 +67,28 @@ class Outcome:
     # The other rows by (type, what they are about, state): written after an
     # action, a kill may lose some; none may be written twice.
     other_rows: Counter[tuple[str, str, str]]
+    # Per event id: the wake runs that finished with it (each wake: exactly one).
+    finished: Counter[str]
+    reruns: int  # runs a kill cut whose wakes ran again
+    cut: set[str]  # event ids of runs a kill cut that were not run again
 
-    def differs(self, ref: Outcome) -> list[str]:
+    def differs(self, ref: Outcome, runs_compared: bool = True) -> list[str]:
         twice = self.other_rows - ref.other_rows
+        woken = set(self.finished) | self.cut
         return [
             name
             for name, mine, theirs in (
                 ("hook rows", self.hook_rows, ref.hook_rows),
                 ("orders", self.orders, ref.orders),
                 ("fills", self.fills, ref.fills),
-                ("wake runs", self.wake_runs, ref.wake_runs),
+                (
+                    "wake runs",
+                    self.wake_runs if runs_compared else [],
+                    ref.wake_runs if runs_compared else [],
+                ),
                 ("order rows written twice", +Counter(k for k in twice if k[0] == "order"), {}),
+                ("events woken", woken, set(ref.finished)),
+                ("wakes run twice", {e for e, n in self.finished.items() if n > 1}, set()),
             )
             if mine != theirs
         ]
@@ -95,11 +114,28 @@ def other_key(row: dict[str, Any]) -> tuple[str, str, str]:
     return kind, "", ""
 
 
-def config(tmp: Path, csv: Path, state: str) -> Path:
+def slow_agents(tmp: Path, seconds: float) -> Path:
+    """A copy of the repo's agents whose example takes ``seconds`` a run and re-runs
+    a run a kill cut."""
+    agents = tmp / "agents"
+    shutil.copytree(ROOT / "agents", agents)
+    toml = agents / "example" / "agent.toml"
+    text = toml.read_text()
+    for old, new in (
+        ("[wake]\n", "[wake]\nrerun_interrupted_within_seconds = 86400\n"),
+        ('kind = "log" ', f'kind = "command"\ncommand = ["sleep", "{seconds:g}"]\n# '),
+    ):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    toml.write_text(text)
+    return agents
+
+
+def config(tmp: Path, csv: Path, state: str, agents: Path = ROOT / "agents") -> Path:
     path = tmp / f"{state}.toml"
     path.write_text(
         f'[daemon]\nstate_dir = "{tmp / state}"\nlog_format = "json"\nlog_level = "warning"\n'
-        f'[hooks]\nagents_dir = "{ROOT / "agents"}"\n'
+        f'[hooks]\nagents_dir = "{agents}"\n'
         "[feeds.coinbase_ws]\nenabled = false\n[feeds.candles]\nenabled = false\n"
         f'[feeds.replay]\nenabled = true\npath = "{csv}"\nformat = "csv"\n'
         'symbol = "BTCUSDT"\ntimeframe = "5m"\n'
@@ -152,6 +188,7 @@ def outcome(state: Path) -> Outcome:
     paper = sqlite3.connect(state / "paper.sqlite3")
     wake = sqlite3.connect(state / "wake.sqlite3")
     try:
+        finished, reruns, cut = wakes_run(wake)
         return Outcome(
             hooks,
             again,
@@ -172,13 +209,40 @@ def outcome(state: Path) -> Outcome:
                 )
             ],
             other,
+            finished,
+            reruns,
+            cut,
         )
     finally:
         paper.close()
         wake.close()
 
 
-def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> None:
+def wakes_run(wake: sqlite3.Connection) -> tuple[Counter[str], int, set[str]]:
+    """From the run store (its rows keep their wakes), over the last unpruned week:
+    per event id, the wake runs that finished with it; how many runs a kill cut ran
+    again; and the events of cut runs that were not run again."""
+    rows = wake.execute(
+        "SELECT run_id, status, body FROM wake_runs WHERE kind = 'wake' AND started_at >"
+        " (SELECT MAX(started_at) FROM wake_runs) - ?",
+        (KEEP_SECONDS - PRUNE_EVERY_SECONDS,),
+    ).fetchall()
+    saved = {run_id: (status, json.loads(body)) for run_id, status, body in rows}
+    again = {b["rerun_of"] for _, b in saved.values() if b.get("rerun_of")}
+    finished: Counter[str] = Counter()
+    cut: set[str] = set()
+    for run_id, (status, body) in saved.items():
+        ids = [w["eventId"] for w in body["wakes"] if w.get("eventId")]
+        if status == "ok":
+            finished.update(ids)
+        elif status == "interrupted" and run_id not in again:
+            cut.update(ids)
+    return finished, len(again), cut
+
+
+def main(
+    data: Path, candles: int, runs: int, seed: int, keep: Path | None, runner_s: float
+) -> None:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as d:
         tmp = keep or Path(d)
@@ -189,9 +253,10 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
         else:
             print(f"{data} not found: synthetic candles")
             generate_candles(csv, seed=seed, n=candles, timeframe="5m")
+        agents = slow_agents(tmp, runner_s) if runner_s else ROOT / "agents"
         start = time.perf_counter()
         with (tmp / "ref.log").open("wb") as out:
-            cmd = command(config(tmp, csv, "ref"))
+            cmd = command(config(tmp, csv, "ref", agents))
             subprocess.run(cmd, cwd=ROOT, check=True, stdout=out, stderr=out)
         ref = outcome(tmp / "ref")
         ref_s = time.perf_counter() - start
@@ -201,7 +266,7 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
         )
         same = 0
         for n in range(runs):
-            cfg = config(tmp, csv, f"run{n}")
+            cfg = config(tmp, csv, f"run{n}", agents)
             log = tmp / f"run{n}.log"
             kills = killed_run(cfg, rng, log)
             logged = [
@@ -212,13 +277,14 @@ def main(data: Path, candles: int, runs: int, seed: int, keep: Path | None) -> N
                 e.get("runs", 0) for e in logged if e["event"] == "runs interrupted by the stop"
             )
             got = outcome(tmp / f"run{n}")
-            diff = got.differs(ref)
+            diff = got.differs(ref, runs_compared=not runner_s)
             same += not diff
             print(
                 f"run {n}: {kills} kills; {'differs in ' + ', '.join(diff) if diff else 'same'}"
                 f" ({redone} intents cut short by a kill and acted on at the restart;"
                 f" {got.torn} torn lines, {got.again} hook rows evaluated again after one;"
-                f" runs closed as interrupted: {interrupted}; rows lost: {got.lost(ref)})"
+                f" runs closed as interrupted: {interrupted}, their wakes run again: {got.reruns},"
+                f" events of cut runs not run again: {len(got.cut)}; rows lost: {got.lost(ref)})"
             )
         print(f"identical to the reference: {same} of {runs} runs")
 
@@ -230,5 +296,11 @@ if __name__ == "__main__":
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", type=Path, help="run in this (new) directory and keep it")
+    ap.add_argument(
+        "--runner-seconds",
+        type=float,
+        default=0.0,
+        help="the example's runs take this long (sleep) and a run a kill cut runs again",
+    )
     args = ap.parse_args()
-    main(args.data, args.candles, args.runs, args.seed, args.keep)
+    main(args.data, args.candles, args.runs, args.seed, args.keep, args.runner_seconds)
