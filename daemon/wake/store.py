@@ -80,11 +80,11 @@ class RunStore:
         self._db = open_sqlite(
             self.path, "wake run store", schema=_SCHEMA, synchronous=synchronous, batch=True
         )
-        self._add_usage_columns()
+        self._add_columns()
 
-    def _add_usage_columns(self) -> None:
-        """Stores from before LLM runs have no usage columns: add them (zeros); and
-        from before runs kept their wakes, no body (NULL: a run whose wakes are unknown)."""
+    def _add_columns(self) -> None:
+        """Columns older stores lack: the usage (from before LLM runs; zeros) and the
+        body (from before runs kept their wakes; NULL: the run's wakes are unknown)."""
         zero = "NOT NULL DEFAULT 0"
         columns = {
             "cost": f"REAL {zero}",

@@ -44,3 +44,30 @@ def test_a_queued_run_is_started_and_unqueued_in_one_transaction(tmp_path: Path)
         assert store.starts_since("a", 0.0) == [10.0]  # ...and not started
     finally:
         store.close()
+
+
+def test_a_store_from_before_runs_kept_their_wakes_gets_the_column(tmp_path: Path) -> None:
+    """An older store (no usage, no body) opens: its runs read with no body, new runs
+    keep theirs."""
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "wake.sqlite3")
+    old.execute(
+        "CREATE TABLE wake_runs (run_id TEXT PRIMARY KEY, agent_id TEXT NOT NULL,"
+        " kind TEXT NOT NULL, started_at REAL NOT NULL, finished_at REAL,"
+        " status TEXT NOT NULL DEFAULT 'started')"
+    )
+    old.execute(
+        "INSERT INTO wake_runs (run_id, agent_id, kind, started_at) VALUES ('r0','a','wake',1)"
+    )
+    old.commit()
+    old.close()
+    store = RunStore(tmp_path / "wake.sqlite3")
+    try:
+        store.record_start("a", "r1", "wake", 2.0, body=b'{"wakes":[],"earlier":{}}')
+        assert [(u.run_id, u.body) for u in store.unfinished("a")] == [
+            ("r0", None),
+            ("r1", b'{"wakes":[],"earlier":{}}'),
+        ]
+    finally:
+        store.close()
