@@ -2,8 +2,12 @@
 
 An alert is a message to a human, not an action: it is logged as it is raised,
 and the webhook gets it from background tasks, a few requests at once, each with
-a short timeout, never retried: a failing or hanging endpoint is counted and
-logged, and never delays the log line, the dispatcher or the other alerts.
+a short timeout. A transient failure (no connection, a timeout, 429, 5xx) is
+retried a few times with backoff (the endpoint's ``Retry-After`` respected, up
+to 30 s), so a blip does not lose an alert; an endpoint that stays down gets one
+attempt per alert until one goes through, so it does not hold the queue. A
+failing or hanging endpoint is counted and logged, and never delays the log
+line, the dispatcher or the other alerts.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from daemon.backoff import backoff_delay
+
 log = structlog.get_logger("alerts")
 FAILURE_LOG_SECONDS = 60.0  # a failing webhook is logged at most this often (with a count)
+RETRIES = 3  # more attempts at an alert the endpoint failed transiently
+RETRY_AFTER_MAX = 30.0  # seconds: a longer Retry-After is cut to this
 
 
 class Alert(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -65,10 +73,24 @@ class WebhookNotifier:
     closes it). A failure is counted and logged at most once a minute, with the
     count: a dead endpoint under a stream of alerts does not flood the log."""
 
-    def __init__(self, url: str, *, timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_seconds: float = 5.0,
+        retries: int = RETRIES,
+        retry_initial_seconds: float = 1.0,
+    ) -> None:
         self.url = url
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.retries = retries
+        self.retry_initial = retry_initial_seconds
+        # The last alert was not delivered after its retries (or the daemon stops): the
+        # next one gets a single attempt, until one goes through.
+        self.down = False
+        self.closing = False
         self.failures = 0
+        self.retried = 0
         self._session: aiohttp.ClientSession | None = None
         self._logged_at: float | None = None  # monotonic time of the last failure line
         self._logged_failures = 0
@@ -82,16 +104,43 @@ class WebhookNotifier:
             self._session = None
 
     async def send(self, alert: Alert) -> None:
+        """Post ``alert``, retrying a transient failure; never raises."""
+        body = msgspec.json.encode(alert)
+        attempts = 1 if self.down or self.closing else 1 + self.retries
+        error = ""
+        for attempt in range(attempts):
+            failed, after = await self._post(body)
+            if failed is None:
+                self.down = False
+                return
+            error = failed
+            if after is None:  # refused for good (4xx): retrying would not help
+                break
+            if attempt + 1 < attempts and not self.closing:
+                self.retried += 1
+                cap = self.retry_initial * 8
+                await anyio.sleep(max(after, backoff_delay(attempt, self.retry_initial, cap)))
+            else:
+                self.down = True
+                break
+        self._failed(error)
+
+    async def _post(self, body: bytes) -> tuple[str | None, float | None]:
+        """One attempt: (None, None) delivered; (error, None) refused for good;
+        (error, seconds) worth another attempt after at least that long."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
-        body = msgspec.json.encode(alert)
         headers = {"content-type": "application/json"}
         try:
             async with self._session.post(self.url, data=body, headers=headers) as resp:
-                if resp.status >= 300:
-                    self._failed(f"HTTP {resp.status}")
+                if resp.status < 300:
+                    return None, None
+                error = f"HTTP {resp.status}"
+                if resp.status == 429 or resp.status >= 500:
+                    return error, retry_after(resp.headers.get("Retry-After"))
+                return error, None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            self._failed(str(exc) or type(exc).__name__)
+            return str(exc) or type(exc).__name__, 0.0
 
     def _failed(self, error: str) -> None:
         self.failures += 1
@@ -104,6 +153,16 @@ class WebhookNotifier:
                 failures=self.failures - self._logged_failures,
             )
             self._logged_at, self._logged_failures = now, self.failures
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds a ``Retry-After`` header asks to wait (its delay-seconds form; a date
+    or anything else counts as 0), at most :data:`RETRY_AFTER_MAX`."""
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+    return min(seconds, RETRY_AFTER_MAX) if seconds > 0 else 0.0
 
 
 class AlertQueue:
@@ -165,5 +224,8 @@ class AlertQueue:
                 await webhook.send(alert)
 
     def close(self) -> None:
-        """No more alerts; :meth:`run` returns once the queued ones are posted."""
+        """No more alerts; :meth:`run` returns once the queued ones are posted (one
+        attempt each from now on: the stop has a deadline)."""
         self._send.close()
+        if self.webhook is not None:
+            self.webhook.closing = True

@@ -75,9 +75,9 @@ async def test_refused_or_unreachable_webhook_is_counted_and_logged_once_a_minut
     log says so once a minute, with how many failed since its last line."""
     runner, url, _ = await serve(500)
     with structlog.testing.capture_logs() as logs:
-        async with WebhookNotifier(url, timeout_seconds=2) as notifier:
+        async with WebhookNotifier(url, timeout_seconds=2, retry_initial_seconds=0.01) as notifier:
             try:
-                await notifier.send(ALERT)
+                await notifier.send(ALERT)  # retried, then down: one attempt from here
                 await notifier.send(ALERT)
             finally:
                 await runner.cleanup()
@@ -158,3 +158,111 @@ async def test_close_posts_what_is_queued_then_run_returns() -> None:
     finally:
         await runner.cleanup()
     assert sorted(a["eventId"] for a in got) == ["e0", "e1", "e2"]
+
+
+async def scripted(
+    statuses: list[int], retry_after: str = ""
+) -> tuple[web.AppRunner, str, list[float]]:
+    """A loopback webhook answering each request with the next of ``statuses`` (the last
+    one once they run out), ``Retry-After`` set on 429; returns when each came."""
+    import time
+
+    came: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        came.append(time.monotonic())
+        status = statuses[min(len(came), len(statuses)) - 1]
+        headers = {"Retry-After": retry_after} if status == 429 and retry_after else {}
+        return web.Response(status=status, headers=headers)
+
+    app = web.Application()
+    app.router.add_post("/hook", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}/hook", came
+
+
+async def test_a_transient_failure_is_retried_until_the_alert_goes_through() -> None:
+    """Two 503s then a 204: the alert is delivered on its third attempt, and no
+    failure is counted."""
+    runner, url, came = await scripted([503, 503, 204])
+    try:
+        async with WebhookNotifier(url, retry_initial_seconds=0.01) as notifier:
+            await notifier.send(ALERT)
+    finally:
+        await runner.cleanup()
+    assert (len(came), notifier.failures, notifier.retried, notifier.down) == (3, 0, 2, False)
+
+
+async def test_a_refusal_is_not_retried() -> None:
+    """A 4xx (a wrong URL, a missing token) would fail again: one attempt, counted."""
+    runner, url, came = await scripted([401])
+    try:
+        async with WebhookNotifier(url, retry_initial_seconds=0.01) as notifier:
+            await notifier.send(ALERT)
+            await notifier.send(ALERT)
+    finally:
+        await runner.cleanup()
+    assert (len(came), notifier.failures, notifier.retried) == (2, 2, 0)
+
+
+async def test_an_endpoint_that_stays_down_gets_one_attempt_per_alert_until_it_is_back() -> None:
+    """After an alert's retries all fail, later alerts get one attempt each (a dead
+    endpoint does not hold the queue); once one goes through, retries come back."""
+    statuses = [503] * 5 + [204, 503]
+    runner, url, came = await scripted(statuses)
+    try:
+        async with WebhookNotifier(url, retries=3, retry_initial_seconds=0.01) as notifier:
+            await notifier.send(ALERT)  # 4 attempts, all 503
+            assert (len(came), notifier.failures, notifier.down) == (4, 1, True)
+            await notifier.send(ALERT)  # one attempt: 503
+            assert (len(came), notifier.failures) == (5, 2)
+            await notifier.send(ALERT)  # one attempt: 204, back up
+            assert (len(came), notifier.failures, notifier.down) == (6, 2, False)
+            await notifier.send(ALERT)  # 503 from now on: retried again
+            assert (len(came), notifier.failures) == (10, 3)
+    finally:
+        await runner.cleanup()
+
+
+async def test_retry_after_is_respected_and_bounded() -> None:
+    """A 429's ``Retry-After`` (seconds) sets the least wait before the next attempt;
+    a date, garbage or a negative counts as none, and a long one is cut to 30 s."""
+    from daemon.alerts import RETRY_AFTER_MAX, retry_after
+
+    runner, url, came = await scripted([429, 204], retry_after="0.3")
+    try:
+        async with WebhookNotifier(url, retry_initial_seconds=0.01) as notifier:
+            await notifier.send(ALERT)
+    finally:
+        await runner.cleanup()
+    assert len(came) == 2 and came[1] - came[0] >= 0.29 and notifier.failures == 0
+    assert [retry_after(v) for v in ("5", "1e9", "inf", "-3", "nan", "soon", None)] == [
+        5.0,
+        RETRY_AFTER_MAX,
+        RETRY_AFTER_MAX,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
+    assert retry_after("Wed, 21 Oct 2026 07:28:00 GMT") == 0.0
+
+
+async def test_a_stopping_queue_tries_each_alert_once() -> None:
+    """Once the queue is closed (the daemon stops, with a deadline), an alert the
+    endpoint fails is not retried."""
+    runner, url, came = await scripted([503])
+    queue = AlertQueue(WebhookNotifier(url, retry_initial_seconds=5))
+    try:
+        await queue.send(ALERT)
+        queue.close()
+        with anyio.fail_after(4):
+            await queue.run()
+    finally:
+        await runner.cleanup()
+    assert len(came) == 1 and queue.webhook is not None and queue.webhook.failures == 1
