@@ -25,8 +25,10 @@ async def until_closed(stream: ByteReceiveStream, seconds: float = 5.0) -> bytes
 
 @asynccontextmanager
 async def serve_app(app: web.Application) -> AsyncIterator[str]:
-    """``http://127.0.0.1:<port>`` of ``app``; stopped when the block ends."""
-    runner = web.AppRunner(app)
+    """``http://127.0.0.1:<port>`` of ``app``; stopped when the block ends. A handler
+    whose client has gone is cancelled (a stalled answer nobody waits for does not
+    hold the end of the block)."""
+    runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

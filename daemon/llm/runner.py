@@ -95,7 +95,9 @@ class RegistryToolBox:
         first = ctx.reasons[0] if ctx.reasons else None
         call = AgentCall(
             agent_id=ctx.agent_id,
-            run_id=ctx.run_id,
+            # A re-run signals as the run a stop cut: a signal that run placed before
+            # the stop is not placed twice (its key, and so its order, are the same).
+            run_id=ctx.rerun_of or ctx.run_id,
             trace_id=first.trace_id if first else None,
             event_id=first.event_id if first else None,
             signal_notional=config.signal_notional,

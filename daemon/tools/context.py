@@ -108,7 +108,7 @@ class AgentCall:
     tools need it); MCP hosts call without one."""
 
     agent_id: str
-    run_id: str
+    run_id: str  # whose signals these are (see submit_trading_signal's keys)
     trace_id: str | None = None
     event_id: str | None = None
     # How a signal becomes an order ([wake.runner] of the agent).

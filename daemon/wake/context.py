@@ -76,6 +76,9 @@ class WakeContext(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     earlier: str | None = None
     earlier_count: int = 0
     state: dict[str, Any] | None = None
+    # The run a stop cut whose wakes this one runs again (None: a first run): what
+    # that run did before the stop (an order, a message) may already have happened.
+    rerun_of: str | None = None
 
 
 class WakeOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -494,6 +494,7 @@ class WakeScheduler:
             earlier=summarize_earlier(run.earlier),
             earlier_count=sum(run.earlier.values()),
             state=self._snapshot(),
+            rerun_of=run.rerun_of,
         )
 
     def _snapshot(self) -> dict[str, Any] | None:

@@ -115,3 +115,67 @@ async def test_a_signal_from_the_model_is_risk_checked_and_placed_once(tmp_path:
         collect(tmp_path / "state" / "audit", candle(0).event_id), candle(0).event_id
     ).agents
     assert order["clientOrderId"] in str(story), story
+
+
+async def test_a_rerun_of_a_run_a_stop_cut_does_not_trade_twice(tmp_path: Path) -> None:
+    """``rerun_interrupted_within_seconds``: the model placed a signal, then the stop
+    cut its run (a model turn that never came back, the drain past its timeout). At
+    the next start its wakes run again; the model, knowing nothing of it, sends the
+    same symbol's signal again: it gets the first order back (``duplicate``), and
+    the account holds one order."""
+    import msgspec
+
+    from daemon.config import Config
+
+    signal = {
+        "symbol": "BTC-USD", "confidence": 72, "entry_price": 100.0, "stop_loss": 95.0,
+        "tp1": 110.0, "technical_score": 30, "sentiment_score": 20, "liquidity_score": 15,
+        "correlation_score": 7, "analysis": "oversold bounce",
+    }  # fmt: skip
+    script = [
+        openai_turn(calls=[("s1", "submit_trading_signal", signal)]),
+        60,  # the next turn never comes: the stop cuts the run (its request goes)
+        openai_turn(calls=[("s2", "submit_trading_signal", signal)]),
+        openai_turn("Long placed."),
+    ]
+    toml = (
+        "[wake]\nmax_runs_per_hour = 5\ndebounce_seconds = 0\n"
+        "rerun_interrupted_within_seconds = 3600\n"
+        '[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "fake-gpt"\n'
+        'base_url = "{url}"\n'
+    )
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY})
+    async with fake_openai(script) as (fake, url):
+        (agents / "alpha" / "agent.toml").write_text(toml.format(url=url))
+        cfg = msgspec.convert(
+            {
+                "daemon": {"state_dir": str(tmp_path / "state"), "stop_timeout_seconds": 4},
+                "hooks": {"agents_dir": str(agents), "reload_seconds": 0.05},
+            },
+            Config,
+        )
+        for _ in range(2):
+            pool = shared_pool(cfg)
+            assert pool is not None
+            svc = Service(
+                cfg,
+                lambda _: [PacedFeed([candle(0)])],
+                components=[partial(open_market, pool), open_agents],
+            )
+            with anyio.fail_after(30):
+                await svc.run()
+    rows = audit(tmp_path)
+    runs = [r for r in rows if r["type"] == "run" and r["status"] != "started"]
+    assert [r["status"] for r in runs] == ["failed", "finished"], runs
+    assert runs[0]["error"].startswith("cancelled: the scheduler stopped; its wakes run again as")
+    assert runs[0]["error"].endswith(runs[1]["runId"])
+    (order,) = {r["clientOrderId"] for r in rows if r["type"] == "order"}
+    answers = [
+        json.loads(m["content"])
+        for req in fake.requests
+        for m in req["messages"]
+        if m["role"] == "tool" and m.get("tool_call_id") in ("s1", "s2")
+    ]
+    first, again = answers[0], answers[-1]
+    assert (first["duplicate"], again["duplicate"]) == (False, True)
+    assert first["order_id"] == again["order_id"] == order

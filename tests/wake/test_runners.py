@@ -61,7 +61,17 @@ async def test_context_wire_shape() -> None:
     """The documented keys are what goes on the wire."""
     wire = json.loads(msgspec.json.encode(context()))
     assert sorted(wire) == sorted(
-        ["agentId", "runId", "kind", "triggeredAt", "reasons", "earlier", "earlierCount", "state"]
+        [
+            "agentId",
+            "runId",
+            "kind",
+            "triggeredAt",
+            "reasons",
+            "earlier",
+            "earlierCount",
+            "state",
+            "rerunOf",
+        ]
     )
     assert sorted(wire["reasons"][0]) == sorted(
         ["hookId", "reason", "eventId", "traceId", "symbol", "topic", "ts"]

@@ -585,7 +585,7 @@ async def test_a_run_a_kill_cut_runs_again_once_when_the_policy_says_so(tmp_path
         await again.settle()
         (ctx,) = again.runner.contexts
         assert [r.event_id for r in ctx.reasons] == ["ev1", "ev2"]
-        assert closed.error.endswith(ctx.run_id)
+        assert closed.error.endswith(ctx.run_id) and ctx.rerun_of == closed.run_id
         deader = _kill_copy(again, tmp_path / "killed again")
         again.runner.release.set()
     started = again.runs("started")[0]
