@@ -586,6 +586,8 @@ class WakeScheduler:
                 )
             )
         if cut:
+            if self.write_ahead is not None:  # not left to a batch a kill could take
+                self.write_ahead()
             log.warning(
                 "runs interrupted by the stop", agent=self.agent_id, runs=len(cut), rerun=reruns
             )

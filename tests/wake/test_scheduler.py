@@ -607,8 +607,15 @@ async def test_a_run_a_kill_cut_is_not_run_again_by_default_or_when_old(tmp_path
     its events; with the option, a run that started longer ago than it allows is not
     run again either, and the row says why."""
     dead = await _cut_during_a_run(tmp_path, policy())
-    off = Harness(dead, policy(), clock=ManualClock(START + 30))
+    flushed: list[int] = []  # rows sunk at each write-ahead
+    off = Harness(
+        dead,
+        policy(),
+        clock=ManualClock(START + 30),
+        write_ahead=lambda: flushed.append(len(off.records)),
+    )
     assert off.sched.close_interrupted() == 1 and not off.sched.busy
+    assert flushed == [1]  # the closing row is not left to a batch a kill could take
     (row,) = off.runs()
     assert row.event_ids == ["ev1", "ev2"] and row.error is not None
     assert row.error.endswith("this run; it is not run again")
