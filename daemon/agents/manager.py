@@ -472,6 +472,10 @@ class AgentManager:
                     ran = await rt.scheduler.drain()
                     if ran:
                         log.info("queued wakes run after the replay", agent=rt.agent_id, runs=ran)
+                elif not self.event_time:
+                    # Live, a stop lets the run in flight end (an LLM run paid for so far),
+                    # within what is left of [daemon] stop_timeout_seconds.
+                    await rt.scheduler.finish_in_flight()
                 tg.cancel_scope.cancel()
             rt.scheduler.abandon_pending(keep=not rt.removed)
 

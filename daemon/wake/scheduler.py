@@ -185,6 +185,8 @@ class WakeScheduler:
         self._last_start = store.last_start(agent_id) or now
         self._pending: deque[_PendingRun] = deque()
         self._in_flight: _PendingRun | None = None
+        self._run_ended = anyio.Event()  # set as the run in flight ends
+        self._stopping = False  # the daemon stops: no more runs start
         self._changed = anyio.Event()
         self.counters: Counter[str] = Counter()
         self._today: _DayUsage | None = None
@@ -348,8 +350,23 @@ class WakeScheduler:
             started += 1
         return started
 
+    async def finish_in_flight(self) -> None:
+        """At a stop (live): start no more runs (the queued ones stay queued for the
+        next start) and return once the run in flight, if any, has ended. The caller
+        bounds the wait (``[daemon] stop_timeout_seconds``): a run still going then is
+        cancelled, as a stop cuts it."""
+        self._stopping = True
+        self._changed.set()
+        run = self._in_flight
+        if run is None:
+            return
+        log.info("waiting for the run in flight to end", agent=self.agent_id, run=run.run_id)
+        await self._run_ended.wait()
+
     async def step(self) -> None:
         """Start the next due run, or wait until something may be due."""
+        if self._stopping:
+            await anyio.sleep_forever()  # until the stop cancels this task
         self._changed = anyio.Event()
         now = self.clock.now()
         due_at = self._next_due()
@@ -404,11 +421,12 @@ class WakeScheduler:
             self.store.record_start, self.agent_id, run.run_id, run.kind, now, queued, body
         )
         today.runs += 1
-        self._in_flight = run
+        self._in_flight, self._run_ended = run, anyio.Event()
         try:
             await self._execute(run, self._context(run, now))
         finally:
             self._in_flight = None
+            self._run_ended.set()
 
     def _persist(self, write: Callable[..., None], *args: Any) -> None:
         """Write run history; a failing disk costs restart memory, not the agent's runs."""

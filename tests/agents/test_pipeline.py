@@ -651,3 +651,59 @@ async def test_a_key_suppressed_by_a_cooldown_is_not_spent(tmp_path: Path) -> No
     await run_service(tmp_path, agents, PacedFeed([candle(i) for i in range(4)]))
     got = [r["suppressedBy"] for r in audit(tmp_path) if r["type"] == "hook"]
     assert got == ["none", "cooldown", "none", "dedupe"]
+
+
+RUN_SLOWLY = """
+import os, sys, time
+open(sys.argv[1], "w").close()
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("stop_timeout", [8.0, 0.3])
+async def test_a_live_stop_lets_the_run_in_flight_end_within_its_timeout(
+    tmp_path: Path, stop_timeout: float
+) -> None:
+    """Live, the daemon stops while a wake run is in flight (its program takes 1.5 s):
+    within ``stop_timeout_seconds`` the run ends as it would have (``finished``);
+    past it, the stop cuts it (``failed``, cancelled). No second run starts meanwhile."""
+    import sys
+
+    started, script = tmp_path / "started", tmp_path / "run.py"
+    script.write_text(RUN_SLOWLY)
+    toml = (
+        "[wake]\ndebounce_seconds = 0\ncooldown_after_run_seconds = 0\n"
+        f'[wake.runner]\nkind = "command"\n'
+        f'command = ["{sys.executable}", "{script}", "{started}", "1.5"]\n'
+    )
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY}, toml)
+    cfg = msgspec.convert(
+        {
+            "daemon": {
+                "state_dir": str(tmp_path / "state"),
+                "clock": "wall",
+                "stop_timeout_seconds": stop_timeout,
+            },
+            "hooks": {"agents_dir": str(agents)},
+        },
+        Config,
+    )
+    feed = PacedFeed([candle(0), candle(1)], hold=True)
+    feed.gate(1)  # the second candle waits until the first one's run is in flight
+    svc = Service(cfg, lambda _: [feed], components=[open_agents])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(svc.run)
+        with anyio.fail_after(20):
+            while not started.exists():  # noqa: ASYNC110 (the program writes it)
+                await anyio.sleep(0.02)
+        feed.gate(1).set()  # its wake queues behind the run in flight
+        await feed.when(2).wait()
+        await anyio.sleep(0.1)
+        feed.release.set()  # the feed ends: the daemon stops with the run in flight
+    runs = [r for r in audit(tmp_path) if r["type"] == "run"]
+    assert len([r for r in runs if r["status"] == "started"]) == 1, runs
+    (end,) = [r for r in runs if r["status"] != "started"]
+    if stop_timeout > 1.5:
+        assert end["status"] == "finished"
+    else:
+        assert end["status"] == "failed" and end["error"].startswith("cancelled")

@@ -682,3 +682,34 @@ async def test_a_cut_run_from_an_older_store_has_no_wakes_to_run(tmp_path: Path)
     assert (row.run_id, row.event_ids) == ("r-old", [])
     assert row.error is not None and row.error.endswith("its wakes were not kept")
     h.store.close()
+
+
+async def test_a_stop_waits_for_the_run_in_flight_and_starts_no_other(tmp_path: Path) -> None:
+    """``finish_in_flight``: returns once the run in flight ends; the follow-up run
+    that was due meanwhile does not start (it is kept for the next start)."""
+    runner = GateRunner(hold=True)
+    h = Harness(tmp_path, policy(), runner=runner)
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        h.sched.submit(wake(2))  # the follow-up run, due as soon as the first ends
+        done = anyio.Event()
+
+        async def stop() -> None:
+            await h.sched.finish_in_flight()
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop)
+            await h.settle()
+            assert not done.is_set()  # the run is still in flight
+            runner.release.set()
+            with anyio.fail_after(5):
+                await done.wait()
+        await h.settle()
+        with anyio.fail_after(5):
+            await h.sched.finish_in_flight()  # nothing in flight: at once
+    assert [[r.event_id for r in c.reasons] for c in runner.contexts] == [["ev1"]]
+    assert [r.status for r in h.runs()] == ["started", "finished"]
+    assert h.sched.abandon_pending(keep=True) == 1
+    h.store.close()
