@@ -85,8 +85,9 @@ class WebhookNotifier:
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self.retries = retries
         self.retry_initial = retry_initial_seconds
-        # The last alert was not delivered after its retries (or the daemon stops): the
-        # next one gets a single attempt, until one goes through.
+        # The last alert was not delivered after its retries: the next ones get a
+        # single attempt each, until one goes through. Closing (the daemon stops, with
+        # a deadline): one attempt each too.
         self.down = False
         self.closing = False
         self.failures = 0
