@@ -588,6 +588,8 @@ class WakeScheduler:
             if again is not None:
                 reruns.append(again.run_id)
             wakes = saved.wakes if saved is not None else []
+            error = f"interrupted: the daemon stopped during this run; {then}"
+            self._note_outcome(RunResult(status="failed", error=error))  # status shows it
             self.sink(
                 RunRecord(
                     ts=now_ts(),
@@ -599,7 +601,7 @@ class WakeScheduler:
                     status="failed",
                     event_ids=[w.event_id for w in wakes if w.event_id is not None],
                     trace_ids=list(dict.fromkeys(w.trace_id for w in wakes if w.trace_id)),
-                    error=f"interrupted: the daemon stopped during this run; {then}",
+                    error=error,
                     summary=f"{u.kind} run, {len(wakes)} wake(s), interrupted by a stop",
                 )
             )

@@ -578,6 +578,8 @@ async def test_a_run_a_kill_cut_runs_again_once_when_the_policy_says_so(tmp_path
     assert (closed.status, closed.event_ids, closed.trace_id) == ("failed", ["ev1", "ev2"], "tr1")
     assert closed.trace_ids == ["tr1", "tr2"]
     assert closed.error is not None and "its wakes run again as a1-" in closed.error
+    assert again.sched.runs_failing == 1  # status: RUNS FAILING, last: interrupted: ...
+    assert again.sched.last_run_error == f"failed: {closed.error}"
     # Its event, evaluated again (its rows lost to the kill), wakes into that run.
     redo = again.sched.submit(wake(1))
     assert redo.outcome == "queued" and closed.error.endswith(str(redo.run_id))
