@@ -225,9 +225,13 @@ class AgentManager:
         await self._loaded.wait()
 
     def close_subscriptions(self) -> None:
-        """Take no new events; each agent finishes what it already holds, then ends."""
+        """Take no new events; each agent finishes what it already holds, then ends.
+        Live, no run starts from here on (on event time the runs due as the held
+        events are evaluated start, as in an uninterrupted replay)."""
         for rt in self.runtimes.values():
             rt.sub.close()
+            if not self.event_time:
+                rt.scheduler.stop_starting()
 
     def release_backlogs(self) -> None:
         """After the drain: what agents left on disk waits there for the next start."""

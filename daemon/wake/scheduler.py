@@ -294,7 +294,9 @@ class WakeScheduler:
         debounce = policy.debounce_seconds if policy.queue_mode == "collect" else 0.0
         run = _PendingRun(self._new_run_id(), "wake", now if self.busy else now + debounce)
         run.add(wake, policy.max_collected)
-        starts_now = not self.busy and debounce == 0 and now >= self._cooldown_end()
+        starts_now = (
+            not self.busy and debounce == 0 and now >= self._cooldown_end() and not self._stopping
+        )
         self._pending.append(run)
         self._save(run)
         return WakeOutcome(outcome="woke" if starts_now else "queued", run_id=run.run_id)
@@ -350,13 +352,19 @@ class WakeScheduler:
             started += 1
         return started
 
-    async def finish_in_flight(self) -> None:
-        """At a stop (live): start no more runs (the queued ones stay queued for the
-        next start) and return once the run in flight, if any, has ended. The caller
-        bounds the wait (``[daemon] stop_timeout_seconds``): a run still going then is
-        cancelled, as a stop cuts it."""
+    def stop_starting(self) -> None:
+        """At a stop (live): start no more runs; the queued ones, and the wakes the
+        drain still queues, stay queued for the next start (a run begun now would
+        likely be cut by the stop's deadline, its tokens spent for nothing)."""
         self._stopping = True
         self._changed.set()
+
+    async def finish_in_flight(self) -> None:
+        """At a stop (live): :meth:`stop_starting`, and return once the run in flight,
+        if any, has ended. The caller bounds the wait (``[daemon]
+        stop_timeout_seconds``): a run still going then is cancelled, as a stop cuts
+        it."""
+        self.stop_starting()
         run = self._in_flight
         if run is None:
             return

@@ -707,3 +707,51 @@ async def test_a_live_stop_lets_the_run_in_flight_end_within_its_timeout(
         assert end["status"] == "finished"
     else:
         assert end["status"] == "failed" and end["error"].startswith("cancelled")
+
+
+SLOW_WAKE = """
+def evaluate(event, state):
+    n = 0
+    for i in range(3000000):  # a slow hook: the stop comes while candles wait for it
+        n += i
+    return {"decision": "WAKE", "reason": "slow", "dedupeKey": "k:" + event["eventId"]}
+"""
+
+
+async def test_a_live_stop_starts_no_run_for_the_wakes_its_drain_evaluates(
+    tmp_path: Path,
+) -> None:
+    """Live, a stop comes while the agent still holds candles (its hook is slow):
+    their wakes, decided during the drain, are queued (not ``woke``) and kept for the
+    next start; no run starts that the stop's deadline would likely cut."""
+    toml = "[wake]\ndebounce_seconds = 0\ncooldown_after_run_seconds = 0\n"
+    agents = workspace(tmp_path, {"wake_slow.py": SLOW_WAKE}, toml)
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(tmp_path / "state"), "clock": "wall"},
+            "hooks": {"agents_dir": str(agents), "sandbox": {"timeout_ms": 20000}},
+        },
+        Config,
+    )
+    feed = PacedFeed([candle(i) for i in range(3)], hold=True)
+    svc = Service(cfg, lambda _: [feed], components=[open_agents])
+
+    async def stop() -> None:
+        await feed.when(3).wait()
+        svc.request_stop()  # the first candle's hook is still running
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop)
+        with anyio.fail_after(60):
+            await svc.run()
+    rows = audit(tmp_path)
+    assert len([r for r in rows if r["type"] == "hook"]) == 3  # all evaluated in the drain
+    assert [r["outcome"] for r in rows if r["type"] == "wake"] == ["queued"] * 3
+    assert not [r for r in rows if r["type"] == "run"]
+    from daemon.wake.store import RunStore
+
+    store = RunStore.in_dir(tmp_path / "state")
+    try:
+        assert len(store.pending("alpha")) == 1  # one collect run, for the next start
+    finally:
+        store.close()
