@@ -37,14 +37,21 @@ async def serve(status: int, hang: str = "") -> tuple[web.AppRunner, str, list[A
         got.append(alert)
         return web.Response(status=status)
 
+    runner, url = await listen(handler)
+    return runner, url, got
+
+
+async def listen(handler: Any) -> tuple[web.AppRunner, str]:
+    """``handler`` at ``POST /hook`` on loopback: the runner (to clean up) and the URL.
+    A hanging request is cut at once at the cleanup."""
     app = web.Application()
     app.router.add_post("/hook", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)  # a hanging request is cut at once
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}/hook", got
+    return runner, f"http://127.0.0.1:{port}/hook"
 
 
 async def test_webhook_posts_camel_case_json() -> None:
@@ -176,14 +183,8 @@ async def scripted(
         headers = {"Retry-After": retry_after} if status == 429 and retry_after else {}
         return web.Response(status=status, headers=headers)
 
-    app = web.Application()
-    app.router.add_post("/hook", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}/hook", came
+    runner, url = await listen(handler)
+    return runner, url, came
 
 
 async def test_a_transient_failure_is_retried_until_the_alert_goes_through() -> None:

@@ -28,6 +28,12 @@ price_input_per_mtok = 2.0
 price_output_per_mtok = 10.0
 """
 
+SIGNAL = {
+    "symbol": "BTC-USD", "confidence": 72, "entry_price": 100.0, "stop_loss": 95.0,
+    "tp1": 110.0, "technical_score": 30, "sentiment_score": 20, "liquidity_score": 15,
+    "correlation_score": 7, "analysis": "oversold bounce",
+}  # fmt: skip
+
 
 async def run_daemon(root: Path, agents: Path) -> None:
     """The daemon as `run` wires it (shared market connection and tools, then the
@@ -77,11 +83,7 @@ async def test_a_signal_from_the_model_is_risk_checked_and_placed_once(tmp_path:
     """submit_trading_signal, sent twice in one turn, becomes one limit order in the
     agent's own account through its risk engine, audited with the waking event's
     trace id; get_orders then shows it; `why` follows event -> run -> risk -> order."""
-    signal = {
-        "symbol": "BTC-USD", "confidence": 72, "entry_price": 100.0, "stop_loss": 95.0,
-        "tp1": 110.0, "technical_score": 30, "sentiment_score": 20, "liquidity_score": 15,
-        "correlation_score": 7, "analysis": "oversold bounce",
-    }  # fmt: skip
+    signal = SIGNAL
     script = [
         openai_turn(calls=[("s1", "submit_trading_signal", signal), ("s2", "submit_trading_signal", signal)]),
         openai_turn(calls=[("o1", "get_orders", {})]),
@@ -127,11 +129,7 @@ async def test_a_rerun_of_a_run_a_stop_cut_does_not_trade_twice(tmp_path: Path) 
 
     from daemon.config import Config
 
-    signal = {
-        "symbol": "BTC-USD", "confidence": 72, "entry_price": 100.0, "stop_loss": 95.0,
-        "tp1": 110.0, "technical_score": 30, "sentiment_score": 20, "liquidity_score": 15,
-        "correlation_score": 7, "analysis": "oversold bounce",
-    }  # fmt: skip
+    signal = SIGNAL
     script = [
         openai_turn(calls=[("s1", "submit_trading_signal", signal)]),
         60,  # the next turn never comes: the stop cuts the run (its request goes)
