@@ -52,6 +52,12 @@ async def system_prompt(agent_dir: Path | None) -> str:
 def render_context(ctx: WakeContext) -> str:
     """The wake as the model's first message."""
     lines = [f"# {ctx.kind} run {ctx.run_id} at {ctx.triggered_at}"]
+    if ctx.rerun_of:
+        lines.append(
+            f"A restart cut run {ctx.rerun_of}, which had these same wakes; this run "
+            "repeats it. What it did may stand: check get_orders and get_positions "
+            "before you trade (a signal it placed for a symbol is not placed again)."
+        )
     if ctx.reasons:
         lines.append("")
         lines.append("## Why you were woken (oldest first)")

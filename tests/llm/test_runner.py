@@ -400,3 +400,12 @@ async def test_a_special_agent_md_falls_back_to_the_default_prompt(tmp_path: Pat
         make(agent / "AGENT.md")
         with anyio.fail_after(5):
             assert await system_prompt(agent) == DEFAULT_SYSTEM, name
+
+
+def test_a_rerun_tells_the_model_what_it_repeats() -> None:
+    """A re-run's first message names the run a restart cut and says what to check
+    before trading; a first run says nothing of it."""
+    text = render_context(msgspec.structs.replace(CTX, rerun_of="alpha-cut"))
+    assert "A restart cut run alpha-cut, which had these same wakes" in text
+    assert "check get_orders and get_positions" in text
+    assert "restart" not in render_context(CTX)
