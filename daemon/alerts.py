@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from typing import Protocol, Self
+from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
@@ -22,6 +23,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from daemon.backoff import backoff_delay
+from daemon.status import AlertsStatus
 
 log = structlog.get_logger("alerts")
 FAILURE_LOG_SECONDS = 60.0  # a failing webhook is logged at most this often (with a count)
@@ -92,6 +94,8 @@ class WebhookNotifier:
         self.closing = False
         self.failures = 0
         self.retried = 0
+        self.posted = 0
+        self.last_error = ""
         self._session: aiohttp.ClientSession | None = None
         self._logged_at: float | None = None  # monotonic time of the last failure line
         self._logged_failures = 0
@@ -113,6 +117,7 @@ class WebhookNotifier:
             failed, after = await self._post(body)
             if failed is None:
                 self.down = False
+                self.posted += 1
                 return
             error = failed
             if after is None:  # refused for good (4xx): retrying would not help
@@ -145,15 +150,23 @@ class WebhookNotifier:
 
     def _failed(self, error: str) -> None:
         self.failures += 1
+        self.last_error = error
         now = time.monotonic()
         if self._logged_at is None or now - self._logged_at >= FAILURE_LOG_SECONDS:
             log.warning(
                 "alert webhook failed",
-                url=self.url,
+                url=redacted(self.url),
                 error=error,
                 failures=self.failures - self._logged_failures,
             )
             self._logged_at, self._logged_failures = now, self.failures
+
+
+def redacted(url: str) -> str:
+    """``url`` without its path and query, for logs and status: a webhook's path often
+    holds its token (Slack, Discord)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/…"
 
 
 def retry_after(value: str | None) -> float:
@@ -223,6 +236,21 @@ class AlertQueue:
         async with alerts:
             async for alert in alerts:
                 await webhook.send(alert)
+
+    def statistics(self) -> AlertsStatus:
+        """What ``status`` shows of the webhook."""
+        w = self.webhook
+        if w is None:
+            return AlertsStatus(webhook=False)
+        return AlertsStatus(
+            webhook=True,
+            posted=w.posted,
+            failed=w.failures,
+            retried=w.retried,
+            dropped=self.dropped,
+            down=w.down,
+            last_error=w.last_error,
+        )
 
     def close(self) -> None:
         """No more alerts; :meth:`run` returns once the queued ones are posted (one

@@ -104,6 +104,19 @@ class AgentStatus(msgspec.Struct, frozen=True):
     backlog: int = 0
 
 
+class AlertsStatus(msgspec.Struct, frozen=True):
+    """The ALERT webhook's part of the status (``components["alerts"]``); its URL is
+    not in it (a webhook's path often holds its token)."""
+
+    webhook: bool  # [hooks] alert_webhook is set (and posted to: live)
+    posted: int = 0
+    failed: int = 0  # alerts not delivered after their attempts
+    retried: int = 0
+    dropped: int = 0  # not posted: its queue was full, or the daemon stopping
+    down: bool = False  # the last alert failed: one attempt per alert until one passes
+    last_error: str = ""
+
+
 class HooksStatus(msgspec.Struct, frozen=True):
     """The hook pipeline's part of the status (``components["hooks"]``)."""
 
@@ -197,6 +210,17 @@ class Status(msgspec.Struct, frozen=True):
             return raw
         try:
             return msgspec.convert(raw, HooksStatus)
+        except msgspec.ValidationError:
+            return None
+
+    @property
+    def alerts(self) -> AlertsStatus | None:
+        """The alert webhook's part (None: no hook pipeline, or unreadable)."""
+        raw = self.components.get("alerts")
+        if raw is None or isinstance(raw, AlertsStatus):
+            return raw
+        try:
+            return msgspec.convert(raw, AlertsStatus)
         except msgspec.ValidationError:
             return None
 

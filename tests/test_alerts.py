@@ -267,3 +267,45 @@ async def test_a_stopping_queue_tries_each_alert_once() -> None:
     finally:
         await runner.cleanup()
     assert len(came) == 1 and queue.webhook is not None and queue.webhook.failures == 1
+
+
+async def test_status_counts_the_webhook_and_no_line_shows_its_url() -> None:
+    """``statistics`` (for ``status``): posted, not delivered, retries, down, the last
+    error; the log line names the endpoint by scheme and host only (a webhook's path
+    holds its token)."""
+    from daemon.alerts import redacted
+
+    runner, url, _ = await scripted([503, 503, 204, 401])
+    queue = AlertQueue(WebhookNotifier(url, retries=1, retry_initial_seconds=0.01))
+    assert queue.webhook is not None
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with queue.webhook:
+                await queue.webhook.send(ALERT)  # 503, 503: not delivered, down
+                down = queue.statistics()
+                await queue.webhook.send(ALERT)  # 204
+                await queue.webhook.send(ALERT)  # 401
+    finally:
+        await runner.cleanup()
+    assert (down.webhook, down.posted, down.failed, down.retried, down.down) == (
+        True,
+        0,
+        1,
+        1,
+        True,
+    )
+    assert down.last_error == "HTTP 503"
+    st = queue.statistics()
+    assert (st.posted, st.failed, st.down, st.last_error) == (1, 2, False, "HTTP 401")
+    (line,) = [e for e in logs if e["event"] == "alert webhook failed"]
+    assert line["url"] == redacted(url) == url.removesuffix("hook") + "…"
+    assert "/hook" not in str(logs)  # the path: a real webhook's token
+    assert (
+        redacted("https://user:pw@hooks.example.com/services/T/B/x?t=1")
+        == "https://hooks.example.com/…"
+    )
+    bare = AlertQueue()
+    assert not bare.statistics().webhook
+    for q in (queue, bare):  # their streams closed
+        q.close()
+        await q.run()

@@ -191,6 +191,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             service.status_providers["accounts"] = partial(_accounts, desk, manager)
             service.status_providers["broker"] = route.statistics
             service.status_providers["delivery"] = checkpoints.statistics
+            service.status_providers["alerts"] = alerts.statistics
             service.resume_points = lambda: checkpoints.resume_points(list(manager.runtimes))
             layers = ", ".join(pool.ready.active) if pool.ready is not None else "no worker yet"
             log.info("agents loaded", agents=sorted(manager.runtimes), sandbox_layers=layers)

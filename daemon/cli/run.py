@@ -197,6 +197,13 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
                 )
         for agent, error in hooks.config_errors.items():
             lines.append(f"  agent {agent} NOT LOADED: {error}")
+    alerts = st.alerts
+    if alerts is not None and alerts.webhook:
+        state = f"DOWN (last: {alerts.last_error})" if alerts.down else "up"
+        lines.append(
+            f"alert webhook: {state}, {alerts.posted} posted, {alerts.failed} not delivered "
+            f"({alerts.retried} retries), {alerts.dropped} not posted (queue full or stopping)"
+        )
     lines += render_accounts(st.accounts)
     return "\n".join(map(visible, lines))  # hook errors are quoted in them
 

@@ -422,11 +422,21 @@ async def test_a_replays_alerts_are_audited_not_posted_on_event_time(
         await runner.cleanup()
     alerts = [r for r in audit(tmp_path) if r["type"] == "hook" and r["decision"] == "ALERT"]
     assert len(alerts) == 3
+    from click.testing import CliRunner
+
+    from daemon.cli.run import status_command
+
+    shown = CliRunner().invoke(status_command, ["--state-dir", str(tmp_path / "state")])
+    st = read_status(tmp_path / "state").alerts
+    assert st is not None and shown.exit_code == 0, shown.output
     if clock == "event":
-        assert posted == []
+        assert posted == [] and not st.webhook and "alert webhook" not in shown.output
     else:
         # Each once; in any order (posted by concurrent tasks).
         assert sorted(p["eventId"] for p in posted) == sorted(r["eventId"] for r in alerts)
+        assert (st.webhook, st.posted, st.failed, st.down) == (True, 3, 0, False)
+        assert "alert webhook: up, 3 posted, 0 not delivered" in shown.output
+        assert url not in shown.output
 
 
 async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> None:
