@@ -130,6 +130,23 @@ class _PendingRun:
     stored: bool = False  # in the store's pending rows (to be dropped when it starts)
     rerun_of: str | None = None  # runs again the wakes of this run, which a stop cut
 
+    @classmethod
+    def of(
+        cls,
+        run_id: str,
+        kind: RunKind,
+        due_at: float,
+        saved: _Saved | None,
+        *,
+        stored: bool = False,
+        rerun_of: str | None = None,
+    ) -> _PendingRun:
+        """A run with the wakes the store kept of one (None: none)."""
+        if saved is None:
+            return cls(run_id, kind, due_at, stored=stored, rerun_of=rerun_of)
+        wakes, earlier = deque(saved.wakes), Counter(saved.earlier)
+        return cls(run_id, kind, due_at, wakes, earlier, stored=stored, rerun_of=rerun_of)
+
     def as_saved(self) -> _Saved:
         return _Saved(list(self.wakes), dict(self.earlier), self.rerun_of)
 
@@ -145,6 +162,9 @@ class _PendingRun:
 
     def event_ids(self) -> list[str]:
         return [w.event_id for w in self.wakes if w.event_id is not None]
+
+    def trace_ids(self) -> list[str]:
+        return list(dict.fromkeys(w.trace_id for w in self.wakes if w.trace_id))
 
 
 class WakeScheduler:
@@ -216,23 +236,21 @@ class WakeScheduler:
                 )
                 self._persist(self.store.drop_pending, run_id)
                 continue
-            self._pending.append(
-                _PendingRun(
-                    run_id,
-                    "wake",
-                    due_at,
-                    deque(saved.wakes),
-                    Counter(saved.earlier),
-                    stored=True,
-                    rerun_of=saved.rerun_of,
-                )
+            run = _PendingRun.of(
+                run_id, "wake", due_at, saved, stored=True, rerun_of=saved.rerun_of
             )
-            for w in saved.wakes:
-                if w.event_id is not None:
-                    self._restored[w.event_id, w.hook_id] = run_id
+            self._pending.append(run)
+            self._remember(run)
         if self._pending:
             self.counters["restored"] += len(self._pending)
             log.info("queued runs restored", agent=self.agent_id, runs=len(self._pending))
+
+    def _remember(self, run: _PendingRun) -> None:
+        """A run from before a stop holds these wakes: their events, if they come again
+        (their audit rows lost to a kill), wake into it, not into a second run."""
+        for w in run.wakes:
+            if w.event_id is not None:
+                self._restored[w.event_id, w.hook_id] = run.run_id
 
     # --- control (sync, from the dispatcher) ---------------------------------
 
@@ -595,7 +613,8 @@ class WakeScheduler:
             )
             if again is not None:
                 reruns.append(again.run_id)
-            wakes = saved.wakes if saved is not None else []
+            kind: RunKind = "audit" if u.kind == "audit" else "wake"
+            closed = _PendingRun.of(u.run_id, kind, u.started_at, saved)
             error = f"interrupted: the daemon stopped during this run; {then}"
             self._note_outcome(RunResult(status="failed", error=error))  # status shows it
             self.sink(
@@ -603,14 +622,14 @@ class WakeScheduler:
                     ts=now_ts(),
                     event_ts=iso_ms(int(u.started_at * 1000)),
                     agent_id=self.agent_id,
-                    trace_id=wakes[0].trace_id if wakes else None,
+                    trace_id=closed.wakes[0].trace_id if closed.wakes else None,
                     run_id=u.run_id,
                     runner=self.runner.name,
                     status="failed",
-                    event_ids=[w.event_id for w in wakes if w.event_id is not None],
-                    trace_ids=list(dict.fromkeys(w.trace_id for w in wakes if w.trace_id)),
+                    event_ids=closed.event_ids(),
+                    trace_ids=closed.trace_ids(),
                     error=error,
-                    summary=f"{u.kind} run, {len(wakes)} wake(s), interrupted by a stop",
+                    summary=f"{u.kind} run, {len(closed.wakes)} wake(s), interrupted by a stop",
                 )
             )
         if cut:
@@ -644,19 +663,10 @@ class WakeScheduler:
                 f"it is not run again: it started {age:.0f} s before, over"
                 f" rerun_interrupted_within_seconds ({within:g})"
             )
-        run = _PendingRun(
-            self._new_run_id(),
-            "wake",
-            started_at,
-            deque(saved.wakes),
-            Counter(saved.earlier),
-            rerun_of=cut_id,
-        )
+        run = _PendingRun.of(self._new_run_id(), "wake", started_at, saved, rerun_of=cut_id)
         self._pending.appendleft(run)
         self._save(run, stopping=True)
-        for w in saved.wakes:  # its events' wakes, if they come again, join it (see _restore)
-            if w.event_id is not None:
-                self._restored[w.event_id, w.hook_id] = run.run_id
+        self._remember(run)
         self.counters["reruns"] += 1
         self._changed.set()
         return run, f"its wakes run again as {run.run_id}"
@@ -748,7 +758,7 @@ class WakeScheduler:
             runner=self.runner.name,
             status="started" if result is None else _FINAL[result.status],
             event_ids=run.event_ids(),
-            trace_ids=list(dict.fromkeys(w.trace_id for w in run.wakes if w.trace_id)),
+            trace_ids=run.trace_ids(),
             duration_ms=duration_ms,
             error=result.error if result else None,
             llm=result.llm if result else None,
