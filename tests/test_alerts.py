@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import pytest
 import structlog
 from aiohttp import web
 from anyio import wait_all_tasks_blocked
@@ -309,3 +310,46 @@ async def test_status_counts_the_webhook_and_no_line_shows_its_url() -> None:
     for q in (queue, bare):  # their streams closed
         q.close()
         await q.run()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["garbage", {"webhook": "yes"}, {"webhook": True, "posted": "many"}, ["x"], 7],
+)
+def test_a_broken_alerts_part_of_a_status_file_is_left_out(raw: object) -> None:
+    """status.json is a file anyone may have edited: an ``alerts`` part that is not one
+    reads as None and ``status`` prints the rest, with no webhook line."""
+    from daemon.cli.run import _render_status
+    from daemon.status import Status
+
+    st = msgspec.convert(
+        {
+            "pid": 1, "started_at": 0.0, "written_at": 0.0, "running": False, "state": {},
+            "bus": {"published": 0, "delivered": 0, "coalesced": 0, "subscriptions": []},
+            "feeds": [], "components": {"alerts": raw},
+        },
+        Status,
+    )  # fmt: skip
+    assert st.alerts is None
+    text = _render_status(st, None)
+    assert "bus: published 0" in text and "alert webhook" not in text
+
+
+def test_a_webhook_line_in_status_is_made_terminal_safe() -> None:
+    """The last error is the endpoint's words (an HTTP reason, an exception): escape
+    sequences in it are not sent to the operator's terminal."""
+    from daemon.cli.run import _render_status
+    from daemon.status import Status
+
+    st = msgspec.convert(
+        {
+            "pid": 1, "started_at": 0.0, "written_at": 0.0, "running": False, "state": {},
+            "bus": {"published": 0, "delivered": 0, "coalesced": 0, "subscriptions": []},
+            "feeds": [],
+            "components": {"alerts": {"webhook": True, "down": True,
+                                      "last_error": "boom\x1b[2J\x07"}},
+        },
+        Status,
+    )  # fmt: skip
+    text = _render_status(st, None)
+    assert "alert webhook: DOWN (last: boom" in text and "\x1b" not in text and "\x07" not in text

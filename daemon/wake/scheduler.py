@@ -613,6 +613,8 @@ class WakeScheduler:
             )
             if again is not None:
                 reruns.append(again.run_id)
+            elif u.body is not None and saved is None and u.kind == "wake":
+                then = "it is not run again: its wakes, as the store kept them, do not read"
             kind: RunKind = "audit" if u.kind == "audit" else "wake"
             closed = _PendingRun.of(u.run_id, kind, u.started_at, saved)
             error = f"interrupted: the daemon stopped during this run; {then}"

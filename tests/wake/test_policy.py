@@ -26,6 +26,8 @@ def test_empty_table_gives_safe_defaults() -> None:
         ({"runner": {"kind": "command"}}, "must name the program"),
         ({"runner": {"kind": "command", "command": ["x"], "timeout_seconds": 0}}, "timeout"),
         ({"runner": {"kind": "command", "command": "echo hi"}}, "command"),
+        ({"rerun_interrupted_within_seconds": -1}, "rerun_interrupted_within_seconds"),
+        ({"rerun_interrupted_within_seconds": "soon"}, "rerun_interrupted_within_seconds"),
     ],
 )
 def test_bad_values_are_rejected_with_the_key(raw: dict[str, object], message: str) -> None:

@@ -715,3 +715,22 @@ async def test_a_stop_waits_for_the_run_in_flight_and_starts_no_other(tmp_path: 
     assert [r.status for r in h.runs()] == ["started", "finished"]
     assert h.sched.abandon_pending(keep=True) == 1
     h.store.close()
+
+
+async def test_unreadable_run_records_are_closed_not_fatal(tmp_path: Path) -> None:
+    """A run row whose kept wakes do not read (bytes that are not JSON, JSON of the
+    wrong shape, wakes of the wrong shape) is closed like one that kept none, logged;
+    the start goes on and nothing is run again from it."""
+    store = RunStore(tmp_path / "wake.sqlite3")
+    for i, body in enumerate(
+        [b"\xff not json", b'{"wakes": 5, "earlier": {}}', b'{"wakes": [{"x": 1}], "earlier": []}']
+    ):
+        store.record_start("a1", f"r{i}", "wake", START + i, body=body)
+    store.close()
+    h = Harness(tmp_path, policy(rerun_interrupted_within_seconds=600))
+    assert h.sched.close_interrupted() == 3 and not h.sched.busy
+    rows = h.runs()
+    assert [(r.run_id, r.event_ids) for r in rows] == [("r0", []), ("r1", []), ("r2", [])]
+    assert all(r.error and r.error.endswith("as the store kept them, do not read") for r in rows)
+    assert h.store.unfinished("a1") == [] and h.sched.close_interrupted() == 0
+    h.store.close()
