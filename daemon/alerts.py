@@ -7,13 +7,15 @@ retried a few times with backoff (the endpoint's ``Retry-After`` respected, up
 to 30 s), so a blip does not lose an alert; an endpoint that stays down gets one
 attempt per alert until one goes through, so it does not hold the queue. A
 failing or hanging endpoint is counted and logged, and never delays the log
-line, the dispatcher or the other alerts.
+line, the dispatcher or the other alerts. With a durable state dir, the alerts
+not delivered yet are kept on disk and posted again after a restart or an
+outage (:mod:`daemon.alert_outbox`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Protocol, Self
+from typing import Literal, NamedTuple, Protocol, Self
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -22,7 +24,9 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from daemon.alert_outbox import AlertOutbox
 from daemon.backoff import backoff_delay
+from daemon.errors import StoreError
 from daemon.status import AlertsStatus
 
 log = structlog.get_logger("alerts")
@@ -42,6 +46,14 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     symbol: str | None = None
     topic: str | None = None
     ts: str | None = None
+    # Posted again after a restart or an outage (kept in the outbox meanwhile): it may
+    # be late, and it may have been delivered already (at least once).
+    redelivered: bool = False
+
+
+#: What became of one alert at the webhook: delivered, refused for good (a 4xx),
+#: or not delivered after its attempts (worth another try later).
+Delivery = Literal["posted", "refused", "failed"]
 
 
 class AlertNotifier(Protocol):
@@ -108,9 +120,12 @@ class WebhookNotifier:
             await self._session.close()
             self._session = None
 
-    async def send(self, alert: Alert) -> None:
+    async def send(self, alert: Alert) -> Delivery:
         """Post ``alert``, retrying a transient failure; never raises."""
-        body = msgspec.json.encode(alert)
+        return await self.post(msgspec.json.encode(alert))
+
+    async def post(self, body: bytes) -> Delivery:
+        """Post an alert's JSON ``body``, retrying a transient failure; never raises."""
         attempts = 1 if self.down or self.closing else 1 + self.retries
         error = ""
         for attempt in range(attempts):
@@ -118,10 +133,11 @@ class WebhookNotifier:
             if failed is None:
                 self.down = False
                 self.posted += 1
-                return
+                return "posted"
             error = failed
             if after is None:  # refused for good (4xx): retrying would not help
-                break
+                self._failed(error)
+                return "refused"
             if attempt + 1 < attempts and not self.closing:
                 self.retried += 1
                 cap = self.retry_initial * 8
@@ -130,6 +146,7 @@ class WebhookNotifier:
                 self.down = True
                 break
         self._failed(error)
+        return "failed"
 
     async def _post(self, body: bytes) -> tuple[str | None, float | None]:
         """One attempt: (None, None) delivered; (error, None) refused for good;
@@ -179,42 +196,117 @@ def retry_after(value: str | None) -> float:
     return min(seconds, RETRY_AFTER_MAX) if seconds > 0 else 0.0
 
 
+class _Queued(NamedTuple):
+    """An alert waiting for the webhook: its JSON, and its row in the outbox (None:
+    not kept)."""
+
+    body: bytes
+    row: int | None = None
+    again: bool = False  # posted again: kept over a restart or an outage
+
+
 class AlertQueue:
     """Where the dispatcher sends alerts. Each is logged as it is raised (the log never
     waits for the webhook) and, with a webhook, handed to it from background tasks
     (:meth:`run`), ``posts`` at most at once: a slow or hanging endpoint never stalls
     the agent that raised an alert, and one hanging request does not hold the others.
     When ``size`` alerts are waiting for the webhook, new ones are not posted (still
-    logged and audited), counted in ``dropped``."""
+    logged and audited), counted in ``dropped``.
+
+    With an ``outbox`` every alert for the webhook is kept until the webhook has it:
+    one the endpoint failed after its retries, or that found the queue full or the
+    daemon stopping, is posted again (``redelivered``) once the endpoint takes an
+    alert again, or at the next start."""
 
     def __init__(
-        self, webhook: WebhookNotifier | None = None, *, size: int = 1000, posts: int = 4
+        self,
+        webhook: WebhookNotifier | None = None,
+        *,
+        size: int = 1000,
+        posts: int = 4,
+        outbox: AlertOutbox | None = None,
     ) -> None:
         self.log = LogNotifier()
         self.webhook = webhook
         self.posts = posts
-        self._send, self._receive = anyio.create_memory_object_stream[Alert](size)
+        self.outbox = outbox if webhook is not None else None
+        self._send, self._receive = anyio.create_memory_object_stream[_Queued](size)
         self.dropped = 0
+        self.reposted = 0  # kept alerts delivered later
+        self._queued: set[int] = set()  # outbox rows in the queue or being posted
+        self._behind = True  # the outbox may hold alerts that are not queued
 
     async def send(self, alert: Alert) -> None:
         await self.log.send(alert)
         if self.webhook is None:
             return
+        item = _Queued(msgspec.json.encode(alert))
+        if self.outbox is not None:
+            item = item._replace(row=self._keep(self.outbox, item.body))
         try:
-            self._send.send_nowait(alert)
+            self._send.send_nowait(item)
         except anyio.WouldBlock:
+            if item.row is not None:  # posted once the queue has room
+                self._behind = True
+                return
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 100 == 0:
                 log.warning("alert webhook backlog full; alerts not posted", dropped=self.dropped)
+            return
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self.dropped += 1  # the daemon is stopping: logged above, not posted
+            if item.row is None:
+                self.dropped += 1  # the daemon is stopping: logged above, not posted
+            return
+        if item.row is not None:
+            self._queued.add(item.row)
+
+    def _keep(self, outbox: AlertOutbox, body: bytes) -> int | None:
+        try:
+            return outbox.add(body)
+        except StoreError as exc:  # the alert still goes out; only a restart may lose it
+            log.error("alert not kept for redelivery", error=str(exc))
+            return None
+
+    def _catch_up(self) -> None:
+        """Queue the kept alerts that are not queued, oldest first, as far as the queue
+        has room (the rest wait for the next time)."""
+        if self.outbox is None or not self._behind:
+            return
+        stats = self._send.statistics()
+        room = int(stats.max_buffer_size - stats.current_buffer_used)
+        try:
+            kept = self.outbox.due(self._queued, room)
+        except StoreError as exc:
+            log.error("kept alerts not read", error=str(exc))
+            return
+        self._behind = len(kept) >= room
+        for k in kept:
+            try:
+                alert = msgspec.json.decode(k.body, type=Alert)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("unreadable kept alert dropped", row=k.row, error=str(exc))
+                self._done(k.row)
+                continue
+            again = msgspec.structs.replace(alert, redelivered=True)
+            self._send.send_nowait(_Queued(msgspec.json.encode(again), k.row, True))
+            self._queued.add(k.row)
+
+    def _done(self, row: int) -> None:
+        if self.outbox is None:
+            return
+        try:
+            self.outbox.done(row)
+        except StoreError as exc:  # it may be posted once more after a restart
+            log.error("delivered alert not cleared", error=str(exc))
 
     async def run(self) -> None:
-        """Post queued alerts until :meth:`close`, then post what is left; cancelled
-        first (a stop past its timeout), say how many were not posted."""
+        """Post queued alerts (first those kept from before the start) until
+        :meth:`close`, then post what is left; cancelled first (a stop past its
+        timeout), say how many were not posted."""
         try:
             if self.webhook is None:
                 return  # nothing is queued
+            self._catch_up()
             async with self.webhook, anyio.create_task_group() as tg:
                 with self._receive:  # the posting tasks hold their own clones
                     for _ in range(self.posts):
@@ -223,7 +315,13 @@ class AlertQueue:
             self._send.close()  # nobody posts any more: later alerts are logged only
             self._receive.close()
             left = self._receive.statistics().current_buffer_used
-            if left:
+            if left and self.outbox is not None:
+                log.warning(
+                    "alerts not posted to the webhook at the stop: kept, posted at the next start",
+                    alerts=left,
+                    within_seconds=self.outbox.keep_seconds,
+                )
+            elif left:
                 log.warning(
                     "alerts not posted to the webhook at the stop (they are in the log "
                     "and the audit)",
@@ -231,11 +329,22 @@ class AlertQueue:
                 )
 
     async def _post(
-        self, webhook: WebhookNotifier, alerts: MemoryObjectReceiveStream[Alert]
+        self, webhook: WebhookNotifier, alerts: MemoryObjectReceiveStream[_Queued]
     ) -> None:
         async with alerts:
-            async for alert in alerts:
-                await webhook.send(alert)
+            async for item in alerts:
+                delivery = await webhook.post(item.body)
+                if item.row is None:
+                    continue
+                self._queued.discard(item.row)
+                if delivery == "failed":
+                    self._behind = True  # kept: posted again once the endpoint is back
+                    continue
+                self._done(item.row)
+                if delivery == "posted":
+                    self.reposted += item.again
+                    if not webhook.closing:
+                        self._catch_up()
 
     def statistics(self) -> AlertsStatus:
         """What ``status`` shows of the webhook."""
@@ -250,7 +359,19 @@ class AlertQueue:
             dropped=self.dropped,
             down=w.down,
             last_error=w.last_error,
+            kept=self._kept(),
+            reposted=self.reposted,
+            expired=self.outbox.expired if self.outbox is not None else 0,
         )
+
+    def _kept(self) -> int | None:
+        """How many alerts the outbox holds (None: no outbox, or it does not read)."""
+        if self.outbox is None:
+            return None
+        try:
+            return self.outbox.count()
+        except StoreError:
+            return None
 
     def close(self) -> None:
         """No more alerts; :meth:`run` returns once the queued ones are posted (one

@@ -132,6 +132,11 @@ class HooksSection(Base, frozen=True):
     reload_seconds: Annotated[float, msgspec.Meta(ge=0)] = 2.0
     # POST every live ALERT as JSON here too ("" = log only; a replay's are not posted).
     alert_webhook: str = ""
+    # With a durable state dir: an alert the webhook has not taken yet (a stop, a kill,
+    # an outage past its retries) is kept and posted again, marked "redelivered", at
+    # the next start or once the endpoint is back, if raised at most this long ago
+    # (0 = not kept: such an alert is in the log and the audit only).
+    alert_webhook_keep_seconds: Annotated[float, msgspec.Meta(ge=0)] = 3600.0
     # Dedupe keys kept per agent (the oldest go first; keys are also dropped after
     # 30 days of event time). Bounds hooks.sqlite3 whatever keys hooks invent.
     dedupe_max_keys: Annotated[int, msgspec.Meta(ge=1)] = 100_000

@@ -115,6 +115,11 @@ class AlertsStatus(msgspec.Struct, frozen=True):
     dropped: int = 0  # not posted: its queue was full, or the daemon stopping
     down: bool = False  # the last alert failed: one attempt per alert until one passes
     last_error: str = ""
+    # With a durable state dir (the outbox): alerts kept until the webhook has them
+    # (None: not kept), kept ones delivered later, kept ones dropped as too old.
+    kept: int | None = None
+    reposted: int = 0
+    expired: int = 0
 
 
 class HooksStatus(msgspec.Struct, frozen=True):

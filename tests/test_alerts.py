@@ -73,6 +73,7 @@ async def test_webhook_posts_camel_case_json() -> None:
             "symbol": "BTC-USD",
             "topic": "market.price.tick",
             "ts": None,
+            "redelivered": False,
         }
     ]
     assert notifier.failures == 0
@@ -353,3 +354,25 @@ def test_a_webhook_line_in_status_is_made_terminal_safe() -> None:
     )  # fmt: skip
     text = _render_status(st, None)
     assert "alert webhook: DOWN (last: boom" in text and "\x1b" not in text and "\x07" not in text
+
+
+def test_status_says_how_many_alerts_are_kept_for_later() -> None:
+    """With the outbox (a durable state dir), ``status`` adds what it holds, what it
+    posted late and what it dropped as too old; without it, nothing of that."""
+    from daemon.cli.run import _render_status
+    from daemon.status import Status
+
+    def shown(alerts: dict[str, object]) -> str:
+        st = msgspec.convert(
+            {
+                "pid": 1, "started_at": 0.0, "written_at": 0.0, "running": False, "state": {},
+                "bus": {"published": 0, "delivered": 0, "coalesced": 0, "subscriptions": []},
+                "feeds": [], "components": {"alerts": alerts},
+            },
+            Status,
+        )  # fmt: skip
+        return _render_status(st, None)
+
+    text = shown({"webhook": True, "kept": 4, "reposted": 2, "expired": 1})
+    assert "; 4 kept to post again, 2 posted late, 1 too old to post" in text
+    assert "kept" not in shown({"webhook": True})

@@ -60,6 +60,10 @@ def test_empty_config_uses_defaults() -> None:
         ("[hooks]\nlookahead_events = 100000\n", "hooks.lookahead_events: expected `int` <= 256"),
         ("[hooks]\nlookahead_events = -1\n", "hooks.lookahead_events: expected `int` >= 0"),
         ("[hooks]\nreload_seconds = -1\n", "hooks.reload_seconds: expected `float` >= 0.0"),
+        (
+            "[hooks]\nalert_webhook_keep_seconds = -1\n",
+            "hooks.alert_webhook_keep_seconds: expected `float` >= 0.0",
+        ),
         ("[feeds.replay]\nfrom_ms = -5\n", "feeds.replay.from_ms: expected `int` >= 0"),
         ("[feeds.replay]\nspeed = -1\n", "feeds.replay.speed: expected `float` >= 0.0"),
         (

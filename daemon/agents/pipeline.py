@@ -29,6 +29,8 @@ from daemon.agents.manager import AgentManager
 from daemon.agents.reconcile import Reconciler
 from daemon.agents.revisions import RevisionStore
 from daemon.agents.store import HookStore
+from daemon.alert_outbox import FILE_NAME as ALERT_OUTBOX_FILE
+from daemon.alert_outbox import AlertOutbox
 from daemon.alerts import AlertQueue, WebhookNotifier
 from daemon.audit.reader import Recent, recent_evaluations
 from daemon.audit.records import SignalRecord, now_ts
@@ -104,7 +106,10 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 synchronous=light,
             )
             closing.callback(hook_store.close)
-            alerts = AlertQueue(alert_webhook(cfg))
+            outbox = alert_outbox(cfg, state_dir)
+            if outbox is not None:
+                closing.callback(outbox.close)
+            alerts = AlertQueue(alert_webhook(cfg), outbox=outbox)
             run_store = RunStore.in_dir(state_dir, light)
             closing.callback(run_store.close)
             desk = TradeDesk(broker, audit)
@@ -251,6 +256,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 service.status_providers["hooks"] = lambda: final
                 books = _accounts(desk, manager)
                 service.status_providers["accounts"] = lambda: books
+                kept = alerts.statistics()  # (the outbox closes below)
+                service.status_providers["alerts"] = lambda: kept
 
 
 def _accounts(desk: TradeDesk, manager: AgentManager) -> dict[str, AccountStatus]:
@@ -476,3 +483,12 @@ def alert_webhook(cfg: Config) -> WebhookNotifier | None:
         log.info("replay on event time: ALERTs are logged and audited, not sent to alert_webhook")
         return None
     return WebhookNotifier(cfg.hooks.alert_webhook)
+
+
+def alert_outbox(cfg: Config, state_dir: Path) -> AlertOutbox | None:
+    """Where live alerts wait for the webhook over a restart or an outage: a durable
+    state dir's ``alerts.sqlite3``, unless ``alert_webhook_keep_seconds`` is 0."""
+    keep = cfg.hooks.alert_webhook_keep_seconds
+    if not cfg.hooks.alert_webhook or cfg.event_time or not cfg.daemon.durable or keep <= 0:
+        return None
+    return AlertOutbox(state_dir / ALERT_OUTBOX_FILE, keep_seconds=keep)

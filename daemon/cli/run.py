@@ -203,6 +203,12 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
         lines.append(
             f"alert webhook: {state}, {alerts.posted} posted, {alerts.failed} not delivered "
             f"({alerts.retried} retries), {alerts.dropped} not posted (queue full or stopping)"
+            + (
+                f"; {alerts.kept} kept to post again, {alerts.reposted} posted late, "
+                f"{alerts.expired} too old to post"
+                if alerts.kept is not None
+                else ""
+            )
         )
     lines += render_accounts(st.accounts)
     return "\n".join(map(visible, lines))  # hook errors are quoted in them

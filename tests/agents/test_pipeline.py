@@ -439,6 +439,45 @@ async def test_a_replays_alerts_are_audited_not_posted_on_event_time(
         assert url not in shown.output
 
 
+async def test_alerts_the_webhook_missed_before_a_stop_are_posted_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """The endpoint is down for a whole run: its three alerts are kept in the state
+    dir (alerts.sqlite3), and the next start posts them, marked redelivered, without
+    evaluating their events again; ``status`` says so."""
+    from tests.test_alert_outbox import script
+
+    agents = workspace(tmp_path, {"wake_alert.py": ALERT_EVERY})
+
+    def cfg(url: str) -> Config:
+        return msgspec.convert(
+            {
+                "daemon": {"state_dir": str(tmp_path / "state"), "clock": "wall"},
+                "hooks": {"agents_dir": str(agents), "alert_webhook": url},
+            },
+            Config,
+        )
+
+    events = [candle(i) for i in range(3)]
+    for statuses in ([503], [204]):
+        runner, url, got = await script(statuses)
+        try:
+            svc = Service(cfg(url), lambda _: [PacedFeed(events)], components=[open_agents])
+            with anyio.fail_after(30):
+                await svc.run()
+        finally:
+            await runner.cleanup()
+        if statuses == [503]:
+            assert got and all(g["status"] == 503 for g in got)
+            assert not [g for g in got if g["redelivered"]]
+    alerts = [r for r in audit(tmp_path) if r["type"] == "hook" and r["decision"] == "ALERT"]
+    assert len(alerts) == 3  # evaluated once: the restart did not raise them again
+    assert sorted(g["eventId"] for g in got) == sorted(r["eventId"] for r in alerts)
+    assert all(g["redelivered"] for g in got)
+    st = read_status(tmp_path / "state").alerts
+    assert st is not None and (st.posted, st.reposted, st.kept) == (3, 3, 0)
+
+
 async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> None:
     """On event time, a collect run still waiting for its debounce when the feed runs
     out starts before the daemon exits (it comes due in event time, at the end)."""
