@@ -204,3 +204,70 @@ def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path)
     assert ends[cut_id]["error"].endswith(f"its wakes run again as {rerun_id}")
     assert ends[rerun_id]["status"] == "finished"
     assert set(ends) == {cut_id, rerun_id}
+
+
+def test_an_alert_a_kill_cut_mid_post_is_posted_after_the_restart(tmp_path: Path) -> None:
+    """A wall-clock replay raises one ALERT; the daemon is killed while the webhook holds
+    its POST unanswered. The next start posts it again, marked redelivered, and the
+    event is not evaluated again."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[dict[str, Any]] = []
+    answer = threading.Event()  # set: the webhook answers; clear: it holds each POST
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            answer.wait(30)
+            try:
+                self.send_response(204)
+                self.end_headers()
+            except OSError:
+                pass  # the daemon is gone
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=5, n=20, timeframe="1m")
+    first = event_ids(csv)[0]
+    agent = tmp_path / "agents" / "a"
+    (agent / "hooks").mkdir(parents=True)
+    (agent / "hooks" / "wake_alert.py").write_text(
+        "def evaluate(event, state):\n"
+        f"    if event['eventId'] != {first!r}:\n"
+        "        return {'decision': 'IGNORE', 'reason': 'later'}\n"
+        "    return {'decision': 'ALERT', 'reason': 'the first close'}\n"
+    )
+    (agent / "agent.toml").write_text("")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\nclock = "wall"\n'
+        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
+        f'alert_webhook = "http://127.0.0.1:{server.server_address[1]}/hook"\n'
+        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
+        'timeframe = "1m"\nspeed = 0\n'
+    )
+    cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
+    try:
+        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) as proc:  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not got:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)  # the POST is in flight
+            proc.wait()
+        answer.set()
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        answer.set()
+        server.shutdown()
+        server.server_close()
+    assert [(g["eventId"], g["redelivered"]) for g in got] == [(first, False), (first, True)]
+    alerts = [r for r in audit_rows(tmp_path / "state") if r.get("decision") == "ALERT"]
+    assert len(alerts) == 1
