@@ -288,7 +288,11 @@ class AlertQueue:
                 self._done(k.row)
                 continue
             again = msgspec.structs.replace(alert, redelivered=True)
-            self._send.send_nowait(_Queued(msgspec.json.encode(again), k.row, True))
+            try:
+                self._send.send_nowait(_Queued(msgspec.json.encode(again), k.row, True))
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._behind = True  # still kept: the next time, or the next start
+                return
             self._queued.add(k.row)
 
     def _done(self, row: int) -> None:
