@@ -65,6 +65,15 @@ def _errors(logs: Path) -> list[str]:
     return out[:20]
 
 
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, killed and not reaped yet, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+
+
 def wait_ready(log: Path, proc: subprocess.Popen[bytes], limit: float = 30.0) -> None:
     """Until the daemon's log says it is ready (its feeds are publishing)."""
     deadline = time.monotonic() + limit
@@ -143,7 +152,8 @@ def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path)
     """``rerun_interrupted_within_seconds``: the daemon is killed while its command runner
     works on a wake; the next start closes that run as interrupted, naming its event,
     and runs the same wake once more (the runner gets the same event), then finishes
-    the replay. Nothing is run a third time."""
+    the replay. Nothing is run a third time. The cut run's program, which outlived the
+    kill (started by hand, not under the unit), is killed by the restart."""
     csv = tmp_path / "c.csv"
     generate_candles(csv, seed=3, n=20, timeframe="1m")
     first = event_ids(csv)[0]
@@ -183,9 +193,11 @@ def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path)
             proc.send_signal(signal.SIGKILL)  # the run is in flight (its runner hangs)
             proc.wait()
         pids.append(int(runs.read_text().split()[0]))
+        assert alive(pids[0])  # the kill left it running (it sleeps for 60 s)
         hang.unlink()
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert not alive(pids[0])
         again = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
         assert again.returncode == 0, again.stderr[-2000:]
         lines = [line.split() for line in runs.read_text().splitlines()]
@@ -201,7 +213,10 @@ def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path)
     rows = [r for r in audit_rows(tmp_path / "state") if r["type"] == "run"]
     ends = {r["runId"]: r for r in rows if r["status"] != "started"}
     assert ends[cut_id]["status"] == "failed" and ends[cut_id]["eventIds"] == [first]
-    assert ends[cut_id]["error"].endswith(f"its wakes run again as {rerun_id}")
+    assert (
+        f"its wakes run again as {rerun_id}; its program (pid {pids[0]})" in (ends[cut_id]["error"])
+    )
+    assert ends[cut_id]["error"].endswith("was still running: killed")
     assert ends[rerun_id]["status"] == "finished"
     assert set(ends) == {cut_id, rerun_id}
 

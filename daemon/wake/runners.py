@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -146,8 +146,11 @@ class CommandRunner:
         self.max_output_bytes = max_output_bytes
         self.cwd = cwd
 
-    async def run(self, ctx: WakeContext) -> RunResult:
-        """Start the program, feed it, wait for it (or kill it), report."""
+    async def run(
+        self, ctx: WakeContext, spawned: Callable[[int], None] | None = None
+    ) -> RunResult:
+        """Start the program, feed it, wait for it (or kill it), report; ``spawned``
+        gets its pid as it starts (the scheduler keeps it: see :mod:`.leftovers`)."""
         try:
             process = await anyio.open_process(
                 self.argv,
@@ -160,6 +163,8 @@ class CommandRunner:
             )
         except OSError as exc:
             return RunResult(status="failed", error=f"cannot start {self.argv[0]!r}: {exc}")
+        if spawned is not None:
+            spawned(process.pid)
         out, err = _Capture(self.max_output_bytes), _Capture(self.max_output_bytes)
         timed_out = await self._supervise(process, _encoder.encode(ctx), out, err)
         truncated = out.truncated or err.truncated

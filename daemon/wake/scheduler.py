@@ -51,6 +51,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -62,6 +63,7 @@ from daemon.audit.records import AuditRecord, RunRecord, WakeRecord, now_ts
 from daemon.clock import Clock, EventClock, SystemClock
 from daemon.errors import NOT_JSON, StoreError
 from daemon.events import iso_ms
+from daemon.wake import leftovers
 from daemon.wake.budget import SlidingWindowBudget
 from daemon.wake.context import (
     RunKind,
@@ -74,7 +76,7 @@ from daemon.wake.context import (
     summarize_earlier,
 )
 from daemon.wake.policy import RunnerConfig, WakePolicy
-from daemon.wake.runners import Runner, build_runner
+from daemon.wake.runners import CommandRunner, Runner, build_runner
 from daemon.wake.store import RunStore
 
 log = structlog.get_logger("wake")
@@ -618,6 +620,16 @@ class WakeScheduler:
             kind: RunKind = "audit" if u.kind == "audit" else "wake"
             closed = _PendingRun.of(u.run_id, kind, u.started_at, saved)
             error = f"interrupted: the daemon stopped during this run; {then}"
+            if u.process is not None and leftovers.stop_group(u.process):
+                # Started by hand, a program outlives a kill -9 of the daemon (the unit
+                # stops the control group): it is stopped before any re-run can start.
+                error += f"; its program (pid {u.process.pid}) was still running: killed"
+                log.warning(
+                    "the program of a run the stop cut was still running: killed",
+                    agent=self.agent_id,
+                    run=u.run_id,
+                    pid=u.process.pid,
+                )
             self._note_outcome(RunResult(status="failed", error=error))  # status shows it
             self.sink(
                 RunRecord(
@@ -673,6 +685,13 @@ class WakeScheduler:
         self._changed.set()
         return run, f"its wakes run again as {run.run_id}"
 
+    def _spawned(self, run_id: str, pid: int) -> None:
+        """Keep the run's program as it starts: a restart after a kill -9 stops what is
+        left of it (:meth:`close_interrupted`)."""
+        process = leftovers.mark(pid)
+        if process is not None:
+            self._persist(self.store.record_process, run_id, process)
+
     def _note_outcome(self, result: RunResult) -> None:
         if result.status == "ok":
             self.runs_failing = 0
@@ -684,7 +703,10 @@ class WakeScheduler:
 
     async def _call_runner(self, ctx: WakeContext) -> RunResult:
         try:
-            return await self.runner.run(ctx)
+            runner = self.runner
+            if isinstance(runner, CommandRunner) and self.store.durable:
+                return await runner.run(ctx, partial(self._spawned, ctx.run_id))
+            return await runner.run(ctx)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # a runner bug is a failed run, not a dead scheduler

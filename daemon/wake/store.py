@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple
 
 from daemon.errors import StoreError
 from daemon.sqlite import add_columns, open_sqlite
+from daemon.wake.leftovers import ProcessMark
 
 FILE_NAME = "wake.sqlite3"
 PRUNE_EVERY_SECONDS = 3600.0  # of run start times (event time in a replay)
@@ -38,7 +39,9 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     cost REAL NOT NULL DEFAULT 0,
     tokens_in INTEGER NOT NULL DEFAULT 0,
     tokens_out INTEGER NOT NULL DEFAULT 0,
-    body BLOB
+    body BLOB,
+    pid INTEGER,
+    pid_started INTEGER
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
 CREATE INDEX IF NOT EXISTS wake_runs_started ON wake_runs (started_at);
@@ -58,6 +61,7 @@ class Unfinished(NamedTuple):
     started_at: float
     kind: str
     body: bytes | None  # its wakes (None: not kept, an older store or an audit run)
+    process: ProcessMark | None = None  # its command runner's program, while it ran
 
 
 class RunStore:
@@ -83,14 +87,17 @@ class RunStore:
         self._add_columns()
 
     def _add_columns(self) -> None:
-        """Columns older stores lack: the usage (from before LLM runs; zeros) and the
-        body (from before runs kept their wakes; NULL: the run's wakes are unknown)."""
+        """Columns older stores lack: the usage (from before LLM runs; zeros), the
+        body (from before runs kept their wakes; NULL: the run's wakes are unknown) and
+        the program's process (NULL: none known)."""
         zero = "NOT NULL DEFAULT 0"
         columns = {
             "cost": f"REAL {zero}",
             "tokens_in": f"INTEGER {zero}",
             "tokens_out": f"INTEGER {zero}",
             "body": "BLOB",
+            "pid": "INTEGER",
+            "pid_started": "INTEGER",
         }
         try:
             with self._lock:
@@ -157,16 +164,30 @@ class RunStore:
             (finished_at, status, *usage, run_id),
         )
 
+    def record_process(self, run_id: str, process: ProcessMark) -> None:
+        """The run's program started as ``process`` (what a restart after a kill stops
+        if it is still running)."""
+        self._exec(
+            "UPDATE wake_runs SET pid = ?, pid_started = ? WHERE run_id = ?",
+            (process.pid, process.started, run_id),
+        )
+
     def unfinished(self, agent_id: str) -> list[Unfinished]:
         """The agent's runs that started and never finished (a stop during them),
         oldest first."""
         rows = self._exec(
-            "SELECT run_id, started_at, kind, body FROM wake_runs"
+            "SELECT run_id, started_at, kind, body, pid, pid_started FROM wake_runs"
             " WHERE agent_id = ? AND finished_at IS NULL ORDER BY started_at",
             (agent_id,),
         )
         return [
-            Unfinished(str(r[0]), float(r[1]), str(r[2]), None if r[3] is None else bytes(r[3]))
+            Unfinished(
+                str(r[0]),
+                float(r[1]),
+                str(r[2]),
+                None if r[3] is None else bytes(r[3]),
+                None if r[4] is None or r[5] is None else ProcessMark(int(r[4]), int(r[5])),
+            )
             for r in rows
         ]
 
