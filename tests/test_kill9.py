@@ -135,6 +135,34 @@ def test_kill_9_at_12_random_moments_evaluates_every_close_once(tmp_path: Path) 
     assert len({r["daemonRun"] for r in rows}) > 2, "the kills did cut the replay"
 
 
+def first_close_daemon(
+    tmp_path: Path, decision: str, agent_toml: str = "", daemon: str = "", hooks: str = ""
+) -> tuple[list[str], str]:
+    """A daemon config replaying 20 generated 1m candles (speed 0) to one agent whose
+    hook decides ``decision`` on the first close only: the command that runs it, and
+    that close's event id. ``daemon`` / ``hooks``: more lines for those sections."""
+    csv = tmp_path / "c.csv"
+    generate_candles(csv, seed=3, n=20, timeframe="1m")
+    first = event_ids(csv)[0]
+    agent = tmp_path / "agents" / "a"
+    (agent / "hooks").mkdir(parents=True)
+    (agent / "hooks" / "wake_first.py").write_text(
+        "def evaluate(event, state):\n"
+        f"    if event['eventId'] != {first!r}:\n"
+        "        return {'decision': 'IGNORE', 'reason': 'later'}\n"
+        f"    return {{'decision': {decision!r}, 'reason': 'the first close'}}\n"
+    )
+    (agent / "agent.toml").write_text(agent_toml)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\n{daemon}'
+        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n{hooks}'
+        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
+        'timeframe = "1m"\nspeed = 0\n'
+    )
+    return [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)], first
+
+
 RUNNER = """
 import json, os, sys, time
 ctx = json.load(sys.stdin)
@@ -154,32 +182,15 @@ def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path)
     and runs the same wake once more (the runner gets the same event), then finishes
     the replay. Nothing is run a third time. The cut run's program, which outlived the
     kill (started by hand, not under the unit), is killed by the restart."""
-    csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=3, n=20, timeframe="1m")
-    first = event_ids(csv)[0]
-    agent = tmp_path / "agents" / "a"
-    (agent / "hooks").mkdir(parents=True)
-    (agent / "hooks" / "wake_first.py").write_text(
-        "def evaluate(event, state):\n"
-        f"    if event['eventId'] != {first!r}:\n"
-        "        return {'decision': 'IGNORE', 'reason': 'later'}\n"
-        "    return {'decision': 'WAKE', 'reason': 'the first close'}\n"
-    )
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
-    (agent / "agent.toml").write_text(
+    cmd, first = first_close_daemon(
+        tmp_path,
+        "WAKE",
         "[wake]\ndebounce_seconds = 0\ncooldown_after_run_seconds = 0\n"
         "rerun_interrupted_within_seconds = 3600\n"
-        f'[wake.runner]\nkind = "command"\ncommand = ["{sys.executable}", "{script}"]\n'
+        f'[wake.runner]\nkind = "command"\ncommand = ["{sys.executable}", "{script}"]\n',
     )
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\n'
-        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
-        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
-        'timeframe = "1m"\nspeed = 0\n'
-    )
-    cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
     runs, hang = tmp_path / "runs.txt", tmp_path / "hang"
     hang.touch()
     pids: list[int] = []
@@ -246,27 +257,12 @@ def test_an_alert_a_kill_cut_mid_post_is_posted_after_the_restart(tmp_path: Path
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    csv = tmp_path / "c.csv"
-    generate_candles(csv, seed=5, n=20, timeframe="1m")
-    first = event_ids(csv)[0]
-    agent = tmp_path / "agents" / "a"
-    (agent / "hooks").mkdir(parents=True)
-    (agent / "hooks" / "wake_alert.py").write_text(
-        "def evaluate(event, state):\n"
-        f"    if event['eventId'] != {first!r}:\n"
-        "        return {'decision': 'IGNORE', 'reason': 'later'}\n"
-        "    return {'decision': 'ALERT', 'reason': 'the first close'}\n"
+    cmd, first = first_close_daemon(
+        tmp_path,
+        "ALERT",
+        daemon='clock = "wall"\n',
+        hooks=f'alert_webhook = "http://127.0.0.1:{server.server_address[1]}/hook"\n',
     )
-    (agent / "agent.toml").write_text("")
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nlog_format = "json"\nclock = "wall"\n'
-        f'[hooks]\nagents_dir = "{tmp_path / "agents"}"\n'
-        f'alert_webhook = "http://127.0.0.1:{server.server_address[1]}/hook"\n'
-        f'[feeds.replay]\nenabled = true\npath = "{csv}"\nsymbol = "BTC-USD"\n'
-        'timeframe = "1m"\nspeed = 0\n'
-    )
-    cmd = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
     try:
         with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) as proc:  # fmt: skip
