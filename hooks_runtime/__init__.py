@@ -36,22 +36,65 @@ Usage from the daemon (one pool for the whole process, one worker per agent)::
 
 from __future__ import annotations
 
-from hooks_runtime.breaker import HookBreaker
-from hooks_runtime.config import KNOWN_LAYERS, SandboxConfig
-from hooks_runtime.decisions import (
-    ALLOWED_DECISIONS,
-    Alert,
-    Decision,
-    Ignore,
-    Trade,
-    TradeIntent,
-    Wake,
-    to_decision,
-)
-from hooks_runtime.hookfile import HookSpec, hook_paths, kind_of, load_hook, spec_from_source
-from hooks_runtime.pool import HookResult, WorkerPool, open_worker_pool
-from hooks_runtime.protocol import ErrorKind, HookKind, encode_state
-from hooks_runtime.validate import validate_result
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hooks_runtime.breaker import HookBreaker
+    from hooks_runtime.config import KNOWN_LAYERS, SandboxConfig
+    from hooks_runtime.decisions import (
+        ALLOWED_DECISIONS,
+        Alert,
+        Decision,
+        Ignore,
+        Trade,
+        TradeIntent,
+        Wake,
+        to_decision,
+    )
+    from hooks_runtime.hookfile import HookSpec, hook_paths, kind_of, load_hook, spec_from_source
+    from hooks_runtime.pool import HookResult, WorkerPool, open_worker_pool
+    from hooks_runtime.protocol import ErrorKind, HookKind, encode_state
+    from hooks_runtime.validate import validate_result
+
+# Where each name lives: imported on first use (PEP 562), so a sandbox worker, which
+# imports ``hooks_runtime.worker`` and so this package, does not load the pool, its
+# breaker and their logging and async stacks (about half of a worker's start).
+_WHERE = {
+    "HookBreaker": "breaker",
+    "KNOWN_LAYERS": "config",
+    "SandboxConfig": "config",
+    "ALLOWED_DECISIONS": "decisions",
+    "Alert": "decisions",
+    "Decision": "decisions",
+    "Ignore": "decisions",
+    "Trade": "decisions",
+    "TradeIntent": "decisions",
+    "Wake": "decisions",
+    "to_decision": "decisions",
+    "HookSpec": "hookfile",
+    "hook_paths": "hookfile",
+    "kind_of": "hookfile",
+    "load_hook": "hookfile",
+    "spec_from_source": "hookfile",
+    "HookResult": "pool",
+    "WorkerPool": "pool",
+    "open_worker_pool": "pool",
+    "ErrorKind": "protocol",
+    "HookKind": "protocol",
+    "encode_state": "protocol",
+    "validate_result": "validate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALLOWED_DECISIONS",

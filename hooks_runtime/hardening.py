@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import importlib
 import os
 import resource
 import sys
@@ -136,7 +137,7 @@ def apply_landlock() -> None:
     The project and site-packages are not readable: everything the worker needs
     from them is imported before this point.
     """
-    import landlock  # optional dependency, pre-imported by the worker
+    import landlock  # optional dependency, imported by harden() already
 
     ruleset = landlock.Ruleset()
     read = landlock.FSAccess.READ_FILE | landlock.FSAccess.READ_DIR
@@ -146,7 +147,7 @@ def apply_landlock() -> None:
 
 def apply_seccomp() -> None:
     """EPERM for sockets, exec, fork (threads still allowed), ptrace, kill of others, ..."""
-    import pyseccomp as sc  # optional dependency
+    import pyseccomp as sc  # optional dependency, imported by harden() already
 
     f = sc.SyscallFilter(sc.ALLOW)
     deny = sc.ERRNO(errno.EPERM)
@@ -171,6 +172,11 @@ def _add_rule(f: Any, action: int, name: str, *args: Any) -> None:
 
 def harden(cfg: SandboxConfig, parent_pid: int) -> tuple[list[str], dict[str, str]]:
     """Apply every layer after fds; return (active, missing-with-reason)."""
+    for module in ("landlock", "pyseccomp"):  # before landlock closes site-packages
+        try:
+            importlib.import_module(module)
+        except ImportError:  # reported as a missing layer below
+            pass
     active: list[str] = []
     missing: dict[str, str] = {}
     steps: list[tuple[str, Any]] = [

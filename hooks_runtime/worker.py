@@ -49,12 +49,6 @@ from hooks_runtime.protocol import (
 from hooks_runtime.series import check, forget_oldest
 from hooks_runtime.validate import check_result, validate_result
 
-try:  # optional layers: import now, before the filesystem is closed
-    import landlock  # noqa: F401
-    import pyseccomp  # noqa: F401
-except ImportError:  # pragma: no cover - reported as a missing layer later
-    pass
-
 _RAW_MAP = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.msgpack.Decoder()
 _ANY_ENC = msgspec.msgpack.Encoder()
