@@ -94,16 +94,17 @@ class AlertOutbox:
         """The webhook has the alert of ``row`` (or refused it for good)."""
         self._exec("DELETE FROM alert_outbox WHERE id = ?", (row,))
 
-    def due(self, skip: Container[int], limit: int) -> list[Kept]:
+    def due(self, skip: Container[int], limit: int) -> tuple[list[Kept], list[bytes]]:
         """Up to ``limit`` kept alerts not in ``skip`` (those already queued), oldest
-        first; the ones too old to post are dropped on the way."""
+        first; and the bodies of the ones too old to post, dropped on the way."""
         cutoff = self._clock() - self.keep_seconds
-        old = self._exec("DELETE FROM alert_outbox WHERE raised_at < ? RETURNING id", (cutoff,))
+        old = self._exec("DELETE FROM alert_outbox WHERE raised_at < ? RETURNING body", (cutoff,))
         if old:
             self._expired(len(old), f"raised over {self.keep_seconds:g} s ago")
+        expired = [bytes(r[0]) for r in old]
         out: list[Kept] = []
         if limit <= 0:
-            return out
+            return out, expired
         for row, raised_at, body in self._exec(
             "SELECT id, raised_at, body FROM alert_outbox ORDER BY id"
         ):
@@ -112,7 +113,7 @@ class AlertOutbox:
             out.append(Kept(row, bytes(body), raised_at))
             if len(out) >= limit:
                 break
-        return out
+        return out, expired
 
     def count(self) -> int:
         """How many alerts are kept."""

@@ -15,6 +15,7 @@ outage (:mod:`daemon.alert_outbox`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol, Self
 from urllib.parse import urlsplit
 
@@ -25,6 +26,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from daemon.alert_outbox import AlertOutbox
+from daemon.audit.records import AlertRecord, AuditRecord, now_ts
 from daemon.backoff import backoff_delay
 from daemon.errors import StoreError
 from daemon.status import AlertsStatus
@@ -54,6 +56,7 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 #: What became of one alert at the webhook: delivered, refused for good (a 4xx),
 #: or not delivered after its attempts (worth another try later).
 Delivery = Literal["posted", "refused", "failed"]
+AlertStatus = Literal["posted", "refused", "failed", "expired"]
 
 
 class AlertNotifier(Protocol):
@@ -179,6 +182,15 @@ class WebhookNotifier:
             self._logged_at, self._logged_failures = now, self.failures
 
 
+def _read_kept(body: bytes) -> Alert | None:
+    """A kept alert's body as an alert; None (logged) if it does not read."""
+    try:
+        return msgspec.json.decode(body, type=Alert)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.error("unreadable kept alert dropped", error=str(exc))
+        return None
+
+
 def redacted(url: str) -> str:
     """``url`` without its path and query, for logs and status: a webhook's path often
     holds its token (Slack, Discord)."""
@@ -197,12 +209,12 @@ def retry_after(value: str | None) -> float:
 
 
 class _Queued(NamedTuple):
-    """An alert waiting for the webhook: its JSON, and its row in the outbox (None:
-    not kept)."""
+    """An alert waiting for the webhook: the alert, its JSON, and its row in the outbox
+    (None: not kept)."""
 
+    alert: Alert
     body: bytes
     row: int | None = None
-    again: bool = False  # posted again: kept over a restart or an outage
 
 
 class AlertQueue:
@@ -225,8 +237,10 @@ class AlertQueue:
         size: int = 1000,
         posts: int = 4,
         outbox: AlertOutbox | None = None,
+        sink: Callable[[AuditRecord], None] | None = None,
     ) -> None:
         self.log = LogNotifier()
+        self.sink = sink  # the audit: what became of each alert at the webhook
         self.webhook = webhook
         self.posts = posts
         self.outbox = outbox if webhook is not None else None
@@ -240,7 +254,7 @@ class AlertQueue:
         await self.log.send(alert)
         if self.webhook is None:
             return
-        item = _Queued(msgspec.json.encode(alert))
+        item = _Queued(alert, msgspec.json.encode(alert))
         if self.outbox is not None:
             item = item._replace(row=self._keep(self.outbox, item.body))
         try:
@@ -248,17 +262,41 @@ class AlertQueue:
         except anyio.WouldBlock:
             if item.row is not None:  # posted once the queue has room
                 self._behind = True
-                return
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 100 == 0:
-                log.warning("alert webhook backlog full; alerts not posted", dropped=self.dropped)
+            else:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 100 == 0:
+                    log.warning(
+                        "alert webhook backlog full; alerts not posted", dropped=self.dropped
+                    )
+            self._record(item, "failed", "not posted: the webhook's queue was full")
             return
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             if item.row is None:
                 self.dropped += 1  # the daemon is stopping: logged above, not posted
+            self._record(item, "failed", "not posted: the daemon was stopping")
             return
         if item.row is not None:
             self._queued.add(item.row)
+
+    def _record(self, item: _Queued, status: AlertStatus, error: str = "") -> None:
+        """Audit what became of ``item`` at the webhook."""
+        if self.sink is None:
+            return
+        a = item.alert
+        self.sink(
+            AlertRecord(
+                ts=now_ts(),
+                agent_id=a.agent_id,
+                trace_id=a.trace_id,
+                event_ts=a.ts,
+                hook_id=a.hook_id,
+                event_id=a.event_id,
+                status=status,
+                redelivered=a.redelivered,
+                kept=status == "failed" and item.row is not None,
+                error=error,
+            )
+        )
 
     def _keep(self, outbox: AlertOutbox, body: bytes) -> int | None:
         try:
@@ -275,21 +313,24 @@ class AlertQueue:
         stats = self._send.statistics()
         room = int(stats.max_buffer_size - stats.current_buffer_used)
         try:
-            kept = self.outbox.due(self._queued, room)
+            kept, expired = self.outbox.due(self._queued, room)
         except StoreError as exc:
             log.error("kept alerts not read", error=str(exc))
             return
         self._behind = len(kept) >= room
+        too_old = f"kept over alert_webhook_keep_seconds ({self.outbox.keep_seconds:g})"
+        for body in expired:
+            alert = _read_kept(body)
+            if alert is not None:
+                self._record(_Queued(alert, body), "expired", too_old)
         for k in kept:
-            try:
-                alert = msgspec.json.decode(k.body, type=Alert)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.error("unreadable kept alert dropped", row=k.row, error=str(exc))
+            alert = _read_kept(k.body)
+            if alert is None:
                 self._done(k.row)
                 continue
             again = msgspec.structs.replace(alert, redelivered=True)
             try:
-                self._send.send_nowait(_Queued(msgspec.json.encode(again), k.row, True))
+                self._send.send_nowait(_Queued(again, msgspec.json.encode(again), k.row))
             except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._behind = True  # still kept: the next time, or the next start
                 return
@@ -312,13 +353,19 @@ class AlertQueue:
                 return  # nothing is queued
             self._catch_up()
             async with self.webhook, anyio.create_task_group() as tg:
-                with self._receive:  # the posting tasks hold their own clones
-                    for _ in range(self.posts):
-                        tg.start_soon(self._post, self.webhook, self._receive.clone())
+                for _ in range(self.posts):  # each posting task holds its own clone
+                    tg.start_soon(self._post, self.webhook, self._receive.clone())
         finally:
             self._send.close()  # nobody posts any more: later alerts are logged only
+            left = 0
+            while True:
+                try:
+                    item = self._receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+                left += 1
+                self._record(item, "failed", "not posted: the daemon stopped first")
             self._receive.close()
-            left = self._receive.statistics().current_buffer_used
             if left and self.outbox is not None:
                 log.warning(
                     "alerts not posted to the webhook at the stop: kept, posted at the next start",
@@ -338,6 +385,8 @@ class AlertQueue:
         async with alerts:
             async for item in alerts:
                 delivery = await webhook.post(item.body)
+                # (no await since the post returned: its error is this alert's)
+                self._record(item, delivery, "" if delivery == "posted" else webhook.last_error)
                 if item.row is None:
                     continue
                 self._queued.discard(item.row)
@@ -346,7 +395,7 @@ class AlertQueue:
                     continue
                 self._done(item.row)
                 if delivery == "posted":
-                    self.reposted += item.again
+                    self.reposted += item.alert.redelivered
                     if not webhook.closing:
                         self._catch_up()
 

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from daemon.alert_outbox import AlertOutbox
 from daemon.alerts import Alert, AlertQueue, WebhookNotifier
+from daemon.audit.records import AlertRecord
 from daemon.errors import StoreError
 from tests.test_alerts import ALERT, listen
 
@@ -67,6 +68,11 @@ async def run_until(queue: AlertQueue, done: Any) -> None:
         queue.close()
 
 
+def told(rows: list[AlertRecord]) -> list[tuple[str, str, bool, bool, str]]:
+    """The audit rows of the alerts: event, status, redelivered, kept, error."""
+    return [(r.event_id, r.status, r.redelivered, r.kept, r.error) for r in rows]
+
+
 def delivered(got: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     return [(g["eventId"], g["redelivered"]) for g in got if g["status"] < 300]
 
@@ -78,8 +84,12 @@ async def test_an_alert_an_outage_failed_is_posted_again_once_the_endpoint_is_ba
     the endpoint is known to be back: e0 is posted again, marked redelivered."""
     runner, url, got = await script([503, 503, 204])
     box = outbox(tmp_path)
+    rows: list[AlertRecord] = []
     queue = AlertQueue(
-        WebhookNotifier(url, retries=1, retry_initial_seconds=0.01), posts=1, outbox=box
+        WebhookNotifier(url, retries=1, retry_initial_seconds=0.01),
+        posts=1,
+        outbox=box,
+        sink=rows.append,
     )
     try:
         async with anyio.create_task_group() as tg:
@@ -95,6 +105,11 @@ async def test_an_alert_an_outage_failed_is_posted_again_once_the_endpoint_is_ba
     assert delivered(got) == [("e1", False), ("e0", True)]
     st = queue.statistics()
     assert (st.posted, st.reposted, st.kept, st.expired, st.down) == (2, 1, 0, 0, False)
+    assert told(rows) == [
+        ("e0", "failed", False, True, "HTTP 503"),
+        ("e1", "posted", False, False, ""),
+        ("e0", "posted", True, False, ""),
+    ]
     box.close()
 
 
@@ -107,7 +122,10 @@ async def test_alerts_kept_at_a_stop_are_posted_at_the_next_start_unless_too_old
     down, url_down, _ = await script([503])
     now = [1000.0]
     box = outbox(tmp_path, now, keep_seconds=60)
-    queue = AlertQueue(WebhookNotifier(url_down, retry_initial_seconds=5), outbox=box)
+    rows: list[AlertRecord] = []
+    queue = AlertQueue(
+        WebhookNotifier(url_down, retry_initial_seconds=5), outbox=box, sink=rows.append
+    )
     try:
         await queue.send(alert(0))
         now[0] += 50
@@ -124,7 +142,7 @@ async def test_alerts_kept_at_a_stop_are_posted_at_the_next_start_unless_too_old
     now[0] += 30  # the restart: e0 was raised 80 s ago, e1 and e2 30 s ago
     up, url, got = await script([204])
     box = outbox(tmp_path, now, keep_seconds=60)
-    queue = AlertQueue(WebhookNotifier(url), posts=1, outbox=box)
+    queue = AlertQueue(WebhookNotifier(url), posts=1, outbox=box, sink=rows.append)
     try:
         with structlog.testing.capture_logs() as logs:
             await run_until(queue, lambda: len(got) == 2)
@@ -135,6 +153,14 @@ async def test_alerts_kept_at_a_stop_are_posted_at_the_next_start_unless_too_old
     assert line["alerts"] == 1 and "60 s" in line["why"]
     st = queue.statistics()
     assert (st.kept, st.reposted, st.expired) == (0, 2, 1)
+    assert sorted(told(rows)) == [
+        ("e0", "expired", False, False, "kept over alert_webhook_keep_seconds (60)"),
+        ("e0", "failed", False, True, "HTTP 503"),
+        ("e1", "failed", False, True, "HTTP 503"),
+        ("e1", "posted", True, False, ""),
+        ("e2", "failed", False, True, "HTTP 503"),
+        ("e2", "posted", True, False, ""),
+    ]
     box.close()
 
 
@@ -195,10 +221,10 @@ def test_the_outbox_is_bounded_and_a_bad_file_is_a_clear_error(tmp_path: Path) -
     not a store is an error naming it."""
     box = outbox(tmp_path, max_rows=3)
     rows = [box.add(msgspec.json.encode(alert(i))) for i in range(5)]
-    kept = box.due(set(), 10)
-    assert [k.row for k in kept] == rows[2:] and box.expired == 2
-    assert [k.row for k in box.due({rows[3]}, 10)] == [rows[2], rows[4]]
-    assert box.due(set(), 0) == []
+    kept, expired = box.due(set(), 10)
+    assert [k.row for k in kept] == rows[2:] and box.expired == 2 and expired == []
+    assert [k.row for k in box.due({rows[3]}, 10)[0]] == [rows[2], rows[4]]
+    assert box.due(set(), 0) == ([], [])
     box.close()
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "alerts.sqlite3").write_bytes(b"this is not a database" * 100)

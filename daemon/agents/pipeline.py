@@ -109,7 +109,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             outbox = alert_outbox(cfg, state_dir)
             if outbox is not None:
                 closing.callback(outbox.close)
-            alerts = AlertQueue(alert_webhook(cfg), outbox=outbox)
+            alerts = AlertQueue(alert_webhook(cfg), outbox=outbox, sink=audit.write)
             run_store = RunStore.in_dir(state_dir, light)
             closing.callback(run_store.close)
             desk = TradeDesk(broker, audit)

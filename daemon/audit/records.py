@@ -185,7 +185,25 @@ class SignalRecord(_Record, frozen=True, kw_only=True, tag="signal"):
     remote: str = ""
 
 
-AuditRecord = HookRecord | WakeRecord | RunRecord | RiskRecord | OrderRecord | SignalRecord
+class AlertRecord(_Record, frozen=True, kw_only=True, tag="alert"):
+    """What became of an ALERT at ``[hooks] alert_webhook`` (the hook's row says it was
+    raised; a replay's and a daemon's without a webhook get none): ``posted``;
+    ``refused`` (a 4xx: not tried again); ``failed`` (not delivered after its attempts;
+    ``kept``: in the outbox, posted again later); ``expired`` (kept past
+    ``alert_webhook_keep_seconds``: never posted). ``redelivered``: an attempt after
+    a restart or an outage. ``eventTs`` is the alert's event's time."""
+
+    hook_id: str
+    event_id: str
+    status: Literal["posted", "refused", "failed", "expired"]
+    redelivered: bool = False
+    kept: bool = False
+    error: str = ""
+
+
+AuditRecord = (
+    HookRecord | WakeRecord | RunRecord | RiskRecord | OrderRecord | SignalRecord | AlertRecord
+)
 
 _encoder = msgspec.json.Encoder()
 

@@ -191,6 +191,19 @@ def _signal(rec: Record, line: Text) -> None:
     _at_market_time(rec, line)
 
 
+def _alert(rec: Record, line: Text) -> None:
+    status = _s(rec, "status")
+    style = {"posted": "bold cyan", "failed": "bold red", "refused": "red"}.get(status, "yellow")
+    late = " (redelivered)" if rec.get("redelivered") else ""
+    line.append(f"alert {status.upper() if status == 'failed' else status}{late}", style=style)
+    line.append(f" {_s(rec, 'hookId')} at the webhook")
+    if rec.get("error"):
+        line.append(f": {_s(rec, 'error')}")
+    if rec.get("kept"):
+        line.append(" (kept: posted again later)", style="dim")
+    _at_market_time(rec, line)
+
+
 _RENDERERS = {
     "hook": _hook,
     "wake": _wake,
@@ -198,6 +211,7 @@ _RENDERERS = {
     "risk": _risk,
     "order": _order,
     "signal": _signal,
+    "alert": _alert,
 }
 
 

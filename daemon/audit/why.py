@@ -29,6 +29,7 @@ Outcome = Literal[
     "WOKE",
     "QUEUED",
     "SUPPRESSED",
+    "ALERTED",
     "HOOK_ERROR",
     "NO_WAKE",
     "NOT_SEEN",
@@ -169,7 +170,21 @@ def _other_line(r: Record) -> str:
             f"order {r.get('clientOrderId')} {r.get('status')} {r.get('side')} {r.get('volume')} "
             f"{r.get('symbol')}{price} ({r.get('role')}){_why_ended(r)}{_at(r)}"
         )
+    if kind == "alert":
+        return f"alert of {r.get('hookId')} at the webhook: {_delivery(r)}"
     return f"{kind} record"
+
+
+def _delivery(r: Record) -> str:
+    """What an alert row says became of the alert at the webhook."""
+    status, error = r.get("status"), r.get("error")
+    late = " (posted again after a restart or an outage)" if r.get("redelivered") else ""
+    if status == "posted":
+        return f"posted{late}"
+    if status == "failed":
+        then = "kept, to be posted again" if r.get("kept") else "not posted again"
+        return f"NOT DELIVERED{late} ({error}); {then}"
+    return f"{status} ({error}){late}"
 
 
 def _trade_summary(orders: list[Record]) -> str:
@@ -243,6 +258,18 @@ def _judge(recs: list[Record]) -> tuple[Outcome, str]:
     if sup_w or suppressed:
         by = sorted({str(r.get("suppressedBy")) for r in [*sup_w, *suppressed]})
         return "SUPPRESSED", f"a hook asked to act but it was suppressed by {', '.join(by)}"
+    raised = [
+        r for r in hooks if decision_of(r) == "ALERT" and r.get("suppressedBy") in (None, "none")
+    ]
+    if raised:
+        who = ", ".join(dict.fromkeys(str(r.get("hookId")) for r in raised))
+        sent = [r for r in recs if r.get("type") == "alert"]
+        where = (
+            f"webhook: {_delivery(sent[-1])}"
+            if sent
+            else "logged (no webhook was set, or a replay on event time)"
+        )
+        return "ALERTED", f"{who} returned ALERT; {where}"
     errors = [r for r in hooks if r.get("error")]
     if errors and not wanted:
         return (
@@ -293,6 +320,7 @@ _OUTCOME_STYLE = {
     "WOKE": "bold green",
     "QUEUED": "green",
     "SUPPRESSED": "bold yellow",
+    "ALERTED": "bold cyan",
     "HOOK_ERROR": "bold red",
     "NO_WAKE": "dim",
 }

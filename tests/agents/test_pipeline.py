@@ -476,6 +476,16 @@ async def test_alerts_the_webhook_missed_before_a_stop_are_posted_at_the_next_st
     assert all(g["redelivered"] for g in got)
     st = read_status(tmp_path / "state").alerts
     assert st is not None and (st.posted, st.reposted, st.kept) == (3, 3, 0)
+    told = sorted(
+        (r["eventId"], r["status"], r["redelivered"], r["kept"])
+        for r in audit(tmp_path)
+        if r["type"] == "alert"
+    )
+    assert told == sorted(
+        (r["eventId"], *fate)
+        for r in alerts
+        for fate in (("failed", False, True), ("posted", True, False))
+    )
 
 
 async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> None:

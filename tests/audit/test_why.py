@@ -262,3 +262,43 @@ def test_a_run_a_stop_cut_and_its_rerun_are_both_told(tmp_path: Path) -> None:
     (story,) = explain(records, EVENT).agents
     assert story.outcome == "WOKE" and "run r2 finished" in story.why
     assert any("its wakes run again as r2" in line for line in story.details)
+
+
+def test_an_alert_is_told_with_what_the_webhook_made_of_it(tmp_path: Path) -> None:
+    """An ALERT is the agent's outcome (not "no wake"), with its fate at the webhook:
+    here a failure kept for later, then the redelivery; without an alert row, it was
+    only logged. ``audit tail`` shows the rows."""
+    from daemon.audit.records import AlertRecord
+
+    def alert(**kw: object) -> AlertRecord:
+        base: dict[str, object] = {
+            "ts": ts(sec=2), "agent_id": "alpha", "trace_id": "t1", "hook_id": "wake_crash",
+            "event_id": EVENT, "status": "posted",
+        }  # fmt: skip
+        return AlertRecord(**(base | kw))  # type: ignore[arg-type]
+
+    w = AuditWriter(tmp_path)
+    w.write(hook(hook_id="wake_crash", decision="ALERT", reason="BTC -12% in 24h"))
+    w.write(alert(status="failed", kept=True, error="HTTP 503"))
+    w.write(alert(ts=ts(sec=40), redelivered=True))
+    w.write(hook(agent_id="beta", hook_id="wake_crash", decision="ALERT", reason="BTC -12%"))
+    w.write(hook(agent_id="gamma", hook_id="wake_crash", decision="ALERT",
+                 suppressed_by="dedupe"))  # fmt: skip
+    w.close()
+    stories = {s.agent_id: s for s in explain(collect(tmp_path, EVENT), EVENT).agents}
+    alpha, beta = stories["alpha"], stories["beta"]
+    assert alpha.outcome == "ALERTED"
+    assert alpha.why == (
+        "wake_crash returned ALERT; webhook: posted (posted again after a restart or an outage)"
+    )
+    assert any("NOT DELIVERED (HTTP 503); kept, to be posted again" in d for d in alpha.details), (
+        alpha.details
+    )
+    assert beta.outcome == "ALERTED" and "logged (no webhook" in beta.why
+    assert stories["gamma"].outcome == "NO_WAKE"  # suppressed: nothing went out
+    shown = CliRunner().invoke(audit_group, ["tail", "--dir", str(tmp_path), "--type", "alert"])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert len(lines) == 2
+    assert "alert FAILED wake_crash at the webhook: HTTP 503 (kept" in lines[0]
+    assert "alert posted (redelivered) wake_crash" in lines[1]
