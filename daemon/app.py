@@ -87,7 +87,7 @@ async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[N
         tg.start_soon(pool.run)
         try:
             async with open_context(cfg, pool=pool, state=service.state) as ctx:
-                service.tools = RegistryToolBox(registry(), ctx)  # LLM runs call these
+                service.tools = RegistryToolBox(registry, ctx)  # LLM runs call these
                 if cfg.mcp.enabled:
                     # imported here: the MCP stack (pydantic, starlette) costs ~0.6 s at start
                     from daemon.tools.mcp_server import bound_port, build_server, serve_http

@@ -87,9 +87,19 @@ class ToolBox(Protocol):
 class RegistryToolBox:
     """The tool registry of :mod:`daemon.tools`, called in-process with its context."""
 
-    def __init__(self, registry: Registry[ToolContext], ctx: ToolContext) -> None:
-        self.registry = registry
+    def __init__(
+        self,
+        registry: Registry[ToolContext] | Callable[[], Registry[ToolContext]],
+        ctx: ToolContext,
+    ) -> None:
+        self._registry = registry  # or what builds it, at the first run that needs it
         self.ctx = ctx
+
+    @property
+    def registry(self) -> Registry[ToolContext]:
+        if not isinstance(self._registry, Registry):
+            self._registry = self._registry()
+        return self._registry
 
     def for_run(self, ctx: WakeContext, config: RunnerConfig) -> RegistryToolBox:
         first = ctx.reasons[0] if ctx.reasons else None

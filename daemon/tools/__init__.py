@@ -13,13 +13,20 @@
 
 from __future__ import annotations
 
-from daemon.tools import discovery, market_event, patterns, sentiment, snapshot, trading
-from daemon.tools.base import Registry
-from daemon.tools.context import ToolContext
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemon.tools.base import Registry
+    from daemon.tools.context import ToolContext
 
 
 def registry() -> Registry[ToolContext]:
-    """Every tool of this build."""
+    """Every tool of this build. Their modules load here, not with the package: the
+    RAG and HTTP stacks they bring (numpy among them) cost a daemon that runs no LLM
+    agent and serves no MCP nothing."""
+    from daemon.tools import discovery, market_event, patterns, sentiment, snapshot, trading
+    from daemon.tools.base import Registry
+
     return Registry(
         [
             market_event.TOOL,

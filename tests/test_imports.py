@@ -1,0 +1,37 @@
+"""What a start loads: a daemon that runs no LLM agent and serves no MCP does not
+load the tools' RAG stack (numpy among it); the first run that needs the tools
+does. The CLI's quick commands load neither."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def loaded(code: str) -> set[str]:
+    """The top-level modules loaded once ``code`` ran in a fresh interpreter."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    return {m.split(".")[0] for m in json.loads(out.splitlines()[-1])}
+
+
+def test_the_daemon_loads_the_tools_stack_only_when_a_run_needs_it() -> None:
+    assert "numpy" not in loaded("import daemon.app, daemon.cli.run, daemon.agents.pipeline")
+    used = loaded(
+        "from daemon.app import RegistryToolBox, registry\n"
+        "from daemon.tools.context import ToolContext\n"
+        "box = RegistryToolBox(registry, ToolContext())\n"
+        "print(sorted(t.name for t in box.registry))"
+    )
+    assert "numpy" in used
+
+
+def test_the_quick_commands_load_no_tools() -> None:
+    mods = loaded("import daemon.cli.main, daemon.cli.audit, daemon.cli.run")
+    assert not {"numpy", "openai", "anthropic", "mcp"} & mods
