@@ -8,8 +8,9 @@ the whole control group), the program goes on. The run store keeps the program's
 pid and its start time (``/proc/<pid>/stat``, in clock ticks since boot), and the
 next start kills what is left of the group before a re-run could overlap it.
 
-The start time guards against a reused pid: a live process with that pid that
-started at another time is someone else's, and nothing is killed. A group whose
+The start time and the boot guard against a reused pid: a live process with that
+pid that started at another time, or any process after a reboot, is someone
+else's, and nothing is killed. A group whose
 leader has exited may still hold members: while it does, Linux gives its id to
 no new process, so the leader's pid still names it.
 """
@@ -22,10 +23,20 @@ from typing import NamedTuple
 
 
 class ProcessMark(NamedTuple):
-    """A process as the run store keeps it: its pid and when it started."""
+    """A process as the run store keeps it: its pid, when it started, in which boot."""
 
     pid: int
     started: int  # clock ticks after boot (field 22 of /proc/<pid>/stat)
+    boot: str = ""  # /proc/sys/kernel/random/boot_id ("" unknown: matches no boot)
+
+
+def boot_id() -> str:
+    """This boot's id ("" if it does not read)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
 
 
 def start_ticks(pid: int) -> int | None:
@@ -50,12 +61,16 @@ def parse_start(stat: bytes) -> int:
 
 def mark(pid: int) -> ProcessMark | None:
     """``pid`` as the store keeps it; None if it is already gone (or unknowable)."""
-    started = start_ticks(pid)
-    return None if started is None or started < 0 else ProcessMark(pid, started)
+    started, boot = start_ticks(pid), boot_id()
+    if started is None or started < 0 or not boot:
+        return None
+    return ProcessMark(pid, started, boot)
 
 
 def stop_group(m: ProcessMark) -> bool:
     """Kill what is left of the process group ``m`` led; True if any was left."""
+    if not m.boot or m.boot != boot_id():
+        return False  # the machine booted since: no process of that run is left
     now = start_ticks(m.pid)
     if now is not None and now != m.started:
         return False  # the pid is another process's now (or unknowable): not ours

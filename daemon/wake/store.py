@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     tokens_out INTEGER NOT NULL DEFAULT 0,
     body BLOB,
     pid INTEGER,
-    pid_started INTEGER
+    pid_started INTEGER,
+    pid_boot TEXT
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
 CREATE INDEX IF NOT EXISTS wake_runs_started ON wake_runs (started_at);
@@ -98,6 +99,7 @@ class RunStore:
             "body": "BLOB",
             "pid": "INTEGER",
             "pid_started": "INTEGER",
+            "pid_boot": "TEXT",
         }
         try:
             with self._lock:
@@ -168,15 +170,15 @@ class RunStore:
         """The run's program started as ``process`` (what a restart after a kill stops
         if it is still running)."""
         self._exec(
-            "UPDATE wake_runs SET pid = ?, pid_started = ? WHERE run_id = ?",
-            (process.pid, process.started, run_id),
+            "UPDATE wake_runs SET pid = ?, pid_started = ?, pid_boot = ? WHERE run_id = ?",
+            (process.pid, process.started, process.boot, run_id),
         )
 
     def unfinished(self, agent_id: str) -> list[Unfinished]:
         """The agent's runs that started and never finished (a stop during them),
         oldest first."""
         rows = self._exec(
-            "SELECT run_id, started_at, kind, body, pid, pid_started FROM wake_runs"
+            "SELECT run_id, started_at, kind, body, pid, pid_started, pid_boot FROM wake_runs"
             " WHERE agent_id = ? AND finished_at IS NULL ORDER BY started_at",
             (agent_id,),
         )
@@ -186,7 +188,9 @@ class RunStore:
                 float(r[1]),
                 str(r[2]),
                 None if r[3] is None else bytes(r[3]),
-                None if r[4] is None or r[5] is None else ProcessMark(int(r[4]), int(r[5])),
+                None
+                if r[4] is None or r[5] is None
+                else ProcessMark(int(r[4]), int(r[5]), str(r[6] or "")),
             )
             for r in rows
         ]

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.wake.leftovers import ProcessMark, mark, parse_start, start_ticks, stop_group
+from daemon.wake.leftovers import boot_id, mark, parse_start, start_ticks, stop_group
 from tests.test_kill9 import alive
 
 # A real line, its name holding what a naive split trips on.
@@ -56,7 +56,8 @@ def test_the_group_of_a_program_still_running_is_killed_with_its_children() -> N
                 break
             time.sleep(0.01)
         m = mark(proc.pid)
-        assert m is not None and m.started == start_ticks(proc.pid)
+        assert m is not None and m.started == start_ticks(proc.pid) and m.boot == boot_id() != ""
+
         assert len(group(proc.pid)) == 2
         assert stop_group(m)
         proc.wait(5)
@@ -75,9 +76,10 @@ def test_a_pid_that_is_another_process_now_is_left_alone() -> None:
     try:
         m = mark(proc.pid)
         assert m is not None
-        assert not stop_group(ProcessMark(proc.pid, m.started + 1))  # started at another time
-        assert alive(proc.pid)
-        assert not stop_group(ProcessMark(proc.pid, -1))
+        assert not stop_group(m._replace(started=m.started + 1))  # started at another time
+        assert not stop_group(m._replace(started=-1))
+        assert not stop_group(m._replace(boot="another boot"))  # the machine booted since
+        assert not stop_group(m._replace(boot=""))
         assert alive(proc.pid)
     finally:
         import os

@@ -66,10 +66,10 @@ def test_a_store_from_before_runs_kept_their_wakes_gets_the_column(tmp_path: Pat
     store = RunStore(tmp_path / "wake.sqlite3")
     try:
         store.record_start("a", "r1", "wake", 2.0, body=b'{"wakes":[],"earlier":{}}')
-        store.record_process("r1", ProcessMark(4242, 987654))
+        store.record_process("r1", ProcessMark(4242, 987654, "b00t"))
         assert [(u.run_id, u.body, u.process) for u in store.unfinished("a")] == [
             ("r0", None, None),
-            ("r1", b'{"wakes":[],"earlier":{}}', (4242, 987654)),
+            ("r1", b'{"wakes":[],"earlier":{}}', (4242, 987654, "b00t")),
         ]
     finally:
         store.close()
