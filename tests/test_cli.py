@@ -76,6 +76,22 @@ def test_every_command_loads() -> None:
         assert res.exit_code == 0 and "Usage:" in res.output, (name, res.output)
 
 
+def test_help_lists_the_commands_as_their_own_help_would() -> None:
+    """`--help` lists the commands from summaries kept beside their names (importing
+    every command took over a second): the list is what click makes of each
+    command's own help, at any terminal width."""
+    import click
+
+    from daemon.cli.main import cli
+
+    for width in (60, 80, 120, 200):
+        ctx = click.Context(cli, terminal_width=width, max_content_width=width)
+        lazy, real = ctx.make_formatter(), ctx.make_formatter()
+        cli.format_commands(ctx, lazy)
+        click.Group.format_commands(cli, ctx, real)  # imports every command
+        assert lazy.getvalue() == real.getvalue(), width
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [

@@ -1,6 +1,6 @@
 """What a start loads: a daemon that runs no LLM agent and serves no MCP does not
 load the tools' RAG stack (numpy among it); the first run that needs the tools
-does. The CLI's quick commands load neither."""
+does (the CLI's quick commands: tests/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,3 @@ def test_the_daemon_loads_the_tools_stack_only_when_a_run_needs_it() -> None:
         "print(sorted(t.name for t in box.registry))"
     )
     assert "numpy" in used
-
-
-def test_the_quick_commands_load_no_tools() -> None:
-    mods = loaded("import daemon.cli.main, daemon.cli.audit, daemon.cli.run")
-    assert not {"numpy", "openai", "anthropic", "mcp"} & mods

@@ -7,32 +7,82 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
+from typing import NamedTuple
 
 import click
 
 from daemon import __version__
 from daemon.errors import MarketwakeError
 
-# Command name -> (module, attribute).
-COMMANDS: dict[str, tuple[str, str]] = {
-    "agent": ("daemon.cli.agent", "agent_group"),
-    "audit": ("daemon.cli.audit", "audit_group"),
-    "backtest": ("daemon.cli.backtest", "backtest_command"),
-    "config": ("daemon.cli.run", "config_group"),
-    "copytrade": ("daemon.cli.copytrade", "copytrade_group"),
-    "demo": ("daemon.cli.demo", "demo_command"),
-    "hooks": ("daemon.cli.hooks", "hooks_group"),
-    "mcp": ("daemon.cli.mcp", "mcp_command"),
-    "rag": ("daemon.cli.rag", "rag_group"),
-    "run": ("daemon.cli.run", "run_command"),
-    "status": ("daemon.cli.run", "status_command"),
-    "why": ("daemon.cli.audit", "why_command"),
+
+class Where(NamedTuple):
+    """Where a command lives, and its summary for ``--help`` (its help's first
+    paragraph: ``--help`` lists the commands without importing them all;
+    ``tests/test_cli.py`` keeps the two the same)."""
+
+    module: str
+    attribute: str
+    summary: str
+
+
+COMMANDS: dict[str, Where] = {
+    "agent": Where("daemon.cli.agent", "agent_group", "Work with one agent outside the daemon."),
+    "audit": Where(
+        "daemon.cli.audit",
+        "audit_group",
+        "Read the audit log of hook evaluations, wakes, risk verdicts and orders.",
+    ),
+    "backtest": Where(
+        "daemon.cli.backtest",
+        "backtest_command",
+        "Replay DATA through one agent's real pipeline on event time and report what its "
+        "hooks decided, how often it would have woken the LLM and at what cost (against a "
+        "timer agent over the same market time), and its paper trades.",
+    ),
+    "config": Where("daemon.cli.run", "config_group", "Validate configuration files."),
+    "copytrade": Where(
+        "daemon.cli.copytrade",
+        "copytrade_group",
+        "Copy trading: leaders' signals and what followers made of them.",
+    ),
+    "demo": Where(
+        "daemon.cli.demo",
+        "demo_command",
+        "Run the daemon offline on a replay of generated, clearly synthetic candles.",
+    ),
+    "hooks": Where("daemon.cli.hooks", "hooks_group", "Work with agent hook files."),
+    "mcp": Where(
+        "daemon.cli.mcp",
+        "mcp_command",
+        "Serve the tools to an MCP host on stdin/stdout (Claude Desktop, Claude Code).",
+    ),
+    "rag": Where(
+        "daemon.cli.rag",
+        "rag_group",
+        "Similar historical market states (embedded store or Qdrant; JSON-RPC 2.0 on TCP 7879).",
+    ),
+    "run": Where(
+        "daemon.cli.run",
+        "run_command",
+        "Run the daemon: every enabled feed, the bus, the state cache.",
+    ),
+    "status": Where(
+        "daemon.cli.run",
+        "status_command",
+        "Show a daemon's bus, feeds, hooks and paper accounts (running, or its last run).",
+    ),
+    "why": Where(
+        "daemon.cli.audit",
+        "why_command",
+        "Explain what happened to an event (eventId) or trace (traceId), per agent, or how "
+        "an order (its clientOrderId, as status and audit tail show it) came about.",
+    ),
 }
 
 
 class _Commands(click.Group):
-    """A group whose commands are imported on first use (``--help`` imports them all,
-    for their one-line descriptions)."""
+    """A group whose commands are imported on first use; ``--help`` lists them from
+    their summaries (importing them all took over a second)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -41,10 +91,20 @@ class _Commands(click.Group):
         where = COMMANDS.get(cmd_name)
         if where is None:
             return None
-        command = getattr(importlib.import_module(where[0]), where[1])
+        command = getattr(importlib.import_module(where.module), where.attribute)
         if not isinstance(command, click.Command):
-            raise TypeError(f"{where[0]}.{where[1]} is not a click command")
+            raise TypeError(f"{where.module}.{where.attribute} is not a click command")
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click lists them, from the summaries."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [
+            (n, click.Command(n, help=COMMANDS[n].summary).get_short_help_str(limit)) for n in names
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
