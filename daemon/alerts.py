@@ -53,6 +53,37 @@ class Alert(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     redelivered: bool = False
 
 
+MAX_TEXT = 1900  # characters of the summary line (Discord takes 2,000 at most)
+
+
+class _Posted(Alert, frozen=True, kw_only=True, rename="camel"):
+    """An alert as the webhook gets it: its fields, and a line for a human under the
+    names chat webhooks read (``text``: Slack, Mattermost; ``content``: Discord), so
+    a chat's incoming-webhook URL works as it is."""
+
+    text: str
+    content: str
+    # Discord: the line pings no one, whatever a reason holds (@everyone, a role).
+    allowed_mentions: dict[str, list[str]] = msgspec.field(
+        default_factory=lambda: {"parse": []}, name="allowed_mentions"
+    )
+
+
+def summary_line(alert: Alert) -> str:
+    """The alert in one line, for a chat: who raised it, on what, why, when."""
+    where = f" {alert.symbol}" if alert.symbol else ""
+    when = f" (event time {alert.ts})" if alert.ts else ""
+    late = " [late: posted again after a restart or an outage]" if alert.redelivered else ""
+    line = f"marketwake ALERT {alert.agent_id}/{alert.hook_id}{where}: {alert.reason}{when}{late}"
+    return line if len(line) <= MAX_TEXT else line[: MAX_TEXT - 1] + "…"
+
+
+def body_of(alert: Alert) -> bytes:
+    """The JSON an alert is posted as (:class:`_Posted`)."""
+    line = summary_line(alert)
+    return msgspec.json.encode(_Posted(**msgspec.structs.asdict(alert), text=line, content=line))
+
+
 #: What became of one alert at the webhook: delivered, refused for good (a 4xx),
 #: or not delivered after its attempts (worth another try later).
 Delivery = Literal["posted", "refused", "failed"]
@@ -125,7 +156,7 @@ class WebhookNotifier:
 
     async def send(self, alert: Alert) -> Delivery:
         """Post ``alert``, retrying a transient failure; never raises."""
-        return await self.post(msgspec.json.encode(alert))
+        return await self.post(body_of(alert))
 
     async def post(self, body: bytes) -> Delivery:
         """Post an alert's JSON ``body``, retrying a transient failure; never raises."""
@@ -254,7 +285,7 @@ class AlertQueue:
         await self.log.send(alert)
         if self.webhook is None:
             return
-        item = _Queued(alert, msgspec.json.encode(alert))
+        item = _Queued(alert, body_of(alert))
         if self.outbox is not None:
             item = item._replace(row=self._keep(self.outbox, item.body))
         try:
@@ -330,7 +361,7 @@ class AlertQueue:
                 continue
             again = msgspec.structs.replace(alert, redelivered=True)
             try:
-                self._send.send_nowait(_Queued(again, msgspec.json.encode(again), k.row))
+                self._send.send_nowait(_Queued(again, body_of(again), k.row))
             except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._behind = True  # still kept: the next time, or the next start
                 return

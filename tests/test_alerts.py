@@ -74,6 +74,10 @@ async def test_webhook_posts_camel_case_json() -> None:
             "topic": "market.price.tick",
             "ts": None,
             "redelivered": False,
+            # For a chat's incoming webhook (Slack, Mattermost: text; Discord: content).
+            "text": "marketwake ALERT a/wake_crash BTC-USD: BTC -12% in 24h",
+            "content": "marketwake ALERT a/wake_crash BTC-USD: BTC -12% in 24h",
+            "allowed_mentions": {"parse": []},
         }
     ]
     assert notifier.failures == 0
@@ -376,3 +380,20 @@ def test_status_says_how_many_alerts_are_kept_for_later() -> None:
     text = shown({"webhook": True, "kept": 4, "reposted": 2, "expired": 1})
     assert "; 4 kept to post again, 2 posted late, 1 too old to post" in text
     assert "kept" not in shown({"webhook": True})
+
+
+def test_the_chat_line_says_who_what_when_and_stays_within_a_chat_s_limit() -> None:
+    """The line names the agent and hook, the symbol, the reason and the event time,
+    says when it is late, and is cut to Discord's 2,000 characters."""
+    from daemon.alerts import MAX_TEXT, body_of, summary_line
+
+    late = msgspec.structs.replace(ALERT, ts="2026-11-27T10:05:00.000Z", redelivered=True)
+    assert summary_line(late) == (
+        "marketwake ALERT a/wake_crash BTC-USD: BTC -12% in 24h (event time "
+        "2026-11-27T10:05:00.000Z) [late: posted again after a restart or an outage]"
+    )
+    long = msgspec.structs.replace(ALERT, reason="x" * 10_000, symbol=None)
+    line = summary_line(long)
+    assert len(line) == MAX_TEXT and line.endswith("…") and "None" not in line
+    body = json.loads(body_of(long))
+    assert body["text"] == body["content"] == line and body["reason"] == "x" * 10_000
