@@ -397,3 +397,52 @@ def test_the_chat_line_says_who_what_when_and_stays_within_a_chat_s_limit() -> N
     assert len(line) == MAX_TEXT and line.endswith("…") and "None" not in line
     body = json.loads(body_of(long))
     assert body["text"] == body["content"] == line and body["reason"] == "x" * 10_000
+
+
+@pytest.mark.parametrize("status", [204, 400])
+def test_config_test_alert_posts_one_and_says_what_the_endpoint_answered(
+    tmp_path: Any, status: int
+) -> None:
+    """`marketwake config test-alert` posts one alert (one attempt) to the config's
+    webhook and exits 0 when it was delivered, 1 with the endpoint's answer when not,
+    never showing the URL's path (its token); with no webhook set, a usage error."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from click.testing import CliRunner
+
+    from daemon.cli.run import config_group
+
+    got: list[dict[str, Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[hooks]\nalert_webhook = "http://127.0.0.1:{server.server_address[1]}/T0K3N"\n'
+    )
+    try:
+        res = CliRunner().invoke(config_group, ["test-alert", str(cfg)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(got) == 1 and got[0]["hookId"] == "test_alert"
+    assert got[0]["text"].startswith("marketwake ALERT marketwake/test_alert: a test alert")
+    assert "T0K3N" not in res.output
+    if status == 204:
+        assert res.exit_code == 0 and "delivered to http://127.0.0.1:" in res.output
+    else:
+        assert res.exit_code == 1 and "not delivered to" in res.output
+        assert "HTTP 400" in res.output
+    (tmp_path / "none.toml").write_text("")
+    res = CliRunner().invoke(config_group, ["test-alert", str(tmp_path / "none.toml")])
+    assert res.exit_code == 2 and "sets no [hooks] alert_webhook" in res.output

@@ -39,7 +39,11 @@ COMMANDS: dict[str, Where] = {
         "hooks decided, how often it would have woken the LLM and at what cost (against a "
         "timer agent over the same market time), and its paper trades.",
     ),
-    "config": Where("daemon.cli.run", "config_group", "Validate configuration files."),
+    "config": Where(
+        "daemon.cli.run",
+        "config_group",
+        "Validate configuration files, and try the alert webhook they name.",
+    ),
     "copytrade": Where(
         "daemon.cli.copytrade",
         "copytrade_group",

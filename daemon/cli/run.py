@@ -13,6 +13,7 @@ from daemon.backtest.report import counted
 from daemon.cli.common import echo, echo_json, resolve_state_dir, state_dir_option
 from daemon.control import CONTROL_SOCKET, ask_status
 from daemon.errors import NOT_JSON, StoreError
+from daemon.events import iso_ms
 from daemon.logs import configure as configure_logging
 from daemon.printable import visible
 from daemon.statedir import STATUS_FILE, holder
@@ -63,7 +64,7 @@ def run_command(
 
 @click.group("config")
 def config_group() -> None:
-    """Validate configuration files."""
+    """Validate configuration files, and try the alert webhook they name."""
 
 
 @config_group.command("check")
@@ -98,6 +99,44 @@ def config_check(path: Path | None) -> None:
         echo(f"  agents ({cfg.hooks.agents_dir}): {len(report.agents) or 'none'}")
         for line in report.agents:
             echo(f"    {line}")
+
+
+@config_group.command("test-alert")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+def config_test_alert(path: Path | None) -> None:
+    """Post one test alert to PATH's [hooks] alert_webhook (default ./config.toml) and
+    say what the endpoint answered: try a webhook without waiting for the market.
+
+    One attempt, 10 s at most; exit status 0 when it was delivered, 1 when not."""
+    import anyio
+
+    from daemon.alerts import Alert, WebhookNotifier, redacted, summary_line
+
+    p = path or config_mod.DEFAULT_CONFIG_PATH
+    url = config_mod.load(p).hooks.alert_webhook
+    if not url:
+        raise click.UsageError(f"{p} sets no [hooks] alert_webhook")
+    now = time.time()
+    alert = Alert(
+        agent_id="marketwake",
+        hook_id="test_alert",
+        reason="a test alert from `marketwake config test-alert`: the webhook works",
+        event_id=f"test-alert:{int(now * 1000)}",
+        trace_id=f"test-alert-{int(now * 1000)}",
+        ts=iso_ms(int(now * 1000)),
+    )
+
+    async def post() -> str:
+        async with WebhookNotifier(url, timeout_seconds=10, retries=0) as webhook:
+            delivery = await webhook.send(alert)
+            return "" if delivery == "posted" else webhook.last_error
+
+    error = anyio.run(post)
+    where = redacted(url)  # its path is often its token
+    if error:
+        echo(f"not delivered to {where}: {visible(error)}", err=True)
+        raise SystemExit(1)
+    echo(f"delivered to {where}: {summary_line(alert)}")
 
 
 def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
