@@ -69,7 +69,7 @@ class AuditFilter(msgspec.Struct, frozen=True, kw_only=True):
             return False
         if self.decision is not None and decision_of(rec) != self.decision.upper():
             return False
-        if self.since_ms is not None and _ts_ms(rec) < self.since_ms:
+        if self.since_ms is not None and ts_ms(rec) < self.since_ms:
             return False
         if self.from_ms is None and self.to_ms is None:
             return True
@@ -91,10 +91,11 @@ def decision_of(rec: Record) -> str:
 def event_ms(rec: Record) -> int:
     """The row's market time (``eventTs``) in epoch ms; 0 when it has none or it does
     not parse."""
-    return _ts_ms(rec, "eventTs")
+    return ts_ms(rec, "eventTs")
 
 
-def _ts_ms(rec: Record, key: str = "ts") -> int:
+def ts_ms(rec: Record, key: str = "ts") -> int:
+    """A record's ``ts`` (or ``key``) in ms; 0 when it has none that reads."""
     ts = rec.get(key)
     try:
         return parse_iso_ms(ts) if isinstance(ts, str) else 0

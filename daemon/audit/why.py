@@ -18,7 +18,14 @@ from typing import Literal
 import msgspec
 from rich.text import Text
 
-from daemon.audit.reader import AuditFilter, Record, decision_of, event_ms, iter_records
+from daemon.audit.reader import (
+    AuditFilter,
+    Record,
+    decision_of,
+    event_ms,
+    iter_records,
+    ts_ms,
+)
 from daemon.audit.render import market_time, price_text, visible_record
 
 Outcome = Literal[
@@ -35,6 +42,7 @@ Outcome = Literal[
     "NOT_SEEN",
 ]
 FILLED = ("FILLED", "PARTIALLY_FILLED")
+TRACE_MARGIN_MS = 3_600_000
 ENDED = ("CANCELED", "REJECTED")
 
 
@@ -73,6 +81,12 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     if not traces:
         return sorted(direct, key=_order)
     owners = {r.get("agentId") for r in direct if r.get("clientOrderId") == ident}
+    if not owners:
+        # An event's trace starts at its evaluation: the rows of its trace were written
+        # no earlier (an hour's margin for a clock set back), so the passes below skip
+        # the days before it (an order's trace, found by the order, began before it).
+        first = min((ts_ms(r) for r in direct), default=0) - TRACE_MARGIN_MS
+        flt = AuditFilter(since_ms=max(since_ms or 0, first) or None)
     linked = [
         r
         for r in iter_records(directory, flt, contains=sorted(traces))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -302,3 +303,39 @@ def test_an_alert_is_told_with_what_the_webhook_made_of_it(tmp_path: Path) -> No
     assert len(lines) == 2
     assert "alert FAILED wake_crash at the webhook: HTTP 503 (kept" in lines[0]
     assert "alert posted (redelivered) wake_crash" in lines[1]
+
+
+def test_an_events_trace_is_read_from_its_own_day_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`why <eventId>` reads the whole log once to find the event, then its trace only
+    from the event's day on (a trace starts at its evaluation): an older day is opened
+    once, not once per pass. An order's story still reaches back to its event."""
+    from daemon.audit import reader
+    from daemon.audit.records import encode_line
+
+    older = [hook(event_id=f"old{i}", trace_id=f"o{i}", ts=ts("2026-02-16", i)) for i in range(50)]
+    older.append(hook(event_id="e-order", trace_id="t-order", decision="TRADE_INTENT",
+                      ts=ts("2026-02-16", 59)))  # fmt: skip
+    (tmp_path / "audit-2026-02-16.jsonl").write_bytes(b"".join(map(encode_line, older)))
+    today = [
+        hook(decision="WAKE", reason="two green candles"),
+        wake(run_id="r1"),
+        run(status="finished", duration_ms=5.0),
+        order(client_order_id="mw-9", trace_id="t-order", status="FILLED"),
+    ]
+    (tmp_path / "audit-2026-02-17.jsonl").write_bytes(b"".join(map(encode_line, today)))
+    opened: list[str] = []
+    real = reader.open_lines
+
+    def counting(path: Path) -> Any:
+        opened.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(reader, "open_lines", counting)
+    (story,) = explain(collect(tmp_path, EVENT), EVENT).agents
+    assert story.outcome == "WOKE" and len(story.records) == 3
+    assert opened.count("audit-2026-02-16.jsonl") == 1, opened
+    opened.clear()
+    (story,) = explain(collect(tmp_path, "mw-9"), "mw-9").agents
+    assert [r["type"] for r in story.records] == ["hook", "order"]  # its event, the day before
