@@ -30,3 +30,21 @@ def test_the_daemon_loads_the_tools_stack_only_when_a_run_needs_it() -> None:
         "print(sorted(t.name for t in box.registry))"
     )
     assert "numpy" in used
+
+
+def test_an_llm_agent_loads_the_tools_as_it_loads_not_at_its_first_wake() -> None:
+    """The import (about 0.3 s) happens when the agent's runner is built, so the first
+    wake, when the market is moving, does not wait for it."""
+    code = (
+        "import msgspec\n"
+        "from daemon.app import RegistryToolBox, registry\n"
+        "from daemon.llm.runner import LlmRunner\n"
+        "from daemon.tools.context import ToolContext\n"
+        "from daemon.wake.policy import RunnerConfig\n"
+        "box = RegistryToolBox(registry, ToolContext())\n"
+        "import sys; assert 'numpy' not in sys.modules\n"
+        "cfg = msgspec.convert({'kind': 'llm', 'provider': 'openai', 'model': 'm',\n"
+        "                       'base_url': 'http://127.0.0.1:9/v1'}, RunnerConfig)\n"
+        "LlmRunner(cfg, tools=box)\n"
+    )
+    assert "numpy" in loaded(code)

@@ -163,6 +163,8 @@ class LlmRunner:
         self.agent_dir = agent_dir
         self._open = open_conv
         self._observe: Observer = observer or (lambda _: None)
+        if tools is not None and config.max_tool_calls:
+            tools.specs()  # the tools' modules load as the agent does, not at its first wake
 
     async def run(self, ctx: WakeContext) -> RunResult:
         """The whole run; failures and the deadline are reported in the result."""
