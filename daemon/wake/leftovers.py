@@ -69,6 +69,8 @@ def mark(pid: int) -> ProcessMark | None:
 
 def stop_group(m: ProcessMark) -> bool:
     """Kill what is left of the process group ``m`` led; True if any was left."""
+    if m.pid <= 1 or m.pid == os.getpgrp():
+        return False  # a damaged store: killpg(0) or (1) would hit the daemon or init
     if not m.boot or m.boot != boot_id():
         return False  # the machine booted since: no process of that run is left
     now = start_ticks(m.pid)

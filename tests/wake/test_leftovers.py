@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.wake.leftovers import boot_id, mark, parse_start, start_ticks, stop_group
+from daemon.wake.leftovers import ProcessMark, boot_id, mark, parse_start, start_ticks, stop_group
 from tests.test_kill9 import alive
 
 # A real line, its name holding what a naive split trips on.
@@ -88,3 +88,13 @@ def test_a_pid_that_is_another_process_now_is_left_alone() -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert mark(proc.pid) is None and start_ticks(proc.pid) is None
+
+
+def test_a_damaged_mark_kills_nothing_of_ours() -> None:
+    """A run store someone edited (or a damaged one) cannot make the start kill its
+    own process group (pid 0), init's (1), a negative group, or its own."""
+    import os
+
+    for pid in (0, 1, -1, -os.getpid(), os.getpgrp()):
+        assert not stop_group(ProcessMark(pid, start_ticks(1) or 0, boot_id()))
+    assert alive(os.getpid())
