@@ -491,4 +491,8 @@ def alert_outbox(cfg: Config, state_dir: Path) -> AlertOutbox | None:
     keep = cfg.hooks.alert_webhook_keep_seconds
     if not cfg.hooks.alert_webhook or cfg.event_time or not cfg.daemon.durable or keep <= 0:
         return None
-    return AlertOutbox(state_dir / ALERT_OUTBOX_FILE, keep_seconds=keep)
+    try:
+        return AlertOutbox(state_dir / ALERT_OUTBOX_FILE, keep_seconds=keep)
+    except StoreError as exc:  # costs the redelivery only: alerts still go out as raised
+        log.error("alert outbox not opened: alerts are posted, not kept", error=str(exc))
+        return None

@@ -488,6 +488,49 @@ async def test_alerts_the_webhook_missed_before_a_stop_are_posted_at_the_next_st
     )
 
 
+@pytest.mark.parametrize("bad", ["garbage", "fifo", "directory"])
+async def test_an_alert_outbox_that_does_not_open_costs_only_the_redelivery(
+    tmp_path: Path, bad: str
+) -> None:
+    """alerts.sqlite3 not a database, a FIFO or a directory: the daemon starts, says so,
+    and posts each alert as raised (nothing is kept for later)."""
+    import os
+
+    from tests.test_alert_outbox import script
+
+    state = tmp_path / "state"
+    state.mkdir()
+    box = state / "alerts.sqlite3"
+    if bad == "garbage":
+        box.write_bytes(b"not a database" * 100)
+    elif bad == "fifo":
+        os.mkfifo(box)
+    else:
+        box.mkdir()
+    agents = workspace(tmp_path, {"wake_alert.py": ALERT_EVERY})
+    cfg = msgspec.convert(
+        {
+            "daemon": {"state_dir": str(state), "clock": "wall"},
+            "hooks": {"agents_dir": str(agents), "alert_webhook": "http://x.invalid/"},
+        },
+        Config,
+    )
+    runner, url, got = await script([204])
+    cfg = msgspec.structs.replace(cfg, hooks=msgspec.structs.replace(cfg.hooks, alert_webhook=url))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            svc = Service(cfg, lambda _: [PacedFeed([candle(i) for i in range(3)])],
+                          components=[open_agents])  # fmt: skip
+            with anyio.fail_after(30):
+                await svc.run()
+    finally:
+        await runner.cleanup()
+    assert len(got) == 3 and not any(g["redelivered"] for g in got)
+    assert any(e["event"].startswith("alert outbox not opened") for e in logs)
+    st = read_status(state).alerts
+    assert st is not None and (st.posted, st.kept) == (3, None)
+
+
 async def test_wakes_still_queued_when_a_replay_ends_are_run(tmp_path: Path) -> None:
     """On event time, a collect run still waiting for its debounce when the feed runs
     out starts before the daemon exits (it comes due in event time, at the end)."""
