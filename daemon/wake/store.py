@@ -188,9 +188,10 @@ class RunStore:
                 float(r[1]),
                 str(r[2]),
                 None if r[3] is None else bytes(r[3]),
-                None
-                if r[4] is None or r[5] is None
-                else ProcessMark(int(r[4]), int(r[5]), str(r[6] or "")),
+                # (a value that is not an integer, in a damaged store: no process known)
+                ProcessMark(r[4], r[5], str(r[6] or ""))
+                if type(r[4]) is int and type(r[5]) is int
+                else None,
             )
             for r in rows
         ]

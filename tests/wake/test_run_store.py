@@ -73,3 +73,16 @@ def test_a_store_from_before_runs_kept_their_wakes_gets_the_column(tmp_path: Pat
         ]
     finally:
         store.close()
+
+
+def test_a_damaged_process_mark_reads_as_none(tmp_path: Path) -> None:
+    """A pid column holding text (a damaged or edited store) closes the run all the same,
+    with no process to stop, instead of failing the start."""
+    store = RunStore(tmp_path / "wake.sqlite3")
+    try:
+        store.record_start("a", "r1", "wake", 2.0)
+        store._exec("UPDATE wake_runs SET pid = 'abc', pid_started = 3.5 WHERE run_id = 'r1'")
+        (u,) = store.unfinished("a")
+        assert u.run_id == "r1" and u.process is None
+    finally:
+        store.close()
