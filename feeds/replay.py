@@ -227,14 +227,17 @@ class ReplayFeed:
         tf_ms = TIMEFRAMES[self.config.timeframe] * 1000
         lo, hi = self.config.from_ms, self.config.to_ms or None
         _, lines = self._csv_rows()
-        for _, line in lines:
-            try:
-                t, close = candle_csv.row_close(line)
-            except (ValueError, IndexError):
-                continue  # a blank line (a bad row fails the replay itself)
-            t += tf_ms
-            if t >= lo and (hi is None or t < hi):
-                yield t, close
+        with closing(lines):
+            for _, line in lines:
+                try:
+                    t, close = candle_csv.row_close(line)
+                except (ValueError, IndexError):
+                    continue  # a blank line (a bad row fails the replay itself)
+                t += tf_ms
+                if hi is not None and t >= hi:
+                    return  # open times increase (the replay checked them)
+                if t >= lo:
+                    yield t, close
 
     def history(self, n: int) -> list[tuple[str, str, list[Candle]]]:
         """(symbol, timeframe, candles) of each series' last ``n`` closed candles that
@@ -282,6 +285,9 @@ class ReplayFeed:
 
     def _selected(self) -> Iterator[tuple[int, FeedEvent]]:
         lo, hi = self.config.from_ms, self.config.to_ms or None
+        if self.format() == "csv":
+            yield from self._csv(lo, hi)
+            return
         for ts, event in self._timed():
             if ts >= lo and (hi is None or ts < hi):
                 yield ts, event
@@ -429,7 +435,11 @@ class ReplayFeed:
 
         return layout, rows()
 
-    def _csv(self) -> Iterator[tuple[int, FeedEvent]]:
+    def _csv(self, lo: int = 0, hi: int | None = None) -> Iterator[tuple[int, FeedEvent]]:
+        """The events of the rows that close within ``lo`` .. ``hi``. The rows before
+        ``lo`` are checked but make no event; reading stops at the first row at or
+        past ``hi`` (open times increase), so a backtest of a month of a year's file
+        reads a month, and a bad row after its window is not its concern."""
         symbol, timeframe = self.config.symbol, self.config.timeframe
         if not symbol:
             raise ReplayError(f"{self.path}: feeds.replay.symbol must be set to replay CSV candles")
@@ -438,23 +448,28 @@ class ReplayFeed:
         tf_ms = TIMEFRAMES[timeframe] * 1000
         layout, lines = self._csv_rows()
         last = -1
-        for lineno, line in lines:
-            if not line.strip():
-                continue
-            candle = candle_csv.candle(line, layout, tf_ms, f"{self.path}:{lineno}")
-            if candle.open_time_ms <= last:
-                raise ReplayError(f"{self.path}:{lineno}: open times not increasing")
-            last = candle.open_time_ms
-            yield (
-                candle.close_time_ms,
-                closed_event(
-                    candle,
-                    source=self.config.source,
-                    symbol=symbol,
-                    timeframe=timeframe,
-                    received_ms=candle.close_time_ms,
-                ),
-            )
+        with closing(lines):
+            for lineno, line in lines:
+                if not line.strip():
+                    continue
+                candle = candle_csv.candle(line, layout, tf_ms, f"{self.path}:{lineno}")
+                if candle.open_time_ms <= last:
+                    raise ReplayError(f"{self.path}:{lineno}: open times not increasing")
+                last = candle.open_time_ms
+                if candle.close_time_ms < lo:
+                    continue
+                if hi is not None and candle.close_time_ms >= hi:
+                    return
+                yield (
+                    candle.close_time_ms,
+                    closed_event(
+                        candle,
+                        source=self.config.source,
+                        symbol=symbol,
+                        timeframe=timeframe,
+                        received_ms=candle.close_time_ms,
+                    ),
+                )
 
 
 def by_time(

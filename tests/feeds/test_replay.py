@@ -220,6 +220,24 @@ async def test_bad_csv_row_names_its_line(
         [e async for e in _aiter(feed_for(path))]
 
 
+def test_a_csv_window_is_read_up_to_its_end_only(tmp_path: Path) -> None:
+    """A CSV's open times increase, so reading stops at the first row past ``to_ms``:
+    a window of a large file costs the window, and a bad row after it (here a time
+    that goes backwards, then a row that does not parse) is not the window's concern.
+    Rows before ``from_ms`` are still checked."""
+    bad_after = [*ROWS, (T0, "1", "1", "1", "1", "1"), ("x", "1")]
+    path = write_csv(tmp_path / "c.csv", bad_after)
+    window = feed_for(path, timeframe="1m", from_ms=T0 + 2 * M1, to_ms=T0 + 4 * M1)
+    assert [ts for ts, _ in window.selected()] == [T0 + 2 * M1, T0 + 3 * M1]
+    assert list(window.closes("BTC-USD")) == [(T0 + 2 * M1, 100.0), (T0 + 3 * M1, 100.0)]
+    with pytest.raises(ReplayError, match="not increasing"):  # the whole file
+        list(feed_for(path, timeframe="1m", from_ms=T0 + 2 * M1).selected())
+    bad_before = [(T0 - M1, "0", "0", "0", "0", "0"), *ROWS]
+    path = write_csv(tmp_path / "before.csv", bad_before)
+    with pytest.raises(ReplayError, match=r"before\.csv:2: .*above 0"):
+        list(feed_for(path, timeframe="1m", from_ms=T0 + 2 * M1).selected())
+
+
 async def _aiter(feed: ReplayFeed) -> Any:
     for event in feed.events():
         yield event
