@@ -445,6 +445,17 @@ def candle_event_id(source: str, symbol: str, timeframe: str, close_ms: int) -> 
     return f"{source}:{symbol}:{timeframe}:{close_ms}"
 
 
+def candle_close_of(event_id: str) -> int | None:
+    """The close time (ms) a candle's event id names (closed or updated, as
+    :func:`candle_event_id` spells it), else None: where in the audit its rows are."""
+    parts = event_id.split(":")
+    if (len(parts) == 6 and parts[4] == "updated") or len(parts) == 4:
+        close = parts[3]
+        if close.isascii() and close.isdigit() and len(close) <= 15:
+            return int(close)
+    return None
+
+
 def trace_id_for(event_id: str) -> str:
     """A deterministic trace id, so replays link the same way as live runs."""
     return hashlib.blake2b(event_id.encode(), digest_size=8).hexdigest()

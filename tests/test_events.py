@@ -91,6 +91,32 @@ def test_our_times_parse_back_exactly_and_bad_ones_are_refused() -> None:
             events.parse_iso_ms(bad)
 
 
+def test_a_candle_event_ids_close_time_is_read_back() -> None:
+    """`why` narrows its search by the close time a candle's id names; any other id
+    (a tick's, a signal's, a trace's, lookalikes) names none."""
+    from feeds.candles.protocol import updated_event
+
+    closed = events.candle_event_id("binance", "BTC-USD", "5m", 1_771_297_500_000)
+    assert events.candle_close_of(closed) == 1_771_297_500_000
+    candle = events.Candle(
+        open_time_ms=1_771_297_200_000, close_time_ms=1_771_297_500_000,
+        open=1.0, high=2.0, low=0.5, close=1.5, volume=3.0,
+    )  # fmt: skip
+    updated = updated_event(candle, source="binance", symbol="BTC-USD", timeframe="5m",
+                            received_ms=1_771_297_400_000)  # fmt: skip
+    assert events.candle_close_of(updated.event_id) == 1_771_297_500_000
+    for other in (
+        "coinbase:tick:BTC-USD:2026-02-17T03:05:00.123456Z:7:0",
+        "leader:abc:signal-1",
+        "0123456789abcdef",
+        "a:b:c:１２３",  # digits, not ASCII ones
+        "a:b:c:1234567890123456",  # past the year 9999
+        "a:b:c:12:closed:ff",
+        "",
+    ):
+        assert events.candle_close_of(other) is None, other
+
+
 def test_candle_event_id_is_stable() -> None:
     """The same candle always gets the same id; trace ids are deterministic."""
     a = events.candle_event_id("coinbase", "BTC-USD", "5m", 1)

@@ -27,6 +27,7 @@ from daemon.audit.reader import (
     ts_ms,
 )
 from daemon.audit.render import market_time, price_text, visible_record
+from daemon.events import candle_close_of
 
 Outcome = Literal[
     "TRADED",
@@ -75,8 +76,7 @@ class Explanation(msgspec.Struct, kw_only=True, rename="camel"):
 def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Record]:
     """Records whose eventId, traceId or clientOrderId is ``ident``, plus all records
     of their traces (of an order's, its own agent's only)."""
-    flt = AuditFilter(since_ms=since_ms)
-    direct = [r for r in iter_records(directory, flt, contains=[ident]) if _names(r, ident)]
+    direct = _direct(directory, ident, since_ms)
     traces = {str(r["traceId"]) for r in direct if r.get("traceId")} - {ident}
     if not traces:
         return sorted(direct, key=_order)
@@ -87,6 +87,8 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
         # the days before it (an order's trace, found by the order, began before it).
         first = min((ts_ms(r) for r in direct), default=0) - TRACE_MARGIN_MS
         flt = AuditFilter(since_ms=max(since_ms or 0, first) or None)
+    else:
+        flt = AuditFilter(since_ms=since_ms)
     linked = [
         r
         for r in iter_records(directory, flt, contains=sorted(traces))
@@ -112,6 +114,25 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
             if r.get("type") == "run" and r.get("runId") in open_runs and not r.get("traceId")
         ]
     return sorted(found, key=_order)
+
+
+def _direct(directory: Path, ident: str, since_ms: int | None) -> list[Record]:
+    """The records that name ``ident``. A candle's event id carries its close time, and
+    no row about it was written before (live, or a replay of the past): the days before
+    it are read only when nothing turned up after it (future-dated synthetic data, a
+    clock set back more than the margin)."""
+
+    def read(since: int | None) -> list[Record]:
+        flt = AuditFilter(since_ms=since)
+        return [r for r in iter_records(directory, flt, contains=[ident]) if _names(r, ident)]
+
+    close = candle_close_of(ident)
+    narrowed = None if close is None else close - TRACE_MARGIN_MS
+    if narrowed is not None and narrowed > (since_ms or 0):
+        found = read(narrowed)
+        if found:
+            return found
+    return read(since_ms)
 
 
 def event_at(

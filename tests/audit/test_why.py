@@ -305,6 +305,42 @@ def test_an_alert_is_told_with_what_the_webhook_made_of_it(tmp_path: Path) -> No
     assert "alert posted (redelivered) wake_crash" in lines[1]
 
 
+def test_a_candles_rows_are_looked_for_from_its_close_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candle's event id names its close time, and no row about it was written
+    before: `why` does not open the days before it. An id whose time is after its
+    rows (future-dated synthetic data) is still found, by a second pass."""
+    from daemon.audit import reader
+    from daemon.audit.records import encode_line
+    from daemon.events import parse_iso_ms
+
+    candle = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2026-02-17', 5))}"
+    future = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2027-01-01', 0))}"
+    older = [hook(event_id=f"old{i}", trace_id=f"o{i}", ts=ts("2026-02-16", i)) for i in range(9)]
+    (tmp_path / "audit-2026-02-16.jsonl").write_bytes(b"".join(map(encode_line, older)))
+    today = [
+        hook(event_id=candle, trace_id="t-c", decision="WAKE", ts=ts("2026-02-17", 6)),
+        hook(event_id=future, trace_id="t-f", ts=ts("2026-02-17", 7)),
+    ]
+    (tmp_path / "audit-2026-02-17.jsonl").write_bytes(b"".join(map(encode_line, today)))
+    opened: list[str] = []
+    real = reader.open_lines
+
+    def counting(path: Path) -> Any:
+        opened.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(reader, "open_lines", counting)
+    (story,) = explain(collect(tmp_path, candle), candle).agents
+    assert story.records[0]["eventId"] == candle
+    assert "audit-2026-02-16.jsonl" not in opened, opened
+    opened.clear()
+    (story,) = explain(collect(tmp_path, future), future).agents
+    assert story.records[0]["eventId"] == future
+    assert opened.count("audit-2026-02-16.jsonl") == 1, opened
+
+
 def test_an_events_trace_is_read_from_its_own_day_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
