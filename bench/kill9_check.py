@@ -93,6 +93,27 @@ class Outcome:
             if mine != theirs
         ]
 
+    def detail(self, ref: Outcome, first: int = 5) -> list[str]:
+        """The first differing hook rows (by event id) and woken events, to look into
+        with ``--keep``."""
+        keys = sorted(set(self.hook_rows) | set(ref.hook_rows))
+        rows = [
+            f"  hook row {event} {hook}: reference {ref.hook_rows.get((event, hook))},"
+            f" here {self.hook_rows.get((event, hook))}"
+            for event, hook in keys
+            if self.hook_rows.get((event, hook)) != ref.hook_rows.get((event, hook))
+        ]
+        woken = set(self.finished) | self.cut
+        return [
+            *rows[:first],
+            *([f"  ... {len(rows) - first} more hook rows"] if len(rows) > first else []),
+            *(f"  woken here only: {e}" for e in sorted(woken - set(ref.finished))[:first]),
+            *(
+                f"  woken in the reference only: {e}"
+                for e in sorted(set(ref.finished) - woken)[:first]
+            ),
+        ]
+
     def lost(self, ref: Outcome) -> str:
         """The other rows the reference has and this run lost, by kind."""
         kinds = Counter(
@@ -286,6 +307,8 @@ def main(
                 f" runs closed as interrupted: {interrupted}, their wakes run again: {got.reruns},"
                 f" events of cut runs not run again: {len(got.cut)}; rows lost: {got.lost(ref)})"
             )
+            for line in got.detail(ref) if diff else []:
+                print(line)
         print(f"identical to the reference: {same} of {runs} runs")
 
 
