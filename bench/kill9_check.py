@@ -22,7 +22,9 @@ command: ``sleep S``) and ``[wake] rerun_interrupted_within_seconds``, so kills
 land during runs: the check is then that the wakes the reference ran are run
 here too (a run a kill cut runs once more at the restart), each by one finished
 run, except a re-run cut in turn (not run a third time: counted apart); the
-wake runs' start times are not compared (a re-run starts later).
+wake runs' start times are not compared (a re-run starts later). ``--runs-per-hour 3``
+puts the hourly budget in play (the example's 12 never binds on this data): a re-run
+takes the place of the run it redoes, so the verdicts must still be the reference's.
 """
 
 from __future__ import annotations
@@ -135,16 +137,18 @@ def other_key(row: dict[str, Any]) -> tuple[str, str, str]:
     return kind, "", ""
 
 
-def slow_agents(tmp: Path, seconds: float) -> Path:
+def slow_agents(tmp: Path, seconds: float, per_hour: int | None = None) -> Path:
     """A copy of the repo's agents whose example takes ``seconds`` a run and re-runs
-    a run a kill cut."""
+    a run a kill cut; with ``per_hour``, that many runs an hour at most."""
     agents = tmp / "agents"
     shutil.copytree(ROOT / "agents", agents)
     toml = agents / "example" / "agent.toml"
     text = toml.read_text()
+    budget = [("max_runs_per_hour = 12 ", f"max_runs_per_hour = {per_hour} ")] if per_hour else []
     for old, new in (
         ("[wake]\n", "[wake]\nrerun_interrupted_within_seconds = 86400\n"),
         ('kind = "log" ', f'kind = "command"\ncommand = ["sleep", "{seconds:g}"]\n# '),
+        *budget,
     ):
         assert text.count(old) == 1, old
         text = text.replace(old, new)
@@ -262,7 +266,13 @@ def wakes_run(wake: sqlite3.Connection) -> tuple[Counter[str], int, set[str]]:
 
 
 def main(
-    data: Path, candles: int, runs: int, seed: int, keep: Path | None, runner_s: float
+    data: Path,
+    candles: int,
+    runs: int,
+    seed: int,
+    keep: Path | None,
+    runner_s: float,
+    per_hour: int | None = None,
 ) -> None:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as d:
@@ -274,7 +284,7 @@ def main(
         else:
             print(f"{data} not found: synthetic candles")
             generate_candles(csv, seed=seed, n=candles, timeframe="5m")
-        agents = slow_agents(tmp, runner_s) if runner_s else ROOT / "agents"
+        agents = slow_agents(tmp, runner_s, per_hour) if runner_s else ROOT / "agents"
         start = time.perf_counter()
         with (tmp / "ref.log").open("wb") as out:
             cmd = command(config(tmp, csv, "ref", agents))
@@ -325,5 +335,21 @@ if __name__ == "__main__":
         default=0.0,
         help="the example's runs take this long (sleep) and a run a kill cut runs again",
     )
+    ap.add_argument(
+        "--runs-per-hour",
+        type=int,
+        help="with --runner-seconds: the example's max_runs_per_hour (12); a few (3) puts"
+        " the budget in play, and a re-run must take the cut run's place in it",
+    )
     args = ap.parse_args()
-    main(args.data, args.candles, args.runs, args.seed, args.keep, args.runner_seconds)
+    if args.runs_per_hour is not None and not args.runner_seconds:
+        ap.error("--runs-per-hour needs --runner-seconds")
+    main(
+        args.data,
+        args.candles,
+        args.runs,
+        args.seed,
+        args.keep,
+        args.runner_seconds,
+        args.runs_per_hour,
+    )

@@ -19,6 +19,8 @@
 * **budget**: at most ``max_runs_per_hour`` wake runs start in any hour
   (sliding window, pending runs count as promised); a wake that would need one
   more run is suppressed (``suppressedBy=budget``). Joining a pending run is free.
+  A re-run of a run a stop cut takes that run's place (still in the window): it
+  redoes work already counted, so a stop changes no later wake's verdict.
 * **audit runs** fill silence: when ``audit_interval_seconds`` pass without any
   run starting, an audit run starts. They are bounded by construction (at most
   one per interval), so they neither use the hourly budget nor the cooldown,
@@ -308,8 +310,9 @@ class WakeScheduler:
             return WakeOutcome(outcome="suppressed", suppressed_by="cooldown")
         if self._over_cost_cap(now):
             return WakeOutcome(outcome="suppressed", suppressed_by="cost")
-        promised = sum(p.kind == "wake" for p in self._pending)
-        if not self.budget.allows(now, promised) or promised >= policy.max_collected:
+        queued = sum(p.kind == "wake" for p in self._pending)
+        promised = sum(self._takes_place(p, now) for p in self._pending)
+        if not self.budget.allows(now, promised) or queued >= policy.max_collected:
             return WakeOutcome(outcome="suppressed", suppressed_by="budget")
         debounce = policy.debounce_seconds if policy.queue_mode == "collect" else 0.0
         run = _PendingRun(self._new_run_id(), "wake", now if self.busy else now + debounce)
@@ -436,7 +439,7 @@ class WakeScheduler:
             self._drop(run, blocked, now)
             return
         self._last_start = now
-        if run.kind == "wake":
+        if self._takes_place(run, now):
             self.budget.record(now)
         today = self._day(now)  # loaded before this run's row exists: counted once
         # Started and no longer queued in one transaction: a crash before it leaves the
@@ -469,9 +472,19 @@ class WakeScheduler:
             return "paused"
         if self._over_cost_cap(now):
             return "cost"
-        if run.kind == "wake" and not self.budget.allows(now):
+        if self._takes_place(run, now) and not self.budget.allows(now):
             return "budget"
         return "none"
+
+    @staticmethod
+    def _takes_place(run: _PendingRun, now: float) -> bool:
+        """Whether ``run`` needs a place in the hourly budget: a wake run does, unless it
+        re-runs a run a stop cut whose start (its due time) is still in the window. That
+        run's place is its own: the stop changed nothing of what ran, and with the hour's
+        places taken, the wakes it is there to redo would be lost to ``budget``."""
+        if run.kind != "wake":
+            return False
+        return run.rerun_of is None or now - run.due_at >= HOUR
 
     def _over_cost_cap(self, now: float) -> bool:
         """Whether today's LLM spend (UTC day of the agent's clock) reached the cap."""

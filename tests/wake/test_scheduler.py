@@ -604,6 +604,28 @@ async def test_a_run_a_kill_cut_runs_again_once_when_the_policy_says_so(tmp_path
     third.store.close()
 
 
+@pytest.mark.parametrize("later", [30, 3700])
+async def test_a_re_run_takes_the_place_of_the_run_it_redoes(tmp_path: Path, later: int) -> None:
+    """A re-run redoes work already counted in the hourly budget: with one run an hour,
+    the cut run's wakes still run again (its own start took the only place: they were
+    lost to ``budget``), and a new wake in that hour is suppressed by ``budget`` as it
+    would have been had no kill come. Once the cut run's start has left the window, the
+    re-run takes a place of its own."""
+    pol = policy(rerun_interrupted_within_seconds=7200, max_runs_per_hour=1)
+    dead = await _cut_during_a_run(tmp_path, pol)
+    again = Harness(dead, pol, clock=ManualClock(START + later))
+    assert again.sched.close_interrupted() == 1
+    async with again.running():
+        await again.settle()
+        (ctx,) = again.runner.contexts
+        assert [r.event_id for r in ctx.reasons] == ["ev1", "ev2"] and ctx.rerun_of
+        await again.settle()
+        late = again.sched.submit(wake(3))
+        assert (late.outcome, late.suppressed_by) == ("suppressed", "budget")
+    assert not again.wakes("suppressed")[:-1]  # only ev3's: the re-run's were not dropped
+    again.store.close()
+
+
 async def test_a_run_a_kill_cut_is_not_run_again_by_default_or_when_old(tmp_path: Path) -> None:
     """By default a cut run is only closed (it may have paid), yet its row still names
     its events; with the option, a run that started longer ago than it allows is not
