@@ -439,7 +439,8 @@ class WakeScheduler:
             self._drop(run, blocked, now)
             return
         self._last_start = now
-        if self._takes_place(run, now):
+        counted = self._takes_place(run, now)
+        if counted:
             self.budget.record(now)
         today = self._day(now)  # loaded before this run's row exists: counted once
         # Started and no longer queued in one transaction: a crash before it leaves the
@@ -449,7 +450,7 @@ class WakeScheduler:
         # Its wakes too (durable: a restart after a kill reads them; see close_interrupted).
         body = run.saved() if self.store.durable and run.kind == "wake" else None
         self._persist(
-            self.store.record_start, self.agent_id, run.run_id, run.kind, now, queued, body
+            self.store.record_start, self.agent_id, run.run_id, run.kind, now, queued, body, counted
         )
         today.runs += 1
         self._in_flight, self._run_ended = run, anyio.Event()

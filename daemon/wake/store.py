@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS wake_runs (
     body BLOB,
     pid INTEGER,
     pid_started INTEGER,
-    pid_boot TEXT
+    pid_boot TEXT,
+    counted INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS wake_runs_agent ON wake_runs (agent_id, kind, started_at);
 CREATE INDEX IF NOT EXISTS wake_runs_started ON wake_runs (started_at);
@@ -89,8 +90,9 @@ class RunStore:
 
     def _add_columns(self) -> None:
         """Columns older stores lack: the usage (from before LLM runs; zeros), the
-        body (from before runs kept their wakes; NULL: the run's wakes are unknown) and
-        the program's process (NULL: none known)."""
+        body (from before runs kept their wakes; NULL: the run's wakes are unknown),
+        the program's process (NULL: none known) and whether the run took a place in
+        the hourly budget (1: every run did)."""
         zero = "NOT NULL DEFAULT 0"
         columns = {
             "cost": f"REAL {zero}",
@@ -100,6 +102,7 @@ class RunStore:
             "pid": "INTEGER",
             "pid_started": "INTEGER",
             "pid_boot": "TEXT",
+            "counted": "INTEGER NOT NULL DEFAULT 1",
         }
         try:
             with self._lock:
@@ -127,22 +130,25 @@ class RunStore:
         started_at: float,
         queued: bool = False,
         body: bytes | None = None,
+        counted: bool = True,
     ) -> None:
         """A run began (``queued``: and leaves the queued runs, in the same transaction,
         so a crash leaves it either queued or started, never neither), with ``body``
         (its wakes, as a pending run's: what a restart reads of a run a stop cut);
-        also drops history nobody needs any more."""
+        ``counted``: it took a place in the hourly budget. Also drops history nobody
+        needs any more."""
         start = (
-            "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at, body)"
-            " VALUES (?,?,?,?,?)"
+            "INSERT OR REPLACE INTO wake_runs (run_id, agent_id, kind, started_at, body, counted)"
+            " VALUES (?,?,?,?,?,?)"
         )
+        row = (run_id, agent_id, kind, started_at, body, int(counted))
         try:
             with self._lock:
                 if not queued:  # one statement: atomic by itself
-                    self._db.execute(start, (run_id, agent_id, kind, started_at, body))
+                    self._db.execute(start, row)
                 else:
                     with self._db.atomic():
-                        self._db.execute(start, (run_id, agent_id, kind, started_at, body))
+                        self._db.execute(start, row)
                         self._db.execute("DELETE FROM wake_pending WHERE run_id = ?", (run_id,))
         except sqlite3.Error as exc:
             raise StoreError(f"wake run store {self.path}: {exc}") from None
@@ -207,10 +213,11 @@ class RunStore:
         return int(runs), float(cost), int(tin), int(tout)
 
     def starts_since(self, agent_id: str, since: float, kind: str = "wake") -> list[float]:
-        """Start times of ``kind`` runs after ``since``, oldest first."""
+        """Start times of the ``kind`` runs after ``since`` that took a place in the
+        hourly budget, oldest first."""
         rows = self._exec(
             "SELECT started_at FROM wake_runs WHERE agent_id = ? AND kind = ? AND started_at > ?"
-            " ORDER BY started_at",
+            " AND counted = 1 ORDER BY started_at",
             (agent_id, kind, since),
         )
         return [float(r[0]) for r in rows]

@@ -71,6 +71,9 @@ def test_a_store_from_before_runs_kept_their_wakes_gets_the_column(tmp_path: Pat
             ("r0", None, None),
             ("r1", b'{"wakes":[],"earlier":{}}', (4242, 987654, "b00t")),
         ]
+        # its runs took a place in the hourly budget, as every run did then
+        store.record_start("a", "r2", "wake", 3.0, counted=False)
+        assert store.starts_since("a", 0.0) == [1.0, 2.0]
     finally:
         store.close()
 

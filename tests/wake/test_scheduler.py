@@ -626,6 +626,29 @@ async def test_a_re_run_takes_the_place_of_the_run_it_redoes(tmp_path: Path, lat
     again.store.close()
 
 
+async def test_a_re_run_a_kill_cuts_in_turn_took_no_place_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    """The store says which starts took a place: with two runs an hour, the cut run's
+    re-run, cut in turn, leaves one place to a new wake after the next restart (the
+    budget rebuilt from the store counted the re-run's start as a second place)."""
+    pol = policy(rerun_interrupted_within_seconds=600, max_runs_per_hour=2)
+    dead = await _cut_during_a_run(tmp_path, pol)
+    again = Harness(dead, pol, runner=GateRunner(hold=True), clock=ManualClock(START + 30))
+    assert again.sched.close_interrupted() == 1
+    async with again.running():
+        await again.settle()
+        (ctx,) = again.runner.contexts
+        assert ctx.rerun_of
+        deader = _kill_copy(again, tmp_path / "killed again")
+        again.runner.release.set()
+    again.store.close()
+    third = Harness(deader, pol, clock=ManualClock(START + 60))
+    assert third.sched.close_interrupted() == 1
+    assert third.sched.submit(wake(3)).outcome == "woke"
+    third.store.close()
+
+
 async def test_a_run_a_kill_cut_is_not_run_again_by_default_or_when_old(tmp_path: Path) -> None:
     """By default a cut run is only closed (it may have paid), yet its row still names
     its events; with the option, a run that started longer ago than it allows is not
