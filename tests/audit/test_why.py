@@ -305,24 +305,15 @@ def test_an_alert_is_told_with_what_the_webhook_made_of_it(tmp_path: Path) -> No
     assert "alert posted (redelivered) wake_crash" in lines[1]
 
 
-def test_a_candles_rows_are_looked_for_from_its_close_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A candle's event id names its close time, and no row about it was written
-    before: `why` does not open the days before it. An id whose time is after its
-    rows (future-dated synthetic data) is still found, by a second pass."""
+def _two_days(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, older: list[Any], today: list[Any]
+) -> list[str]:
+    """An audit log of 2026-02-16 (``older``) and 2026-02-17 (``today``); returns the list
+    the names of the files read are added to."""
     from daemon.audit import reader
     from daemon.audit.records import encode_line
-    from daemon.events import parse_iso_ms
 
-    candle = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2026-02-17', 5))}"
-    future = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2027-01-01', 0))}"
-    older = [hook(event_id=f"old{i}", trace_id=f"o{i}", ts=ts("2026-02-16", i)) for i in range(9)]
     (tmp_path / "audit-2026-02-16.jsonl").write_bytes(b"".join(map(encode_line, older)))
-    today = [
-        hook(event_id=candle, trace_id="t-c", decision="WAKE", ts=ts("2026-02-17", 6)),
-        hook(event_id=future, trace_id="t-f", ts=ts("2026-02-17", 7)),
-    ]
     (tmp_path / "audit-2026-02-17.jsonl").write_bytes(b"".join(map(encode_line, today)))
     opened: list[str] = []
     real = reader.open_lines
@@ -332,6 +323,25 @@ def test_a_candles_rows_are_looked_for_from_its_close_on(
         return real(path)
 
     monkeypatch.setattr(reader, "open_lines", counting)
+    return opened
+
+
+def test_a_candles_rows_are_looked_for_from_its_close_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candle's event id names its close time, and no row about it was written
+    before: `why` does not open the days before it. An id whose time is after its
+    rows (future-dated synthetic data) is still found, by a second pass."""
+    from daemon.events import parse_iso_ms
+
+    candle = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2026-02-17', 5))}"
+    future = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2027-01-01', 0))}"
+    older = [hook(event_id=f"old{i}", trace_id=f"o{i}", ts=ts("2026-02-16", i)) for i in range(9)]
+    today = [
+        hook(event_id=candle, trace_id="t-c", decision="WAKE", ts=ts("2026-02-17", 6)),
+        hook(event_id=future, trace_id="t-f", ts=ts("2026-02-17", 7)),
+    ]
+    opened = _two_days(tmp_path, monkeypatch, older, today)
     (story,) = explain(collect(tmp_path, candle), candle).agents
     assert story.records[0]["eventId"] == candle
     assert "audit-2026-02-16.jsonl" not in opened, opened
@@ -347,28 +357,16 @@ def test_an_events_trace_is_read_from_its_own_day_on(
     """`why <eventId>` reads the whole log once to find the event, then its trace only
     from the event's day on (a trace starts at its evaluation): an older day is opened
     once, not once per pass. An order's story still reaches back to its event."""
-    from daemon.audit import reader
-    from daemon.audit.records import encode_line
-
     older = [hook(event_id=f"old{i}", trace_id=f"o{i}", ts=ts("2026-02-16", i)) for i in range(50)]
     older.append(hook(event_id="e-order", trace_id="t-order", decision="TRADE_INTENT",
                       ts=ts("2026-02-16", 59)))  # fmt: skip
-    (tmp_path / "audit-2026-02-16.jsonl").write_bytes(b"".join(map(encode_line, older)))
     today = [
         hook(decision="WAKE", reason="two green candles"),
         wake(run_id="r1"),
         run(status="finished", duration_ms=5.0),
         order(client_order_id="mw-9", trace_id="t-order", status="FILLED"),
     ]
-    (tmp_path / "audit-2026-02-17.jsonl").write_bytes(b"".join(map(encode_line, today)))
-    opened: list[str] = []
-    real = reader.open_lines
-
-    def counting(path: Path) -> Any:
-        opened.append(path.name)
-        return real(path)
-
-    monkeypatch.setattr(reader, "open_lines", counting)
+    opened = _two_days(tmp_path, monkeypatch, older, today)
     (story,) = explain(collect(tmp_path, EVENT), EVENT).agents
     assert story.outcome == "WOKE" and len(story.records) == 3
     assert opened.count("audit-2026-02-16.jsonl") == 1, opened
