@@ -626,15 +626,16 @@ async def test_a_re_run_takes_the_place_of_the_run_it_redoes(tmp_path: Path, lat
     again.store.close()
 
 
-async def test_a_re_run_a_kill_cuts_in_turn_took_no_place_after_the_restart(
-    tmp_path: Path,
+@pytest.mark.parametrize("cut_again", [False, True])
+async def test_a_re_runs_start_is_not_counted_at_the_next_start(
+    tmp_path: Path, cut_again: bool
 ) -> None:
-    """The store says which starts took a place: with two runs an hour, the cut run's
-    re-run, cut in turn, leaves one place to a new wake after the next restart (the
-    budget rebuilt from the store counted the re-run's start as a second place)."""
+    """The store says which starts took a place: with two runs an hour, a restart
+    after the cut run's re-run (ended, or cut in turn) leaves one place to a new wake
+    (the budget rebuilt from the store counted the re-run's start as a second place)."""
     pol = policy(rerun_interrupted_within_seconds=600, max_runs_per_hour=2)
     dead = await _cut_during_a_run(tmp_path, pol)
-    again = Harness(dead, pol, runner=GateRunner(hold=True), clock=ManualClock(START + 30))
+    again = Harness(dead, pol, runner=GateRunner(hold=cut_again), clock=ManualClock(START + 30))
     assert again.sched.close_interrupted() == 1
     async with again.running():
         await again.settle()
@@ -644,7 +645,7 @@ async def test_a_re_run_a_kill_cuts_in_turn_took_no_place_after_the_restart(
         again.runner.release.set()
     again.store.close()
     third = Harness(deader, pol, clock=ManualClock(START + 60))
-    assert third.sched.close_interrupted() == 1
+    assert third.sched.close_interrupted() == int(cut_again)
     assert third.sched.submit(wake(3)).outcome == "woke"
     third.store.close()
 
