@@ -22,9 +22,11 @@ command: ``sleep S``) and ``[wake] rerun_interrupted_within_seconds``, so kills
 land during runs: the check is then that the wakes the reference ran are run
 here too (a run a kill cut runs once more at the restart), each by one finished
 run, except a re-run cut in turn (not run a third time: counted apart); the
-wake runs' start times are not compared (a re-run starts later). ``--runs-per-hour 3``
-puts the hourly budget in play (the example's 12 never binds on this data): a re-run
-takes the place of the run it redoes, so the verdicts must still be the reference's.
+wake runs' start times are not compared (a re-run starts later). ``--wake KEY=VALUE``
+sets the example's ``[wake]`` keys then: ``max_runs_per_hour=3`` puts the hourly budget
+in play (the example's 12 never binds on this data), ``cooldown_after_run_seconds=400``
+the cooldown (the example's 10 s is shorter than a candle); a re-run is the run it
+redoes (docs/wake.md), so the verdicts must still be the reference's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -40,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,21 +141,24 @@ def other_key(row: dict[str, Any]) -> tuple[str, str, str]:
     return kind, "", ""
 
 
-def slow_agents(tmp: Path, seconds: float, per_hour: int | None = None) -> Path:
+def slow_agents(tmp: Path, seconds: float, wake: Sequence[str] = ()) -> Path:
     """A copy of the repo's agents whose example takes ``seconds`` a run and re-runs
-    a run a kill cut; with ``per_hour``, that many runs an hour at most."""
+    a run a kill cut, with the ``[wake]`` keys of ``wake`` (``KEY=VALUE`` each)."""
     agents = tmp / "agents"
     shutil.copytree(ROOT / "agents", agents)
     toml = agents / "example" / "agent.toml"
     text = toml.read_text()
-    budget = [("max_runs_per_hour = 12 ", f"max_runs_per_hour = {per_hour} ")] if per_hour else []
     for old, new in (
         ("[wake]\n", "[wake]\nrerun_interrupted_within_seconds = 86400\n"),
         ('kind = "log" ', f'kind = "command"\ncommand = ["sleep", "{seconds:g}"]\n# '),
-        *budget,
     ):
         assert text.count(old) == 1, old
         text = text.replace(old, new)
+    for setting in wake:
+        key, _, value = setting.partition("=")
+        text, n = re.subn(rf"(?m)^{re.escape(key.strip())} = \S+", f"{key.strip()} = {value}", text)
+        if n != 1:
+            raise SystemExit(f"--wake {setting}: no single {key!r} in the example's agent.toml")
     toml.write_text(text)
     return agents
 
@@ -272,7 +279,7 @@ def main(
     seed: int,
     keep: Path | None,
     runner_s: float,
-    per_hour: int | None = None,
+    wake: Sequence[str] = (),
 ) -> None:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as d:
@@ -284,7 +291,7 @@ def main(
         else:
             print(f"{data} not found: synthetic candles")
             generate_candles(csv, seed=seed, n=candles, timeframe="5m")
-        agents = slow_agents(tmp, runner_s, per_hour) if runner_s else ROOT / "agents"
+        agents = slow_agents(tmp, runner_s, wake) if runner_s else ROOT / "agents"
         start = time.perf_counter()
         with (tmp / "ref.log").open("wb") as out:
             cmd = command(config(tmp, csv, "ref", agents))
@@ -336,14 +343,16 @@ if __name__ == "__main__":
         help="the example's runs take this long (sleep) and a run a kill cut runs again",
     )
     ap.add_argument(
-        "--runs-per-hour",
-        type=int,
-        help="with --runner-seconds: the example's max_runs_per_hour (12); a few (3) puts"
-        " the budget in play, and a re-run must take the cut run's place in it",
+        "--wake",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --runner-seconds: one of the example's [wake] keys, e.g."
+        " max_runs_per_hour=3 or cooldown_after_run_seconds=400 (repeat for more)",
     )
     args = ap.parse_args()
-    if args.runs_per_hour is not None and not args.runner_seconds:
-        ap.error("--runs-per-hour needs --runner-seconds")
+    if args.wake and not args.runner_seconds:
+        ap.error("--wake needs --runner-seconds")
     main(
         args.data,
         args.candles,
@@ -351,5 +360,5 @@ if __name__ == "__main__":
         args.seed,
         args.keep,
         args.runner_seconds,
-        args.runs_per_hour,
+        args.wake,
     )

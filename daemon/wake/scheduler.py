@@ -19,8 +19,9 @@
 * **budget**: at most ``max_runs_per_hour`` wake runs start in any hour
   (sliding window, pending runs count as promised); a wake that would need one
   more run is suppressed (``suppressedBy=budget``). Joining a pending run is free.
-  A re-run of a run a stop cut takes that run's place (still in the window): it
-  redoes work already counted, so a stop changes no later wake's verdict.
+  A re-run of a run a stop cut takes that run's place (still in the window) and
+  starts without that run's cooldown: it is the run redone, so a stop changes no
+  later wake's verdict.
 * **audit runs** fill silence: when ``audit_interval_seconds`` pass without any
   run starting, an audit run starts. They are bounded by construction (at most
   one per interval), so they neither use the hourly budget nor the cooldown,
@@ -408,7 +409,12 @@ class WakeScheduler:
 
     def _next_due(self) -> float | None:
         if self._pending:  # only wake runs wait in the queue; audit runs start on the spot
-            return max(self._pending[0].due_at, self._cooldown_end())
+            first = self._pending[0]
+            if first.rerun_of is not None:
+                # The run a stop cut, redone (first in line): the cooldown the store
+                # gives is that run's own, which is for the run after it.
+                return first.due_at
+            return max(first.due_at, self._cooldown_end())
         if self.policy.audit_interval_seconds > 0:
             return self._last_start + self.policy.audit_interval_seconds
         return None

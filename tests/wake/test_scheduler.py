@@ -626,6 +626,26 @@ async def test_a_re_run_takes_the_place_of_the_run_it_redoes(tmp_path: Path, lat
     again.store.close()
 
 
+async def test_a_re_run_does_not_wait_for_the_cooldown_of_the_run_it_redoes(
+    tmp_path: Path,
+) -> None:
+    """The store makes a cut run end as it started, so its cooldown counts from there;
+    the re-run is that run redone and starts at once (it waited out that cooldown: on
+    event time it ran later than the run it redoes, and moved the cooldown after it,
+    so a later wake could be suppressed where, without the stop, it ran)."""
+    pol = policy(rerun_interrupted_within_seconds=600, cooldown_after_run_seconds=120)
+    dead = await _cut_during_a_run(tmp_path, pol)
+    again = Harness(dead, pol, clock=ManualClock(START + 30))
+    assert again.sched.close_interrupted() == 1
+    async with again.running():
+        await again.settle()
+        (ctx,) = again.runner.contexts
+        assert ctx.rerun_of
+        await again.advance(121)  # the cooldown after the re-run, not after START + 120
+        assert again.sched.submit(wake(3)).outcome == "woke"
+    again.store.close()
+
+
 @pytest.mark.parametrize("cut_again", [False, True])
 async def test_a_re_runs_start_is_not_counted_at_the_next_start(
     tmp_path: Path, cut_again: bool
