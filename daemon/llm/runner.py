@@ -47,6 +47,7 @@ from daemon.tools.base import Registry, render
 from daemon.tools.context import AgentCall, ToolContext
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.policy import RunnerConfig
+from daemon.wake.runners import Spent
 
 log = structlog.get_logger("llm")
 OpenConversation = Callable[[RunnerConfig, str, str, list[ToolSpec]], Conversation]
@@ -148,6 +149,7 @@ class LlmRunner:
     """Runs the model for one wake context (see the module docstring)."""
 
     name = "llm"
+    reports_spend = True  # a SpendingRunner
 
     def __init__(
         self,
@@ -166,8 +168,9 @@ class LlmRunner:
         if tools is not None and config.max_tool_calls:
             tools.specs()  # the tools' modules load as the agent does, not at its first wake
 
-    async def run(self, ctx: WakeContext) -> RunResult:
-        """The whole run; failures and the deadline are reported in the result."""
+    async def run(self, ctx: WakeContext, spent: Spent | None = None) -> RunResult:
+        """The whole run; failures and the deadline are reported in the result;
+        ``spent`` gets the run's usage so far after each model call."""
         cfg = self.config
         tools = self.tools.for_run(ctx, cfg) if self.tools is not None else None
         specs = tools.specs() if tools is not None and cfg.max_tool_calls else []
@@ -188,7 +191,7 @@ class LlmRunner:
                     self._observe(Step("system", system))
                     self._observe(Step("user", user))
                     conv = self._open(cfg, system, user, specs)
-                    await self._loop(conv, tally, tools)
+                    await self._loop(conv, tally, tools, spent)
                 except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
                     status, tally.stop = "failed", "error"
                     error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
@@ -202,7 +205,9 @@ class LlmRunner:
                     await conv.close()
         return RunResult(status=status, error=error, llm=self._report(tally))
 
-    async def _loop(self, conv: Conversation, tally: _Tally, tools: ToolBox | None) -> None:
+    async def _loop(
+        self, conv: Conversation, tally: _Tally, tools: ToolBox | None, spent: Spent | None
+    ) -> None:
         limit = self.config.max_tool_calls
         while True:
             turn = await conv.turn()
@@ -212,6 +217,8 @@ class LlmRunner:
             tally.tokens_out += turn.tokens_out
             tally.cache_write += turn.cache_write
             tally.cache_read += turn.cache_read
+            if spent is not None:
+                spent((round(run_cost(self.config, tally), 6), tally.tokens_in, tally.tokens_out))
             if turn.text:
                 tally.text = turn.text
             if not turn.tool_calls:

@@ -23,7 +23,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import anyio
 import anyio.abc
@@ -47,6 +47,24 @@ class Runner(Protocol):
 
     async def run(self, ctx: WakeContext) -> RunResult:
         """Run the agent for ``ctx``; report failures in the result."""
+        ...
+
+
+# What a run has spent so far: (cost, tokens in, tokens out), each a running total.
+Spent = Callable[[tuple[float, int, int]], None]
+
+
+@runtime_checkable
+class SpendingRunner(Protocol):
+    """A runner that reports its spend as it goes (the LLM runner): the scheduler keeps
+    it, so a run a kill cuts still counts against ``max_cost_per_day``."""
+
+    name: str
+    reports_spend: ClassVar[bool]
+
+    async def run(self, ctx: WakeContext, spent: Spent | None = None) -> RunResult:
+        """As :meth:`Runner.run`; ``spent`` gets the running totals after each call
+        that spends."""
         ...
 
 

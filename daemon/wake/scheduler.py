@@ -79,8 +79,8 @@ from daemon.wake.context import (
     summarize_earlier,
 )
 from daemon.wake.policy import RunnerConfig, WakePolicy
-from daemon.wake.runners import CommandRunner, Runner, build_runner
-from daemon.wake.store import RunStore
+from daemon.wake.runners import CommandRunner, Runner, SpendingRunner, build_runner
+from daemon.wake.store import RunStore, Usage
 
 log = structlog.get_logger("wake")
 RecordSink = Callable[[AuditRecord], None]
@@ -210,6 +210,7 @@ class WakeScheduler:
         self._last_start = store.last_start(agent_id) or now
         self._pending: deque[_PendingRun] = deque()
         self._in_flight: _PendingRun | None = None
+        self._spent_so_far: Usage = (0.0, 0, 0)  # by the run in flight, as it reported
         self._run_ended = anyio.Event()  # set as the run in flight ends
         self._stopping = False  # the daemon stops: no more runs start
         self._changed = anyio.Event()
@@ -581,6 +582,7 @@ class WakeScheduler:
         t0 = time.perf_counter()
         result = RunResult(status="failed", error="cancelled: the scheduler stopped")
         cut = True  # until the runner returns
+        self._spent_so_far = (0.0, 0, 0)
         try:
             result = await self._call_runner(ctx)
             cut = False
@@ -593,7 +595,8 @@ class WakeScheduler:
             if run.kind == "wake":
                 self._last_wake_end = end
             llm = result.llm
-            usage = (llm.cost, llm.tokens_in, llm.tokens_out) if llm else (0.0, 0, 0)
+            # (A run a stop cancelled reports nothing: what it had spent so far stands.)
+            usage = (llm.cost, llm.tokens_in, llm.tokens_out) if llm else self._spent_so_far
             self._persist(self.store.record_finish, run.run_id, end, result.status, usage)
             self._note_outcome(result)
             day = self._today
@@ -627,7 +630,8 @@ class WakeScheduler:
                         "unreadable run record", agent=self.agent_id, run=u.run_id, error=str(exc)
                     )
             # Closed first: a crash before the re-run is queued loses it, never runs it twice.
-            self._persist(self.store.record_finish, u.run_id, u.started_at, "interrupted")
+            # What it had spent stays (record_usage): it counts against max_cost_per_day.
+            self._persist(self.store.record_finish, u.run_id, u.started_at, "interrupted", None)
             again, then = (
                 self._rerun(u.run_id, saved, u.started_at)
                 if u.kind == "wake"
@@ -640,6 +644,13 @@ class WakeScheduler:
             kind: RunKind = "audit" if u.kind == "audit" else "wake"
             closed = _PendingRun.of(u.run_id, kind, u.started_at, saved)
             error = f"interrupted: the daemon stopped during this run; {then}"
+            cost, tokens_in, tokens_out = u.usage
+            if tokens_in or tokens_out:
+                error += (
+                    f"; it had used {tokens_in} tokens in and {tokens_out} out (cost"
+                    f" {cost:g}), counted in max_cost_per_day"
+                )
+                self._today = None  # read again from the store, which has them
             if u.process is not None and leftovers.stop_group(u.process):
                 # Started by hand, a program outlives a kill -9 of the daemon (the unit
                 # stops the control group): it is stopped before any re-run can start.
@@ -712,6 +723,14 @@ class WakeScheduler:
         if process is not None:
             self._persist(self.store.record_process, run_id, process)
 
+    def _spent(self, run_id: str, usage: Usage) -> None:
+        """Keep what the run in flight has spent so far: a stop that cancels it, or a
+        kill -9 before its end (the store: the next start's ``max_cost_per_day`` reads
+        it), leaves it counted."""
+        self._spent_so_far = usage
+        if self.store.durable:
+            self._persist(self.store.record_usage, run_id, usage)
+
     def _note_outcome(self, result: RunResult) -> None:
         if result.status == "ok":
             self.runs_failing = 0
@@ -726,6 +745,8 @@ class WakeScheduler:
             runner = self.runner
             if isinstance(runner, CommandRunner) and self.store.durable:
                 return await runner.run(ctx, partial(self._spawned, ctx.run_id))
+            if isinstance(runner, SpendingRunner):
+                return await runner.run(ctx, partial(self._spent, ctx.run_id))
             return await runner.run(ctx)
         except anyio.get_cancelled_exc_class():
             raise

@@ -56,6 +56,9 @@ CREATE TABLE IF NOT EXISTS wake_pending (
 """
 
 
+Usage = tuple[float, int, int]  # (cost, tokens in, tokens out) of a run
+
+
 class Unfinished(NamedTuple):
     """A run the store shows started and never finished."""
 
@@ -64,6 +67,7 @@ class Unfinished(NamedTuple):
     kind: str
     body: bytes | None  # its wakes (None: not kept, an older store or an audit run)
     process: ProcessMark | None = None  # its command runner's program, while it ran
+    usage: Usage = (0.0, 0, 0)  # what it had spent when it was cut, as far as reported
 
 
 class RunStore:
@@ -163,13 +167,28 @@ class RunStore:
         run_id: str,
         finished_at: float,
         status: str,
-        usage: tuple[float, int, int] = (0.0, 0, 0),
+        usage: Usage | None = (0.0, 0, 0),
     ) -> None:
-        """A run ended with ``status``, having used ``usage`` = (cost, tokens in, out)."""
+        """A run ended with ``status``, having used ``usage`` = (cost, tokens in, out);
+        None keeps what :meth:`record_usage` reported (a run a stop cut)."""
+        if usage is None:
+            self._exec(
+                "UPDATE wake_runs SET finished_at = ?, status = ? WHERE run_id = ?",
+                (finished_at, status, run_id),
+            )
+            return
         self._exec(
             "UPDATE wake_runs SET finished_at = ?, status = ?, cost = ?, tokens_in = ?,"
             " tokens_out = ? WHERE run_id = ?",
             (finished_at, status, *usage, run_id),
+        )
+
+    def record_usage(self, run_id: str, usage: Usage) -> None:
+        """What a run in flight has spent so far: a kill before its end leaves it
+        counted (``max_cost_per_day`` reads the store at a start)."""
+        self._exec(
+            "UPDATE wake_runs SET cost = ?, tokens_in = ?, tokens_out = ? WHERE run_id = ?",
+            (*usage, run_id),
         )
 
     def record_process(self, run_id: str, process: ProcessMark) -> None:
@@ -184,8 +203,9 @@ class RunStore:
         """The agent's runs that started and never finished (a stop during them),
         oldest first."""
         rows = self._exec(
-            "SELECT run_id, started_at, kind, body, pid, pid_started, pid_boot FROM wake_runs"
-            " WHERE agent_id = ? AND finished_at IS NULL ORDER BY started_at",
+            "SELECT run_id, started_at, kind, body, pid, pid_started, pid_boot, cost, tokens_in,"
+            " tokens_out FROM wake_runs WHERE agent_id = ? AND finished_at IS NULL"
+            " ORDER BY started_at",
             (agent_id,),
         )
         return [
@@ -198,6 +218,7 @@ class RunStore:
                 ProcessMark(r[4], r[5], str(r[6] or ""))
                 if type(r[4]) is int and type(r[5]) is int
                 else None,
+                _usage(r[7], r[8], r[9]),
             )
             for r in rows
         ]
@@ -266,3 +287,10 @@ class RunStore:
         """Close the database."""
         with self._lock:
             self._db.close()
+
+
+def _usage(cost: object, tokens_in: object, tokens_out: object) -> Usage:
+    """A row's usage; a value of another type (a damaged store) reads as none."""
+    if isinstance(cost, int | float) and type(tokens_in) is int and type(tokens_out) is int:
+        return float(cost), tokens_in, tokens_out
+    return 0.0, 0, 0

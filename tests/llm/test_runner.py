@@ -148,8 +148,9 @@ async def test_anthropic_prompt_cache_moves_with_the_tool_loop_and_is_priced() -
                        usage=(50, 10), cache=(2000, 0)),
         anthropic_turn("Done.", usage=(80, 20), cache=(0, 2000)),
     ]  # fmt: skip
+    spent: list[tuple[float, int, int]] = []  # what the scheduler keeps, turn by turn
     async with fake_anthropic(script) as (fake, url):  # priced at 3 in, 15 out
-        result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
+        result = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX, spent.append)
     first, second = fake.requests
     ephemeral = {"type": "ephemeral"}
     for request in (first, second):
@@ -167,6 +168,8 @@ async def test_anthropic_prompt_cache_moves_with_the_tool_loop_and_is_priced() -
     assert result.llm.tokens_cache_read == 2000
     plain, write, read, out = 130 * 3.0, 2000 * 3.75, 2000 * 0.3, 30 * 15.0
     assert result.llm.cost == round((plain + write + read + out) / 1e6, 6)
+    turn_one = round((50 * 3.0 + 2000 * 3.75 + 10 * 15.0) / 1e6, 6)
+    assert spent == [(turn_one, 2050, 10), (result.llm.cost, 4130, 30)]
     async with fake_anthropic([anthropic_turn("ok")]) as (fake, url):
         await LlmRunner(cfg("anthropic", url, prompt_cache=False), tools=TOOLS).run(CTX)
     assert "cache_control" not in json.dumps(fake.requests[0])

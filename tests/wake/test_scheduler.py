@@ -13,6 +13,7 @@ from daemon.audit.records import AuditRecord, LlmReport, RunRecord
 from daemon.clock import ManualClock, SystemClock
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.policy import WakePolicy
+from daemon.wake.runners import Spent
 from daemon.wake.scheduler import WakeScheduler
 from daemon.wake.store import RunStore
 from tests.wake.helpers import GateRunner, Harness, policy, wake
@@ -624,6 +625,57 @@ async def test_a_re_run_takes_the_place_of_the_run_it_redoes(tmp_path: Path, lat
         assert (late.outcome, late.suppressed_by) == ("suppressed", "budget")
     assert not again.wakes("suppressed")[:-1]  # only ev3's: the re-run's were not dropped
     again.store.close()
+
+
+class SpendingGate(GateRunner):
+    """Spends (as the LLM runner reports a model call), then waits for ``release``."""
+
+    name = "spending"
+    reports_spend = True
+
+    async def run(self, ctx: WakeContext, spent: Spent | None = None) -> RunResult:
+        assert spent is not None
+        spent((0.5, 1200, 300))
+        return await super().run(ctx)
+
+
+async def test_what_a_run_a_kill_cut_had_spent_counts_against_the_daily_cap(
+    tmp_path: Path,
+) -> None:
+    """An LLM run reports its spend after each model call and the store keeps it, so a
+    kill -9 before the run's end does not forget it: the next start counts it against
+    ``max_cost_per_day`` (a daemon killed during every run would otherwise never reach
+    the cap), and the cut run's row says what it had used."""
+    pol = policy(max_cost_per_day=0.4)
+    h = Harness(tmp_path, pol, runner=SpendingGate(hold=True))
+    async with h.running():
+        h.sched.submit(wake(1))
+        await h.settle()
+        dead = _kill_copy(h, tmp_path / "killed")
+        h.runner.release.set()
+    h.store.close()
+    again = Harness(dead, pol, clock=ManualClock(START + 30))
+    assert again.sched.close_interrupted() == 1
+    (row,) = again.runs("failed")
+    assert row.error is not None
+    assert row.error.endswith(
+        "it had used 1200 tokens in and 300 out (cost 0.5), counted in max_cost_per_day"
+    )
+    assert again.sched.usage_today() == (1, 0.5, 1200, 300)
+    late = again.sched.submit(wake(2))
+    assert (late.outcome, late.suppressed_by) == ("suppressed", "cost")
+    again.store.close()
+
+    # A clean stop cancels the run in flight, which reports nothing: what it had
+    # reported stands, in the store and in the day's usage.
+    (tmp_path / "stopped").mkdir()
+    stop = Harness(tmp_path / "stopped", pol, runner=SpendingGate(hold=True))
+    async with stop.running():
+        stop.sched.submit(wake(3))
+        await stop.settle()
+    assert stop.sched.usage_today() == (1, 0.5, 1200, 300)
+    assert stop.store.usage_since("a1", 0.0) == (1, 0.5, 1200, 300)
+    stop.store.close()
 
 
 async def test_a_re_run_does_not_wait_for_the_cooldown_of_the_run_it_redoes(
