@@ -89,6 +89,10 @@ class WakeOutcome(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str | None = None
 
 
+# What a run spent: (cost, tokens in, tokens out); the run store keeps it per run.
+Usage = tuple[float, int, int]
+
+
 class RunResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What a runner reports back; output is already bounded by the runner."""
 

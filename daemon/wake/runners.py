@@ -30,7 +30,7 @@ import anyio.abc
 import msgspec
 import structlog
 
-from daemon.wake.context import RunResult, WakeContext
+from daemon.wake.context import RunResult, Usage, WakeContext
 from daemon.wake.policy import RunnerConfig
 
 log = structlog.get_logger("wake.runner")
@@ -50,8 +50,8 @@ class Runner(Protocol):
         ...
 
 
-# What a run has spent so far: (cost, tokens in, tokens out), each a running total.
-Spent = Callable[[tuple[float, int, int]], None]
+# Gets what a run has spent so far (running totals).
+Spent = Callable[[Usage], None]
 
 
 @runtime_checkable

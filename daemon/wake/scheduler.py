@@ -72,6 +72,7 @@ from daemon.wake.context import (
     RunKind,
     RunResult,
     SuppressedBy,
+    Usage,
     WakeContext,
     WakeOutcome,
     WakeReason,
@@ -80,7 +81,7 @@ from daemon.wake.context import (
 )
 from daemon.wake.policy import RunnerConfig, WakePolicy
 from daemon.wake.runners import CommandRunner, Runner, SpendingRunner, build_runner
-from daemon.wake.store import RunStore, Usage
+from daemon.wake.store import RunStore
 
 log = structlog.get_logger("wake")
 RecordSink = Callable[[AuditRecord], None]

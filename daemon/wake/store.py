@@ -22,6 +22,7 @@ from typing import Any, Literal, NamedTuple
 
 from daemon.errors import StoreError
 from daemon.sqlite import add_columns, open_sqlite
+from daemon.wake.context import Usage
 from daemon.wake.leftovers import ProcessMark
 
 FILE_NAME = "wake.sqlite3"
@@ -54,9 +55,6 @@ CREATE TABLE IF NOT EXISTS wake_pending (
     body BLOB NOT NULL
 );
 """
-
-
-Usage = tuple[float, int, int]  # (cost, tokens in, tokens out) of a run
 
 
 class Unfinished(NamedTuple):
