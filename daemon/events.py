@@ -447,13 +447,17 @@ def candle_event_id(source: str, symbol: str, timeframe: str, close_ms: int) -> 
 
 def candle_close_of(event_id: str) -> int | None:
     """The close time (ms) a candle's event id names (closed or updated, as
-    :func:`candle_event_id` spells it), else None: where in the audit its rows are."""
+    :func:`candle_event_id` spells it), else None: where in the audit its rows are.
+    The timeframe must be one we know and the time on its boundary, so that another
+    id of the same shape (a leader's signal id holding colons) is not taken for one."""
     parts = event_id.split(":")
-    if (len(parts) == 6 and parts[4] == "updated") or len(parts) == 4:
-        close = parts[3]
-        if close.isascii() and close.isdigit() and len(close) <= 15:
-            return int(close)
-    return None
+    if len(parts) != 4 and not (len(parts) == 6 and parts[4] == "updated"):
+        return None
+    step, close = TIMEFRAMES.get(parts[2]), parts[3]
+    if step is None or not (close.isascii() and close.isdigit() and len(close) <= 15):
+        return None
+    at = int(close)
+    return at if at % (step * 1000) == 0 else None
 
 
 def trace_id_for(event_id: str) -> str:

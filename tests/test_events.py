@@ -109,9 +109,11 @@ def test_a_candle_event_ids_close_time_is_read_back() -> None:
         "coinbase:tick:BTC-USD:2026-02-17T03:05:00.123456Z:7:0",
         "leader:abc:signal-1",
         "0123456789abcdef",
-        "a:b:c:１２３",  # digits, not ASCII ones
-        "a:b:c:1234567890123456",  # past the year 9999
-        "a:b:c:12:closed:ff",
+        "a:b:5m:１２３",  # digits, not ASCII ones
+        "a:b:5m:1234567890123456",  # past the year 9999
+        "a:b:5m:12:closed:ff",
+        "copytrade:leader:x:1771297500000",  # a signal id holding a colon
+        "copytrade:leader:5m:1771297500001",  # ... shaped as a 5m candle, off its boundary
         "",
     ):
         assert events.candle_close_of(other) is None, other

@@ -334,7 +334,7 @@ def test_a_candles_rows_are_looked_for_from_its_close_on(
     rows (future-dated synthetic data) is still found, by a second pass."""
     from daemon.events import parse_iso_ms
 
-    candle = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2026-02-17', 5))}"
+    candle = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2026-02-17', 0))}"
     future = f"replay:BTC-USD:5m:{parse_iso_ms(ts('2027-01-01', 0))}"
     older = [hook(event_id=f"old{i}", trace_id=f"o{i}", ts=ts("2026-02-16", i)) for i in range(9)]
     today = [
