@@ -389,6 +389,10 @@ class AgentManager:
     async def _start(self, agent: Agent) -> None:
         assert self._tg is not None
         agent.hooks = await self._accept_hooks(agent, {})
+        if self.run_agents and self.tools is not None and agent.config.wake.runner.kind == "llm":
+            # The tools' modules (~0.3 s of imports, the first time) load on a thread, so
+            # the loop keeps serving feeds and agents; the runner built below finds them.
+            await anyio.to_thread.run_sync(self.tools.specs)
         scheduler = WakeScheduler(
             agent.agent_id,
             agent.config.wake,

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
+import pytest
 
 from daemon.agents.pipeline import open_agents
 from daemon.app import open_market, shared_pool
+from daemon.llm.runner import RegistryToolBox
 from daemon.service import Service
 from daemon.status import read_status
 from tests.agents.test_pipeline import WAKE_EVERY, PacedFeed, audit, candle, config, workspace
@@ -50,10 +54,21 @@ async def run_daemon(root: Path, agents: Path) -> None:
         await svc.run()
 
 
-async def test_a_wake_runs_the_model_with_the_daemon_tools(tmp_path: Path) -> None:
+async def test_a_wake_runs_the_model_with_the_daemon_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The hook wakes the agent; the model calls wait_for_market_event (with arguments
     it must fix: the tool answers a structured error) and concludes; the run record
-    carries model, tokens, cost and the tool call, and links the waking event."""
+    carries model, tokens, cost and the tool call, and links the waking event. The
+    tools' list is first built (their modules imported) on a thread, not in the loop."""
+    threads: list[bool] = []  # per specs() call: on the main (the loop's) thread?
+    specs = RegistryToolBox.specs
+
+    def recorded(box: RegistryToolBox) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return specs(box)
+
+    monkeypatch.setattr(RegistryToolBox, "specs", recorded)
     script = [
         openai_turn(calls=[("c1", "wait_for_market_event", {"subscriptions": []})], usage=(500, 30)),
         openai_turn("Nothing to do.", usage=(700, 12)),
@@ -77,6 +92,7 @@ async def test_a_wake_runs_the_model_with_the_daemon_tools(tmp_path: Path) -> No
     agent = read_status(tmp_path / "state").hooks.agents["alpha"]  # type: ignore[union-attr]
     assert (agent.runs_today, agent.cost_today) == (1, llm["cost"])
     assert (agent.tokens_in_today, agent.tokens_out_today) == (1200, 42)
+    assert threads[0] is False and len(threads) >= 2, threads
 
 
 async def test_a_signal_from_the_model_is_risk_checked_and_placed_once(tmp_path: Path) -> None:
