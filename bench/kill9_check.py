@@ -156,7 +156,8 @@ def slow_agents(tmp: Path, seconds: float, wake: Sequence[str] = ()) -> Path:
         text = text.replace(old, new)
     for setting in wake:
         key, _, value = setting.partition("=")
-        text, n = re.subn(rf"(?m)^{re.escape(key.strip())} = \S+", f"{key.strip()} = {value}", text)
+        line = f"{key.strip()} = {value}".replace("\\", "\\\\")  # a literal replacement
+        text, n = re.subn(rf"(?m)^{re.escape(key.strip())} = \S+", line, text)
         if n != 1:
             raise SystemExit(f"--wake {setting}: no single {key!r} in the example's agent.toml")
     toml.write_text(text)

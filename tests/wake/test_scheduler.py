@@ -620,7 +620,6 @@ async def test_a_re_run_takes_the_place_of_the_run_it_redoes(tmp_path: Path, lat
         await again.settle()
         (ctx,) = again.runner.contexts
         assert [r.event_id for r in ctx.reasons] == ["ev1", "ev2"] and ctx.rerun_of
-        await again.settle()
         late = again.sched.submit(wake(3))
         assert (late.outcome, late.suppressed_by) == ("suppressed", "budget")
     assert not again.wakes("suppressed")[:-1]  # only ev3's: the re-run's were not dropped
