@@ -282,3 +282,79 @@ def test_an_alert_a_kill_cut_mid_post_is_posted_after_the_restart(tmp_path: Path
     assert [(g["eventId"], g["redelivered"]) for g in got] == [(first, False), (first, True)]
     alerts = [r for r in audit_rows(tmp_path / "state") if r.get("decision") == "ALERT"]
     assert len(alerts) == 1
+
+
+def test_what_an_llm_run_a_kill_cut_had_spent_is_counted_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    """A real daemon's LLM run makes its first model call (a tool call, 500 tokens in and
+    30 out) against an OpenAI-shaped server on loopback, which then holds the second
+    call: the daemon is killed there. The next start closes the run saying what it had
+    used, and the day's cost in `status` counts it (it was lost: a daemon killed in
+    every run never reached max_cost_per_day)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from daemon.status import read_status
+    from tests.llm.fakes import openai_turn
+
+    calls: list[dict[str, Any]] = []
+    release = threading.Event()
+
+    class Model(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            calls.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            if len(calls) == 1:
+                body = openai_turn(calls=[("c1", "get_positions", {})], usage=(500, 30))
+            else:
+                release.wait(30)  # the daemon is killed meanwhile
+                body = openai_turn("Done.", usage=(100, 10))
+            data = json.dumps(body).encode()
+            try:
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:
+                pass  # the daemon is gone
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Model)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    cmd, first = first_close_daemon(
+        tmp_path,
+        "WAKE",
+        "[wake]\ndebounce_seconds = 0\nmax_cost_per_day = 1.0\n"
+        f'[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "fake-gpt"\nbase_url = "{url}"\n'
+        "price_input_per_mtok = 2.0\nprice_output_per_mtok = 10.0\n",
+    )
+    try:
+        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) as proc:  # fmt: skip
+            deadline = time.monotonic() + 60
+            while len(calls) < 2:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)  # the run's second model call is in flight
+            proc.wait()
+        release.set()
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    cost = round((500 * 2.0 + 30 * 10.0) / 1e6, 6)
+    (cut,) = [
+        r for r in audit_rows(tmp_path / "state") if r["type"] == "run" and r["status"] == "failed"
+    ]
+    assert cut["eventIds"] == [first]
+    assert cut["error"].endswith(
+        f"it had used 500 tokens in and 30 out (cost {cost:g}), counted in max_cost_per_day"
+    )
+    agent = read_status(tmp_path / "state").hooks.agents["a"]  # type: ignore[union-attr]
+    assert (agent.cost_today, agent.tokens_in_today, agent.tokens_out_today) == (cost, 500, 30)
