@@ -406,35 +406,15 @@ def test_config_test_alert_posts_one_and_says_what_the_endpoint_answered(
     """`marketwake config test-alert` posts one alert (one attempt) to the config's
     webhook and exits 0 when it was delivered, 1 with the endpoint's answer when not,
     never showing the URL's path (its token); with no webhook set, a usage error."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from click.testing import CliRunner
 
     from daemon.cli.run import config_group
+    from tests.loopback import serve_posts
 
-    got: list[dict[str, Any]] = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-            self.send_response(status)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[hooks]\nalert_webhook = "http://127.0.0.1:{server.server_address[1]}/T0K3N"\n'
-    )
-    try:
+    with serve_posts(lambda _: (status, None)) as (url, got):
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[hooks]\nalert_webhook = "{url}/T0K3N"\n')
         res = CliRunner().invoke(config_group, ["test-alert", str(cfg)])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert len(got) == 1 and got[0]["hookId"] == "test_alert"
     assert got[0]["text"].startswith("marketwake ALERT marketwake/test_alert: a test alert")
     assert "T0K3N" not in res.output

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from feeds.synthetic import generate_candles
+from tests.loopback import serve_posts
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 5000
@@ -163,6 +165,19 @@ def first_close_daemon(
     return [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)], first
 
 
+def kill_once(cmd: list[str], ready: Callable[[], bool]) -> None:
+    """Start the daemon and SIGKILL it once ``ready()`` (within 60 s; it must not exit
+    first)."""
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL) as proc:  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
 RUNNER = """
 import json, os, sys, time
 ctx = json.load(sys.stdin)
@@ -195,14 +210,8 @@ def test_a_wake_run_a_kill_cut_runs_again_once_at_the_next_start(tmp_path: Path)
     hang.touch()
     pids: list[int] = []
     try:
-        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) as proc:  # fmt: skip
-            deadline = time.monotonic() + 60
-            while not runs.exists() or not runs.read_text().endswith("\n"):
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.02)
-            proc.send_signal(signal.SIGKILL)  # the run is in flight (its runner hangs)
-            proc.wait()
+        # the run is in flight (its runner hangs)
+        kill_once(cmd, lambda: runs.exists() and runs.read_text().endswith("\n"))
         pids.append(int(runs.read_text().split()[0]))
         assert alive(pids[0])  # the kill left it running (it sleeps for 60 s)
         hang.unlink()
@@ -237,48 +246,27 @@ def test_an_alert_a_kill_cut_mid_post_is_posted_after_the_restart(tmp_path: Path
     its POST unanswered. The next start posts it again, marked redelivered, and the
     event is not evaluated again."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    got: list[dict[str, Any]] = []
     answer = threading.Event()  # set: the webhook answers; clear: it holds each POST
 
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-            answer.wait(30)
-            try:
-                self.send_response(204)
-                self.end_headers()
-            except OSError:
-                pass  # the daemon is gone
+    def reply(_: int) -> tuple[int, None]:
+        answer.wait(30)
+        return 204, None
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    cmd, first = first_close_daemon(
-        tmp_path,
-        "ALERT",
-        daemon='clock = "wall"\n',
-        hooks=f'alert_webhook = "http://127.0.0.1:{server.server_address[1]}/hook"\n',
-    )
-    try:
-        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) as proc:  # fmt: skip
-            deadline = time.monotonic() + 60
-            while not got:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.02)
-            proc.send_signal(signal.SIGKILL)  # the POST is in flight
-            proc.wait()
-        answer.set()
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-    finally:
-        answer.set()
-        server.shutdown()
-        server.server_close()
+    with serve_posts(reply) as (url, got):
+        try:
+            cmd, first = first_close_daemon(
+                tmp_path,
+                "ALERT",
+                daemon='clock = "wall"\n',
+                hooks=f'alert_webhook = "{url}/hook"\n',
+            )
+            kill_once(cmd, lambda: bool(got))  # the POST is in flight
+            answer.set()
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr[-2000:]
+        finally:
+            answer.set()
     assert [(g["eventId"], g["redelivered"]) for g in got] == [(first, False), (first, True)]
     alerts = [r for r in audit_rows(tmp_path / "state") if r.get("decision") == "ALERT"]
     assert len(alerts) == 1
@@ -293,61 +281,33 @@ def test_what_an_llm_run_a_kill_cut_had_spent_is_counted_after_the_restart(
     used, and the day's cost in `status` counts it (it was lost: a daemon killed in
     every run never reached max_cost_per_day)."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from daemon.status import read_status
     from tests.llm.fakes import openai_turn
 
-    calls: list[dict[str, Any]] = []
     release = threading.Event()
 
-    class Model(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            calls.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
-            if len(calls) == 1:
-                body = openai_turn(calls=[("c1", "get_positions", {})], usage=(500, 30))
-            else:
-                release.wait(30)  # the daemon is killed meanwhile
-                body = openai_turn("Done.", usage=(100, 10))
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:
-                pass  # the daemon is gone
+    def reply(n: int) -> tuple[int, dict[str, Any]]:
+        if n == 0:
+            return 200, openai_turn(calls=[("c1", "get_positions", {})], usage=(500, 30))
+        release.wait(30)  # the daemon is killed meanwhile
+        return 200, openai_turn("Done.", usage=(100, 10))
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Model)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    cmd, first = first_close_daemon(
-        tmp_path,
-        "WAKE",
-        "[wake]\ndebounce_seconds = 0\nmax_cost_per_day = 1.0\n"
-        f'[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "fake-gpt"\nbase_url = "{url}"\n'
-        "price_input_per_mtok = 2.0\nprice_output_per_mtok = 10.0\n",
-    )
-    try:
-        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) as proc:  # fmt: skip
-            deadline = time.monotonic() + 60
-            while len(calls) < 2:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.02)
-            proc.send_signal(signal.SIGKILL)  # the run's second model call is in flight
-            proc.wait()
-        release.set()
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
+    with serve_posts(reply) as (url, calls):
+        try:
+            cmd, first = first_close_daemon(
+                tmp_path,
+                "WAKE",
+                "[wake]\ndebounce_seconds = 0\nmax_cost_per_day = 1.0\n"
+                f'[wake.runner]\nkind = "llm"\nprovider = "openai"\nmodel = "fake-gpt"\n'
+                f'base_url = "{url}/v1"\nprice_input_per_mtok = 2.0\nprice_output_per_mtok = 10.0\n',
+            )
+            kill_once(cmd, lambda: len(calls) >= 2)  # the run's second model call is in flight
+            release.set()
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr[-2000:]
+        finally:
+            release.set()
     cost = round((500 * 2.0 + 30 * 10.0) / 1e6, 6)
     (cut,) = [
         r for r in audit_rows(tmp_path / "state") if r["type"] == "run" and r["status"] == "failed"
