@@ -173,14 +173,14 @@ class AnthropicConversation:
                 )
         self._messages.append({"role": "assistant", "content": blocks})
         usage = msg.usage
-        written = int(usage.cache_creation_input_tokens or 0)
-        read = int(usage.cache_read_input_tokens or 0)
+        written = _count(usage.cache_creation_input_tokens)
+        read = _count(usage.cache_read_input_tokens)
         return Turn(
             text="\n".join(texts),
             tool_calls=calls,
             stop_reason=str(msg.stop_reason or ""),
-            tokens_in=int(usage.input_tokens or 0) + written + read,
-            tokens_out=int(usage.output_tokens or 0),
+            tokens_in=_count(usage.input_tokens) + written + read,
+            tokens_out=_count(usage.output_tokens),
             cache_write=written,
             cache_read=read,
         )
@@ -291,10 +291,10 @@ class OpenAIConversation:
             text=content or "",
             tool_calls=calls,
             stop_reason=str(choice.finish_reason or ""),
-            tokens_in=int(usage.prompt_tokens) if usage else 0,
-            tokens_out=int(usage.completion_tokens) if usage else 0,
+            tokens_in=_count(usage.prompt_tokens) if usage else 0,
+            tokens_out=_count(usage.completion_tokens) if usage else 0,
             # OpenAI caches long prefixes by itself and says how much it read.
-            cache_read=int(details.cached_tokens or 0) if details else 0,
+            cache_read=_count(details.cached_tokens) if details else 0,
         )
 
     def answer(self, outcomes: list[ToolOutcome]) -> None:
@@ -341,3 +341,9 @@ def _not_a_reply(body: str) -> ModelAnswerError:
         "the model endpoint answered with no reply (is base_url the API's own, "
         f"e.g. http://host:11434/v1?): {body[:200]!r}"
     )
+
+
+def _count(value: int | None) -> int:
+    """A token count as the API reports it; a negative one (a broken or hostile
+    endpoint) counts as none: it would take spend off the day's cost cap."""
+    return max(0, int(value or 0))

@@ -196,6 +196,24 @@ async def test_openai_cached_tokens_are_counted_and_priced_as_configured() -> No
     assert odd.llm is not None and odd.llm.cost == round(10_000 * 3.0 / 1e6, 6)
 
 
+async def test_negative_token_counts_count_as_none() -> None:
+    """An endpoint that reports negative usage (broken or hostile) takes no spend off
+    the day's cost cap: its counts are taken as zero, for the report and as the run
+    goes."""
+    spent: list[tuple[float, int, int]] = []
+    turn = openai_turn("ok", usage=(-1_000_000, -5), cached=-7)
+    async with fake_openai([turn]) as (_, url):
+        odd = await LlmRunner(cfg("openai", url), tools=TOOLS).run(CTX, spent.append)
+    assert odd.llm is not None
+    assert (odd.llm.tokens_in, odd.llm.tokens_out, odd.llm.cost) == (0, 0, 0.0)
+    assert spent == [(0.0, 0, 0)]
+    turn = anthropic_turn("ok", usage=(-1_000_000, -5), cache=(-3, -4))
+    async with fake_anthropic([turn]) as (_, url):
+        odd = await LlmRunner(cfg("anthropic", url), tools=TOOLS).run(CTX)
+    assert odd.llm is not None
+    assert (odd.llm.tokens_in, odd.llm.tokens_cache_write, odd.llm.cost) == (0, 0, 0.0)
+
+
 async def test_a_run_past_its_deadline_is_cut_and_reported() -> None:
     """The model stalls: the run ends at the deadline as timeout, with the usage so far."""
     script = [
