@@ -85,7 +85,9 @@ def test_a_damaged_process_mark_reads_as_none(tmp_path: Path) -> None:
     try:
         store.record_start("a", "r1", "wake", 2.0)
         store._exec("UPDATE wake_runs SET pid = 'abc', pid_started = 3.5 WHERE run_id = 'r1'")
+        # ...and its usage as none when a count is not a number
+        store._exec("UPDATE wake_runs SET cost = 0.5, tokens_in = 'many' WHERE run_id = 'r1'")
         (u,) = store.unfinished("a")
-        assert u.run_id == "r1" and u.process is None
+        assert u.run_id == "r1" and u.process is None and u.usage == (0.0, 0, 0)
     finally:
         store.close()
