@@ -129,9 +129,12 @@ def config(root: Path, agents: Path) -> Config:
 
 
 def audit(root: Path) -> list[dict[str, Any]]:
+    """The audit rows written so far: a line still being written (a test may read while
+    the daemon writes) is not a row yet."""
     out: list[dict[str, Any]] = []
     for f in sorted((root / "state" / "audit").glob("audit-*.jsonl")):
-        out += [json.loads(line) for line in f.read_text().splitlines()]
+        text = f.read_text()
+        out += [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
     return out
 
 
