@@ -593,7 +593,11 @@ class WorkerPool:
 
 
 async def _reap(w: WorkerProcess) -> None:
-    await anyio.to_thread.run_sync(w.proc.wait)
+    """Wait for a killed worker's exit, shielded: a pool closed by a cancellation (the
+    daemon's stop, a failing sibling task) still reaps its workers, not leaves zombies.
+    The worker has been sent SIGKILL, so the wait is short."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(w.proc.wait)
 
 
 _NO_STATE = encode_state(None)  # what compile() sends

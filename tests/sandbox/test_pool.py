@@ -135,6 +135,25 @@ async def test_process_tree_matches_pool(pool: WorkerPool) -> None:
     assert set(kids) == expected() and "Z" not in kids.values()
 
 
+async def test_a_pool_closed_by_a_cancellation_reaps_its_workers() -> None:
+    """Cancelled from outside (the daemon's stop, a failing sibling task), the pool still
+    waits for every worker it killed: none is left a zombie (the reaping task was
+    cancelled before it waited)."""
+    pids: list[int] = []
+    with anyio.CancelScope() as scope:
+        async with open_worker_pool(SandboxConfig()) as pool:
+            await pool.evaluate("z", [CANARY], EVENT, STATE)
+            pids += [*pool.worker_pids().values(), *pool.spare_pids()]
+            scope.cancel()
+            await anyio.sleep_forever()
+    assert pids and [p for p in pids if _present(p)] == []
+
+
+def _present(pid: int) -> bool:
+    """Whether ``pid`` is a process still (running, or a zombie nobody waited for)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
 async def test_layers_report(pool_layers: dict[str, object]) -> None:
     """Report which hardening layers are active on this machine (printed with -s/-rA)."""
     print(f"\nsandbox layers active: {pool_layers['active']}; missing: {pool_layers['missing']}")
