@@ -23,7 +23,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeGuard
 
 import anyio
 import anyio.abc
@@ -54,7 +54,6 @@ class Runner(Protocol):
 Spent = Callable[[Usage], None]
 
 
-@runtime_checkable
 class SpendingRunner(Protocol):
     """A runner that reports its spend as it goes (the LLM runner): the scheduler keeps
     it, so a run a kill cuts still counts against ``max_cost_per_day``."""
@@ -66,6 +65,12 @@ class SpendingRunner(Protocol):
         """As :meth:`Runner.run`; ``spent`` gets the running totals after each call
         that spends."""
         ...
+
+
+def is_spending(runner: object) -> TypeGuard[SpendingRunner]:
+    """Whether ``runner`` is a :class:`SpendingRunner` (by its class flag: a runtime
+    protocol check cost ~15 us, once per run of a backtest's quarter of candles)."""
+    return getattr(runner, "reports_spend", False) is True
 
 
 class LogRunner:

@@ -80,7 +80,7 @@ from daemon.wake.context import (
     summarize_earlier,
 )
 from daemon.wake.policy import RunnerConfig, WakePolicy
-from daemon.wake.runners import CommandRunner, Runner, SpendingRunner, build_runner
+from daemon.wake.runners import CommandRunner, Runner, build_runner, is_spending
 from daemon.wake.store import RunStore
 
 log = structlog.get_logger("wake")
@@ -746,7 +746,7 @@ class WakeScheduler:
             runner = self.runner
             if isinstance(runner, CommandRunner) and self.store.durable:
                 return await runner.run(ctx, partial(self._spawned, ctx.run_id))
-            if isinstance(runner, SpendingRunner):
+            if is_spending(runner):
                 return await runner.run(ctx, partial(self._spent, ctx.run_id))
             return await runner.run(ctx)
         except anyio.get_cancelled_exc_class():

@@ -435,8 +435,8 @@ def test_a_rerun_tells_the_model_what_it_repeats() -> None:
 def test_the_llm_runner_is_the_runner_that_reports_its_spend() -> None:
     """The scheduler hands a spend callback to the runners that report one (the LLM
     runner), and to no other (their ``run`` takes none)."""
-    from daemon.wake.runners import CommandRunner, LogRunner, SpendingRunner
+    from daemon.wake.runners import CommandRunner, LogRunner, is_spending
 
-    assert isinstance(LlmRunner(cfg("anthropic", "http://127.0.0.1:9")), SpendingRunner)
-    assert not isinstance(LogRunner(), SpendingRunner)
-    assert not isinstance(CommandRunner(["true"]), SpendingRunner)
+    assert is_spending(LlmRunner(cfg("anthropic", "http://127.0.0.1:9")))
+    assert not is_spending(LogRunner())
+    assert not is_spending(CommandRunner(["true"]))
