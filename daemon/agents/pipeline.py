@@ -82,6 +82,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 max_total_bytes=cfg.audit.max_total_mb * 1024 * 1024,
                 max_days=cfg.audit.max_days,
                 run_id=service.run_id,
+                # A backtest's scratch log is read by its report, and its `why` reads
+                # parts whole: no index built while the run holds the GIL.
+                index_ids=cfg.daemon.durable,
             ) as audit,
             open_worker_pool(cfg.hooks.sandbox) as pool,
             anyio.create_task_group() as tg,

@@ -3,7 +3,8 @@
 A day's log rolls to a numbered part when it reaches the per-file cap, so the
 disk bound can delete whole old parts even within a busy day. A part the
 writer has moved on from is gzip-compressed (``.jsonl.gz``, about a tenth of
-the size); readers open either form with :func:`open_lines`.
+the size), with the index of the ids its rows name (``audit-YYYY-MM-DD[.N].ids``,
+:mod:`daemon.audit.ids`); readers open either form with :func:`open_lines`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, cast
+
+from daemon.audit.ids import IdCollector, index_path, write_index
 
 _NAME = re.compile(r"^audit-(\d{4}-\d{2}-\d{2})(?:\.(\d+))?\.jsonl(\.gz)?$")
 GZ = ".gz"
@@ -74,16 +76,26 @@ def open_lines(path: Path) -> BinaryIO:
     return path.open("rb")
 
 
-def compress(path: Path, level: int = 6) -> Path:
+def compress(path: Path, level: int = 6, *, index: bool = True) -> Path:
     """Replace a closed ``.jsonl`` part by its ``.jsonl.gz``: written to a temporary
     name, synced, renamed, then the original removed (a crash leaves one complete
-    copy or both, never a torn .gz under the final name)."""
+    copy or both, never a torn .gz under the final name). ``index``: with its id
+    index (:mod:`daemon.audit.ids`), written before the rename; an older one (a
+    compression cut short, the part appended to since) is removed first."""
     target = path.with_name(path.name + GZ)
     tmp = path.with_name(path.name + GZ + ".tmp")
+    index_path(path).unlink(missing_ok=True)
+    ids = IdCollector() if index else None
     with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=level) as dst:
-        shutil.copyfileobj(src, dst, 1024 * 1024)
+        while chunk := src.read(1024 * 1024):
+            dst.write(chunk)
+            if ids is not None:
+                ids.feed(chunk)
     with tmp.open("rb") as fh:
         os.fsync(fh.fileno())
+    if ids is not None:
+        ids.close()
+        write_index(path, ids)
     tmp.replace(target)
     path.unlink(missing_ok=True)
     return target

@@ -11,13 +11,14 @@ import io
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from daemon.audit.files import AuditFile, list_files, open_lines
+from daemon.audit.ids import IdIndex
 from daemon.errors import NOT_JSON
 from daemon.events import iso_ms, now_ms, parse_iso_ms
 
@@ -136,14 +137,17 @@ def iter_records(
     contains: Iterable[str] = (),
     stats: Stats | None = None,
     upto: Mapping[tuple[str, int], int] | None = None,
+    ids: Collection[str] = (),
 ) -> Iterator[Record]:
     """Matching records, oldest first, compressed parts included. ``contains``: a
     cheap prefilter on the raw line (a line must contain one of the strings to be
     decoded at all). ``upto``: read each part (by its (day, part) key) only to that
-    many bytes of its content (-1: all), and no part it does not name (a snapshot)."""
+    many bytes of its content (-1: all), and no part it does not name (a snapshot).
+    ``ids``: as ``contains``, for ids a row names (event, trace, run, order ids):
+    a compressed part whose index rules them all out is not read."""
     flt = flt or AuditFilter()
-    needles = [n.encode() for n in contains]
-    for line in iter_lines(directory, flt.since_ms, upto=upto):
+    needles = [n.encode() for n in [*contains, *ids]]
+    for line in iter_lines(directory, flt.since_ms, upto=upto, ids=ids):
         if needles and not any(n in line for n in needles):
             continue
         rec = parse_line(line, stats)
@@ -156,12 +160,18 @@ def iter_lines(
     since_ms: int | None = None,
     *,
     upto: Mapping[tuple[str, int], int] | None = None,
+    ids: Collection[str] = (),
 ) -> Iterator[bytes]:
     """The raw lines of the audit log, oldest first, compressed parts included (for a
-    reader that decodes only the fields it needs); ``upto`` as in :func:`iter_records`."""
+    reader that decodes only the fields it needs); ``upto`` and ``ids`` as in
+    :func:`iter_records`."""
     for f in _files(directory, since_ms):
         if upto is not None and f.key not in upto:
             continue
+        if ids and f.compressed:
+            index = IdIndex.of(f.path)
+            if index is not None and not index.may_name(ids):
+                continue
         try:
             fh = open_lines(f.path)
         except FileNotFoundError:

@@ -91,7 +91,7 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
         flt = AuditFilter(since_ms=since_ms)
     linked = [
         r
-        for r in iter_records(directory, flt, contains=sorted(traces))
+        for r in iter_records(directory, flt, ids=sorted(traces))
         if r.get("traceId") in traces
         and not _names(r, ident)
         and (not owners or r.get("agentId") in owners)
@@ -110,7 +110,7 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     if open_runs:
         found += [
             r
-            for r in iter_records(directory, flt, contains=sorted(open_runs))
+            for r in iter_records(directory, flt, ids=sorted(open_runs))
             if r.get("type") == "run" and r.get("runId") in open_runs and not r.get("traceId")
         ]
     return sorted(found, key=_order)
@@ -124,7 +124,7 @@ def _direct(directory: Path, ident: str, since_ms: int | None) -> list[Record]:
 
     def read(since: int | None) -> list[Record]:
         flt = AuditFilter(since_ms=since)
-        return [r for r in iter_records(directory, flt, contains=[ident]) if _names(r, ident)]
+        return [r for r in iter_records(directory, flt, ids=[ident]) if _names(r, ident)]
 
     close = candle_close_of(ident)
     narrowed = None if close is None else close - TRACE_MARGIN_MS

@@ -25,7 +25,9 @@ when they work again. A batch that failed halfway may be written twice on retry.
 
 Disk stays bounded: files are ``audit-YYYY-MM-DD[.N].jsonl`` (the day of the
 record's ``ts``); a part rolls over at ``max_file_bytes``; a part the writer
-has moved on from is gzip-compressed (``.jsonl.gz``, in the worker thread);
+has moved on from is gzip-compressed (``.jsonl.gz``, in the worker thread), with
+the index of the ids its rows name (``index_ids``; ``why`` reads only the parts
+that may hold the id it is asked about; indexes count in ``max_total_bytes``);
 after a write that opened a file, or once ``max_file_bytes / 16`` were written
 since the last check, the oldest files are deleted while the total exceeds
 ``max_total_bytes`` or their day is more than ``max_days`` before the newest
@@ -52,6 +54,8 @@ from anyio.abc import TaskStatus
 
 from daemon.appendfile import open_append
 from daemon.audit.files import compress, day_of, file_name, list_files
+from daemon.audit.ids import SUFFIX as ID_INDEX
+from daemon.audit.ids import index_path
 from daemon.audit.records import AuditRecord, encode_line, now_ts
 from daemon.errors import StoreError
 
@@ -79,6 +83,7 @@ class AuditWriter:
         max_file_bytes: int | None = None,
         max_days: int = 30,
         run_id: str | None = None,
+        index_ids: bool = True,
     ) -> None:
         if flush_every < 1 or max_pending < flush_every or max_total_bytes < 1 or max_days < 1:
             raise ValueError("flush_every >= 1, max_pending >= flush_every, bounds >= 1")
@@ -95,6 +100,7 @@ class AuditWriter:
         self._unchecked = 0
         self._opened = False
         self.run_id = run_id  # stamped on every record that has none
+        self.index_ids = index_ids
         self.written = 0
         self.accepted = 0  # records given to write(), in order: a record's sequence number
         self.inline_flushes = 0
@@ -409,7 +415,7 @@ class AuditWriter:
             if f.key >= self._fh_key:
                 break
             if not f.compressed:
-                compress(f.path)
+                compress(f.path, index=self.index_ids)
                 self.compressed_files += 1
         for leftover in self.directory.glob("audit-*.jsonl*"):
             if leftover.name.endswith(".gz.tmp") or (
@@ -417,6 +423,10 @@ class AuditWriter:
                 and leftover.with_name(leftover.name + ".gz").exists()
             ):
                 leftover.unlink(missing_ok=True)  # a compression cut short
+        for index in self.directory.glob("audit-*" + ID_INDEX):
+            part = index.with_name(index.name.removesuffix(ID_INDEX) + ".jsonl")
+            if not part.exists() and not part.with_name(part.name + ".gz").exists():
+                index.unlink(missing_ok=True)  # its part was deleted (a kill in between)
 
     def _enforce_bounds(self) -> None:
         self._compress_closed()
@@ -427,7 +437,7 @@ class AuditWriter:
             date.fromisoformat(files[-1].day) - timedelta(days=self.max_days - 1)
         ).isoformat()
         current = self.directory / file_name(*self._fh_key) if self._fh_key else None
-        sizes = {f.path: f.path.stat().st_size for f in files}
+        sizes = {f.path: f.path.stat().st_size + _size(index_path(f.path)) for f in files}
         total = sum(sizes.values())
         for f in files:
             if f.path == current:
@@ -435,8 +445,16 @@ class AuditWriter:
             if f.day >= oldest_kept and total <= self.max_total_bytes:
                 break
             f.path.unlink(missing_ok=True)
+            index_path(f.path).unlink(missing_ok=True)
             total -= sizes[f.path]
             self.deleted_files += 1
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 @asynccontextmanager

@@ -165,7 +165,7 @@ def audit_outputs(audit_dir: Path, agent: str, event_id: str) -> dict[str, dict[
 
 def _live_decisions(audit_dir: Path, event_id: str) -> None:
     """What the daemon's hooks decided for the event, for comparison (stderr)."""
-    for rec in iter_records(audit_dir, AuditFilter(types=frozenset({"hook"})), contains=[event_id]):
+    for rec in iter_records(audit_dir, AuditFilter(types=frozenset({"hook"})), ids=[event_id]):
         if rec.get("eventId") == event_id:
             decided = rec.get("decision") or f"ERROR ({rec.get('error')})"
             echo(

@@ -117,7 +117,9 @@ def test_daily_rotation(tmp_path: Path) -> None:
         "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl.gz", "audit-2026-02-19.jsonl",
     ]  # fmt: skip
     assert len(gzip.decompress((tmp_path / names[0]).read_bytes()).splitlines()) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no plain copy, no .tmp
+    # no plain copy, no .tmp; each compressed part with its id index
+    indexes = ["audit-2026-02-17.ids", "audit-2026-02-18.ids"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names + indexes)
     assert w.compressed_files == 2
 
 
@@ -300,7 +302,7 @@ def test_a_follower_reads_the_rest_of_a_part_from_its_gz(tmp_path: Path) -> None
     w.write(hook(ts=ts("2026-02-18"), reason="next day"))  # day 1 is compressed now
     w.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
+        "audit-2026-02-17.ids", "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
     ]  # fmt: skip
     assert [r["reason"] for r in f.poll()] == ["c", "next day"]
     assert f.poll() == []
@@ -326,7 +328,8 @@ def test_crash_leftovers_and_a_restart_on_a_compressed_day(tmp_path: Path) -> No
     again.close()
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
-        "audit-2026-02-17.1.jsonl.gz", "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
+        "audit-2026-02-17.1.ids", "audit-2026-02-17.1.jsonl.gz", "audit-2026-02-17.ids",
+        "audit-2026-02-17.jsonl.gz", "audit-2026-02-18.jsonl",
     ]  # fmt: skip
     assert [r["reason"] for r in lines(tmp_path)] == ["one", "late", "two", "three"]
 
@@ -459,10 +462,10 @@ async def test_write_ahead_does_not_wait_for_the_compression_of_a_closed_part(
 
     compressing = threading.Event()
 
-    def slow(path: Path) -> None:
+    def slow(path: Path, index: bool) -> None:
         compressing.set()
         time.sleep(1.0)
-        gzip_part(path)
+        gzip_part(path, index=index)
 
     gzip_part = writer.compress
     monkeypatch.setattr(writer, "compress", slow)
@@ -497,9 +500,9 @@ async def test_rows_stay_in_order_whoever_writes_them(tmp_path: Path, seed: int)
             time.sleep(0.005)  # a slow disk: the next writer must wait its turn
         real_append(self, day, data)
 
-    def compress(path: Path) -> None:
+    def compress(path: Path, index: bool) -> None:
         time.sleep(0.01)
-        real_compress(path)
+        real_compress(path, index=index)
 
     n = 600
     with pytest.MonkeyPatch.context() as mp:
