@@ -74,13 +74,17 @@ class Explanation(msgspec.Struct, kw_only=True, rename="camel"):
 
 
 def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Record]:
-    """Records whose eventId, traceId or clientOrderId is ``ident``, plus all records
-    of their traces (of an order's, its own agent's only)."""
+    """Records whose eventId, traceId, clientOrderId or runId is ``ident``, plus all
+    records of their traces (of an order's or a run's, its own agent's only: a
+    trace is an event's, which every agent evaluated)."""
     direct = _direct(directory, ident, since_ms)
-    traces = {str(r["traceId"]) for r in direct if r.get("traceId")} - {ident}
+    traces = {str(r["traceId"]) for r in direct if r.get("traceId")}
+    # A run's row lists the traces of every wake it took (collect mode merges them).
+    traces |= {str(t) for r in direct if r.get("runId") == ident for t in r.get("traceIds") or ()}
+    traces -= {ident}
     if not traces:
         return sorted(direct, key=_order)
-    owners = {r.get("agentId") for r in direct if r.get("clientOrderId") == ident}
+    owners = {r.get("agentId") for r in direct if ident in (r.get("clientOrderId"), r.get("runId"))}
     if not owners:
         # An event's trace starts at its evaluation: the rows of its trace were written
         # no earlier (an hour's margin for a clock set back), so the passes below skip
@@ -153,10 +157,10 @@ def event_at(
 
 
 def _names(r: Record, ident: str) -> bool:
-    """Whether the record is about ``ident``: its event, trace or order."""
-    return ident in (r.get("eventId"), r.get("traceId"), r.get("clientOrderId")) or ident in (
-        r.get("traceIds") or ()
-    )
+    """Whether the record is about ``ident``: its event, trace, order or run."""
+    return ident in (
+        r.get("eventId"), r.get("traceId"), r.get("clientOrderId"), r.get("runId")
+    ) or ident in (r.get("traceIds") or ())  # fmt: skip
 
 
 # Within one millisecond, show cause before effect.

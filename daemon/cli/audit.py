@@ -210,13 +210,14 @@ def why_command(
     config_path: Path | None,
 ) -> None:
     """Explain what happened to an event (eventId) or trace (traceId), per agent,
-    or how an order (its clientOrderId, as status and audit tail show it) came about.
+    or how an order (its clientOrderId, as status and audit tail show it) or an
+    agent's run (its runId: the events whose wakes it took) came about.
 
     With --at TIME (and --symbol, --agent) instead of IDENT: the first event at or
     after that market time. Exits 1 when the audit log has no record of it.
     """
     if (ident is None) == (at is None):
-        raise click.UsageError("name an eventId, traceId or clientOrderId, or --at TIME")
+        raise click.UsageError("name an eventId, traceId, clientOrderId or runId, or --at TIME")
     if ident is not None and (symbol or agent):
         raise click.UsageError("--symbol and --agent go with --at")
     where = audit_dir(directory, config_path, state_dir)

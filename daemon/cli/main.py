@@ -79,7 +79,8 @@ COMMANDS: dict[str, Where] = {
         "daemon.cli.audit",
         "why_command",
         "Explain what happened to an event (eventId) or trace (traceId), per agent, or how "
-        "an order (its clientOrderId, as status and audit tail show it) came about.",
+        "an order (its clientOrderId, as status and audit tail show it) or an agent's run "
+        "(its runId: the events whose wakes it took) came about.",
     ),
 }
 

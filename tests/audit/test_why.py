@@ -373,3 +373,31 @@ def test_an_events_trace_is_read_from_its_own_day_on(
     opened.clear()
     (story,) = explain(collect(tmp_path, "mw-9"), "mw-9").agents
     assert [r["type"] for r in story.records] == ["hook", "order"]  # its event, the day before
+
+
+def test_why_a_run_tells_the_wakes_that_started_it(tmp_path: Path) -> None:
+    """A run's id (as `audit tail` shows it) tells the events whose wakes it took: in
+    collect mode two events' traces, listed by the run's rows. Only the run's agent
+    is told (another agent evaluated the same events), and another run stays out."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(decision="WAKE", reason="two green candles"))
+    w.write(hook(agent_id="beta", reason="flat"))
+    w.write(wake(run_id="r1", outcome="queued"))
+    w.write(hook(event_id="e2", trace_id="t2", decision="WAKE", reason="breakout", ts=ts(sec=3)))
+    w.write(wake(run_id="r1", trace_id="t2", outcome="queued", ts=ts(sec=3)))
+    both = {"event_ids": [EVENT, "e2"], "trace_ids": ["t1", "t2"]}
+    w.write(run(run_id="r1", status="started", ts=ts(sec=5), **both))
+    w.write(run(run_id="r1", status="finished", duration_ms=900.0, ts=ts(sec=9), **both))
+    w.write(hook(event_id="e3", trace_id="t3", decision="WAKE", ts=ts(sec=20)))
+    w.write(run(run_id="r2", trace_id="t3", status="finished", ts=ts(sec=21)))
+    w.close()
+    exp = explain(collect(tmp_path, "r1"), "r1")
+    (story,) = exp.agents
+    assert story.agent_id == "alpha"
+    assert story.outcome == "WOKE" and "run r1 finished" in story.why
+    assert sorted(exp.event_ids) == sorted([EVENT, "e2"])
+    hooks = [r["reason"] for r in story.records if r["type"] == "hook"]
+    assert hooks == ["two green candles", "breakout"]
+    assert all(r.get("runId") != "r2" for r in story.records)
+    shown = CliRunner().invoke(why_command, ["r1", "--dir", str(tmp_path)])
+    assert shown.exit_code == 0 and "run r1 (log) finished" in shown.output, shown.output
