@@ -172,12 +172,17 @@ def iter_lines(
             index = IdIndex.of(f.path)
             if index is not None and not index.may_name(ids):
                 continue
-        try:
-            fh = open_lines(f.path)
-        except FileNotFoundError:
-            continue  # deleted by retention while we listed
-        with fh:
-            yield from fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
+        yield from _part_lines(f, upto)
+
+
+def _part_lines(f: AuditFile, upto: Mapping[tuple[str, int], int] | None) -> Iterator[bytes]:
+    """One part's lines (up to its ``upto`` offset); none if retention deleted it."""
+    try:
+        fh = open_lines(f.path)
+    except FileNotFoundError:
+        return  # deleted by retention while we listed
+    with fh:
+        yield from fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
 
 
 def tail(
@@ -187,8 +192,23 @@ def tail(
     upto: Mapping[tuple[str, int], int] | None = None,
 ) -> list[Record]:
     """The last ``n`` matching records, oldest first (memory: ``n`` records); with
-    ``upto`` (a :class:`Follower`'s offsets) exactly those before it starts."""
-    return list(deque(iter_records(directory, flt, upto=upto), maxlen=max(n, 0)))
+    ``upto`` (a :class:`Follower`'s offsets) exactly those before it starts. The
+    newest part is read first, and an older one only while fewer than ``n`` have
+    matched: a month's log costs its last part or two, not all of it."""
+    flt = flt or AuditFilter()
+    found: deque[Record] = deque()
+    for f in reversed(_files(directory, flt.since_ms)):
+        if len(found) >= n:
+            break
+        if upto is not None and f.key not in upto:
+            continue
+        last: deque[Record] = deque(maxlen=n - len(found))  # the part's newest matches
+        for line in _part_lines(f, upto):
+            rec = parse_line(line)
+            if rec is not None and flt.matches(rec):
+                last.append(rec)
+        found.extendleft(reversed(last))
+    return list(found)
 
 
 def complete_size(path: Path, step: int = 64 * 1024) -> int:

@@ -53,6 +53,38 @@ def test_tail_returns_last_n_in_order(logdir: Path) -> None:
     assert [r["type"] for r in tail(logdir, n=2)] == ["wake", "order"]
 
 
+def test_tail_reads_older_parts_only_while_it_lacks_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest part is read first: when it holds the n newest matches no older
+    part is opened; a filter the newest part does not satisfy reads back as far as
+    it must, and the records come out oldest first across the parts."""
+    from daemon.audit import reader
+
+    w = AuditWriter(tmp_path, flush_every=1, max_pending=1, max_file_bytes=2000)
+    for i in range(60):
+        w.write(hook(agent_id="beta" if i in (3, 4) else "alpha", reason=f"r{i:02d}"))
+    w.close()
+    parts = len(list(reader.list_files(tmp_path)))
+    assert parts > 4
+    opened: list[str] = []
+    real = reader.open_lines
+
+    def counting(path: Path) -> Any:
+        opened.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(reader, "open_lines", counting)
+    assert [r["reason"] for r in tail(tmp_path, None, 3)] == ["r57", "r58", "r59"]
+    assert len(opened) == 1, opened
+    opened.clear()
+    beta = [r["reason"] for r in tail(tmp_path, AuditFilter(agent="beta"), 5)]
+    assert beta == ["r03", "r04"] and len(opened) == parts
+    whole = [r["reason"] for r in tail(tmp_path, None, 100)]
+    assert whole == [f"r{i:02d}" for i in range(60)]
+    assert [r["reason"] for r in tail(tmp_path, None, 0)] == []
+
+
 def test_parse_since() -> None:
     """--since accepts durations and timestamps and rejects anything else clearly."""
     now = parse_iso_ms("2026-02-17T03:00:00Z")
