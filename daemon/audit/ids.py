@@ -64,8 +64,10 @@ class IdCollector:
     """Collects the id hashes of the rows fed to it, in chunks of a part's bytes."""
 
     def __init__(self) -> None:
-        # Hashed once, at the end: a part's rows repeat them (an event's hooks, runs).
-        self.idents: set[str | None] = set()
+        # Each block's distinct ids, hashed (a part's rows repeat them: an event's
+        # hooks, a run's rows); sorted and made unique at the end. 4 bytes an id, where
+        # a set of a big part's id strings held ~100.
+        self.hashes = array("I")
         self.length = 0
         self.crc = 0
         self._rest = b""
@@ -96,17 +98,18 @@ class IdCollector:
                     rows.append(_one.decode(line))
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     continue  # not a row the reader would decode either
-        idents = self.idents
+        idents: set[str | None] = set()
         for row in rows:
             idents.update((row.event_id, row.trace_id, row.run_id, row.client_order_id))
             if row.trace_ids:
                 idents.update(row.trace_ids)
             if row.event_ids:
                 idents.update(row.event_ids)
+        self.hashes.extend(id_hash(i) for i in idents if i)
 
     def encode(self) -> bytes:
         """The index file's bytes."""
-        sorted_hashes = array("I", sorted({id_hash(i) for i in self.idents if i}))
+        sorted_hashes = array("I", sorted(set(self.hashes)))
         if sys.byteorder == "big":
             sorted_hashes.byteswap()
         trailer = self.crc.to_bytes(4, "little") + (self.length % 2**32).to_bytes(4, "little")
