@@ -417,16 +417,17 @@ class AuditWriter:
             if not f.compressed:
                 compress(f.path, index=self.index_ids)
                 self.compressed_files += 1
-        for leftover in self.directory.glob("audit-*.jsonl*"):
-            if leftover.name.endswith(".gz.tmp") or (
-                not leftover.name.endswith(".gz")
-                and leftover.with_name(leftover.name + ".gz").exists()
-            ):
-                leftover.unlink(missing_ok=True)  # a compression cut short
-        for index in self.directory.glob("audit-*" + ID_INDEX):
-            part = index.with_name(index.name.removesuffix(ID_INDEX) + ".jsonl")
-            if not part.exists() and not part.with_name(part.name + ".gz").exists():
-                index.unlink(missing_ok=True)  # its part was deleted (a kill in between)
+        names = set(os.listdir(self.directory))  # (one listing: hundreds of parts)
+        for name in names:
+            if not name.startswith("audit-"):
+                continue
+            if name.endswith(".gz.tmp") or (name.endswith(".jsonl") and name + ".gz" in names):
+                (self.directory / name).unlink(missing_ok=True)  # a compression cut short
+            elif name.endswith(ID_INDEX):
+                part = name.removesuffix(ID_INDEX) + ".jsonl"
+                if part not in names and part + ".gz" not in names:
+                    # its part was deleted (a kill in between)
+                    (self.directory / name).unlink(missing_ok=True)
 
     def _enforce_bounds(self) -> None:
         self._compress_closed()
