@@ -58,6 +58,7 @@ log = structlog.get_logger("feeds.coinbase_ws")
 
 # Coinbase allows 8 unauthenticated messages per second per IP; stay at half.
 SUBSCRIBE_INTERVAL_SECONDS: Final = 0.25
+CLOSE_SECONDS: Final = 1.0  # at a stop, for the closing handshake at most
 _TRANSPORT_ERRORS: Final = (OSError, TimeoutError, WebSocketException, FeedDisconnected)
 
 
@@ -389,9 +390,16 @@ class CoinbaseWsPool:
                 self._counts["connections"] += 1
                 self._conn = conn
                 log.info("coinbase_ws.connected", connection=conn.number, url=self._settings.url)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._guard, self._writer, ws, conn, tg.cancel_scope)
-                    await self._guard(self._reader, ws, conn, tg.cancel_scope)
+                try:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._guard, self._writer, ws, conn, tg.cancel_scope)
+                        await self._guard(self._reader, ws, conn, tg.cancel_scope)
+                except anyio.get_cancelled_exc_class():
+                    # The daemon's stop: a normal closure (1000). Left to the context
+                    # manager, a cancellation closes with 1011, "internal error".
+                    with anyio.move_on_after(CLOSE_SECONDS, shield=True):
+                        await ws.close()
+                    raise
         except _TRANSPORT_ERRORS as exc:
             if self._conn is None:
                 self._counts["connect_failures"] += 1

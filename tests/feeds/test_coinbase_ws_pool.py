@@ -425,3 +425,17 @@ async def test_an_observer_sees_every_tick_and_its_bug_does_not_end_the_connecti
                 pass
         assert seen == ["100.0", "200.0", "201.0", "202.0", "203.0", "204.0", "300.0"]
         assert pool.statistics().connections == 1
+
+
+async def test_a_stop_closes_the_connection_normally() -> None:
+    """Cancelling the pool (the daemon's stop) closes the socket with 1000, not with
+    the 1011 "internal error" a cancelled connection otherwise sends Coinbase."""
+    async with fake_server() as (fake, url):
+        async with running_pool(url) as pool:
+            pool.subscribe(["BTC-USD"])
+            with anyio.fail_after(WAIT):
+                await pool.wait_ready()
+        (ws,) = fake.connections
+        with anyio.fail_after(WAIT):
+            await ws.wait_closed()
+        assert ws.close_code == 1000
