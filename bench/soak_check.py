@@ -1,0 +1,295 @@
+"""Live soak on loopback: is the daemon safe to leave running? A real daemon
+(``marketwake run``, its own process) takes Coinbase ticker frames from a local
+WebSocket server (Coinbase's message format) at ``--rate`` a second for
+``--minutes``, through ``agents/example`` (its three hooks evaluate every tick),
+with a small audit bound (``--audit-mb``) so parts roll, compress, get their id
+index and are deleted within the run.
+
+    .venv/bin/python bench/soak_check.py [--minutes 10] [--rate 200] [--products 4]
+
+Every ``--every`` seconds it samples the daemon's RSS, its sandbox workers' RSS
+(summed), the state dir's bytes and the audit files; once a minute it prints
+them with the daemon's own counters (``status --json``: events published and
+coalesced, hook evaluations). At the end: each figure's growth per minute over
+the second half of the run, against the first half's (the same run's baseline:
+warm-up shows as a first half that grew more; a leak as a second half that grows
+as much). A price walk with an occasional 24 h change below -8 % makes the crash
+hook ALERT now and then (then dedupe and cooldown suppress it for the day).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from daemon.events import iso_ms, now_ms
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCTS = ["BTC-USD", "ETH-USD", "SOL-USD", "DOGE-USD", "XRP-USD", "ADA-USD", "LTC-USD"]
+
+
+class Ticker:
+    """The frames one connection is sent: a random walk per product."""
+
+    def __init__(self, products: list[str], seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.prices = {p: 100.0 * (i + 1) for i, p in enumerate(products)}
+        self.seq = 0
+
+    def frame(self, product: str) -> str:
+        price = self.prices[product] = self.prices[product] * (1 + self.rng.gauss(0, 0.0005))
+        change = -9.0 if self.rng.random() < 0.001 else self.rng.uniform(-5, 5)
+        text = f"{price:.4f}"
+        ticker = {
+            "type": "ticker", "product_id": product, "price": text, "volume_24_h": "1000.5",
+            "low_24_h": "1", "high_24_h": "999999", "low_52_w": "", "high_52_w": "1000000",
+            "price_percent_chg_24_h": f"{change:.3f}", "best_bid": text, "best_ask": text,
+            "best_bid_quantity": "0.1", "best_ask_quantity": "0.2",
+        }  # fmt: skip
+        self.seq += 1
+        message = {
+            "channel": "ticker", "client_id": "", "timestamp": iso_ms(now_ms()),
+            "sequence_num": self.seq, "events": [{"type": "update", "tickers": [ticker]}],
+        }  # fmt: skip
+        return json.dumps(message)
+
+
+class Server:
+    """Acks subscriptions; streams ticker frames at ``rate`` a second to a connection
+    subscribed to the ticker channel, and heartbeats once a second, until ``stop``."""
+
+    def __init__(self, products: list[str], rate: float) -> None:
+        self.products, self.rate = products, rate
+        self.sent = 0
+        self.connections = 0
+        self.close_codes: list[int | None] = []
+        self.stop = threading.Event()
+
+    async def handler(self, ws: ServerConnection) -> None:
+        self.connections += 1
+        ticker = Ticker(self.products, self.connections)
+        async with anyio.create_task_group() as tg:
+            try:
+                async for text in ws:
+                    msg = json.loads(text)
+                    channel = msg.get("channel")
+                    ticker.seq += 1
+                    ack = {"subscriptions": {channel: msg.get("product_ids") or [channel]}}
+                    await ws.send(
+                        json.dumps(
+                            {"channel": "subscriptions", "client_id": "",
+                             "timestamp": iso_ms(now_ms()), "sequence_num": ticker.seq,
+                             "events": [ack]}
+                        )
+                    )  # fmt: skip
+                    if channel == "ticker" and msg.get("type") == "subscribe":
+                        tg.start_soon(self._stream, ws, ticker)
+            except ConnectionClosed:
+                pass
+        self.close_codes.append(ws.close_code)  # how the daemon said goodbye
+
+    async def _stream(self, ws: ServerConnection, ticker: Ticker) -> None:
+        start, i = time.monotonic(), 0
+        while not self.stop.is_set():
+            try:
+                await ws.send(ticker.frame(self.products[i % len(self.products)]))
+            except ConnectionClosed:
+                return  # the daemon went (its stop): the handler sees it too
+            i += 1
+            self.sent += 1
+            ahead = start + i / self.rate - time.monotonic()
+            if ahead > 0:
+                await anyio.sleep(ahead)
+            elif i % 64 == 0:
+                await anyio.lowlevel.checkpoint()
+
+    async def serve(self, sock: socket.socket) -> None:
+        async with serve(self.handler, sock=sock, max_size=2**20):
+            await anyio.to_thread.run_sync(self.stop.wait)
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(x) for x in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    return found
+
+
+def tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def status(state_dir: Path) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "status", "--state-dir", str(state_dir), "--json"],
+        cwd=ROOT, capture_output=True, check=False, timeout=30,
+    )  # fmt: skip
+    try:
+        found = json.loads(done.stdout)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def counters(found: dict[str, object]) -> str:
+    bus = found.get("bus")
+    parts = found.get("components")
+    hooks = parts.get("hooks") if isinstance(parts, dict) else None
+    bus = bus if isinstance(bus, dict) else {}
+    hooks = hooks if isinstance(hooks, dict) else {}
+    return (
+        f"published {bus.get('published', '?')}, coalesced {bus.get('coalesced', '?')}, "
+        f"evaluations {hooks.get('evaluations', '?')}, suppressed {hooks.get('suppressed', '?')}"
+    )
+
+
+def config(tmp: Path, port: int, products: list[str], audit_mb: int) -> Path:
+    path = tmp / "config.toml"
+    path.write_text(
+        f"""[daemon]
+state_dir = "{tmp / "state"}"
+log_format = "json"
+
+[hooks]
+agents_dir = "{ROOT / "agents"}"
+
+[audit]
+max_total_mb = {audit_mb}
+
+[feeds.coinbase_ws]
+enabled = true
+url = "ws://127.0.0.1:{port}"
+products = {json.dumps(products)}
+"""
+    )
+    return path
+
+
+def slope(samples: list[tuple[float, int]]) -> float:
+    """Least-squares growth per minute of (seconds, value) samples."""
+    if len(samples) < 2:
+        return 0.0
+    n = len(samples)
+    mx = sum(t for t, _ in samples) / n
+    my = sum(v for _, v in samples) / n
+    den = sum((t - mx) ** 2 for t, _ in samples) or 1.0
+    return 60 * sum((t - mx) * (v - my) for t, v in samples) / den
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--rate", type=float, default=200.0, help="ticker frames a second")
+    ap.add_argument("--products", type=int, default=4, choices=range(1, len(PRODUCTS) + 1))
+    ap.add_argument("--audit-mb", type=int, default=8)
+    ap.add_argument("--every", type=float, default=5.0, help="seconds between samples")
+    args = ap.parse_args()
+    products = PRODUCTS[: args.products]
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        server = Server(products, args.rate)
+        thread = threading.Thread(target=anyio.run, args=(server.serve, sock), daemon=True)
+        thread.start()
+        cfg = config(tmp, sock.getsockname()[1], products, args.audit_mb)
+        log = (tmp / "daemon.log").open("wb")
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        rss: list[tuple[float, int]] = []
+        workers: list[tuple[float, int]] = []
+        disk: list[tuple[float, int]] = []
+        start = time.monotonic()
+        end = start + args.minutes * 60
+        next_line = start + 60
+        try:
+            while time.monotonic() < end:
+                time.sleep(args.every)
+                if daemon.poll() is not None:
+                    sys.exit(f"the daemon exited ({daemon.returncode}); see its log")
+                t = time.monotonic() - start
+                rss.append((t, rss_kib(daemon.pid)))
+                workers.append((t, sum(rss_kib(c) for c in children(daemon.pid))))
+                disk.append((t, tree_bytes(tmp / "state")))
+                if time.monotonic() >= next_line:
+                    next_line += 60
+                    audit = sorted(p.name for p in (tmp / "state" / "audit").iterdir())
+                    print(
+                        f"{t / 60:5.1f} min: daemon {rss[-1][1] / 1024:.0f} MiB, workers "
+                        f"{workers[-1][1] / 1024:.0f} MiB, state dir {disk[-1][1] / 2**20:.1f} MiB "
+                        f"({len(audit)} audit files); sent {server.sent}; "
+                        f"{counters(status(tmp / 'state'))}",
+                        flush=True,
+                    )
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            code = daemon.wait(timeout=60)
+            server.stop.set()
+            thread.join(timeout=5)
+            log.close()
+        errors = [
+            line
+            for line in (tmp / "daemon.log").read_text(errors="replace").splitlines()
+            if '"level":"error"' in line or '"level":"critical"' in line
+        ]
+        half = args.minutes * 30
+        print(f"\n{server.sent} frames in {args.minutes:g} min ({args.rate:g}/s, {len(products)} "
+              f"products), {server.connections} connection(s), closed with {server.close_codes}; "
+              f"daemon exit code {code}; "
+              f"{len(errors)} error lines in its log")  # fmt: skip
+        for name, xs, unit, scale in (
+            ("daemon RSS", rss, "KiB", 1),
+            ("sandbox workers' RSS", workers, "KiB", 1),
+            ("state dir", disk, "KiB", 1024),
+        ):
+            first = slope([(t, v // scale) for t, v in xs if t < half])
+            second = slope([(t, v // scale) for t, v in xs if t >= half])
+            print(
+                f"{name:22} growth per minute: first half {first:+9.1f} {unit}, "
+                f"second half {second:+9.1f} {unit}; at the end {xs[-1][1] // scale:,} {unit}"
+            )
+        for line in errors[:5]:
+            print("  log:", line[:300])
+
+
+if __name__ == "__main__":
+    main()
