@@ -15,6 +15,12 @@ the second half of the run, against the first half's (the same run's baseline:
 warm-up shows as a first half that grew more; a leak as a second half that grows
 as much). A price walk with an occasional 24 h change below -8 % makes the crash
 hook ALERT now and then (then dedupe and cooldown suppress it for the day).
+
+``--llm``: instead of the example, an agent whose hook wakes on about one tick
+in fifty, with the LLM runner (``provider = "openai"``) against a local
+Chat Completions server: each run calls ``get_positions`` then answers, about
+one run a second (collect mode, a 0.5 s debounce). That soaks the wake
+scheduler, the run store and the model conversations too.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+from aiohttp import web
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -124,6 +131,82 @@ class Server:
             await anyio.to_thread.run_sync(self.stop.wait)
 
 
+WAKE_HOOK = """
+def evaluate(event, state):
+    price = event["payload"].get("price") or 0
+    if int(price * 10000) % 50 == 0:
+        return {"decision": "WAKE", "reason": "price ends in 50: " + str(price)}
+    return {"decision": "IGNORE", "reason": "no"}
+"""
+
+
+def llm_agent(agents: Path, port: int) -> None:
+    """The ``--llm`` agent: a wake hook on ticks, the LLM runner on a loopback model."""
+    agent = agents / "soak"
+    (agent / "hooks").mkdir(parents=True)
+    (agent / "hooks" / "wake_fifty.py").write_text(WAKE_HOOK)
+    (agent / "AGENT.md").write_text("Check the positions, then say what you would do.\n")
+    (agent / "agent.toml").write_text(
+        f"""topics = ["market.price.tick"]
+state_candles = 0
+
+[wake]
+max_runs_per_hour = 3600
+cooldown_after_run_seconds = 0
+queue_mode = "collect"
+debounce_seconds = 0.5
+
+[wake.runner]
+kind = "llm"
+provider = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "soak"
+max_tool_calls = 2
+deadline_seconds = 10
+"""
+    )
+
+
+class Model:
+    """Chat Completions on loopback: the first turn of a run calls ``get_positions``,
+    the turn with its result answers."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def completions(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        body = await request.json()
+        answered = any(m.get("role") == "tool" for m in body.get("messages", []))
+        if answered:
+            message: dict[str, object] = {"role": "assistant", "content": "Nothing to do."}
+            finish = "stop"
+        else:
+            call = {"id": f"call-{self.requests}", "type": "function",
+                    "function": {"name": "get_positions", "arguments": "{}"}}  # fmt: skip
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish = "tool_calls"
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        usage = {"prompt_tokens": 900, "completion_tokens": 40, "total_tokens": 940}
+        answer = {
+            "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "created": 0,
+            "model": "soak", "choices": [choice], "usage": usage,
+        }  # fmt: skip
+        return web.json_response(answer)
+
+    async def serve(self, sock: socket.socket, stop: threading.Event) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.completions)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.SockSite(runner, sock)
+        await site.start()
+        try:
+            await anyio.to_thread.run_sync(stop.wait)
+        finally:
+            await runner.cleanup()
+
+
 def rss_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -167,7 +250,7 @@ def status(state_dir: Path) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
-def counters(found: dict[str, object]) -> str:
+def counters(found: dict[str, object], model: Model | None) -> str:
     bus = found.get("bus")
     parts = found.get("components")
     hooks = parts.get("hooks") if isinstance(parts, dict) else None
@@ -176,10 +259,22 @@ def counters(found: dict[str, object]) -> str:
     return (
         f"published {bus.get('published', '?')}, coalesced {bus.get('coalesced', '?')}, "
         f"evaluations {hooks.get('evaluations', '?')}, suppressed {hooks.get('suppressed', '?')}"
+        + (f"; model requests {model.requests}, {_runs(hooks)}" if model is not None else "")
     )
 
 
-def config(tmp: Path, port: int, products: list[str], audit_mb: int) -> Path:
+def _runs(hooks: dict[str, object]) -> str:
+    """The LLM agent's runs today and their tokens, as ``status`` has them."""
+    agents = hooks.get("agents")
+    soak = agents.get("soak") if isinstance(agents, dict) else None
+    if not isinstance(soak, dict):
+        return "runs ?"
+    keys = ("runs_today", "runs_failed", "tokens_in_today", "tokens_out_today", "cost_today")
+    shown = ", ".join(f"{k} {soak.get(k)}" for k in keys)
+    return shown + (f", last error {soak['last_run_error']}" if soak.get("last_run_error") else "")
+
+
+def config(tmp: Path, port: int, products: list[str], audit_mb: int, agents: Path) -> Path:
     path = tmp / "config.toml"
     path.write_text(
         f"""[daemon]
@@ -187,7 +282,7 @@ state_dir = "{tmp / "state"}"
 log_format = "json"
 
 [hooks]
-agents_dir = "{ROOT / "agents"}"
+agents_dir = "{agents}"
 
 [audit]
 max_total_mb = {audit_mb}
@@ -219,6 +314,7 @@ def main() -> None:
     ap.add_argument("--products", type=int, default=4, choices=range(1, len(PRODUCTS) + 1))
     ap.add_argument("--audit-mb", type=int, default=8)
     ap.add_argument("--every", type=float, default=5.0, help="seconds between samples")
+    ap.add_argument("--llm", action="store_true", help="an LLM agent on a loopback model")
     args = ap.parse_args()
     products = PRODUCTS[: args.products]
     with tempfile.TemporaryDirectory() as d:
@@ -229,7 +325,17 @@ def main() -> None:
         server = Server(products, args.rate)
         thread = threading.Thread(target=anyio.run, args=(server.serve, sock), daemon=True)
         thread.start()
-        cfg = config(tmp, sock.getsockname()[1], products, args.audit_mb)
+        agents, model = ROOT / "agents", None
+        if args.llm:
+            model, model_sock = Model(), socket.socket()
+            model_sock.bind(("127.0.0.1", 0))
+            model_sock.listen()
+            agents = tmp / "agents"
+            llm_agent(agents, model_sock.getsockname()[1])
+            threading.Thread(
+                target=anyio.run, args=(model.serve, model_sock, server.stop), daemon=True
+            ).start()
+        cfg = config(tmp, sock.getsockname()[1], products, args.audit_mb, agents)
         log = (tmp / "daemon.log").open("wb")
         daemon = subprocess.Popen(
             [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
@@ -257,7 +363,7 @@ def main() -> None:
                         f"{t / 60:5.1f} min: daemon {rss[-1][1] / 1024:.0f} MiB, workers "
                         f"{workers[-1][1] / 1024:.0f} MiB, state dir {disk[-1][1] / 2**20:.1f} MiB "
                         f"({len(audit)} audit files); sent {server.sent}; "
-                        f"{counters(status(tmp / 'state'))}",
+                        f"{counters(status(tmp / 'state'), model)}",
                         flush=True,
                     )
         finally:
