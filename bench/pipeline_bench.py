@@ -10,6 +10,7 @@ Also prints the daemon's peak RSS and the peak RSS of its sandbox worker process
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import tempfile
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Self
 
 import msgspec
+from procs import children, rss_kib  # bench/ is the script's directory, first on sys.path
 
 from daemon.app import run_daemon
 from daemon.config import Config
@@ -65,30 +67,10 @@ class ChildRss:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            for pid in _children():
-                kib = _rss_kib(pid)
+            for pid in children(os.getpid()):
+                kib = rss_kib(pid)
                 if kib:
                     self.peak_kib[pid] = max(self.peak_kib.get(pid, 0), kib)
-
-
-def _children() -> list[int]:
-    pids: list[int] = []
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            pids += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return pids
-
-
-def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def timed(cfg: Config) -> tuple[float, int]:

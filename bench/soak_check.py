@@ -42,6 +42,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from aiohttp import web
+from procs import children, rss_kib  # bench/ is the script's directory, first on sys.path
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -205,26 +206,6 @@ class Model:
             await anyio.to_thread.run_sync(stop.wait)
         finally:
             await runner.cleanup()
-
-
-def rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            found += [int(x) for x in (task / "children").read_text().split()]
-    except OSError:
-        pass
-    return found
 
 
 def tree_bytes(path: Path) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from daemon.audit.records import HookRecord, OrderRecord, RiskRecord, RunRecord, WakeRecord
 
@@ -77,3 +80,18 @@ def order(**kw: Any) -> OrderRecord:
     }
     base.update(kw)
     return OrderRecord(**base)
+
+
+def opened_parts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The list the names of the audit files the readers open are added to, in order."""
+    from daemon.audit import reader
+
+    opened: list[str] = []
+    real = reader.open_lines
+
+    def counting(path: Path) -> Any:
+        opened.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(reader, "open_lines", counting)
+    return opened

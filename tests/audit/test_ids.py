@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,7 +13,7 @@ from daemon.audit.ids import IdCollector, IdIndex, id_hash, index_path
 from daemon.audit.records import encode_line
 from daemon.audit.why import collect, explain
 from daemon.audit.writer import AuditWriter
-from tests.audit.factory import hook, order, run, ts, wake
+from tests.audit.factory import hook, opened_parts, order, run, ts, wake
 
 
 def _collected(data: bytes, step: int) -> set[int]:
@@ -80,26 +79,12 @@ def _log(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from daemon.audit import reader
-
-    opened: list[str] = []
-    real = reader.open_lines
-
-    def counting(path: Path) -> Any:
-        opened.append(path.name)
-        return real(path)
-
-    monkeypatch.setattr(reader, "open_lines", counting)
-    return opened
-
-
 def test_why_reads_only_the_parts_that_may_hold_the_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A trace (no time in it) of the middle day: its compressed part and the open
     one are read, the other compressed part is not; the story is the whole one."""
-    opened = _opened(monkeypatch)
+    opened = opened_parts(monkeypatch)
     exp = explain(collect(_log(tmp_path), "tr1"), "tr1")
     ((story),) = exp.agents
     assert story.outcome == "WOKE" and len(story.records) == 3
@@ -118,7 +103,7 @@ def test_without_its_own_index_a_part_is_read_whole(
     _log(tmp_path)
     first = tmp_path / "audit-2026-02-15.jsonl.gz"
     index_path(first).unlink()
-    opened = _opened(monkeypatch)
+    opened = opened_parts(monkeypatch)
     assert explain(collect(tmp_path, "tr0"), "tr0").found
     assert "audit-2026-02-15.jsonl.gz" in opened
     second = tmp_path / "audit-2026-02-16.jsonl.gz"

@@ -11,7 +11,7 @@ from daemon.audit.reader import AuditFilter, Follower, Stats, iter_records, pars
 from daemon.audit.records import HookRecord
 from daemon.audit.writer import AuditWriter
 from daemon.events import parse_iso_ms
-from tests.audit.factory import hook, order, ts, wake
+from tests.audit.factory import hook, opened_parts, order, ts, wake
 
 
 @pytest.fixture
@@ -67,14 +67,7 @@ def test_tail_reads_older_parts_only_while_it_lacks_records(
     w.close()
     parts = len(list(reader.list_files(tmp_path)))
     assert parts > 4
-    opened: list[str] = []
-    real = reader.open_lines
-
-    def counting(path: Path) -> Any:
-        opened.append(path.name)
-        return real(path)
-
-    monkeypatch.setattr(reader, "open_lines", counting)
+    opened = opened_parts(monkeypatch)
     assert [r["reason"] for r in tail(tmp_path, None, 3)] == ["r57", "r58", "r59"]
     assert len(opened) == 1, opened
     opened.clear()

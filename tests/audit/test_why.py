@@ -13,7 +13,7 @@ from daemon.audit.render import price_text
 from daemon.audit.why import collect, explain
 from daemon.audit.writer import AuditWriter
 from daemon.cli.audit import audit_group, why_command
-from tests.audit.factory import hook, order, risk, run, ts, wake
+from tests.audit.factory import hook, opened_parts, order, risk, run, ts, wake
 
 EVENT = "coinbase:ETH-USD:5m:1"
 
@@ -310,20 +310,11 @@ def _two_days(
 ) -> list[str]:
     """An audit log of 2026-02-16 (``older``) and 2026-02-17 (``today``); returns the list
     the names of the files read are added to."""
-    from daemon.audit import reader
     from daemon.audit.records import encode_line
 
     (tmp_path / "audit-2026-02-16.jsonl").write_bytes(b"".join(map(encode_line, older)))
     (tmp_path / "audit-2026-02-17.jsonl").write_bytes(b"".join(map(encode_line, today)))
-    opened: list[str] = []
-    real = reader.open_lines
-
-    def counting(path: Path) -> Any:
-        opened.append(path.name)
-        return real(path)
-
-    monkeypatch.setattr(reader, "open_lines", counting)
-    return opened
+    return opened_parts(monkeypatch)
 
 
 def test_a_candles_rows_are_looked_for_from_its_close_on(
