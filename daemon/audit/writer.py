@@ -417,7 +417,10 @@ class AuditWriter:
             if not f.compressed:
                 compress(f.path, index=self.index_ids)
                 self.compressed_files += 1
-        names = set(os.listdir(self.directory))  # (one listing: hundreds of parts)
+        try:
+            names = set(os.listdir(self.directory))  # (one listing: hundreds of parts)
+        except FileNotFoundError:
+            return  # the directory went (the next write says so)
         for name in names:
             if not name.startswith("audit-"):
                 continue

@@ -18,6 +18,7 @@ subscriber never blocks the socket: its queue drops the oldest tick (counted).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 import time
@@ -397,7 +398,10 @@ class CoinbaseWsPool:
                 except anyio.get_cancelled_exc_class():
                     # The daemon's stop: a normal closure (1000). Left to the context
                     # manager, a cancellation closes with 1011, "internal error".
-                    with anyio.move_on_after(CLOSE_SECONDS, shield=True):
+                    with (
+                        anyio.move_on_after(CLOSE_SECONDS, shield=True),
+                        contextlib.suppress(*_TRANSPORT_ERRORS),
+                    ):
                         await ws.close()
                     raise
         except _TRANSPORT_ERRORS as exc:
