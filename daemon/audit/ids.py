@@ -9,7 +9,9 @@ that part. Without a usable index (a part compressed by an older version, a
 write the disk refused, a file from another part) the part is read as before:
 an index can make ``why`` read less, never find less. The header records the
 part's CRC-32 and length, which the gzip trailer repeats, so an index beside
-another content than its own is never trusted.
+another content than its own is never trusted. An index is read only if it is
+a regular file of its own (never a FIFO that would block ``why``, a link) and
+no bigger than its part could make it (4 bytes an id, an id at least a byte).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 import msgspec
 
 from daemon.atomicfile import write_atomic
+from daemon.errors import NOT_JSON, WorkspaceFileError
+from hooks_runtime.safe_read import read_regular
 
 SUFFIX = ".ids"
 _MAGIC = b"MWIDX1\n\0"
@@ -46,6 +50,7 @@ class _Named(msgspec.Struct, rename="camel"):
 
 _one = msgspec.json.Decoder(_Named)
 _many = msgspec.json.Decoder(list[_Named])
+_any = msgspec.json.Decoder()
 
 
 def id_hash(ident: str) -> int:
@@ -91,12 +96,14 @@ class IdCollector:
     def _lines(self, block: bytes) -> None:
         try:
             rows = _many.decode(b"[" + b",".join(filter(None, block.splitlines())) + b"]")
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (*NOT_JSON, msgspec.ValidationError):
             rows = []
             for line in block.splitlines():
                 try:
                     rows.append(_one.decode(line))
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except msgspec.ValidationError:  # a damaged row: the reader still reads it
+                    rows.append(_lenient(line))
+                except NOT_JSON:
                     continue  # not a row the reader would decode either
         idents: set[str | None] = set()
         for row in rows:
@@ -114,6 +121,28 @@ class IdCollector:
             sorted_hashes.byteswap()
         trailer = self.crc.to_bytes(4, "little") + (self.length % 2**32).to_bytes(4, "little")
         return _MAGIC + trailer + sorted_hashes.tobytes()
+
+
+def _lenient(line: bytes) -> _Named:
+    """The ids of a row whose fields are not all of their types (a ``traceIds`` that is
+    no list): each one that is a string, or a list of strings, still counts."""
+    row = _any.decode(line)
+    if not isinstance(row, dict):
+        return _Named()
+
+    def listed(key: str) -> list[str] | None:
+        value = row.get(key)
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+
+    def named(key: str) -> str | None:
+        value = row.get(key)
+        return value if isinstance(value, str) else None
+
+    return _Named(
+        event_id=named("eventId"), trace_id=named("traceId"), run_id=named("runId"),
+        client_order_id=named("clientOrderId"), trace_ids=listed("traceIds"),
+        event_ids=listed("eventIds"),
+    )  # fmt: skip
 
 
 def write_index(part: Path, collector: IdCollector) -> None:
@@ -135,11 +164,12 @@ class IdIndex:
         """The index of the compressed ``part`` if one is there and is its own; None
         (read the part whole) otherwise."""
         try:
-            data = index_path(part).read_bytes()
             with part.open("rb") as fh:  # the gzip trailer: the content's CRC-32 and length
                 fh.seek(-8, 2)
                 trailer = fh.read(8)
-        except OSError:
+            length = int.from_bytes(trailer[4:], "little")
+            data = read_regular(index_path(part), _HEADER + 4 * length, "an audit id index")
+        except (OSError, WorkspaceFileError):
             return None
         if len(data) < _HEADER or not data.startswith(_MAGIC) or (len(data) - _HEADER) % 4:
             return None

@@ -80,7 +80,7 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     direct = _direct(directory, ident, since_ms)
     traces = {str(r["traceId"]) for r in direct if r.get("traceId")}
     # A run's row lists the traces of every wake it took (collect mode merges them).
-    traces |= {str(t) for r in direct if r.get("runId") == ident for t in r.get("traceIds") or ()}
+    traces |= {t for r in direct if r.get("runId") == ident for t in _trace_ids(r)}
     traces -= {ident}
     if not traces:
         return sorted(direct, key=_order)
@@ -160,7 +160,13 @@ def _names(r: Record, ident: str) -> bool:
     """Whether the record is about ``ident``: its event, trace, order or run."""
     return ident in (
         r.get("eventId"), r.get("traceId"), r.get("clientOrderId"), r.get("runId")
-    ) or ident in (r.get("traceIds") or ())  # fmt: skip
+    ) or ident in _trace_ids(r)  # fmt: skip
+
+
+def _trace_ids(r: Record) -> list[str]:
+    """A run row's ``traceIds`` (of a damaged row, only the strings of a list)."""
+    listed = r.get("traceIds")
+    return [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
 
 
 # Within one millisecond, show cause before effect.

@@ -4,6 +4,7 @@ id, and never finds less than it would reading every part."""
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,53 @@ def test_retention_deletes_a_parts_index_with_it_and_counts_it(tmp_path: Path) -
     held = sum(p.stat().st_size for p in many.iterdir())
     assert held <= 4000 and w.deleted_files > 0, held  # (checked last as the writer closed)
     assert {index_path(f.path) for f in list_files(many) if f.compressed} == set(many.glob("*.ids"))
+
+
+def test_a_damaged_rows_ids_are_indexed_and_why_reads_it(tmp_path: Path) -> None:
+    """A row whose id lists are not lists (a damaged or foreign row) still has its
+    string ids indexed, as the reader still reads it: `why` finds it in a compressed
+    part, and a run row with such a list does not stop `why`."""
+    bad_hook = {"type": "hook", "ts": ts("2026-02-16"), "agentId": "alpha", "eventId": "e-bad",
+                "traceId": "t-bad", "traceIds": 5, "decision": "WAKE"}  # fmt: skip
+    bad_run = {"type": "run", "ts": ts("2026-02-16", 1), "agentId": "alpha", "runId": "r-bad",
+               "traceId": "t-bad", "traceIds": "t-bad", "eventIds": [7, "e-bad"],
+               "status": "finished"}  # fmt: skip
+    rows = [
+        json.dumps(bad_hook, separators=(",", ":")).encode() + b"\n",
+        json.dumps(bad_run, separators=(",", ":")).encode() + b"\n",
+        encode_line(hook(event_id="e-ok", trace_id="t-ok", ts=ts("2026-02-16", 2))),
+    ]
+    part = tmp_path / "audit-2026-02-16.jsonl"
+    part.write_bytes(b"".join(rows))
+    index = IdIndex.of(compress(part))
+    assert index is not None
+    assert all(index.may_name([i]) for i in ("e-bad", "t-bad", "r-bad", "e-ok", "t-ok"))
+    assert explain(collect(tmp_path, "e-bad"), "e-bad").found
+    (story,) = explain(collect(tmp_path, "r-bad"), "r-bad").agents
+    assert {r["type"] for r in story.records} == {"hook", "run"}
+
+
+def test_an_index_that_is_no_plain_file_of_its_size_is_not_read(tmp_path: Path) -> None:
+    """A FIFO where the index goes (it would block `why`), a link, or a file bigger
+    than its part could make an index: not read; the part is read whole."""
+    import os
+
+    part = tmp_path / "audit-2026-02-16.jsonl"
+    part.write_bytes(encode_line(hook(event_id="e1", trace_id="t1", ts=ts("2026-02-16"))))
+    gz = compress(part)
+    index = index_path(gz)
+    real = index.read_bytes()
+    index.unlink()
+    os.mkfifo(index)
+    assert IdIndex.of(gz) is None
+    assert explain(collect(tmp_path, "e1"), "e1").found
+    index.unlink()
+    (tmp_path / "elsewhere.ids").write_bytes(real)
+    index.symlink_to(tmp_path / "elsewhere.ids")
+    assert IdIndex.of(gz) is None
+    index.unlink()
+    length = len(gzip.decompress(gz.read_bytes()))
+    index.write_bytes(real + bytes(4 * length))  # more ids than the part has bytes
+    assert IdIndex.of(gz) is None
+    index.write_bytes(real)
+    assert IdIndex.of(gz) is not None
