@@ -10,12 +10,14 @@ from __future__ import annotations
 import io
 import re
 import time
+import zlib
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from daemon.audit.files import AuditFile, list_files, open_lines
 from daemon.audit.ids import IdIndex
@@ -23,6 +25,7 @@ from daemon.errors import NOT_JSON
 from daemon.events import iso_ms, now_ms, parse_iso_ms
 
 Record = dict[str, Any]
+log = structlog.get_logger("audit")
 _decoder = msgspec.json.Decoder()
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -176,13 +179,20 @@ def iter_lines(
 
 
 def _part_lines(f: AuditFile, upto: Mapping[tuple[str, int], int] | None) -> Iterator[bytes]:
-    """One part's lines (up to its ``upto`` offset); none if retention deleted it."""
+    """One part's lines (up to its ``upto`` offset); none if retention deleted it. A
+    compressed part that breaks off (a damaged or truncated .gz) gives the lines
+    before the break, with a warning: it reads as the end of that part, never as a
+    crash of `why` or `audit tail` (click took the EOFError for Ctrl-C: "aborted")."""
     try:
         fh = open_lines(f.path)
     except FileNotFoundError:
         return  # deleted by retention while we listed
     with fh:
-        yield from fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
+        try:
+            yield from fh if upto is None else io.BytesIO(fh.read(upto[f.key]))  # -1: all
+        except (EOFError, OSError, zlib.error) as exc:
+            log.warning("audit part damaged: read up to where it breaks", path=str(f.path),
+                        error=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
 
 def tail(

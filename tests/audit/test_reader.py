@@ -387,3 +387,31 @@ def test_market_time_window_selects_by_event_ts(tmp_path: Path) -> None:
     ] == ["before"]
     for rec in got:
         assert "event 2025-03-01 12:0" in render(rec).plain, rec
+
+
+def test_a_compressed_part_that_breaks_off_reads_up_to_the_break(tmp_path: Path) -> None:
+    """A damaged .gz (cut short) is read up to where it breaks, with a warning: `audit
+    tail` and `why` go on with the other parts (an EOFError there was click's
+    "aborted", exit 130)."""
+    import gzip
+
+    import structlog.testing
+    from click.testing import CliRunner
+
+    from daemon.audit.records import encode_line
+    from daemon.cli.audit import audit_group
+
+    rows = b"".join(
+        encode_line(hook(reason=f"old{i:03d}", ts=ts("2026-02-16"))) for i in range(300)
+    )
+    whole = gzip.compress(rows)
+    (tmp_path / "audit-2026-02-16.jsonl.gz").write_bytes(whole[: len(whole) * 2 // 3])
+    w = AuditWriter(tmp_path)
+    w.write(hook(reason="new"))
+    w.close()
+    with structlog.testing.capture_logs() as logs:
+        got = [r["reason"] for r in tail(tmp_path, None, 1000)]
+    assert got[-1] == "new" and got[0] == "old000" and 1 < len(got) < 301
+    assert any(e["event"].startswith("audit part damaged") for e in logs)
+    shown = CliRunner().invoke(audit_group, ["tail", "-n", "3", "--dir", str(tmp_path)])
+    assert shown.exit_code == 0 and "new" in shown.output, shown.output
