@@ -28,6 +28,7 @@ from pathlib import Path
 
 import anyio
 import msgspec
+from coinbase_frames import subscriptions_ack, ticker_frame  # bench/: first on sys.path
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -36,7 +37,7 @@ from daemon.audit.records import AuditRecord, HookRecord
 from daemon.audit.writer import AuditWriter
 from daemon.bus import Subscription
 from daemon.config import Config
-from daemon.events import MARKET_PRICE_TICK, iso_ms, now_ms
+from daemon.events import MARKET_PRICE_TICK
 from daemon.logs import configure
 from daemon.service import Service
 
@@ -68,25 +69,6 @@ class Clocks:
             self.all_in.set()
 
 
-def frame(seq: int, p: str) -> str:
-    """One ticker ``update`` as Coinbase sends it (string numbers)."""
-    ticker = {
-        "type": "ticker", "product_id": "BTC-USD", "price": p, "volume_24_h": "10.5",
-        "low_24_h": "1", "high_24_h": "999999", "low_52_w": "", "high_52_w": "1000000",
-        "price_percent_chg_24_h": "-2.5", "best_bid": p, "best_ask": p,
-        "best_bid_quantity": "0.1", "best_ask_quantity": "0.2",
-    }  # fmt: skip
-    return json.dumps(
-        {
-            "channel": "ticker",
-            "client_id": "",
-            "timestamp": iso_ms(now_ms()),
-            "sequence_num": seq,
-            "events": [{"type": "update", "tickers": [ticker]}],
-        }
-    )
-
-
 class Server:
     """Acks subscriptions; once the ticker channel is subscribed, sends the ticks."""
 
@@ -102,13 +84,7 @@ class Server:
                 msg = json.loads(text)
                 channel = msg.get("channel")
                 self.seq += 1
-                ack = {"subscriptions": {channel: msg.get("product_ids") or [channel]}}
-                await ws.send(
-                    json.dumps(
-                        {"channel": "subscriptions", "client_id": "", "timestamp": iso_ms(now_ms()),
-                         "sequence_num": self.seq, "events": [ack]}
-                    )
-                )  # fmt: skip
+                await ws.send(subscriptions_ack(self.seq, msg))
                 if channel == "ticker" and msg.get("type") == "subscribe":
                     self.ws = ws
                     self.subscribed.set()
@@ -122,7 +98,7 @@ class Server:
         for i in range(WARMUP + self.ticks):
             p = price(i)
             self.seq += 1
-            await self.ws.send(frame(self.seq, p))
+            await self.ws.send(ticker_frame(self.seq, "BTC-USD", p))
             if i >= WARMUP:  # on its way: the daemon runs only once this task waits
                 self.clocks.sent[float(p)] = time.perf_counter()
             await anyio.sleep(self.gap)

@@ -42,11 +42,10 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from aiohttp import web
-from procs import children, rss_kib  # bench/ is the script's directory, first on sys.path
+from coinbase_frames import subscriptions_ack, ticker_frame  # bench/: first on sys.path
+from procs import children, rss_kib
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
-
-from daemon.events import iso_ms, now_ms
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ["BTC-USD", "ETH-USD", "SOL-USD", "DOGE-USD", "XRP-USD", "ADA-USD", "LTC-USD"]
@@ -63,24 +62,14 @@ class Ticker:
     def frame(self, product: str) -> str:
         price = self.prices[product] = self.prices[product] * (1 + self.rng.gauss(0, 0.0005))
         change = -9.0 if self.rng.random() < 0.001 else self.rng.uniform(-5, 5)
-        text = f"{price:.4f}"
-        ticker = {
-            "type": "ticker", "product_id": product, "price": text, "volume_24_h": "1000.5",
-            "low_24_h": "1", "high_24_h": "999999", "low_52_w": "", "high_52_w": "1000000",
-            "price_percent_chg_24_h": f"{change:.3f}", "best_bid": text, "best_ask": text,
-            "best_bid_quantity": "0.1", "best_ask_quantity": "0.2",
-        }  # fmt: skip
         self.seq += 1
-        message = {
-            "channel": "ticker", "client_id": "", "timestamp": iso_ms(now_ms()),
-            "sequence_num": self.seq, "events": [{"type": "update", "tickers": [ticker]}],
-        }  # fmt: skip
-        return json.dumps(message)
+        return ticker_frame(self.seq, product, f"{price:.4f}", f"{change:.3f}")
 
 
 class Server:
     """Acks subscriptions; streams ticker frames at ``rate`` a second to a connection
-    subscribed to the ticker channel, and heartbeats once a second, until ``stop``."""
+    subscribed to the ticker channel, until ``stop`` (no heartbeats: the ticks keep
+    the daemon's idle watchdog quiet)."""
 
     def __init__(self, products: list[str], rate: float) -> None:
         self.products, self.rate = products, rate
@@ -98,14 +87,7 @@ class Server:
                     msg = json.loads(text)
                     channel = msg.get("channel")
                     ticker.seq += 1
-                    ack = {"subscriptions": {channel: msg.get("product_ids") or [channel]}}
-                    await ws.send(
-                        json.dumps(
-                            {"channel": "subscriptions", "client_id": "",
-                             "timestamp": iso_ms(now_ms()), "sequence_num": ticker.seq,
-                             "events": [ack]}
-                        )
-                    )  # fmt: skip
+                    await ws.send(subscriptions_ack(ticker.seq, msg))
                     if channel == "ticker" and msg.get("type") == "subscribe":
                         tg.start_soon(self._stream, ws, ticker)
             except ConnectionClosed:
