@@ -279,6 +279,8 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     ap.add_argument("--llm", action="store_true", help="an LLM agent on a loopback model")
     args = ap.parse_args()
+    if not (args.minutes > 0 and args.rate > 0 and args.every > 0 and args.audit_mb >= 1):
+        ap.error("--minutes, --rate and --every must be above 0, --audit-mb at least 1")
     products = PRODUCTS[: args.products]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
