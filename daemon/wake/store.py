@@ -3,8 +3,12 @@ survive a restart.
 
 One row per run: started when the runner is called, finished when it returns.
 A run the daemon never saw finish (a crash) counts as finished when it
-started, so the cooldown is not skipped. Rows older than ``keep_seconds``
-are pruned on every start, which keeps the file small.
+started, so the cooldown is not skipped. Nothing reads further back than the
+day's cost cap (00:00 UTC) and the hourly budget: rows older than
+``keep_seconds`` (two days) are pruned as runs start, and a finished run's
+wakes (its ``body``, ~1 KB: only a run a stop cut is read back for them) are
+dropped as it finishes, so the file stays a few hundred bytes a run of the
+last two days.
 
 A run that is still waiting (its wakes were recorded ``queued``) is written
 through to ``wake_pending`` each time it changes and deleted just before it
@@ -27,7 +31,7 @@ from daemon.wake.leftovers import ProcessMark
 
 FILE_NAME = "wake.sqlite3"
 PRUNE_EVERY_SECONDS = 3600.0  # of run start times (event time in a replay)
-KEEP_SECONDS = 7 * 86400.0  # run history kept (older rows pruned, the next hour's prune)
+KEEP_SECONDS = 2 * 86400.0  # run history kept (older rows pruned, the next hour's prune)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS wake_runs (
@@ -168,16 +172,17 @@ class RunStore:
         usage: Usage | None = (0.0, 0, 0),
     ) -> None:
         """A run ended with ``status``, having used ``usage`` = (cost, tokens in, out);
-        None keeps what :meth:`record_usage` reported (a run a stop cut)."""
+        None keeps what :meth:`record_usage` reported (a run a stop cut). Its wakes
+        are dropped: only an unfinished run is read back for them."""
         if usage is None:
             self._exec(
-                "UPDATE wake_runs SET finished_at = ?, status = ? WHERE run_id = ?",
+                "UPDATE wake_runs SET finished_at = ?, status = ?, body = NULL WHERE run_id = ?",
                 (finished_at, status, run_id),
             )
             return
         self._exec(
-            "UPDATE wake_runs SET finished_at = ?, status = ?, cost = ?, tokens_in = ?,"
-            " tokens_out = ? WHERE run_id = ?",
+            "UPDATE wake_runs SET finished_at = ?, status = ?, body = NULL, cost = ?,"
+            " tokens_in = ?, tokens_out = ? WHERE run_id = ?",
             (finished_at, status, *usage, run_id),
         )
 

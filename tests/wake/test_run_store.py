@@ -91,3 +91,29 @@ def test_a_damaged_process_mark_reads_as_none(tmp_path: Path) -> None:
         assert u.run_id == "r1" and u.process is None and u.usage == (0.0, 0, 0)
     finally:
         store.close()
+
+
+def test_a_finished_run_drops_its_wakes_and_two_days_are_kept(tmp_path: Path) -> None:
+    """Only a run a stop cut is read back for its wakes: a finished run's row keeps its
+    times and usage, not its ~1 KB of wakes, and the history goes back two days (the
+    cost cap reads to 00:00 UTC, the budget an hour), so the file stays small at a
+    high run rate (a soak of 5,000 runs an hour grew it 81 KiB a minute)."""
+    store = RunStore(tmp_path / "wake.sqlite3")
+    body = b'{"wakes":[' + b'{"eventId":"x"},' * 60 + b'{}],"earlier":{}}'
+    try:
+        store.record_start("a", "done", "wake", 10.0, body=body)
+        store.record_finish("done", 11.0, "succeeded", (0.25, 900, 40))
+        store.record_start("a", "cut", "wake", 12.0, body=body)
+        store.record_finish("cut", 12.0, "interrupted", None)
+        store.record_start("a", "open", "wake", 13.0, body=body)
+        rows = store._exec("SELECT run_id, body IS NULL FROM wake_runs ORDER BY started_at")
+        assert rows == [("done", 1), ("cut", 1), ("open", 0)]
+        assert [u.body for u in store.unfinished("a")] == [body]
+        assert store.usage_since("a", 0.0) == (3, 0.25, 900, 40)
+        assert store.last_finish("a") == 13.0
+        day, late = 86400.0, 13.0 + 2 * 86400.0 + PRUNE_EVERY_SECONDS
+        store.record_start("a", "day_old", "wake", late - day)
+        store.record_start("a", "now", "wake", late)
+        assert store.starts_since("a", -1.0) == [late - day, late]
+    finally:
+        store.close()
