@@ -10,7 +10,7 @@ other run is started, SIGKILLed after 0.4 to 2 s, and started again until it
 finishes by itself. Compared with the reference: each (event, hook)'s decision
 and what suppressed it (its newest row: an event whose write a kill tore is
 evaluated again, and both rows stay), the paper account's orders and fills, and
-the wake runs of the last week (older run history is pruned, by each process at
+the wake runs of the last two days (older run history is pruned, by each process at
 its first run, so at different moments), and that no order row was written
 twice. Other rows written after an action (the run's, a step of an order's)
 may be lost by a kill and are only counted by kind, as are torn lines, hook
@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ class Outcome:
     orders: list[tuple[str, str]]
     fills: list[tuple[str, float, float, int]]
     # Start times of the wake runs no history prune can have taken (each process
-    # prunes at its first run, so when rows older than the kept week go differs).
+    # prunes at its first run, so when rows older than the kept two days go differs).
     wake_runs: list[float]
     # The other rows by (type, what they are about, state): written after an
     # action, a kill may lose some; none may be written twice.
@@ -204,6 +204,7 @@ def killed_run(cfg: Path, rng: random.Random, log: Path) -> int:
 def outcome(state: Path) -> Outcome:
     hooks: dict[tuple[str, str], tuple[str, str]] = {}
     other: Counter[tuple[str, str, str]] = Counter()
+    runs: dict[str, RunRows] = {}
     again = torn = 0
     for f in sorted((state / "audit").glob("audit-*.jsonl")):
         for line in f.read_bytes().splitlines():
@@ -218,10 +219,12 @@ def outcome(state: Path) -> Outcome:
                 hooks[key] = (row["decision"], row["suppressedBy"])
             else:
                 other[other_key(row)] += 1
+                if row.get("type") == "run":
+                    runs.setdefault(row["runId"], RunRows()).add(row)
     paper = sqlite3.connect(state / "paper.sqlite3")
     wake = sqlite3.connect(state / "wake.sqlite3")
     try:
-        finished, reruns, cut = wakes_run(wake)
+        finished, reruns, cut = wakes_run(wake, runs)
         return Outcome(
             hooks,
             again,
@@ -251,21 +254,40 @@ def outcome(state: Path) -> Outcome:
         wake.close()
 
 
-def wakes_run(wake: sqlite3.Connection) -> tuple[Counter[str], int, set[str]]:
-    """From the run store (its rows keep their wakes), over the last unpruned week:
-    per event id, the wake runs that finished with it; how many runs a kill cut ran
-    again; and the events of cut runs that were not run again."""
-    rows = wake.execute(
-        "SELECT run_id, status, body FROM wake_runs WHERE kind = 'wake' AND started_at >"
+@dataclass
+class RunRows:
+    """What a run's audit rows say: the events its wakes came from and the run a stop
+    cut that it does again. Its start row is handed to the OS before its runner is
+    called, so a kill does not lose it; a run killed before that row is closed at the
+    restart by a row naming its events too (the store kept them until then)."""
+
+    events: set[str] = field(default_factory=set)
+    rerun_of: str | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.events.update(e for e in row.get("eventIds") or () if e)
+        again = re.search(r"again, for (\S+), which a stop cut", row.get("summary") or "")
+        if again:
+            self.rerun_of = again.group(1)
+
+
+def wakes_run(
+    wake: sqlite3.Connection, runs: dict[str, RunRows]
+) -> tuple[Counter[str], int, set[str]]:
+    """Over the run store's last unpruned days (how each run ended) and the runs' audit
+    rows (the events it took): per event id, the wake runs that finished with it; how
+    many runs a kill cut ran again; and the events of cut runs that were not run
+    again."""
+    ended = wake.execute(
+        "SELECT run_id, status FROM wake_runs WHERE kind = 'wake' AND started_at >"
         " (SELECT MAX(started_at) FROM wake_runs) - ?",
         (KEEP_SECONDS - PRUNE_EVERY_SECONDS,),
     ).fetchall()
-    saved = {run_id: (status, json.loads(body)) for run_id, status, body in rows}
-    again = {b["rerun_of"] for _, b in saved.values() if b.get("rerun_of")}
+    again = {r.rerun_of for run_id, _ in ended if (r := runs.get(run_id)) and r.rerun_of}
     finished: Counter[str] = Counter()
     cut: set[str] = set()
-    for run_id, (status, body) in saved.items():
-        ids = [w["eventId"] for w in body["wakes"] if w.get("eventId")]
+    for run_id, status in ended:
+        ids = runs[run_id].events if run_id in runs else set()
         if status == "ok":
             finished.update(ids)
         elif status == "interrupted" and run_id not in again:
@@ -301,7 +323,7 @@ def main(
         ref_s = time.perf_counter() - start
         print(
             f"reference: {candles} candles in {ref_s:.1f}s, {len(ref.hook_rows)} hook rows, "
-            f"{len(ref.orders)} orders, {len(ref.fills)} fills, {len(ref.wake_runs)} wake runs in the last (unpruned) week"
+            f"{len(ref.orders)} orders, {len(ref.fills)} fills, {len(ref.wake_runs)} wake runs in the last (unpruned) two days"
         )
         same = 0
         for n in range(runs):
