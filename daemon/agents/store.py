@@ -6,7 +6,9 @@ A restart must neither repeat an action (a dedupe key already acted on) nor
 forget a cooldown, so both are written before the decision is acted on.
 Cooldowns run on *event time*: replaying the same events gives the same
 suppressions as the live run did. Dedupe keys are kept for ``dedupe_days``
-(event time) and then pruned, which bounds the table.
+(event time) and then pruned, which bounds the table; so are cooldowns that
+ended that long ago (one row per hook and symbol: a signal feed's symbols are
+the leaders' to choose).
 
 ``marketwake hooks resume`` is a separate process: it deletes the pause row and
 leaves a resume request the daemon picks up on its next reload tick.
@@ -182,12 +184,17 @@ class HookStore:
 
     @_store_errors
     def prune_dedupe(self, agent: str, event_ms: int) -> int:
-        """Apply retention and the per-agent key cap; returns how many keys were dropped."""
+        """Apply retention and the per-agent key cap; returns how many keys were dropped.
+        The agent's cooldowns that ended longer than the retention ago go too."""
         with self._db:
             dropped = self._db.execute(
                 "DELETE FROM dedupe WHERE agent=? AND event_ms < ?",
                 (agent, event_ms - self.dedupe_ms),
             ).rowcount
+            self._db.execute(
+                "DELETE FROM cooldown WHERE agent=? AND until_ms < ?",
+                (agent, event_ms - self.dedupe_ms),
+            )
             (count,) = self._db.execute(
                 "SELECT COUNT(*) FROM dedupe WHERE agent=?", (agent,)
             ).fetchone()

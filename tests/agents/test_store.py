@@ -134,3 +134,24 @@ def test_the_cooldown_cache_is_bounded_and_stays_right(
         assert not store.cooling("a", "h", f"S{i}", 50)
         assert len(store._cooldowns) <= 4
     assert store.cooling("a", "h", "S0", 50)  # read again from the table
+
+
+def test_cooldowns_that_ended_past_the_retention_are_pruned(tmp_path: Path) -> None:
+    """A cooldown row per hook and symbol: a signal feed naming ever new symbols must not
+    grow the table for good. A cooldown that ended over ``dedupe_days`` ago goes with
+    the sweep; a recent or running one stays (and still suppresses)."""
+    store = HookStore(tmp_path / "h.sqlite3", dedupe_days=1)
+    for i in range(50):
+        store.start_cooldown("a", "h1", f"SYM{i}", until_ms=1000)
+    store.start_cooldown("a", "h1", "RECENT", until_ms=2 * DAY)
+    store.start_cooldown("a", "h1", "RUNNING", until_ms=10 * DAY)
+    store.start_cooldown("b", "h1", "SYM0", until_ms=1000)  # another agent's: its own sweep
+    for i in range(PRUNE_EVERY + 1):
+        store.mark("a", f"k{i}", 3 * DAY)
+    rows = store._db.execute("SELECT agent, scope FROM cooldown ORDER BY agent, scope").fetchall()
+    assert rows == [("a", "RECENT"), ("a", "RUNNING"), ("b", "SYM0")]
+    store.close()
+    store = HookStore(tmp_path / "h.sqlite3", dedupe_days=1)
+    assert store.cooling("a", "h1", "RUNNING", 3 * DAY)
+    assert not store.cooling("a", "h1", "SYM3", 3 * DAY)
+    store.close()
