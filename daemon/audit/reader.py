@@ -14,7 +14,7 @@ import zlib
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import structlog
@@ -301,7 +301,7 @@ class Follower:
                         self._partial.pop(f.key, None)
                     fh.seek(start)
                     data = fh.read(8 * 1024 * 1024)
-        except (FileNotFoundError, EOFError, OSError):
+        except (FileNotFoundError, EOFError, OSError, zlib.error):  # gone, or damaged
             return []
         self._offsets[f.key] = start + len(data)
         data = self._partial.pop(f.key, b"") + data
@@ -399,6 +399,24 @@ class Recent(msgspec.Struct, frozen=True):
     orders: dict[str, AuditedOrder] = msgspec.field(default_factory=dict)
 
 
+def _stream_tail(fh: BinaryIO, n: int, chunk: int = 1 << 20) -> tuple[bytes, int]:
+    """The last ``n`` bytes of a compressed part (which cannot seek from its end) and
+    their offset, holding about ``n`` plus a chunk: the whole part decompressed at
+    once was a 64 MB peak at every start, for its last 8 MB."""
+    held: deque[bytes] = deque()
+    size = total = 0
+    while piece := fh.read(chunk):
+        held.append(piece)
+        size += len(piece)
+        total += len(piece)
+        while size - len(held[0]) >= n:
+            size -= len(held.popleft())
+    data = b"".join(held)
+    if len(data) > n:
+        data = data[len(data) - n :]
+    return data, total - len(data)
+
+
 def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Recent:
     """The newest hook rows (up to ``max_bytes`` of the newest files), per agent.
 
@@ -425,16 +443,20 @@ def recent_evaluations(directory: Path, max_bytes: int = 8 * 1024 * 1024) -> Rec
             break
         try:
             with open_lines(f.path) as fh:
-                if f.compressed:  # a closed part (at most max_file_bytes of content)
-                    whole = fh.read()
-                    start = max(0, len(whole) - budget)
-                    data = whole[start:]
+                if f.compressed:  # a closed part (max_file_bytes, 64 MB, of content)
+                    data, start = _stream_tail(fh, budget)
                 else:
                     size = fh.seek(0, 2)
                     start = max(0, size - budget)
                     fh.seek(start)
                     data = fh.read()
-        except (OSError, EOFError):
+        except FileNotFoundError:
+            continue  # deleted by retention while we listed
+        except (OSError, EOFError, zlib.error) as exc:
+            # Damaged (zlib's error ended the daemon's start, at every start): its
+            # rows may be decoded wrong up to where it breaks, so none are taken.
+            log.warning("audit part unreadable: skipped", path=str(f.path),
+                        error=f"{type(exc).__name__}: {exc}")  # fmt: skip
             continue
         if start > 0:
             data = data[data.find(b"\n") + 1 :]  # drop the partial first line

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from daemon.audit.reader import AuditFilter, Follower, Stats, iter_records, parse_since, tail
-from daemon.audit.records import HookRecord
+from daemon.audit.records import HookRecord, encode_line
 from daemon.audit.writer import AuditWriter
 from daemon.events import parse_iso_ms
 from tests.audit.factory import hook, opened_parts, order, ts, wake
@@ -415,3 +415,74 @@ def test_a_compressed_part_that_breaks_off_reads_up_to_the_break(tmp_path: Path)
     assert any(e["event"].startswith("audit part damaged") for e in logs)
     shown = CliRunner().invoke(audit_group, ["tail", "-n", "3", "--dir", str(tmp_path)])
     assert shown.exit_code == 0 and "new" in shown.output, shown.output
+
+
+def _damaged_part(path: Path) -> None:
+    """A compressed part of 20,000 rows whose deflate data is damaged so that zlib,
+    not gzip, raises ("invalid code lengths set")."""
+    import gzip
+
+    rows = b"".join(
+        b'{"type":"hook","ts":"2026-02-16T00:00:00.000Z","agentId":"a","hookId":"h",'
+        b'"eventId":"e%d","traceId":"t%d","decision":"IGNORE"}\n' % (i, i)
+        for i in range(20_000)
+    )
+    data = bytearray(gzip.compress(rows, mtime=0))
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def test_a_start_skips_a_damaged_compressed_part(tmp_path: Path) -> None:
+    """The daemon's start reads the newest audit rows (``recent_evaluations``). A
+    compressed part whose deflate data is damaged raised zlib's error there, and the
+    daemon exited at every start (systemd restarting it in a loop). Now the part is
+    skipped with a warning (what it decodes to before the break may be wrong), the
+    rows of the others are read, and the start goes on."""
+    import structlog.testing
+
+    from daemon.audit.reader import recent_evaluations
+
+    _damaged_part(tmp_path / "audit-2026-02-16.jsonl.gz")
+    w = AuditWriter(tmp_path)
+    w.write(hook(agent_id="a", event_id="newest", ts=ts("2026-02-17")))
+    w.close()
+    with structlog.testing.capture_logs() as logs:
+        recent = recent_evaluations(tmp_path)
+    assert recent.evaluated["a"] == ["newest"]
+    assert any(e["event"] == "audit part unreadable: skipped" for e in logs)
+
+
+def test_a_start_holds_only_the_newest_bytes_of_a_compressed_part(tmp_path: Path) -> None:
+    """A closed part is up to 64 MB of rows; the start wants its last 8 MB. It is
+    decompressed as a stream keeping only the tail (the whole part was held)."""
+    import gzip
+    import tracemalloc
+
+    from daemon.audit.reader import recent_evaluations
+
+    ids = [f"e{i}" for i in range(40_000)]
+    rows = b"".join(encode_line(hook(agent_id="a", event_id=e, trace_id=e)) for e in ids)
+    (tmp_path / "audit-2026-02-16.jsonl.gz").write_bytes(gzip.compress(rows, mtime=0))
+    tracemalloc.start()
+    try:
+        seen = recent_evaluations(tmp_path, max_bytes=256 * 1024).evaluated["a"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seen == ids[-len(seen) :] and 0 < len(seen) < len(ids)
+    assert len(rows) > 10 * 1024 * 1024 and peak < 4 * 1024 * 1024, (len(rows), peak)
+
+
+def test_a_follower_passes_over_a_damaged_compressed_part(tmp_path: Path) -> None:
+    """`audit tail -f` reads a part compressed while it follows once, whole: zlib's
+    error on a damaged one ended the command; it goes on with the other parts."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(reason="before"))
+    w.close()
+    follower = Follower(tmp_path, AuditFilter())
+    _damaged_part(tmp_path / "audit-2026-02-15.jsonl.gz")
+    w = AuditWriter(tmp_path)
+    w.write(hook(reason="after"))
+    w.close()
+    assert [r["reason"] for r in follower.poll()] == ["after"]
