@@ -16,6 +16,8 @@ import os
 import stat
 import zipfile
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
@@ -90,13 +92,35 @@ def _unzip(raw: BinaryIO) -> _ZipMember:
         raise
 
 
+@contextmanager
+def _deflate_errors() -> Iterator[None]:
+    try:
+        yield
+    except zlib.error as exc:
+        raise InputFileError(errno.EIO, f"damaged gzip file ({exc})") from None
+
+
 class _Gunzip(gzip.GzipFile):
     """A gzip reader that owns the file it reads (``GzipFile`` leaves a file object
-    it was given open)."""
+    it was given open). Damaged deflate data reads as an OSError, as a bad header,
+    a bad CRC or a cut file do (zlib's own error is none: it ended a backtest or a
+    daemon's start with a traceback)."""
 
     def __init__(self, raw: BinaryIO) -> None:
         super().__init__(fileobj=raw, mode="rb")
         self._raw = raw
+
+    def read(self, size: int | None = -1) -> bytes:
+        with _deflate_errors():
+            return super().read(-1 if size is None else size)
+
+    def read1(self, size: int = -1) -> bytes:
+        with _deflate_errors():
+            return super().read1(size)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        with _deflate_errors():
+            return super().readline(-1 if size is None else size)
 
     def close(self) -> None:
         try:

@@ -103,6 +103,25 @@ def test_the_one_file_of_a_zip_and_what_is_no_such_zip(tmp_path: Path) -> None:
     assert _open_fds() == before
 
 
+def test_a_damaged_gzip_file_reads_as_an_oserror(tmp_path: Path) -> None:
+    """Damaged deflate data (zlib's error, which is no OSError) ended a backtest, or
+    a daemon's start on a replay, with a traceback; it is an OSError saying so, as a
+    bad CRC or a cut file are, and the replay's error names the file and line."""
+    rows = b"".join(b"%d,2\n" % i for i in range(20_000))
+    data = bytearray(gzip.compress(rows, mtime=0))
+    data[100:110] = b"\xff" * 10  # inside the deflate stream: "invalid block type"
+    path = tmp_path / "damaged.csv.gz"
+    path.write_bytes(bytes(data))
+    before = _open_fds()
+    for read in ("read", "readline"):
+        with pytest.raises(OSError, match="damaged gzip file"), open_text(path) as fh:
+            getattr(fh, read)()
+    assert _open_fds() == before
+    feed = ReplayFeed(ReplaySection(enabled=True, path=str(path), format="csv", symbol="X"))
+    with pytest.raises(ReplayError, match=r"damaged\.csv\.gz:1: cannot read: damaged gzip"):
+        list(feed.selected())
+
+
 def test_a_replay_of_a_fifo_fails_at_once(fifo: Path) -> None:
     feed = ReplayFeed(ReplaySection(enabled=True, path=str(fifo)))
     with pytest.raises(ReplayError, match="not a regular file"):
