@@ -14,8 +14,11 @@ from pathlib import Path
 
 from daemon.atomicfile import write_atomic
 from daemon.errors import ConfigError, StoreError
+from daemon.inputfile import read_input
+from hooks_runtime.hookfile import revision_of
 
 _HASH = re.compile(r"^[0-9a-f]{6,64}$")
+MAX_REVISION_BYTES = 4 * 1024 * 1024  # a hook's source is at most 256 KiB by default
 
 
 class RevisionStore:
@@ -47,4 +50,15 @@ class RevisionStore:
         if len(found) > 1:
             names = ", ".join(p.stem for p in found[:5])
             raise ConfigError(f"revision {revision!r} is ambiguous: {names}")
-        return found[0].stem, found[0].read_text(encoding="utf-8")
+        path = found[0]
+        try:  # (a FIFO is an error, never a wait; a huge file is not read whole)
+            data = read_input(path, MAX_REVISION_BYTES)
+            source = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"revision {path.stem}: cannot read {path}: {exc}") from None
+        if revision_of(data) != path.stem:  # written once, never changed: damaged
+            raise ConfigError(
+                f"revision {path.stem}: {path} no longer holds that revision (its content"
+                f" hashes to {revision_of(data)}): damaged or edited"
+            )
+        return path.stem, source
