@@ -41,10 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
-import anyio.to_thread
 from aiohttp import web
 from procs import rss_kib  # bench/ is first on sys.path when run as a script
-from soak_check import tree_bytes
+from soak_check import serve_app, tree_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ["BTC-USD", "ETH-USD", "SOL-USD", "DOGE-USD"]
@@ -114,13 +113,7 @@ class Exchange:
         app = web.Application()
         app.router.add_get("/api/v3/brokerage/time", self.time)
         app.router.add_get("/api/v3/brokerage/market/products/{product}/candles", self.candles)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
-        try:
-            await anyio.to_thread.run_sync(stop.wait)
-        finally:
-            await runner.cleanup()
+        await serve_app(app, sock, stop)
 
 
 def config(tmp: Path, port: int, products: list[str], timeframes: list[str]) -> Path:

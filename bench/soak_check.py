@@ -180,14 +180,18 @@ class Model:
     async def serve(self, sock: socket.socket, stop: threading.Event) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.completions)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.SockSite(runner, sock)
-        await site.start()
-        try:
-            await anyio.to_thread.run_sync(stop.wait)
-        finally:
-            await runner.cleanup()
+        await serve_app(app, sock, stop)
+
+
+async def serve_app(app: web.Application, sock: socket.socket, stop: threading.Event) -> None:
+    """Serve ``app`` on the listening ``sock`` until ``stop`` is set."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    try:
+        await anyio.to_thread.run_sync(stop.wait)
+    finally:
+        await runner.cleanup()
 
 
 def tree_bytes(path: Path) -> int:
