@@ -15,7 +15,11 @@ import re
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, cast
 
+import structlog
+
 from daemon.audit.ids import IdCollector, index_path, write_index
+
+log = structlog.get_logger("audit")
 
 _NAME = re.compile(r"^audit-(\d{4}-\d{2}-\d{2})(?:\.(\d+))?\.jsonl(\.gz)?$")
 GZ = ".gz"
@@ -84,7 +88,7 @@ def compress(path: Path, level: int = 6, *, index: bool = True) -> Path:
     compression cut short, the part appended to since) is removed first."""
     target = path.with_name(path.name + GZ)
     tmp = path.with_name(path.name + GZ + ".tmp")
-    index_path(path).unlink(missing_ok=True)
+    discard(index_path(path))
     ids = IdCollector() if index else None
     with path.open("rb") as src, gzip.open(tmp, "wb", compresslevel=level) as dst:
         while chunk := src.read(1024 * 1024):
@@ -95,7 +99,27 @@ def compress(path: Path, level: int = 6, *, index: bool = True) -> Path:
         os.fsync(fh.fileno())
     if ids is not None:
         ids.close()
-        write_index(path, ids)
+        try:
+            write_index(path, ids)
+        except OSError as exc:  # the part reads whole, as one without an index
+            log.warning("audit id index not written", path=str(index_path(path)), error=str(exc))
     tmp.replace(target)
     path.unlink(missing_ok=True)
     return target
+
+
+_left: set[Path] = set()  # what discard() found in the way and said so
+
+
+def discard(path: Path) -> None:
+    """Remove an index or a leftover of the audit dir, if there. A directory under its
+    name (someone's mistake) is left, with a warning once: it failed every bounds
+    check, so retention stopped and the daemon ended with an audit error."""
+    try:
+        path.unlink(missing_ok=True)
+    except IsADirectoryError:
+        if path not in _left and len(_left) < 1024:
+            _left.add(path)
+            log.warning(
+                "a directory in the audit dir under an audit file's name: left", path=str(path)
+            )

@@ -53,7 +53,7 @@ import structlog
 from anyio.abc import TaskStatus
 
 from daemon.appendfile import open_append
-from daemon.audit.files import compress, day_of, file_name, list_files
+from daemon.audit.files import compress, day_of, discard, file_name, list_files
 from daemon.audit.ids import SUFFIX as ID_INDEX
 from daemon.audit.ids import index_path
 from daemon.audit.records import AuditRecord, encode_line, now_ts
@@ -425,12 +425,12 @@ class AuditWriter:
             if not name.startswith("audit-"):
                 continue
             if name.endswith(".gz.tmp") or (name.endswith(".jsonl") and name + ".gz" in names):
-                (self.directory / name).unlink(missing_ok=True)  # a compression cut short
+                discard(self.directory / name)  # a compression cut short
             elif name.endswith(ID_INDEX):
                 part = name.removesuffix(ID_INDEX) + ".jsonl"
                 if part not in names and part + ".gz" not in names:
                     # its part was deleted (a kill in between)
-                    (self.directory / name).unlink(missing_ok=True)
+                    discard(self.directory / name)
 
     def _enforce_bounds(self) -> None:
         self._compress_closed()
@@ -449,7 +449,7 @@ class AuditWriter:
             if f.day >= oldest_kept and total <= self.max_total_bytes:
                 break
             f.path.unlink(missing_ok=True)
-            index_path(f.path).unlink(missing_ok=True)
+            discard(index_path(f.path))
             total -= sizes[f.path]
             self.deleted_files += 1
 

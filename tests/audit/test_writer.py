@@ -138,6 +138,32 @@ def test_disk_bound_deletes_oldest(tmp_path: Path) -> None:
     assert reasons == sorted(reasons)  # parts are read back in write order
 
 
+def test_a_directory_under_an_audit_files_name_does_not_stop_the_bounds(tmp_path: Path) -> None:
+    """Directories someone made under a leftover's, an orphan index's and a part's
+    index's names: the bounds went on failing (retention stopped, and the daemon
+    ended with an audit error). They are left, with a warning once each; the part
+    whose index cannot be written is compressed without one (read whole)."""
+    from daemon.audit.ids import index_path
+
+    stray = [tmp_path / "audit-2020-01-01.jsonl.gz.tmp", tmp_path / "audit-2020-01-02.ids"]
+    first = index_path(tmp_path / "audit-2026-02-17.jsonl")  # the first part to close
+    for d in (*stray, first):
+        d.mkdir(parents=True)
+    with structlog.testing.capture_logs() as logs:
+        w = AuditWriter(
+            tmp_path, flush_every=1, max_pending=1, max_total_bytes=4000, max_file_bytes=1000
+        )
+        for i in range(200):
+            w.write(hook(reason=f"r{i:03d}", event_id=f"e{i:03d}"))
+        w.close()
+    assert w.deleted_files > 0 and w.compressed_files > 0
+    assert sum(f.path.stat().st_size for f in list_files(tmp_path)) <= 5000
+    left = [e for e in logs if e["event"].startswith("a directory in the audit dir")]
+    assert sorted(e["path"] for e in left) == sorted(str(d) for d in (*stray, first))
+    assert all(d.is_dir() for d in (*stray, first))
+    assert any(e["event"] == "audit id index not written" for e in logs)
+
+
 def test_the_bounds_are_checked_per_file_and_per_sixteenth_not_per_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
