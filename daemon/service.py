@@ -225,7 +225,10 @@ class Service:
             self.from_start = True
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if previous != ident:
-            write_atomic(marker, ident.encode())
+            try:
+                write_atomic(marker, ident.encode())
+            except OSError as exc:  # (a start that cannot record it would start over next)
+                raise StoreError(f"{marker}: cannot record the replay file: {exc}") from None
 
     def _load_snapshot(self) -> None:
         """Warm start: indicators continue where the last run stopped."""

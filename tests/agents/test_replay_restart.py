@@ -13,6 +13,7 @@ import pytest
 from daemon.agents.pipeline import open_agents
 from daemon.app import build_feeds
 from daemon.config import Config
+from daemon.errors import StoreError
 from daemon.service import Service
 from feeds.synthetic import generate_candles
 from tests.agents.test_pipeline import WAKE_EVERY, audit, workspace
@@ -110,6 +111,12 @@ async def test_a_cut_marker_does_not_start_over(tmp_path: Path) -> None:
     os.mkfifo(marker)  # a reader that opened it blocking would wait for a writer forever
     await run(cfg)
     assert len(hook_rows(tmp_path)) == 10 and marker.is_file()
+    # A directory in its place: the start is refused saying so (it was a traceback).
+    marker.unlink()
+    marker.mkdir()
+    svc = Service(cfg, build_feeds, components=[open_agents])
+    with pytest.raises(StoreError, match="replay_source: cannot record the replay file"):
+        await svc.run()
 
 
 COUNT = """
