@@ -32,7 +32,7 @@ def test_a_damaged_or_edited_revision_is_refused_saying_so(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=f"revision {rev}: cannot read .*utf-8"):
         store.get(rev)
     path.write_text(SOURCE + "# edited\n")
-    with pytest.raises(ConfigError, match="no longer holds that revision .*damaged or edited"):
+    with pytest.raises(ConfigError, match=r"no longer holds that revision .*damaged or edited"):
         store.get(rev)
     path.unlink()
     os.mkfifo(path)
