@@ -21,16 +21,27 @@ in fifty, with the LLM runner (``provider = "openai"``) against a local
 Chat Completions server: each run calls ``get_positions`` then answers, about
 one run a second (collect mode, a 0.5 s debounce). That soaks the wake
 scheduler, the run store and the model conversations too.
+
+``--restarts N``: the daemon is stopped N times at seeded moments (SIGKILL for
+``--kill-share`` of them, else SIGTERM), left down 1 to 3 s and started again
+on the same state dir (the audit unbounded then, so every row stays). The
+growth figures then mean little (each process starts afresh); instead the run
+check: every run the audit shows started ended exactly once (finished, failed,
+or closed as interrupted at the next start), and, with ``--llm``, the tokens
+the run store counted against the budget are the model's, less at most one
+turn per kill (the turn a kill cut before its usage was written), never more.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -154,12 +165,19 @@ class Model:
     """Chat Completions on loopback: the first turn of a run calls ``get_positions``,
     the turn with its result answers."""
 
-    def __init__(self) -> None:
+    TOKENS_IN = 900  # a request's prompt tokens, as its answer reports them
+
+    def __init__(self, delay: float = 0.0) -> None:
         self.requests = 0
+        self.answered = 0  # answers sent (a stop may cut a request during the delay)
+        self.delay = delay  # seconds before each answer: runs a stop can land in
 
     async def completions(self, request: web.Request) -> web.Response:
         self.requests += 1
         body = await request.json()
+        if self.delay:
+            await anyio.sleep(self.delay)
+        self.answered += 1
         answered = any(m.get("role") == "tool" for m in body.get("messages", []))
         if answered:
             message: dict[str, object] = {"role": "assistant", "content": "Nothing to do."}
@@ -170,7 +188,8 @@ class Model:
             message = {"role": "assistant", "content": None, "tool_calls": [call]}
             finish = "tool_calls"
         choice = {"index": 0, "message": message, "finish_reason": finish}
-        usage = {"prompt_tokens": 900, "completion_tokens": 40, "total_tokens": 940}
+        usage = {"prompt_tokens": self.TOKENS_IN, "completion_tokens": 40,
+                 "total_tokens": self.TOKENS_IN + 40}  # fmt: skip
         answer = {
             "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "created": 0,
             "model": "soak", "choices": [choice], "usage": usage,
@@ -263,6 +282,39 @@ products = {json.dumps(products)}
     return path
 
 
+def check_runs(state: Path, model: Model | None, kills: int) -> list[str]:
+    """The run check of a soak with restarts (see the module's docstring); prints what
+    it counted and returns the problems found."""
+    ends: dict[str, list[str]] = {}
+    for f in sorted((state / "audit").glob("audit-*.jsonl*")):
+        data = gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes()
+        for line in data.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line a kill tore
+            if row.get("type") == "run":
+                ends.setdefault(row["runId"], []).append(row["status"])
+    final = {r: [s for s in st if s != "started"] for r, st in ends.items()}
+    interrupted = sum(1 for r, st in final.items() if st == ["failed"])
+    problems = [f"run {r} ended {len(st)} times: {st}" for r, st in final.items() if len(st) != 1]
+    print(f"runs: {len(ends)}, each ended once: {len(ends) - len(problems)}"
+          f" ({sum(st == ['finished'] for st in final.values())} finished,"
+          f" {interrupted} failed or interrupted)")  # fmt: skip
+    if model is not None:
+        db = sqlite3.connect(state / "wake.sqlite3")
+        try:
+            (counted,) = db.execute("SELECT COALESCE(SUM(tokens_in), 0) FROM wake_runs").fetchone()
+        finally:
+            db.close()
+        served = model.answered * Model.TOKENS_IN
+        print(f"tokens in: the model served {served:,}, the run store counted {counted:,}"
+              f" (a kill may lose one turn of {Model.TOKENS_IN}: {kills} kills)")  # fmt: skip
+        if not served - kills * Model.TOKENS_IN <= counted <= served:
+            problems.append(f"tokens counted {counted:,} for {served:,} served, {kills} kills")
+    return problems
+
+
 def slope(samples: list[tuple[float, int]]) -> float:
     """Least-squares growth per minute of (seconds, value) samples."""
     if len(samples) < 2:
@@ -282,9 +334,17 @@ def main() -> None:
     ap.add_argument("--audit-mb", type=int, default=8)
     ap.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     ap.add_argument("--llm", action="store_true", help="an LLM agent on a loopback model")
+    ap.add_argument("--model-delay", type=float, default=0.0, help="--llm: seconds per answer")
+    ap.add_argument("--restarts", type=int, default=0, help="stops and starts during the run")
+    ap.add_argument("--kill-share", type=float, default=0.5, help="of the stops: SIGKILL")
+    ap.add_argument("--seed", type=int, default=1, help="of the stops' moments and kinds")
     args = ap.parse_args()
     if not (args.minutes > 0 and args.rate > 0 and args.every > 0 and args.audit_mb >= 1):
         ap.error("--minutes, --rate and --every must be above 0, --audit-mb at least 1")
+    if args.restarts < 0 or not 0 <= args.kill_share <= 1:
+        ap.error("--restarts must not be negative, --kill-share within 0..1")
+    if args.restarts:
+        args.audit_mb = 100_000  # every row kept for the run check
     products = PRODUCTS[: args.products]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -296,7 +356,7 @@ def main() -> None:
         thread.start()
         agents, model = ROOT / "agents", None
         if args.llm:
-            model, model_sock = Model(), socket.socket()
+            model, model_sock = Model(args.model_delay), socket.socket()
             model_sock.bind(("127.0.0.1", 0))
             model_sock.listen()
             agents = tmp / "agents"
@@ -306,10 +366,11 @@ def main() -> None:
             ).start()
         cfg = config(tmp, sock.getsockname()[1], products, args.audit_mb, agents)
         log = (tmp / "daemon.log").open("wb")
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        command = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
+        daemon = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        rng = random.Random(args.seed)
+        stops = sorted(rng.uniform(0.1, 0.9) * args.minutes * 60 for _ in range(args.restarts))
+        kills = 0
         rss: list[tuple[float, int]] = []
         workers: list[tuple[float, int]] = []
         disk: list[tuple[float, int]] = []
@@ -321,6 +382,18 @@ def main() -> None:
                 time.sleep(args.every)
                 if daemon.poll() is not None:
                     sys.exit(f"the daemon exited ({daemon.returncode}); see its log")
+                if stops and time.monotonic() - start >= stops[0]:
+                    stops.pop(0)
+                    kill = rng.random() < args.kill_share
+                    kills += kill
+                    daemon.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+                    code = daemon.wait(timeout=60)
+                    if not kill and code:
+                        sys.exit(f"the daemon exited {code} at a SIGTERM; see its log")
+                    time.sleep(rng.uniform(1.0, 3.0))
+                    daemon = subprocess.Popen(
+                        command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+                    )
                 t = time.monotonic() - start
                 rss.append((t, rss_kib(daemon.pid)))
                 workers.append((t, sum(rss_kib(c) for c in children(daemon.pid))))
@@ -346,6 +419,14 @@ def main() -> None:
             for line in (tmp / "daemon.log").read_text(errors="replace").splitlines()
             if '"level":"error"' in line or '"level":"critical"' in line
         ]
+        if args.restarts:
+            problems = check_runs(tmp / "state", model, kills)
+            print(f"{args.restarts} restarts ({kills} kills); daemon exit code {code}; "
+                  f"{len(errors)} error lines in its log")  # fmt: skip
+            for line in errors[:5]:
+                print("  log:", line[:300])
+            print("problems: " + ("; ".join(problems) if problems else "none"))
+            sys.exit(1 if problems else 0)
         half = args.minutes * 30
         print(f"\n{server.sent} frames in {args.minutes:g} min ({args.rate:g}/s, {len(products)} "
               f"products), {server.connections} connection(s), closed with {server.close_codes}; "
