@@ -341,8 +341,8 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.minutes > 0 and args.rate > 0 and args.every > 0 and args.audit_mb >= 1):
         ap.error("--minutes, --rate and --every must be above 0, --audit-mb at least 1")
-    if args.restarts < 0 or not 0 <= args.kill_share <= 1:
-        ap.error("--restarts must not be negative, --kill-share within 0..1")
+    if args.restarts < 0 or args.model_delay < 0 or not 0 <= args.kill_share <= 1:
+        ap.error("--restarts and --model-delay must not be negative, --kill-share within 0..1")
     if args.restarts:
         args.audit_mb = 100_000  # every row kept for the run check
     products = PRODUCTS[: args.products]
