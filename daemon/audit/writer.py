@@ -292,12 +292,16 @@ class AuditWriter:
     async def flush(self) -> None:
         """Write everything queued so far, from a worker thread; on return a batch the
         flusher was writing meanwhile is written too (``durable`` counts it: the
-        checkpoints' stop relies on that). Rows that cannot be written stay queued."""
+        checkpoints' stop relies on that). Rows that cannot be written stay queued. One
+        that works ends a failing streak (the flusher, backing off, may find nothing
+        left to write: write_ahead stayed off until its next retry)."""
         await anyio.to_thread.run_sync(self._drain_and_check)
+        self._recovered()
 
     def flush_sync(self) -> None:
         """Write everything queued so far in this thread (shutdown, back-pressure)."""
         self._drain_and_check()
+        self._recovered()
         if self._closed:
             with self._io_lock:
                 self._close_file()

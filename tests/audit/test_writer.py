@@ -258,6 +258,24 @@ async def test_write_failure_keeps_records_and_retries(tmp_path: Path) -> None:
     assert w.dropped == 0
 
 
+async def test_a_flush_that_works_ends_the_failing_streak(tmp_path: Path) -> None:
+    """The checkpoints' flush drained the queue once the disk healed, while the flusher
+    was backing off: the flusher then found nothing to write, so the writer stayed
+    "failing" (no "recovered" line, and write_ahead skipped: actions went out before
+    their rows reached the OS) until more rows came and its next retry. A flush that
+    works ends the streak, and write_ahead hands rows to the OS again."""
+    with structlog.testing.capture_logs() as logs:
+        async with failed_once(tmp_path) as (w, target):
+            w.retry_first = w.retry_most = 3600.0  # the flusher would not retry in this test
+            target.unlink()
+            await w.flush()
+            assert any(e["event"] == "audit writes recovered" for e in logs)
+            w.write(hook(reason="second"))
+            w.write_ahead()
+            assert w.pending == 0 and w.write_aheads == 1
+    assert [r["reason"] for r in lines(target)] == ["first", "second"]
+
+
 async def test_a_failing_disk_is_logged_once_backed_off_and_bounded(tmp_path: Path) -> None:
     """Disk full for a while: one warning when it starts (not one per batch, which
     were 1,961 lines in 10 s), no write attempt between retries (the producer is not
