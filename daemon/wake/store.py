@@ -7,8 +7,8 @@ started, so the cooldown is not skipped. Nothing reads further back than the
 day's cost cap (00:00 UTC) and the hourly budget: rows older than
 ``keep_seconds`` (two days) are pruned as runs start, and a finished run's
 wakes (its ``body``, ~1 KB: only a run a stop cut is read back for them) are
-dropped as it finishes, so the file stays a few hundred bytes a run of the
-last two days.
+dropped as it finishes, so the file stays ~150 bytes a run of the last two
+days.
 
 A run that is still waiting (its wakes were recorded ``queued``) is written
 through to ``wake_pending`` each time it changes and deleted just before it
