@@ -25,7 +25,6 @@ error lines of its log are printed. Not a test: it takes its ``--minutes``.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import random
@@ -43,7 +42,7 @@ from pathlib import Path
 import anyio
 from aiohttp import web
 from procs import rss_kib  # bench/ is first on sys.path when run as a script
-from soak_check import serve_app, tree_bytes
+from soak_check import audit_rows, serve_app, tree_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ["BTC-USD", "ETH-USD", "SOL-USD", "DOGE-USD"]
@@ -138,26 +137,6 @@ poll_seconds = 1.0
 """
     )
     return path
-
-
-def audit_rows(audit: Path) -> tuple[list[dict[str, object]], int]:
-    """Every row of the audit (compressed parts too) and the lines that did not
-    parse (torn by a kill)."""
-    rows: list[dict[str, object]] = []
-    torn = 0
-    for f in sorted(audit.iterdir()):
-        if f.name.endswith(".jsonl.gz"):
-            data = gzip.decompress(f.read_bytes())
-        elif f.name.endswith(".jsonl"):
-            data = f.read_bytes()
-        else:
-            continue
-        for line in data.splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                torn += 1
-    return rows, torn
 
 
 def check(rows: list[dict[str, object]]) -> tuple[list[str], list[str]]:

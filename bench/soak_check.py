@@ -282,19 +282,33 @@ products = {json.dumps(products)}
     return path
 
 
+def audit_rows(audit: Path) -> tuple[list[dict[str, object]], int]:
+    """Every row of the audit (compressed parts too) and the lines that did not
+    parse (torn by a kill)."""
+    rows: list[dict[str, object]] = []
+    torn = 0
+    for f in sorted(audit.iterdir()):
+        if f.name.endswith(".jsonl.gz"):
+            data = gzip.decompress(f.read_bytes())
+        elif f.name.endswith(".jsonl"):
+            data = f.read_bytes()
+        else:
+            continue
+        for line in data.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                torn += 1
+    return rows, torn
+
+
 def check_runs(state: Path, model: Model | None, kills: int) -> list[str]:
     """The run check of a soak with restarts (see the module's docstring); prints what
     it counted and returns the problems found."""
     ends: dict[str, list[str]] = {}
-    for f in sorted((state / "audit").glob("audit-*.jsonl*")):
-        data = gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes()
-        for line in data.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line a kill tore
-            if row.get("type") == "run":
-                ends.setdefault(row["runId"], []).append(row["status"])
+    for row in audit_rows(state / "audit")[0]:  # (lines a kill tore are left out)
+        if row.get("type") == "run":
+            ends.setdefault(str(row["runId"]), []).append(str(row["status"]))
     final = {r: [s for s in st if s != "started"] for r, st in ends.items()}
     interrupted = sum(1 for r, st in final.items() if st == ["failed"])
     problems = [f"run {r} ended {len(st)} times: {st}" for r, st in final.items() if len(st) != 1]
