@@ -20,6 +20,17 @@ from the first to the last must be every bucket, each evaluated by each hook
 once (a second row only where a kill tore the first: counted), and no order
 written twice; the daemon's RSS at each stop, the state dir's size, and the
 error lines of its log are printed. Not a test: it takes its ``--minutes``.
+
+``--llm``: instead of the example, an agent whose one hook wakes on a close with
+a small body (~8 % of them), with the LLM runner against a loopback Chat
+Completions server (``--model-delay`` s an answer, two answers a run), in
+collect mode, every wake kept in its run, and
+``rerun_interrupted_within_seconds`` on. Then also: every run ends exactly
+once, the tokens counted are the model's less at most one turn per kill, every
+close the hook woke on is in a run that finished (or queued by the last stop,
+or in a re-run a stop cut in turn: run once only), and each run a stop cut (a
+kill, or a SIGTERM whose ``stop_timeout_seconds`` ran out) is run again exactly
+once.
 """
 
 from __future__ import annotations
@@ -28,8 +39,10 @@ import argparse
 import json
 import math
 import random
+import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,13 +55,25 @@ from pathlib import Path
 import anyio
 from aiohttp import web
 from procs import rss_kib  # bench/ is first on sys.path when run as a script
-from soak_check import audit_rows, serve_app, tree_bytes
+from soak_check import Model, audit_rows, check_runs, llm_agent, serve_app, tree_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ["BTC-USD", "ETH-USD", "SOL-USD", "DOGE-USD"]
 GRANULARITY = {"ONE_MINUTE": 60, "FIVE_MINUTE": 300, "FIFTEEN_MINUTE": 900, "ONE_HOUR": 3600}
 TIMEFRAME = {60: "1m", 300: "5m", 900: "15m", 3600: "1h"}
 HOOKS = 3  # agents/example's
+# --llm: the agent's one hook wakes on a close with a small body (~8 % of them).
+SMALL_BODY_WAKE = """
+def evaluate(event, state):
+    p = event["payload"]
+    if abs(p["close"] - p["open"]) <= p["open"] * 0.0001:
+        return {"decision": "WAKE", "reason": "a small body"}
+    return {"decision": "IGNORE", "reason": "no"}
+"""
+# Every wake in a run (none summarized), no debounce, and a run a stop cut runs again.
+LLM_WAKE = """debounce_seconds = 0
+max_collected = 1000
+rerun_interrupted_within_seconds = 864000"""
 
 
 def candle(product: str, seconds: int, start: int) -> dict[str, str]:
@@ -115,7 +140,7 @@ class Exchange:
         await serve_app(app, sock, stop)
 
 
-def config(tmp: Path, port: int, products: list[str], timeframes: list[str]) -> Path:
+def config(tmp: Path, port: int, products: list[str], timeframes: list[str], agents: Path) -> Path:
     path = tmp / "config.toml"
     path.write_text(
         f"""[daemon]
@@ -123,7 +148,7 @@ state_dir = "{tmp / "state"}"
 log_format = "json"
 
 [hooks]
-agents_dir = "{ROOT / "agents"}"
+agents_dir = "{agents}"
 
 [feeds.coinbase_ws]
 enabled = false
@@ -139,7 +164,7 @@ poll_seconds = 1.0
     return path
 
 
-def check(rows: list[dict[str, object]]) -> tuple[list[str], list[str]]:
+def check(rows: list[dict[str, object]], hook_count: int) -> tuple[list[str], list[str]]:
     """Per series: closes seen, missing between the first and the last, and evaluated
     more than once by a hook; and the problems found."""
     seen: dict[str, Counter[tuple[int, str]]] = defaultdict(Counter)
@@ -164,13 +189,72 @@ def check(rows: list[dict[str, object]]) -> tuple[list[str], list[str]]:
         )
         if missing:
             problems.append(f"{series}: closes missing, first {missing[:3]}")
-        if len(hooks) != HOOKS:
-            problems.append(f"{series}: evaluated by {sorted(hooks)}, not {HOOKS} hooks")
+        if len(hooks) != hook_count:
+            problems.append(f"{series}: evaluated by {sorted(hooks)}, not {hook_count} hooks")
     twice_orders = [k for k, n in orders.items() if n > 1]
     lines.append(f"orders: {len({k[0] for k in orders})}, rows written twice: {len(twice_orders)}")
     if twice_orders:
         problems.append(f"order rows written twice: {twice_orders[:3]}")
     return lines, problems
+
+
+def check_wakes(rows: list[dict[str, object]], state: Path) -> list[str]:
+    """--llm: every close the hook woke on is in a run that finished, or in a run
+    the last stop left queued, or its wake row says what suppressed it, or it was in
+    a run a stop cut that is not run again, saying why (a re-run is run once only:
+    one cut in turn is closed); a run a stop cut is run again, once (or is queued
+    to at the end). Prints what it counted; returns the problems."""
+    woke = {
+        str(r["eventId"]) for r in rows if r.get("type") == "hook" and r.get("decision") == "WAKE"
+    }
+    suppressed = {
+        str(r["eventId"]): str(r["suppressedBy"])
+        for r in rows
+        if r.get("type") == "wake" and r.get("suppressedBy") not in (None, "none")
+    }
+    finished: set[str] = set()
+    not_again: set[str] = set()  # in a run a stop cut that the policy does not run again
+    again: dict[str, str] = {}  # cut run -> the run that runs its wakes again
+    redid: Counter[str] = Counter()  # cut run -> runs saying they redo it
+    for r in rows:
+        if r.get("type") != "run":
+            continue
+        ids = r.get("eventIds")
+        if r.get("status") == "finished" and isinstance(ids, list):
+            finished.update(map(str, ids))
+        if "it is not run again" in str(r.get("error")) and isinstance(ids, list):
+            not_again.update(map(str, ids))  # (e.g. a re-run cut in turn: once only)
+        said = re.search(r"its wakes run again as (\S+)", str(r.get("error") or ""))
+        if said:
+            again[str(r["runId"])] = said.group(1).rstrip(";")
+        if r.get("status") == "started" and (
+            cut := re.search(r"again, for (\S+),", str(r.get("summary")))
+        ):
+            redid[cut.group(1)] += 1
+    db = sqlite3.connect(state / "wake.sqlite3")
+    try:
+        pending = {
+            run: json.loads(body)
+            for run, body in db.execute("SELECT run_id, body FROM wake_pending")
+        }
+    finally:
+        db.close()
+    queued = {str(w["eventId"]) for body in pending.values() for w in body["wakes"]}
+    lost = woke - finished - queued - suppressed.keys() - not_again
+    print(
+        f"wakes: {len(woke)} closes woke the agent; {len(woke & finished)} in finished runs,"
+        f" {len(queued)} queued at the end, {len(suppressed)} suppressed"
+        f" ({dict(Counter(suppressed.values()))}), {len(not_again - finished)} in a cut run not"
+        f" run again (a re-run cut in turn), {len(lost)} lost;"
+        f" {len(again)} runs cut by a stop run again"
+    )
+    problems = [f"wakes lost: {len(lost)}, first {sorted(lost)[:3]}"] if lost else []
+    problems += [
+        f"run {cut} was to run again as {rerun}, which started {redid[cut]} times"
+        for cut, rerun in again.items()
+        if redid[cut] != (rerun not in pending)  # (once, or queued at the end)
+    ]
+    return problems
 
 
 def main() -> None:
@@ -184,12 +268,17 @@ def main() -> None:
     ap.add_argument("--errors", type=float, default=0.02, help="of the candle requests: fail")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", type=Path, help="run in this (new) directory and keep it")
+    ap.add_argument("--llm", action="store_true", help="an LLM agent on a loopback model")
+    ap.add_argument("--model-delay", type=float, default=0.2, help="--llm: seconds per answer")
     args = ap.parse_args()
     timeframes = args.timeframes.split(",")
     if not (args.minutes > 0 and args.speed >= 1 and args.restarts >= 0):
         ap.error("--minutes must be above 0, --speed at least 1, --restarts not negative")
-    if not (0 <= args.kill_share <= 1 and 0 <= args.errors < 1):
-        ap.error("--kill-share must be within 0..1, --errors within 0..1 (not 1)")
+    if not (0 <= args.kill_share <= 1 and 0 <= args.errors < 1 and args.model_delay >= 0):
+        ap.error(
+            "--kill-share must be within 0..1, --errors within 0..1 (not 1),"
+            " --model-delay not negative"
+        )
     if not set(timeframes) <= set(TIMEFRAME.values()):
         ap.error(f"--timeframes: of {', '.join(TIMEFRAME.values())}")
     rng = random.Random(args.seed)
@@ -204,12 +293,27 @@ def main() -> None:
         exchange = Exchange(args.minutes, args.speed, args.errors, args.seed)
         thread = threading.Thread(target=anyio.run, args=(exchange.serve, sock, stop), daemon=True)
         thread.start()
-        cfg = config(tmp, sock.getsockname()[1], products, timeframes)
+        agents, model = ROOT / "agents", None
+        if args.llm:
+            model, model_sock = Model(args.model_delay), socket.socket()
+            model_sock.bind(("127.0.0.1", 0))
+            model_sock.listen()
+            agents = tmp / "agents"
+            llm_agent(
+                agents, model_sock.getsockname()[1],
+                hook=SMALL_BODY_WAKE, topic="market.candle.closed", wake=LLM_WAKE,
+                deadline=max(10.0, 3 * args.model_delay + 5),  # two answers: no timeouts
+            )  # fmt: skip
+            threading.Thread(
+                target=anyio.run, args=(model.serve, model_sock, stop), daemon=True
+            ).start()
+        cfg = config(tmp, sock.getsockname()[1], products, timeframes, agents)
         log_path = tmp / "daemon.log"
         end = time.monotonic() + args.minutes * 60
         stops = sorted(rng.uniform(0.05, 0.95) * args.minutes * 60 for _ in range(args.restarts))
         at_stop: list[str] = []
         codes: list[int] = []
+        kills = 0
         started = time.monotonic()
         try:
             for n in range(args.restarts + 1):
@@ -226,6 +330,7 @@ def main() -> None:
                     sys.exit(f"the daemon exited by itself ({daemon.returncode}); see its log")
                 rss = rss_kib(daemon.pid)
                 kill = n < len(stops) and rng.random() < args.kill_share
+                kills += kill
                 daemon.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
                 codes.append(daemon.wait(timeout=60))
                 up = time.monotonic() - begun
@@ -236,7 +341,7 @@ def main() -> None:
             stop.set()
             thread.join(timeout=5)
         rows, torn = audit_rows(tmp / "state" / "audit")
-        lines, problems = check(rows)
+        lines, problems = check(rows, 1 if args.llm else HOOKS)
         errors = [
             line
             for line in log_path.read_text(errors="replace").splitlines()
@@ -254,6 +359,9 @@ def main() -> None:
             print(" ", line)
         for line in errors[:5]:
             print("  log:", line[:300])
+        if args.llm:
+            problems += check_runs(tmp / "state", model, kills)
+            problems += check_wakes(rows, tmp / "state")
         print("problems: " + ("; ".join(problems) if problems else "none"))
         if problems:
             sys.exit(1)

@@ -134,21 +134,30 @@ def evaluate(event, state):
 """
 
 
-def llm_agent(agents: Path, port: int) -> None:
-    """The ``--llm`` agent: a wake hook on ticks, the LLM runner on a loopback model."""
+def llm_agent(
+    agents: Path,
+    port: int,
+    *,
+    hook: str = WAKE_HOOK,
+    topic: str = "market.price.tick",
+    wake: str = "debounce_seconds = 0.5",
+    deadline: float = 10.0,
+) -> None:
+    """The ``--llm`` agent: a wake hook (on ticks unless ``topic`` says otherwise), the
+    LLM runner on a loopback model; ``wake`` adds or replaces lines of its ``[wake]``."""
     agent = agents / "soak"
     (agent / "hooks").mkdir(parents=True)
-    (agent / "hooks" / "wake_fifty.py").write_text(WAKE_HOOK)
+    (agent / "hooks" / "wake_soak.py").write_text(hook)
     (agent / "AGENT.md").write_text("Check the positions, then say what you would do.\n")
     (agent / "agent.toml").write_text(
-        f"""topics = ["market.price.tick"]
+        f"""topics = ["{topic}"]
 state_candles = 0
 
 [wake]
 max_runs_per_hour = 3600
 cooldown_after_run_seconds = 0
 queue_mode = "collect"
-debounce_seconds = 0.5
+{wake}
 
 [wake.runner]
 kind = "llm"
@@ -156,7 +165,7 @@ provider = "openai"
 base_url = "http://127.0.0.1:{port}/v1"
 model = "soak"
 max_tool_calls = 2
-deadline_seconds = 10
+deadline_seconds = {deadline:g}
 """
     )
 
