@@ -12,17 +12,26 @@ stopped and the tokens it used. The runner never sees a provider's wire shape:
 
 The SDKs retry 429 and 5xx themselves (with backoff, honouring Retry-After);
 the runner bounds the whole run with its deadline.
+
+Importing an SDK takes ~0.9 s (openai) to ~1.8 s (anthropic) of CPU on a small
+machine. Done where a first run opens its conversation, on the event loop, it
+stopped the whole daemon that long (feeds, hooks, every other agent) at the
+first wake after each start; so it is done in a thread: :func:`warm` as the
+agent loads, and :func:`open_conversation` waits for it off the loop.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import ssl
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+import anyio.to_thread
 import msgspec
 
 from daemon.errors import ModelAnswerError
@@ -305,10 +314,52 @@ class OpenAIConversation:
         await self._client.close()
 
 
-def open_conversation(
+#: The SDK each provider's conversation imports.
+SDKS: dict[str, str] = {"anthropic": "anthropic", "openai": "openai"}
+_warming: set[str] = set()  # SDKs a warm() thread was started for
+_ready: set[str] = set()  # SDKs imported and their client's TLS context built
+
+
+def _load(module: str) -> None:
+    importlib.import_module(module)
+    tls_context()
+
+
+def _load_quietly(module: str) -> None:
+    try:
+        _load(module)
+    except Exception:  # noqa: BLE001, S110 - the run's own import reports it
+        pass
+
+
+def warm(provider: str) -> None:
+    """Start importing ``provider``'s SDK in a thread of its own (once), so that the
+    agent's first run finds it loaded."""
+    module = SDKS.get(provider)
+    if module is None or module in _warming or module in _ready:
+        return
+    _warming.add(module)
+    threading.Thread(
+        target=_load_quietly, args=(module,), name=f"import {module}", daemon=True
+    ).start()
+
+
+async def sdk_ready(provider: str) -> None:
+    """Have ``provider``'s SDK imported without holding the event loop: in a worker
+    thread, which waits on the import lock while :func:`warm`'s import runs.
+    Raises what the import raises (an SDK missing)."""
+    module = SDKS.get(provider)
+    if module is None or module in _ready:
+        return
+    await anyio.to_thread.run_sync(_load, module)
+    _ready.add(module)
+
+
+async def open_conversation(
     cfg: RunnerConfig, system: str, user: str, tools: list[ToolSpec]
 ) -> Conversation:
-    """The conversation for ``cfg.provider``."""
+    """The conversation for ``cfg.provider``, its SDK loaded off the event loop."""
+    await sdk_ready(str(cfg.provider))
     if cfg.provider == "anthropic":
         return AnthropicConversation(cfg, system, user, tools)
     if cfg.provider == "openai":

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -41,6 +41,7 @@ from daemon.llm.conversation import (
     ToolSpec,
     Turn,
     open_conversation,
+    warm,
 )
 from daemon.llm.prompt import render_context, system_prompt
 from daemon.tools.base import Registry, render
@@ -50,7 +51,7 @@ from daemon.wake.policy import RunnerConfig
 from daemon.wake.runners import Spent
 
 log = structlog.get_logger("llm")
-OpenConversation = Callable[[RunnerConfig, str, str, list[ToolSpec]], Conversation]
+OpenConversation = Callable[[RunnerConfig, str, str, list[ToolSpec]], Awaitable[Conversation]]
 # Sees the run as it goes (``marketwake agent run`` prints it): the prompt, each
 # model turn, and each tool call with its answer.
 Observer = Callable[["Step"], None]
@@ -167,6 +168,8 @@ class LlmRunner:
         self._observe: Observer = observer or (lambda _: None)
         if tools is not None and config.max_tool_calls:
             tools.specs()  # the tools' modules load as the agent does, not at its first wake
+        if open_conv is open_conversation:
+            warm(str(config.provider))  # its SDK too, in a thread (see daemon/llm/conversation.py)
 
     async def run(self, ctx: WakeContext, spent: Spent | None = None) -> RunResult:
         """The whole run; failures and the deadline are reported in the result;
@@ -190,7 +193,7 @@ class LlmRunner:
                     system, user = await system_prompt(self.agent_dir), render_context(ctx)
                     self._observe(Step("system", system))
                     self._observe(Step("user", user))
-                    conv = self._open(cfg, system, user, specs)
+                    conv = await self._open(cfg, system, user, specs)
                     await self._loop(conv, tally, tools, spent)
                 except Exception as exc:  # noqa: BLE001 - an API or protocol failure ends this run only
                     status, tally.stop = "failed", "error"

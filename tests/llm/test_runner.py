@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from daemon.tools.context import ToolContext
 from daemon.wake.context import WakeContext, WakeReason
 from daemon.wake.policy import RunnerConfig
 from tests.llm.fakes import anthropic_turn, fake_anthropic, fake_openai, openai_turn
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 class Nap(msgspec.Struct, frozen=True):
@@ -440,3 +444,59 @@ def test_the_llm_runner_is_the_runner_that_reports_its_spend() -> None:
     assert is_spending(LlmRunner(cfg("anthropic", "http://127.0.0.1:9")))
     assert not is_spending(LogRunner())
     assert not is_spending(CommandRunner(["true"]))
+
+
+FIRST_RUN = """
+import importlib.abc, json, sys, threading
+
+import anyio
+
+importers = []  # for each import of the SDK: whether on the main (event loop) thread
+
+
+class Spy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "{sdk}":
+            importers.append(threading.current_thread() is threading.main_thread())
+
+
+sys.meta_path.insert(0, Spy())
+
+from daemon.llm.runner import LlmRunner
+from tests.llm.fakes import {fake}, {turn}
+from tests.llm.test_runner import CTX, cfg
+
+
+async def main():
+    async with {fake}([{turn}(text="Nothing to do.")]) as (fake, url):
+        result = await LlmRunner(cfg("{provider}", url)).run(CTX)
+    print(json.dumps({{"status": result.status, "error": result.error, "importers": importers}}))
+
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_first_run_imports_its_sdk_off_the_event_loop(provider: str) -> None:
+    """Importing the SDK (~1-2 s of CPU) where the first run opened its conversation
+    held the event loop, so the whole daemon, that long: a fresh interpreter sees
+    the SDK imported once, and not on the loop's thread."""
+    fake, turn = (
+        ("fake_openai", "openai_turn")
+        if provider == "openai"
+        else ("fake_anthropic", "anthropic_turn")
+    )
+    code = FIRST_RUN.format(sdk=provider, provider=provider, fake=fake, turn=turn)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["status"] == "ok", seen["error"]
+    assert seen["importers"] == [False]
