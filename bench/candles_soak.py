@@ -55,7 +55,16 @@ from pathlib import Path
 import anyio
 from aiohttp import web
 from procs import rss_kib  # bench/ is first on sys.path when run as a script
-from soak_check import Model, audit_rows, check_runs, llm_agent, serve_app, tree_bytes
+from soak_check import (
+    Model,
+    audit_rows,
+    check_runs,
+    llm_agent,
+    loop_stalls,
+    serve_app,
+    status,
+    tree_bytes,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCTS = ["BTC-USD", "ETH-USD", "SOL-USD", "DOGE-USD"]
@@ -328,13 +337,15 @@ def main() -> None:
                     time.sleep(0.2)
                 if daemon.poll() is not None:
                     sys.exit(f"the daemon exited by itself ({daemon.returncode}); see its log")
-                rss = rss_kib(daemon.pid)
+                rss, stalls = rss_kib(daemon.pid), loop_stalls(status(tmp / "state"))
                 kill = n < len(stops) and rng.random() < args.kill_share
                 kills += kill
                 daemon.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
                 codes.append(daemon.wait(timeout=60))
                 up = time.monotonic() - begun
-                at_stop.append(f"{'kill' if kill else 'term'} {rss / 1024:.0f} MiB (up {up:.0f} s)")
+                at_stop.append(
+                    f"{'kill' if kill else 'term'} {rss / 1024:.0f} MiB (up {up:.0f} s, {stalls})"
+                )
                 if n < len(stops):
                     time.sleep(rng.uniform(1.0, 5.0))
         finally:
@@ -352,7 +363,9 @@ def main() -> None:
             f" hours), {len(products)} products x {timeframes}; requests {dict(exchange.requests)};"
             f" {args.restarts} restarts"
         )
-        print(f"stops (daemon RSS then): {', '.join(at_stop)}; exit codes {codes}")
+        print(
+            f"stops (daemon RSS and event loop stalls then): {', '.join(at_stop)}; exit codes {codes}"
+        )
         print(f"state dir {tree_bytes(tmp / 'state') / 2**20:.1f} MiB; {len(rows)} audit rows,"
               f" {torn} torn lines; {len(errors)} error lines in the daemon's log")  # fmt: skip
         for line in lines:

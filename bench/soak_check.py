@@ -245,6 +245,14 @@ def status(state_dir: Path) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
+def loop_stalls(found: dict[str, object]) -> str:
+    """The event loop's stalls as ``status`` has them."""
+    loop = found.get("loop")
+    if not isinstance(loop, dict):
+        return "loop stalls ?"
+    return f"loop stalls {loop.get('stalls')} (longest {loop.get('longest_ms')} ms)"
+
+
 def counters(found: dict[str, object], model: Model | None) -> str:
     bus = found.get("bus")
     parts = found.get("components")
@@ -253,7 +261,8 @@ def counters(found: dict[str, object], model: Model | None) -> str:
     hooks = hooks if isinstance(hooks, dict) else {}
     return (
         f"published {bus.get('published', '?')}, coalesced {bus.get('coalesced', '?')}, "
-        f"evaluations {hooks.get('evaluations', '?')}, suppressed {hooks.get('suppressed', '?')}"
+        f"evaluations {hooks.get('evaluations', '?')}, suppressed {hooks.get('suppressed', '?')}, "
+        f"{loop_stalls(found)}"
         + (f"; model requests {model.requests}, {_runs(hooks)}" if model is not None else "")
     )
 

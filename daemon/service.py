@@ -41,6 +41,7 @@ from daemon.errors import ConfigError, StoreError
 from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent
 from daemon.inputfile import read_input
 from daemon.logs import Outage
+from daemon.loopwatch import LoopWatch
 from daemon.recorder import record
 from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
@@ -142,6 +143,7 @@ class Service:
         self.notifier = notifier or Notifier()
         # Feed stall timers and the watchdog ping (a ManualClock in tests).
         self.clock: Clock = clock or MonotonicClock()
+        self.loop_watch = LoopWatch()  # (on the monotonic clock whatever ``clock`` is)
         self.bus = Bus(queue_size=config.bus.queue_size)
         self.state = StateCache.from_config(config.state)
         # false ([state] shared): nobody reads self.state, which stays empty.
@@ -472,6 +474,7 @@ class Service:
             self.state.statistics() if self._shared_state else {},
             {name: provider() for name, provider in self.status_providers.items()},
             self.run_id,
+            self.loop_watch.status(),
         )
 
     def published_by_feeds(self) -> int:
@@ -572,6 +575,7 @@ class Service:
                     ftg.start_soon(self._watchdog, self.notifier.watchdog_interval)
                 ftg.start_soon(self._status_loop)
                 ftg.start_soon(self._stall_monitor)
+                ftg.start_soon(self.loop_watch.run)
                 ftg.start_soon(self._wait_for_finish)
             await self._stop.wait()
             self.notifier.stopping()

@@ -17,6 +17,7 @@ import msgspec
 
 from daemon.errors import NOT_JSON, StoreError, WorkspaceFileError
 from daemon.events import iso_ms
+from daemon.loopwatch import LoopStalls
 from daemon.statedir import STATUS_FILE
 from hooks_runtime.safe_read import read_regular
 
@@ -206,6 +207,7 @@ class Status(msgspec.Struct, frozen=True):
     # "accounts" as AccountStatus by account id.
     components: dict[str, Any] = {}
     run_id: str = ""
+    loop: LoopStalls | None = None  # (None: written by a version before it)
 
     @property
     def hooks(self) -> HooksStatus | None:

@@ -181,6 +181,13 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
         if st.state
         else "state: no shared cache ([state] shared = false: each agent keeps its own)"
     )
+    if st.loop is not None and st.loop.stalls:
+        lp = st.loop
+        lines.append(
+            f"event loop: {counted(lp.stalls, 'stall')} of {lp.threshold_ms:g} ms or more "
+            f"(nothing else ran meanwhile), longest {lp.longest_ms:g} ms, latest "
+            f"{lp.last_ms:g} ms at {lp.last_at}"
+        )
     hooks = st.hooks
     if hooks is not None:
         health = [h for a in hooks.agents.values() for h in a.hook_health.values()]
