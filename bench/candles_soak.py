@@ -60,6 +60,7 @@ from soak_check import (
     audit_rows,
     check_runs,
     llm_agent,
+    log_lines,
     loop_stalls,
     serve_app,
     status,
@@ -337,14 +338,14 @@ def main() -> None:
                     time.sleep(0.2)
                 if daemon.poll() is not None:
                     sys.exit(f"the daemon exited by itself ({daemon.returncode}); see its log")
-                rss, stalls = rss_kib(daemon.pid), loop_stalls(status(tmp / "state"))
+                rss, loop = rss_kib(daemon.pid), loop_stalls(status(tmp / "state"))
                 kill = n < len(stops) and rng.random() < args.kill_share
                 kills += kill
                 daemon.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
                 codes.append(daemon.wait(timeout=60))
                 up = time.monotonic() - begun
                 at_stop.append(
-                    f"{'kill' if kill else 'term'} {rss / 1024:.0f} MiB (up {up:.0f} s, {stalls})"
+                    f"{'kill' if kill else 'term'} {rss / 1024:.0f} MiB (up {up:.0f} s, {loop})"
                 )
                 if n < len(stops):
                     time.sleep(rng.uniform(1.0, 5.0))
@@ -353,11 +354,8 @@ def main() -> None:
             thread.join(timeout=5)
         rows, torn = audit_rows(tmp / "state" / "audit")
         lines, problems = check(rows, 1 if args.llm else HOOKS)
-        errors = [
-            line
-            for line in log_path.read_text(errors="replace").splitlines()
-            if '"level":"error"' in line or '"level":"critical"' in line
-        ]
+        errors = log_lines(log_path, "error", "critical")
+        stalls = [ln for ln in log_lines(log_path, "warning") if "loop stalled" in ln]
         print(
             f"{args.minutes:g} min at {args.speed:g}x ({args.minutes * args.speed / 60:.0f} server"
             f" hours), {len(products)} products x {timeframes}; requests {dict(exchange.requests)};"
@@ -370,7 +368,7 @@ def main() -> None:
               f" {torn} torn lines; {len(errors)} error lines in the daemon's log")  # fmt: skip
         for line in lines:
             print(" ", line)
-        for line in errors[:5]:
+        for line in errors[:5] + stalls[:5]:
             print("  log:", line[:300])
         if args.llm:
             problems += check_runs(tmp / "state", model, kills)

@@ -245,6 +245,20 @@ def status(state_dir: Path) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
+def log_lines(path: Path, *levels: str) -> list[str]:
+    """The daemon's log lines (JSON, one a line) at ``levels``; a line that is not
+    JSON (a traceback) counts as an error."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            level = json.loads(line).get("level")
+        except (ValueError, AttributeError):
+            level = "error"
+        if level in levels:
+            found.append(line)
+    return found
+
+
 def loop_stalls(found: dict[str, object]) -> str:
     """The event loop's stalls as ``status`` has them."""
     loop = found.get("loop")
@@ -446,16 +460,13 @@ def main() -> None:
             server.stop.set()
             thread.join(timeout=5)
             log.close()
-        errors = [
-            line
-            for line in (tmp / "daemon.log").read_text(errors="replace").splitlines()
-            if '"level":"error"' in line or '"level":"critical"' in line
-        ]
+        errors = log_lines(tmp / "daemon.log", "error", "critical")
+        stalls = [ln for ln in log_lines(tmp / "daemon.log", "warning") if "loop stalled" in ln]
         if args.restarts:
             problems = check_runs(tmp / "state", model, kills)
             print(f"{args.restarts} restarts ({kills} kills); daemon exit code {code}; "
                   f"{len(errors)} error lines in its log")  # fmt: skip
-            for line in errors[:5]:
+            for line in errors[:5] + stalls[:5]:
                 print("  log:", line[:300])
             print("problems: " + ("; ".join(problems) if problems else "none"))
             sys.exit(1 if problems else 0)
@@ -475,7 +486,7 @@ def main() -> None:
                 f"{name:22} growth per minute: first half {first:+9.1f} {unit}, "
                 f"second half {second:+9.1f} {unit}; at the end {xs[-1][1] // scale:,} {unit}"
             )
-        for line in errors[:5]:
+        for line in errors[:5] + stalls[:5]:
             print("  log:", line[:300])
 
 
