@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -525,6 +526,39 @@ async def test_write_ahead_does_not_wait_for_the_compression_of_a_closed_part(
         w.write_ahead()
         assert time.monotonic() - start < 0.5 and w.write_aheads == 1
     assert [r["reason"] for r in lines(tmp_path)] == ["r0", "r1", "r2", "r3"]
+
+
+async def test_write_ahead_does_not_wait_for_the_fsync_of_the_part_a_rollover_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollover fsyncs the part it closes; on a busy disk that took up to ~0.5 s, and
+    it was done holding the lock write_ahead takes, so an action (and the whole event
+    loop) waited for it. The rows of the action go to the new part meanwhile."""
+    from daemon.audit import writer
+
+    syncing = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if not syncing.is_set():
+            syncing.set()
+            time.sleep(1.0)
+        real_fsync(fd)
+
+    monkeypatch.setattr(writer.os, "fsync", slow_fsync)
+    async with open_audit(tmp_path, flush_every=1, flush_interval=3600, max_file_bytes=600) as w:
+        w.write(hook(reason="r0"))
+        w.write(hook(reason="r1"))  # the two fill the first part; the next rolls over
+        with anyio.fail_after(5):
+            await w.next_flush()
+        w.write(hook(reason="r2"))
+        assert await anyio.to_thread.run_sync(syncing.wait, 5)
+        w.write(hook(reason="r3"))
+        start = time.monotonic()
+        w.write_ahead()
+        assert time.monotonic() - start < 0.5 and w.write_aheads == 1
+    assert [r["reason"] for r in lines(tmp_path)] == ["r0", "r1", "r2", "r3"]
+    assert w.compressed_files >= 1  # the closed part, once fsynced
 
 
 @pytest.mark.parametrize("seed", range(4))
