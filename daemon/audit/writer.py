@@ -372,16 +372,20 @@ class AuditWriter:
 
     def _check_bounds(self) -> None:
         """Compress closed parts and delete the oldest, if due. It holds its own lock:
-        :meth:`write_ahead` appends to the open part meanwhile."""
+        :meth:`write_ahead` appends to the open part meanwhile, and what it opens or
+        writes meanwhile makes the next check due (the marks are cleared first; a
+        check that fails is due again)."""
         if not self._bounds_due():
             return
         with self._bounds_lock:
+            with self._io_lock:  # (set under it: by _open_for and _append)
+                self._opened, self._unchecked = False, 0
             try:
                 self._sync_retired()
                 self._enforce_bounds()
             except OSError as exc:
+                self._opened = True
                 raise StoreError(f"{self.directory}: cannot apply audit bounds: {exc}") from None
-            self._opened, self._unchecked = False, 0
 
     def _append(self, day: str, data: bytes) -> None:
         fh = self._open_for(day)
