@@ -48,6 +48,7 @@ def test_a_late_wake_is_a_stall_and_the_warnings_are_spaced() -> None:
     logged = [(e["stalled_ms"], e["loop_cpu_ms"], e["stalls_not_logged"]) for e in warnings]
     assert logged == [(800, 790, 0), (260, 10, 2)]
     assert all(e["log_level"] == "warning" and e["threshold_ms"] == 250 for e in warnings)
+    assert all(e["at"] == "unknown" for e in warnings)  # (observed without the sampler)
     st = watch.status()
     assert (st.stalls, st.longest_ms, st.last_ms) == (4, 800.0, 260.0)
     assert st.last_at == "2025-11-24T16:00:20.000Z"
@@ -66,7 +67,7 @@ async def test_the_watch_measures_its_own_wakes() -> None:
         c.mono += seconds + late
         await anyio.lowlevel.checkpoint()
 
-    watch = LoopWatch(interval=0.1, now=lambda: c.mono, sleep=sleep)
+    watch = LoopWatch(interval=0.1, now=lambda: c.mono, sleep=sleep, sample=False)
     with pytest.raises(Done):
         await watch.run()
     assert watch.stalls == 1 and round(watch.longest, 3) == 0.7
@@ -95,6 +96,9 @@ async def test_a_consumer_that_blocks_the_loop_shows_in_the_log_and_the_status(
     warned = [e for e in logs if e["event"].startswith("event loop stalled")]
     assert len(warned) == 1 and warned[0]["stalled_ms"] >= 300
     assert warned[0]["loop_cpu_ms"] < 200  # time.sleep() holds the loop without CPU
+    # Where the loop was, innermost first: the subscriber that blocked it.
+    assert warned[0]["at"].startswith("tests/test_loopwatch.py:"), warned[0]["at"]
+    assert " blocking < " in warned[0]["at"]
     st = read_status(tmp_path / "state")
     assert st.loop is not None and st.loop.stalls == 1 and st.loop.longest_ms >= 300
     shown = _render_status(st, None)
