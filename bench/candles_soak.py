@@ -56,13 +56,12 @@ import anyio
 from aiohttp import web
 from procs import rss_kib  # bench/ is first on sys.path when run as a script
 from soak_check import (
-    Model,
     audit_rows,
     check_runs,
-    llm_agent,
     log_lines,
     loop_stalls,
     serve_app,
+    start_model,
     status,
     tree_bytes,
 )
@@ -305,18 +304,12 @@ def main() -> None:
         thread.start()
         agents, model = ROOT / "agents", None
         if args.llm:
-            model, model_sock = Model(args.model_delay), socket.socket()
-            model_sock.bind(("127.0.0.1", 0))
-            model_sock.listen()
             agents = tmp / "agents"
-            llm_agent(
-                agents, model_sock.getsockname()[1],
+            model = start_model(
+                args.model_delay, agents, stop,
                 hook=SMALL_BODY_WAKE, topic="market.candle.closed", wake=LLM_WAKE,
                 deadline=max(10.0, 3 * args.model_delay + 5),  # two answers: no timeouts
             )  # fmt: skip
-            threading.Thread(
-                target=anyio.run, args=(model.serve, model_sock, stop), daemon=True
-            ).start()
         cfg = config(tmp, sock.getsockname()[1], products, timeframes, agents)
         log_path = tmp / "daemon.log"
         end = time.monotonic() + args.minutes * 60

@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -209,6 +210,18 @@ class Model:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.completions)
         await serve_app(app, sock, stop)
+
+
+def start_model(delay: float, agents: Path, stop: threading.Event, **agent: Any) -> Model:
+    """A loopback :class:`Model` serving in a thread of its own until ``stop``, and the
+    ``--llm`` agent written in ``agents`` to use it (``agent``: :func:`llm_agent`'s
+    options)."""
+    model, sock = Model(delay), socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    llm_agent(agents, sock.getsockname()[1], **agent)
+    threading.Thread(target=anyio.run, args=(model.serve, sock, stop), daemon=True).start()
+    return model
 
 
 async def serve_app(app: web.Application, sock: socket.socket, stop: threading.Event) -> None:
@@ -402,14 +415,8 @@ def main() -> None:
         thread.start()
         agents, model = ROOT / "agents", None
         if args.llm:
-            model, model_sock = Model(args.model_delay), socket.socket()
-            model_sock.bind(("127.0.0.1", 0))
-            model_sock.listen()
             agents = tmp / "agents"
-            llm_agent(agents, model_sock.getsockname()[1])
-            threading.Thread(
-                target=anyio.run, args=(model.serve, model_sock, server.stop), daemon=True
-            ).start()
+            model = start_model(args.model_delay, agents, server.stop)
         cfg = config(tmp, sock.getsockname()[1], products, args.audit_mb, agents)
         log = (tmp / "daemon.log").open("wb")
         command = [sys.executable, "-m", "daemon.cli", "run", "--config", str(cfg)]
