@@ -20,7 +20,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from types import FrameType
 
@@ -41,13 +40,20 @@ FRAMES = 6  # of the loop's thread, innermost, in a stall's warning
 
 def where(frame: FrameType | None) -> str:
     """The innermost :data:`FRAMES` frames from ``frame`` outwards, innermost first:
-    ``file:line function`` (the file's last two path parts)."""
-    if frame is None:
-        return ""
-    stack = traceback.extract_stack(frame, limit=FRAMES)
-    return " < ".join(
-        f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.name}" for f in reversed(stack)
-    )
+    ``file:line function`` (the file's last two path parts). The import system's
+    own frames are left out; each module being imported shows as ``import NAME``."""
+    parts: list[str] = []
+    while frame is not None and len(parts) < FRAMES:
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib"):
+            name = frame.f_locals.get("name") if code.co_name == "_find_and_load" else None
+            if isinstance(name, str):
+                parts.append(f"import {name}")
+        else:
+            file = "/".join(code.co_filename.split("/")[-2:])
+            parts.append(f"{file}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return " < ".join(parts)
 
 
 class LoopStalls(msgspec.Struct, frozen=True, kw_only=True):

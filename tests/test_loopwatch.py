@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,3 +105,25 @@ async def test_a_consumer_that_blocks_the_loop_shows_in_the_log_and_the_status(
     assert st.loop is not None and st.loop.stalls == 1 and st.loop.longest_ms >= 300
     shown = _render_status(st, None)
     assert "event loop: 1 stall of 250 ms or more" in shown
+
+
+async def test_a_stall_in_an_import_names_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module imported on the loop (an SDK's was, at a first run): the warning
+    names it, not the import system's own frames."""
+    (tmp_path / "slow_to_import.py").write_text("import time\n\ntime.sleep(0.6)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
+    watch = LoopWatch()
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch.run)
+            await anyio.sleep(0.3)
+            importlib.import_module("slow_to_import")
+            await anyio.sleep(0.3)
+            tg.cancel_scope.cancel()
+    (warned,) = [e for e in logs if e["event"].startswith("event loop stalled")]
+    at = warned["at"].split(" < ")
+    assert at[0].endswith("slow_to_import.py:3 <module>") and at[1] == "import slow_to_import"
+    assert not any("<frozen" in frame for frame in at)
