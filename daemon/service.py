@@ -372,7 +372,7 @@ class Service:
         self.write_status(running=True)  # `marketwake status` works from READY on
         while True:
             await anyio.sleep(self.config.daemon.status_interval_seconds)
-            status = self.write_status(running=True)
+            status = await self.write_status_in_thread()
             await self._save_snapshot()
             stats = status.bus
             books = {
@@ -497,17 +497,27 @@ class Service:
         """The status as of now, for the control socket (``marketwake status``)."""
         return msgspec.json.encode(self.status(running=True))
 
+    async def write_status_in_thread(self) -> Status:
+        """The periodic status: taken on the loop, written from a worker thread (the
+        rename took 610 ms once on a busy disk, holding the whole loop)."""
+        status = self.status(running=True)
+        await anyio.to_thread.run_sync(self._save_status, status)
+        return status
+
     def write_status(self, *, running: bool) -> Status:
         """Write status.json atomically (temp file + rename); a failure (a full disk) is
         logged once until a write works again, and the daemon goes on."""
         status = self.status(running=running)
+        self._save_status(status)
+        return status
+
+    def _save_status(self, status: Status) -> None:
         try:
             write_status(self.state_dir, status)
         except StoreError as exc:
             self._status_outage.failed(str(exc))
         else:
             self._status_outage.worked()
-        return status
 
     # -- main ----------------------------------------------------------------
 

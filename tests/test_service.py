@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -421,3 +422,29 @@ async def test_a_state_dir_that_takes_no_status_or_snapshot_does_not_stop_the_da
         "state snapshot not written",
     ]
     assert not (state / "status.json").exists()
+
+
+async def test_the_periodic_status_is_written_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status.json's write and rename took 610 ms once on a busy disk, holding every
+    feed and hook: the periodic writes happen in a worker thread (the first, before
+    READY, and the last, at the stop, on the loop: nothing else runs then)."""
+    from daemon import service as service_mod
+
+    on_loop: list[bool] = []
+    real = service_mod.write_status
+
+    def spy(state_dir: Path, status: Status) -> None:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        real(state_dir, status)
+
+    monkeypatch.setattr(service_mod, "write_status", spy)
+    events = [candle(i) for i in range(20)]
+    cfg = make_config(tmp_path, status_interval_seconds=0.05)
+    svc = Service(cfg, lambda _: [ListFeed("list", events, gap=0.02)])
+    with anyio.fail_after(10):
+        await svc.run()
+    assert len(on_loop) >= 4
+    assert on_loop[0] and on_loop[-1] and not any(on_loop[1:-1])
+    assert read_status(tmp_path / "state").bus.published == 20
