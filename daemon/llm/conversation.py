@@ -314,8 +314,8 @@ class OpenAIConversation:
         await self._client.close()
 
 
-#: The SDK each provider's conversation imports.
-SDKS: dict[str, str] = {"anthropic": "anthropic", "openai": "openai"}
+#: The providers, each the name of the SDK its conversation imports.
+SDKS = frozenset({"anthropic", "openai"})
 _warming: set[str] = set()  # providers a warm() thread was started for
 _ready: set[str] = set()  # providers whose SDK is loaded (see _load)
 
@@ -325,7 +325,7 @@ def _load(provider: str) -> None:
     that loads what a first request would otherwise import on the loop (the HTTP/1.1
     and HTTP/2 transports, the API resources: ~70 ms of CPU, a 336 ms stall under
     load in a soak). The client is never used."""
-    sdk = importlib.import_module(SDKS[provider])
+    sdk = importlib.import_module(provider)
     http = sdk.DefaultAsyncHttpxClient(verify=tls_context())
     if provider == "anthropic":
         _ = sdk.AsyncAnthropic(api_key="warm-up", http_client=http).messages
@@ -347,7 +347,7 @@ def warm(provider: str) -> None:
         return
     _warming.add(provider)
     threading.Thread(
-        target=_load_quietly, args=(provider,), name=f"import {SDKS[provider]}", daemon=True
+        target=_load_quietly, args=(provider,), name=f"import {provider}", daemon=True
     ).start()
 
 
