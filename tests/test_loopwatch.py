@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ import structlog.testing
 from daemon.bus import Subscription
 from daemon.cli.run import _render_status
 from daemon.config import Config
+from daemon.errors import StoreError
 from daemon.loopwatch import LoopWatch
 from daemon.service import Service
 from daemon.status import read_status
@@ -127,3 +129,22 @@ async def test_a_stall_in_an_import_names_the_module(
     at = warned["at"].split(" < ")
     assert at[0].endswith("slow_to_import.py:3 <module>") and at[1] == "import slow_to_import"
     assert not any("<frozen" in frame for frame in at)
+
+
+async def test_a_status_files_loop_part_that_is_not_one_is_refused_or_shown_escaped(
+    tmp_path: Path,
+) -> None:
+    """`loop` as status.json has it, edited by hand or damaged: a wrong type is refused
+    naming the field; control characters in `last_at` are shown escaped."""
+    events = [candle(i) for i in range(3)]
+    await Service(make_config(tmp_path), lambda _: [ListFeed("list", events)]).run()
+    path = tmp_path / "state" / "status.json"
+    written = json.loads(path.read_bytes())
+    written["loop"] = {"threshold_ms": "nope"}
+    path.write_text(json.dumps(written))
+    with pytest.raises(StoreError, match=r"\$\.loop\.threshold_ms"):
+        read_status(tmp_path / "state")
+    written["loop"] = {"threshold_ms": 250, "stalls": 2, "last_at": "\x1b[2Jgone"}
+    path.write_text(json.dumps(written))
+    shown = _render_status(read_status(tmp_path / "state"), None)
+    assert "\x1b" not in shown and "\\x1b[2Jgone" in shown
