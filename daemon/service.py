@@ -47,6 +47,7 @@ from daemon.sdnotify import Notifier
 from daemon.state import StateCache, read_snapshot, write_snapshot
 from daemon.statedir import REPLAY_FILE, SNAPSHOT_FILE, StateDirLock
 from daemon.status import FeedStatus, Status, write_status
+from daemon.walkeeper import KEEPER
 from feeds.base import Feed, FeedHealth, Resumable
 
 SETTLED_TOPICS = frozenset({MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK})  # what Service.settle gates
@@ -545,6 +546,7 @@ class Service:
         with anyio.open_signal_receiver(*sigs) as signals:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._signals, signals)
+                tg.start_soon(KEEPER.run)  # the stores' WAL checkpoints, off the loop
                 consumers = anyio.CancelScope()
                 tg.start_soon(self._run_consumers, consumers)
                 async with AsyncExitStack() as stack:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from daemon.errors import StoreError
+from daemon.walkeeper import KEEPER
 
 #: Statements per transaction of a store opened with ``batch`` (see :class:`Connection`).
 BATCH_STATEMENTS = 256
@@ -88,6 +89,7 @@ class Connection(sqlite3.Connection):
                 super().execute("COMMIT")
 
     def close(self) -> None:
+        KEEPER.forget(self)
         if self.batch and self.in_transaction and not self._depth:
             super().execute("COMMIT")  # what batching held (an unfinished atomic() is not)
         super().close()
@@ -117,7 +119,9 @@ def open_sqlite(
     ``batch``: with ``synchronous`` OFF only (scratch state), group statements into
     transactions (see :class:`Connection`) and hold the file for this process alone
     (EXCLUSIVE locking: no lock taken and released per statement; nothing else may
-    open the store while the daemon runs).
+    open the store while the daemon runs). A store that syncs is given to the WAL
+    keeper (:mod:`daemon.walkeeper`), which checkpoints it from a worker thread while
+    the service runs.
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,4 +143,6 @@ def open_sqlite(
         except sqlite3.Error as exc:
             raise StoreError(f"{path}: cannot open {what}: {exc}") from None
         db.batch = BATCH_STATEMENTS
+    elif synchronous != "OFF":
+        KEEPER.register(db, path, synchronous)  # its WAL checkpoints off this thread
     return db

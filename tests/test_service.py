@@ -21,8 +21,10 @@ from daemon.config import BusSection, Config, DaemonSection, StateSection
 from daemon.events import MARKET_CANDLE_CLOSED, FeedEvent, decode, encode
 from daemon.sdnotify import Notifier
 from daemon.service import Service
+from daemon.sqlite import open_sqlite
 from daemon.statedir import SNAPSHOT_FILE
 from daemon.status import Status, read_status
+from daemon.walkeeper import BACKSTOP_PAGES, KEEPER
 from feeds.base import Feed, FeedHealth, Publish
 
 
@@ -448,3 +450,33 @@ async def test_the_periodic_status_is_written_off_the_event_loop(
     assert len(on_loop) >= 4
     assert on_loop[0] and on_loop[-1] and not any(on_loop[1:-1])
     assert read_status(tmp_path / "state").bus.published == 20
+
+
+async def test_the_service_checkpoints_its_durable_stores_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable store written on the loop only appends to its WAL while the service
+    runs: the WAL keeper checkpoints it, and restarts the WAL, from a worker thread
+    (docs/daemon.md, "Event loop stalls")."""
+    monkeypatch.setattr(KEEPER, "interval", 0.05)
+    db = open_sqlite(tmp_path / "x.sqlite3", "test store", schema="CREATE TABLE t (x);")
+    pages: list[int] = []
+
+    async def writer(sub: Subscription) -> None:
+        async for _ in sub:
+            db.execute("INSERT INTO t VALUES (1)")
+            pages.append(db.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    kept = KEEPER.stats.restarts
+    events = [candle(i) for i in range(30)]
+    svc = Service(
+        make_config(tmp_path),
+        lambda _: [ListFeed("list", events, gap=0.02)],
+        consumers=[("w", writer)],
+    )
+    with anyio.fail_after(10):
+        await svc.run()
+    assert pages == [BACKSTOP_PAGES] * 30  # (the store does not checkpoint itself)
+    assert KEEPER.stats.restarts > kept
+    assert db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # (stopped)
+    db.close()
