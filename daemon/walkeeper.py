@@ -53,6 +53,7 @@ class _Side:
     """The keeper's own connection to one store, used from its worker thread only."""
 
     db: sqlite3.Connection
+    inode: int  # of the file it opened: a store made anew at the same path is reopened
     version: int = -1  # data_version at the last pass: unchanged, nobody else wrote
 
 
@@ -135,7 +136,7 @@ class WalKeeper:
             for path, synchronous in targets.items():
                 try:
                     self._keep_one(path, synchronous)
-                except sqlite3.Error as exc:
+                except (OSError, sqlite3.Error) as exc:
                     self.stats.errors += 1
                     side = self._sides.pop(path, None)
                     if side is not None:
@@ -143,9 +144,13 @@ class WalKeeper:
                     log.warning("WAL checkpoint failed", store=str(path), error=str(exc))
 
     def _keep_one(self, path: Path, synchronous: str) -> None:
+        inode = path.stat().st_ino
         side = self._sides.get(path)
+        if side is not None and side.inode != inode:
+            self._sides.pop(path).db.close()
+            side = None
         if side is None:
-            side = self._sides[path] = _Side(_open_side(path, synchronous))
+            side = self._sides[path] = _Side(_open_side(path, synchronous), inode)
         db = side.db
         (version,) = db.execute("PRAGMA data_version").fetchone()
         if version == side.version:
@@ -173,7 +178,13 @@ class WalKeeper:
 
 
 def _open_side(path: Path, synchronous: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    # (mode=rw: a store gone since it registered is not made again, empty, here)
+    db = sqlite3.connect(
+        f"{path.resolve().as_uri()}?mode=rw",
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+    )
     try:
         db.execute(f"PRAGMA synchronous={synchronous}")
         db.execute("PRAGMA busy_timeout=0")  # never wait for a store: skip instead

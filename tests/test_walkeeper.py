@@ -183,3 +183,27 @@ def test_passes_from_two_threads_take_turns_while_the_store_writes(tmp_path: Pat
 @pytest.fixture(autouse=True)
 def _no_stray_keeper_state() -> None:
     assert KEEPER._runners == 0
+
+
+def test_a_store_made_anew_at_its_path_is_kept_and_a_vanished_one_is_not_made_again(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.sqlite3"
+    keeper = WalKeeper()
+    for restarts in (1, 2):  # the second store is a new file where the first was
+        db = store(path)
+        keeper.register(db, path, "NORMAL")
+        write(db)
+        written = wal_header(path)
+        keeper.keep(keeper.targets())
+        assert keeper.stats.restarts == restarts
+        restarted = wal_header(path)
+        assert restarted != written  # (this store's WAL, not the one deleted)
+        write(db, 1)
+        assert wal_header(path) == restarted
+        db.close()
+        for leftover in tmp_path.iterdir():
+            leftover.unlink()
+    keeper.keep({path: "NORMAL"})  # (a close it has not seen yet)
+    assert not path.exists() and keeper.stats.errors == 1
+    keeper.keep({})
