@@ -38,12 +38,17 @@ from pathlib import Path
 import anyio
 import structlog
 
+from daemon.logs import Outage
+
 log = structlog.get_logger("walkeeper")
 
 #: Pages a store's own connection lets its WAL reach while the keeper runs
 #: (SQLite's default is 1,000): only a keeper far behind leaves it a checkpoint.
 BACKSTOP_PAGES = 50_000
 SQLITE_DEFAULT_PAGES = 1_000
+CHECKPOINT_FAILED = (
+    "WAL checkpoint failed: the store checkpoints itself, on its own thread, past the backstop"
+)
 #: Seconds between passes.
 INTERVAL = 5.0
 
@@ -80,6 +85,7 @@ class WalKeeper:
         default_factory=weakref.WeakKeyDictionary
     )
     _sides: dict[Path, _Side] = field(default_factory=dict)
+    _outages: dict[Path, Outage] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # the registry
     _pass_lock: threading.Lock = field(default_factory=threading.Lock)  # one pass at a time
     _runners: int = 0
@@ -133,7 +139,14 @@ class WalKeeper:
             self.stats.passes += 1
             for path in [p for p in self._sides if p not in targets]:
                 self._sides.pop(path).db.close()
+            for path in [p for p in self._outages if p not in targets]:
+                del self._outages[path]
             for path, synchronous in targets.items():
+                outage = self._outages.get(path)
+                if outage is None:
+                    outage = self._outages[path] = Outage(
+                        log, CHECKPOINT_FAILED, "WAL checkpoints work again", level="warning"
+                    )
                 try:
                     self._keep_one(path, synchronous)
                 except (OSError, sqlite3.Error) as exc:
@@ -141,7 +154,9 @@ class WalKeeper:
                     side = self._sides.pop(path, None)
                     if side is not None:
                         side.db.close()
-                    log.warning("WAL checkpoint failed", store=str(path), error=str(exc))
+                    outage.failed(str(exc), store=str(path))
+                else:
+                    outage.worked(store=str(path))
 
     def _keep_one(self, path: Path, synchronous: str) -> None:
         inode = path.stat().st_ino
@@ -205,4 +220,4 @@ def _autocheckpoint(db: sqlite3.Connection, pages: int) -> None:
 #: The daemon's keeper: stores register with it as they open, the service runs it.
 KEEPER = WalKeeper()
 
-__all__ = ["BACKSTOP_PAGES", "INTERVAL", "KEEPER", "KeeperStats", "WalKeeper"]
+__all__ = ["BACKSTOP_PAGES", "CHECKPOINT_FAILED", "INTERVAL", "KEEPER", "KeeperStats", "WalKeeper"]

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+import structlog
+import structlog.testing
 
 from daemon.sqlite import Connection, open_sqlite
-from daemon.walkeeper import BACKSTOP_PAGES, KEEPER, WalKeeper
+from daemon.walkeeper import BACKSTOP_PAGES, CHECKPOINT_FAILED, KEEPER, WalKeeper
 
 
 def wal_header(path: Path) -> bytes:
@@ -105,8 +107,19 @@ def test_a_store_that_cannot_be_kept_is_logged_and_the_others_are_kept(tmp_path:
     keeper.register(db, path, "NORMAL")
     broken = tmp_path / "dir.sqlite3"
     broken.mkdir()  # (not a database: the keeper's connection cannot open it)
-    keeper.keep({broken: "NORMAL", **keeper.targets()})
-    assert (keeper.stats.errors, keeper.stats.restarts) == (1, 1)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            write(db, 1)
+            keeper.keep({broken: "NORMAL", **keeper.targets()})
+        broken.rmdir()
+        store(broken).close()  # fixed
+        keeper.keep({broken: "NORMAL", **keeper.targets()})
+    assert (keeper.stats.errors, keeper.stats.restarts) == (3, 3)  # (the good one each time)
+    said = [(e["log_level"], e["event"], e["store"]) for e in logs]
+    assert said == [  # once when it starts failing, once when it works again
+        ("warning", CHECKPOINT_FAILED, str(broken)),
+        ("info", "WAL checkpoints work again", str(broken)),
+    ]
     keeper.keep({})
     db.close()
 
