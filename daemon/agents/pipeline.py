@@ -94,7 +94,9 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
             broker = PaperBroker(
                 state_dir,
                 audited_publish(partial(_post, send), audit),
-                synchronous="FULL" if cfg.daemon.durable else "OFF",
+                # Durable: NORMAL, synced off the loop before its events leave.
+                synchronous="NORMAL" if cfg.daemon.durable else "OFF",
+                sync_before_emit=cfg.daemon.durable,
                 max_participation=cfg.trading.paper_max_participation,
                 costs=FillCosts(
                     maker_fee_bps=cfg.trading.paper_maker_fee_bps,

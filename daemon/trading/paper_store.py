@@ -7,7 +7,10 @@ migrated in one transaction: its rows move to :data:`LEGACY_ACCOUNT`
 ``agent.toml`` names ``account = "paper"``.
 
 One file, WAL mode, ``synchronous=FULL`` by default so a committed order
-survives a crash of the process or the machine. Orders are stored as their
+survives a crash of the process or the machine. The daemon opens it NORMAL
+instead and calls :meth:`PaperStore.sync` from a worker thread before anyone
+hears of what it committed (``PaperBroker(sync_before_emit=True)``): the same
+guarantee to everyone outside, without a sync in the event loop's thread. Orders are stored as their
 JSON body plus the few columns we query by. All methods are synchronous and
 short; callers group writes with :meth:`PaperStore.transaction` so a fill,
 its position change and its bracket children commit together or not at all.
@@ -15,6 +18,7 @@ its position change and its bracket children commit together or not at all.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -148,6 +152,19 @@ class PaperStore:
     def close(self) -> None:
         """Close the connection (idempotent)."""
         self._db.close()
+
+    def sync(self) -> None:
+        """Make every transaction committed so far durable: ``fdatasync`` the WAL, as
+        ``synchronous=FULL`` does inside each commit (the file's data whatever handle
+        wrote it). Blocks: the broker calls it from a worker thread."""
+        try:
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot sync the orders: {exc}") from None
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
