@@ -120,10 +120,10 @@ class PaperBroker:
         self._store = PaperStore(Path(state_dir) / "paper.sqlite3", synchronous)
         # With ``sync_before_emit`` (and the store NORMAL: its commits do not sync),
         # the account events of what was committed wait for a sync of the store in a
-        # worker thread, and leave in commit order: nobody hears of an order or a fill
-        # the disk may still lose, and the event loop never waits for the disk (a
+        # worker thread, and leave in commit order: no event, and no answer to
+        # submit/cancel/modify, tells of an order or a fill the disk may still lose
+        # (docs/trading.md, "Store"), and the event loop never waits for the disk (a
         # FULL commit's fdatasync took it up to ~4.5 ms idle, far longer under load).
-        # A caller of submit/cancel/modify gets its answer after that sync too.
         self._sync_before_emit = sync_before_emit
         self._unsynced: list[list[FeedEvent]] = []  # committed, in commit order
         self._emit_lock = anyio.Lock()
