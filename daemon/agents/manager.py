@@ -126,10 +126,13 @@ class AgentManager:
         self._rescan = rescan_outage()  # a store failure the rescans hit (a full disk)
         self._bad_revisions: set[tuple[str, str, str]] = set()
 
-    def _keep_source(self, spec: HookSpec) -> None:
+    async def _keep_source(self, spec: HookSpec) -> None:
+        """Keep a new revision's source; in a worker thread: its write syncs the file
+        and the directory (up to hundreds of ms on a loaded disk), and an edit reloads
+        while the feeds run."""
         assert self.revisions is not None
         try:
-            self.revisions.put(spec.revision, spec.source)
+            await anyio.to_thread.run_sync(self.revisions.put, spec.revision, spec.source)
         except StoreError as exc:  # the audit still names it; only a re-run is lost
             log.error("hook revision source not kept", hook=spec.hook_id, error=str(exc))
 
@@ -348,7 +351,7 @@ class AgentManager:
             new = store.record_revision(agent.agent_id, spec.hook_id, spec.revision, path, error)
             if new:
                 if self.revisions is not None:
-                    self._keep_source(spec)
+                    await self._keep_source(spec)
                 (log.error if error else log.info)(
                     "hook revision failed to compile" if error else "hook revision",
                     agent=agent.agent_id,

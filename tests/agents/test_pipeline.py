@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,27 @@ async def test_hot_reload_under_a_stream_keeps_every_event(tmp_path: Path) -> No
     revs = store.revisions("alpha", "wake_every")
     store.close()
     assert len(revs) == 3 and revs[-1][2] is not None and "compile" in revs[-1][2]
+
+
+async def test_a_new_revision_is_kept_from_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keeping a revision's source syncs the file and its directory: not on the event
+    loop, where an edit's reload would hold every feed for as long as the disk takes."""
+    from daemon.agents import revisions
+
+    on_loop: list[bool] = []
+    real = revisions.write_atomic
+
+    def spy(path: Path, data: bytes) -> None:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        real(path, data)
+
+    monkeypatch.setattr(revisions, "write_atomic", spy)
+    agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY, "wake_cool.py": COOL})
+    await run_service(tmp_path, agents, PacedFeed([candle(0)]))
+    assert on_loop == [False, False]
+    assert len(list((tmp_path / "state" / "revisions").glob("*.py"))) == 2
 
 
 @pytest.mark.parametrize("kind", ["wake", "autotrade"])
