@@ -150,6 +150,35 @@ async def test_while_the_keeper_runs_the_stores_do_not_checkpoint_themselves(
         conn.close()
 
 
+async def test_two_runners_share_the_keeper_until_the_last_one_stops(tmp_path: Path) -> None:
+    """(Two services in one process.) The stores checkpoint themselves again only when
+    no runner is left."""
+    path = tmp_path / "s.sqlite3"
+    db = store(path)
+    keeper = WalKeeper(interval=0.02)
+    keeper.register(db, path, "NORMAL")
+    async with anyio.create_task_group() as tg:
+        first, second = anyio.CancelScope(), anyio.CancelScope()
+
+        async def runner(scope: anyio.CancelScope) -> None:
+            with scope:
+                await keeper.run()
+
+        tg.start_soon(runner, first)
+        tg.start_soon(runner, second)
+        await anyio.sleep(0.05)
+        first.cancel()
+        await anyio.sleep(0.05)
+        assert autocheckpoint(db) == BACKSTOP_PAGES and keeper._runners == 1
+        write(db)
+        with anyio.fail_after(5):
+            while keeper.stats.restarts == 0:  # noqa: ASYNC110 (a worker thread counts)
+                await anyio.sleep(0.01)
+        second.cancel()
+    assert autocheckpoint(db) == 1000 and keeper._runners == 0 and not keeper._sides
+    db.close()
+
+
 def test_durable_stores_are_given_to_the_keeper_and_scratch_ones_are_not(
     tmp_path: Path,
 ) -> None:
