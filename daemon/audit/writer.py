@@ -357,7 +357,6 @@ class AuditWriter:
     def _write_rows(self, batch: list[tuple[str, bytes]]) -> None:
         """Append ``batch`` in order (the caller holds ``_io_lock``)."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
             start = 0
             while start < len(batch):
                 day = batch[start][0]
@@ -404,6 +403,7 @@ class AuditWriter:
             parts = [f.part + f.compressed for f in list_files(self.directory) if f.day == day]
             part = max(parts, default=0)
         self._retire_file()
+        self.directory.mkdir(parents=True, exist_ok=True)  # (made again if removed)
         while True:
             path = self.directory / file_name(day, part)
             if not path.exists() or path.stat().st_size < self.max_file_bytes:
