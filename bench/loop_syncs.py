@@ -120,7 +120,7 @@ def main() -> None:
             generate_candles(csv, seed=7, n=args.candles, timeframe="5m")
             what = f"{args.candles} synthetic candles ({args.data} not found)"
         trace = tmp / "strace.txt"
-        cmd = [strace, "-f", "--seccomp-bpf", "-y", "-T", "-e", "trace=fsync,fdatasync"]
+        cmd = [strace, "-f", "--seccomp-bpf", "-y", "-T", "-e", "trace=fsync,fdatasync,execve"]
         cmd += ["-o", str(trace)]  # (seccomp-bpf: only these calls stop the daemon)
         start = time.perf_counter()
         with (tmp / "daemon.log").open("wb") as log:
@@ -133,8 +133,8 @@ def main() -> None:
                 )
         took = time.perf_counter() - start
         lines = trace.read_text().splitlines()
-        # strace names the traced process's first thread (the event loop's) first.
-        loop_tid = int(lines[0].split()[0])
+        # The daemon's execve comes first; its pid is its first thread's, the loop's.
+        loop_tid = int(next(line for line in lines if "execve(" in line).split()[0])
         syncs = count(lines, loop_tid, str(tmp / "state"))
     total = sum(syncs.loop.values()) + sum(syncs.elsewhere.values())
     print(f"a durable replay of {what} through agents/example: {took:.1f} s under strace")
