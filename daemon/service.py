@@ -476,6 +476,7 @@ class Service:
             {name: provider() for name, provider in self.status_providers.items()},
             self.run_id,
             self.loop_watch.status(),
+            KEEPER.status(),
         )
 
     def published_by_feeds(self) -> int:

@@ -19,6 +19,7 @@ from daemon.errors import NOT_JSON, StoreError, WorkspaceFileError
 from daemon.events import iso_ms
 from daemon.loopwatch import LoopStalls
 from daemon.statedir import STATUS_FILE
+from daemon.walkeeper import WalStatus
 from hooks_runtime.safe_read import read_regular
 
 #: The most of status.json a reader takes (the control socket's answer cap).
@@ -208,6 +209,7 @@ class Status(msgspec.Struct, frozen=True):
     components: dict[str, Any] = {}
     run_id: str = ""
     loop: LoopStalls | None = None  # (None: written by a version before it)
+    wal: WalStatus | None = None  # the WAL keeper (daemon/walkeeper.py); likewise
 
     @property
     def hooks(self) -> HooksStatus | None:

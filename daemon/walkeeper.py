@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import msgspec
 import structlog
 
 from daemon.logs import Outage
@@ -60,6 +61,16 @@ class _Side:
     db: sqlite3.Connection
     inode: int  # of the file it opened: a store made anew at the same path is reopened
     version: int = -1  # data_version at the last pass: unchanged, nobody else wrote
+
+
+class WalStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The keeper in ``status``: what it did, and the stores it cannot checkpoint
+    (path: error), which checkpoint themselves, on their own thread, past the
+    backstop."""
+
+    checkpoints: int = 0
+    restarts: int = 0
+    failing: dict[str, str] = {}
 
 
 @dataclass
@@ -98,6 +109,13 @@ class WalKeeper:
             running = self._runners > 0
         if running:
             _autocheckpoint(db, BACKSTOP_PAGES)
+
+    def status(self) -> WalStatus:
+        """For ``status``: counts, and the stores whose checkpoints fail now."""
+        failing = {str(p): o.error for p, o in list(self._outages.items()) if o.error}
+        return WalStatus(
+            checkpoints=self.stats.checkpoints, restarts=self.stats.restarts, failing=failing
+        )
 
     def forget(self, db: sqlite3.Connection) -> None:
         """``db`` is closing: the next pass closes the keeper's connection to it."""
@@ -220,4 +238,12 @@ def _autocheckpoint(db: sqlite3.Connection, pages: int) -> None:
 #: The daemon's keeper: stores register with it as they open, the service runs it.
 KEEPER = WalKeeper()
 
-__all__ = ["BACKSTOP_PAGES", "CHECKPOINT_FAILED", "INTERVAL", "KEEPER", "KeeperStats", "WalKeeper"]
+__all__ = [
+    "BACKSTOP_PAGES",
+    "CHECKPOINT_FAILED",
+    "INTERVAL",
+    "KEEPER",
+    "KeeperStats",
+    "WalKeeper",
+    "WalStatus",
+]

@@ -13,7 +13,9 @@ import pytest
 import structlog
 import structlog.testing
 
+from daemon.cli.run import _render_status
 from daemon.sqlite import Connection, open_sqlite
+from daemon.status import BusStatus, Status
 from daemon.walkeeper import BACKSTOP_PAGES, CHECKPOINT_FAILED, KEEPER, WalKeeper
 
 
@@ -111,10 +113,17 @@ def test_a_store_that_cannot_be_kept_is_logged_and_the_others_are_kept(tmp_path:
         for _ in range(3):
             write(db, 1)
             keeper.keep({broken: "NORMAL", **keeper.targets()})
+        failing = keeper.status()
         broken.rmdir()
         store(broken).close()  # fixed
         keeper.keep({broken: "NORMAL", **keeper.targets()})
     assert (keeper.stats.errors, keeper.stats.restarts) == (3, 3)  # (the good one each time)
+    assert keeper.status().failing == {}  # (fixed)
+    assert list(failing.failing) == [str(broken)] and failing.restarts == 3
+    shown = _render_status(
+        Status(1, 0.0, 0.0, False, BusStatus(0, 0, 0, ()), [], {}, wal=failing), live_pid=None
+    )
+    assert f"WAL CHECKPOINTS FAILING: {broken}: " in shown
     said = [(e["log_level"], e["event"], e["store"]) for e in logs]
     assert said == [  # once when it starts failing, once when it works again
         ("warning", CHECKPOINT_FAILED, str(broken)),

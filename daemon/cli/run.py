@@ -188,6 +188,11 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             f"(nothing else ran meanwhile), longest {lp.longest_ms:g} ms, latest "
             f"{lp.last_ms:g} ms at {lp.last_at}"
         )
+    for store, error in (st.wal.failing if st.wal is not None else {}).items():
+        lines.append(
+            f"  WAL CHECKPOINTS FAILING: {store}: {error} (the store checkpoints itself,"
+            " on the event loop, past the backstop)"
+        )
     hooks = st.hooks
     if hooks is not None:
         health = [h for a in hooks.agents.values() for h in a.hook_health.values()]
