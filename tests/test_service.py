@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from daemon.statedir import SNAPSHOT_FILE
 from daemon.status import Status, read_status
 from daemon.walkeeper import BACKSTOP_PAGES, KEEPER
 from feeds.base import Feed, FeedHealth, Publish
+from tests.threads import on_loop_calls
 
 
 class ListFeed:
@@ -434,14 +434,7 @@ async def test_the_periodic_status_is_written_off_the_event_loop(
     READY, and the last, at the stop, on the loop: nothing else runs then)."""
     from daemon import service as service_mod
 
-    on_loop: list[bool] = []
-    real = service_mod.write_status
-
-    def spy(state_dir: Path, status: Status) -> None:
-        on_loop.append(threading.current_thread() is threading.main_thread())
-        real(state_dir, status)
-
-    monkeypatch.setattr(service_mod, "write_status", spy)
+    on_loop = on_loop_calls(monkeypatch, service_mod, "write_status")
     events = [candle(i) for i in range(20)]
     cfg = make_config(tmp_path, status_interval_seconds=0.05)
     svc = Service(cfg, lambda _: [ListFeed("list", events, gap=0.02)])

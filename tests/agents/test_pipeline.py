@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from daemon.service import Service
 from daemon.status import read_status
 from feeds.base import Feed, FeedHealth, Publish
 from tests.test_alerts import serve
+from tests.threads import on_loop_calls
 
 T0 = 1_700_000_000_000
 
@@ -260,14 +260,7 @@ async def test_a_new_revision_is_kept_from_a_worker_thread(
     loop, where an edit's reload would hold every feed for as long as the disk takes."""
     from daemon.agents import revisions
 
-    on_loop: list[bool] = []
-    real = revisions.write_atomic
-
-    def spy(path: Path, data: bytes) -> None:
-        on_loop.append(threading.current_thread() is threading.main_thread())
-        real(path, data)
-
-    monkeypatch.setattr(revisions, "write_atomic", spy)
+    on_loop = on_loop_calls(monkeypatch, revisions, "write_atomic")
     agents = workspace(tmp_path, {"wake_every.py": WAKE_EVERY, "wake_cool.py": COOL})
     await run_service(tmp_path, agents, PacedFeed([candle(0)]))
     assert on_loop == [False, False]
