@@ -82,7 +82,6 @@ class KeeperStats:
     restarts: int = 0  # WALs restarted by the keeper's own write
     busy: int = 0  # restarts left to a store's commit (it was writing)
     errors: int = 0
-    frames: int = 0  # WAL frames copied into the databases
 
 
 @dataclass
@@ -193,7 +192,6 @@ class WalKeeper:
         if busy or log_frames <= 0 or copied < log_frames:
             return  # a writer came meanwhile: its frames wait for the next pass
         self.stats.checkpoints += 1
-        self.stats.frames += copied
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:  # a store is writing: it restarted the WAL
