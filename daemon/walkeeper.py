@@ -30,6 +30,7 @@ file alone.
 from __future__ import annotations
 
 import sqlite3
+import stat
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -176,7 +177,10 @@ class WalKeeper:
                     outage.worked(store=str(path))
 
     def _keep_one(self, path: Path, synchronous: str) -> None:
-        inode = path.stat().st_ino
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # (a FIFO: said so, not SQLite's 'disk I/O error')
+            raise OSError(f"{path} is not a regular file")
+        inode = st.st_ino
         side = self._sides.get(path)
         if side is not None and side.inode != inode:
             self._sides.pop(path).db.close()

@@ -3,19 +3,23 @@ them, happen in its thread, so a store's commit on the event loop only appends."
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 import structlog
 import structlog.testing
 
 from daemon.cli.run import _render_status
+from daemon.errors import StoreError
 from daemon.sqlite import Connection, open_sqlite
-from daemon.status import BusStatus, Status
+from daemon.status import BusStatus, Status, read_status
 from daemon.walkeeper import BACKSTOP_PAGES, CHECKPOINT_FAILED, KEEPER, WalKeeper
 
 
@@ -258,3 +262,43 @@ def test_a_store_made_anew_at_its_path_is_kept_and_a_vanished_one_is_not_made_ag
     keeper.keep({path: "NORMAL"})  # (a close it has not seen yet)
     assert not path.exists() and keeper.stats.errors == 1
     keeper.keep({})
+
+
+def test_a_fifo_in_a_stores_place_fails_its_pass_saying_so(tmp_path: Path) -> None:
+    """A state dir that is not what the daemon wrote: the pass fails at once, naming
+    what is wrong (SQLite alone said 'disk I/O error'), and never waits on the FIFO."""
+    path = tmp_path / "s.sqlite3"
+    db = store(path)
+    keeper = WalKeeper()
+    keeper.register(db, path, "NORMAL")
+    os.rename(path, tmp_path / "aside.sqlite3")
+    os.mkfifo(path)
+    done = threading.Event()
+    passes = threading.Thread(
+        target=lambda: (keeper.keep(keeper.targets()), done.set()), daemon=True
+    )
+    passes.start()
+    assert done.wait(5), "the pass hangs on the FIFO"
+    assert keeper.stats.errors == 1 and "not a regular file" in keeper.status().failing[str(path)]
+    keeper.keep({})
+    db.close()
+
+
+def test_a_status_files_wal_part_that_is_not_one_is_refused_or_shown_escaped(
+    tmp_path: Path,
+) -> None:
+    """`wal` as status.json has it, edited by hand or damaged: a wrong type is refused
+    naming the field; control characters in a store or an error are shown escaped."""
+    status = Status(1, 0.0, 0.0, False, BusStatus(0, 0, 0, ()), [], {})
+    state = tmp_path / "state"
+    state.mkdir()
+    written = msgspec.to_builtins(status)
+    written["wal"] = {"failing": ["not", "a", "map"]}
+    (state / "status.json").write_text(json.dumps(written))
+    with pytest.raises(StoreError, match=r"\$\.wal\.failing"):
+        read_status(state)
+    written["wal"] = {"failing": {"/s\x1b[2J.sqlite3": "disk\x07gone"}}
+    (state / "status.json").write_text(json.dumps(written))
+    shown = _render_status(read_status(state), None)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "WAL CHECKPOINTS FAILING: /s\\x1b[2J.sqlite3: disk\\x07gone" in shown

@@ -158,7 +158,8 @@ class PaperStore:
         ``synchronous=FULL`` does inside each commit (the file's data whatever handle
         wrote it). Blocks: the broker calls it from a worker thread."""
         try:
-            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            # (O_NONBLOCK: a FIFO in the WAL's place fails the sync, never hangs it)
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
             try:
                 os.fdatasync(fd)
             finally:

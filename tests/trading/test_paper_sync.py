@@ -149,3 +149,18 @@ async def test_a_sync_that_fails_is_logged_once_and_the_events_still_leave(
         await broker.submit(request("k2"))
     assert [e.split()[0] for e in log].count("order.filled") == 2
     assert [(e["log_level"], e["event"]) for e in logs] == [("error", "paper store not synced")]
+
+
+async def test_a_fifo_in_the_wals_place_fails_the_sync_and_never_hangs_it(
+    broker: PaperBroker, log: Log
+) -> None:
+    """A state dir that is not what the daemon wrote: opening a FIFO to read waits
+    for a writer, which would hold every order's events (and the stop) for ever."""
+    await broker.on_tick("BTC", 100.0, T0)
+    wal = f"{broker._store.path}-wal"
+    os.rename(wal, f"{wal}.aside")  # (the store keeps writing the file it has open)
+    os.mkfifo(wal)
+    with structlog.testing.capture_logs() as logs, anyio.fail_after(5):
+        order = await broker.submit(request("k1"))
+    assert order.status == "FILLED" and len(log) == 3
+    assert [(e["log_level"], e["event"]) for e in logs] == [("error", "paper store not synced")]
