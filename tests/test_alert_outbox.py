@@ -17,7 +17,7 @@ from aiohttp import web
 
 from daemon.alert_outbox import AlertOutbox
 from daemon.alerts import Alert, AlertQueue, WebhookNotifier
-from daemon.audit.records import AlertRecord
+from daemon.audit.records import AlertRecord, AuditRecord
 from daemon.errors import StoreError
 from tests.test_alerts import ALERT, listen
 
@@ -42,13 +42,9 @@ async def script(statuses: list[int]) -> tuple[web.AppRunner, str, list[dict[str
 
 
 def outbox(tmp_path: Path, now: list[float] | None = None, **kw: Any) -> AlertOutbox:
-    clock = (lambda: now[0]) if now is not None else None
-    return AlertOutbox(
-        tmp_path / "alerts.sqlite3",
-        keep_seconds=kw.pop("keep_seconds", 3600),
-        **kw,
-        **({"clock": clock} if clock else {}),
-    )
+    if now is not None:
+        kw["clock"] = lambda: now[0]
+    return AlertOutbox(tmp_path / "alerts.sqlite3", keep_seconds=kw.pop("keep_seconds", 3600), **kw)
 
 
 async def until(done: Any, seconds: float = 5) -> None:
@@ -68,9 +64,11 @@ async def run_until(queue: AlertQueue, done: Any) -> None:
         queue.close()
 
 
-def told(rows: list[AlertRecord]) -> list[tuple[str, str, bool, bool, str]]:
+def told(rows: list[AuditRecord]) -> list[tuple[str, str, bool, bool, str]]:
     """The audit rows of the alerts: event, status, redelivered, kept, error."""
-    return [(r.event_id, r.status, r.redelivered, r.kept, r.error) for r in rows]
+    alerts = [r for r in rows if isinstance(r, AlertRecord)]
+    assert len(alerts) == len(rows), rows
+    return [(r.event_id, r.status, r.redelivered, r.kept, r.error) for r in alerts]
 
 
 def delivered(got: list[dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -84,7 +82,7 @@ async def test_an_alert_an_outage_failed_is_posted_again_once_the_endpoint_is_ba
     the endpoint is known to be back: e0 is posted again, marked redelivered."""
     runner, url, got = await script([503, 503, 204])
     box = outbox(tmp_path)
-    rows: list[AlertRecord] = []
+    rows: list[AuditRecord] = []
     queue = AlertQueue(
         WebhookNotifier(url, retries=1, retry_initial_seconds=0.01),
         posts=1,
@@ -122,7 +120,7 @@ async def test_alerts_kept_at_a_stop_are_posted_at_the_next_start_unless_too_old
     down, url_down, _ = await script([503])
     now = [1000.0]
     box = outbox(tmp_path, now, keep_seconds=60)
-    rows: list[AlertRecord] = []
+    rows: list[AuditRecord] = []
     queue = AlertQueue(
         WebhookNotifier(url_down, retry_initial_seconds=5), outbox=box, sink=rows.append
     )

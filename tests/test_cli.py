@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -27,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HOOK = ROOT / "agents" / "example" / "hooks" / "wake_two_green.py"
 
 
-def mw(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def mw(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    done: subprocess.CompletedProcess[str] = subprocess.run(
         [*EXE, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False, **kw
-    )  # type: ignore[call-overload]
+    )
+    return done
 
 
 def test_help_lists_commands() -> None:

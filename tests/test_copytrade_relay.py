@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from daemon.audit.records import SignalRecord
 from daemon.copytrade.relay import LeaderRelay
 from daemon.events import (
     ACCOUNT_ORDER_FILLED,
@@ -150,7 +151,7 @@ async def test_signal_counts_are_kept_without_a_close_by_the_end_of_the_relay(
 
     opened = {"quantity": 1.0, "avgPrice": 100.0, "openedMs": 1}
     path = tmp_path / "kept.json"
-    relay, rows = LeaderRelay({"lead": "alice"}), []
+    relay, rows = LeaderRelay({"lead": "alice"}), list[SignalRecord]()
     send, receive = anyio.create_memory_object_stream[FeedEvent](10)
     relayed, end = anyio.Event(), anyio.Event()
 

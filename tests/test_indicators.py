@@ -75,7 +75,8 @@ def macd_ref(x: Sequence[float]) -> tuple[Ref, Ref, Ref]:
     fast, slow = ema_ref(x, 12), ema_ref(x, 26)
     line: Ref = [None if s is None or f is None else f - s for f, s in zip(fast, slow, strict=True)]
     defined = [v for v in line if v is not None]
-    signal: Ref = [None] * 25 + ema_ref(defined, 9)
+    lead: Ref = [None] * 25
+    signal = lead + ema_ref(defined, 9)
     hist: Ref = [
         None if s is None or m is None else m - s for m, s in zip(line, signal, strict=True)
     ]
@@ -180,7 +181,8 @@ def test_warm_up_lengths() -> None:
     assert first(_run(Bollinger(20))) == 20
     atr = ATR(14)
     assert first([atr.update(h, lo, c) for h, lo, c in zip(HIGHS, LOWS, CLOSES, strict=True)]) == 15
-    macd = _run(MACD())
+    m_ind = MACD()
+    macd = [m_ind.update(x) for x in CLOSES[:60]]
     assert first(macd) == 26
     assert first([None if m is None else m.signal for m in macd]) == 34
     assert first([None if m is None else m.histogram for m in macd]) == 34

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from daemon.audit.reader import parse_line
-from daemon.errors import FeedError, FeedProtocolError, HookCrashed
+from daemon.errors import FeedError, FeedProtocolError, HookCrashed, SignalRejected
 from daemon.tools import dflow, news
 from feeds.candles import protocol as candles
 from feeds.copytrade import protocol as copytrade
-from feeds.copytrade.protocol import SignalRejected
 from feeds.movers import protocol as movers
 from hooks_runtime.protocol import decode_from_worker
 

@@ -274,9 +274,12 @@ def test_a_fifo_in_a_stores_place_fails_its_pass_saying_so(tmp_path: Path) -> No
     os.rename(path, tmp_path / "aside.sqlite3")
     os.mkfifo(path)
     done = threading.Event()
-    passes = threading.Thread(
-        target=lambda: (keeper.keep(keeper.targets()), done.set()), daemon=True
-    )
+
+    def one_pass() -> None:
+        keeper.keep(keeper.targets())
+        done.set()
+
+    passes = threading.Thread(target=one_pass, daemon=True)
     passes.start()
     assert done.wait(5), "the pass hangs on the FIFO"
     assert keeper.stats.errors == 1 and "not a regular file" in keeper.status().failing[str(path)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -84,7 +85,7 @@ async def test_a_leader_agents_trades_are_mirrored_by_a_follower(tmp_path: Path)
     record = tmp_path / "events.jsonl"
     svc = Service(cfg, lambda _: [feed], components=[open_agents], record_path=record)
 
-    def follower_rows() -> list[dict[str, object]]:
+    def follower_rows() -> list[dict[str, Any]]:
         return [r for r in audit(tmp_path) if r["type"] == "hook" and r["agentId"] == "follower"]
 
     async def stop_when_mirrored() -> None:

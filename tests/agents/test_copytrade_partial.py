@@ -18,7 +18,8 @@ from daemon.events import (
     now_ms,
 )
 from feeds.base import FeedHealth
-from tests.agents.test_copytrade_signals import audit, evaluated, hook_rows, run_daemon
+from tests.agents.test_copytrade_signals import evaluated, hook_rows, run_daemon
+from tests.agents.test_pipeline import audit
 from tests.feeds.copytrade_client import post, signal
 
 # Entries as limits at the leader's price; a new stop-loss onto the stop order of an

@@ -9,7 +9,8 @@ from typing import Any
 
 import anyio
 
-from tests.agents.test_copytrade_signals import audit, evaluated, run_daemon
+from tests.agents.test_copytrade_signals import evaluated, run_daemon
+from tests.agents.test_pipeline import audit
 from tests.feeds.copytrade_client import post, signal
 from tests.test_alerts import serve
 

@@ -139,7 +139,7 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     (hooks / "copytrade_mirror_again.py").write_text(MIRROR)
 
     async def first(url: str) -> None:
-        entry = {"quantity": 0.02, "price": 96500.0, "stopLoss": 94000.0}
+        entry: dict[str, Any] = {"quantity": 0.02, "price": 96500.0, "stopLoss": 94000.0}
         assert (await post(url, signal("s1", **entry)))[0] == 200
         assert (await post(url, signal("s1", **entry)))[1]["status"] == "duplicate"
         assert (await post(url, b"{}"))[0] == 422
@@ -222,7 +222,7 @@ async def test_the_shipped_follower_mirrors_entry_edit_partial_and_full_close(
     shutil.copytree(ROOT / "agents" / "follower", tmp_path / "agents" / "follower")
     toml = tmp_path / "agents" / "follower" / "agent.toml"
     toml.write_text(toml.read_text().replace("enabled = false", "enabled = true"))
-    sl = {"stopLoss": 94000.0}
+    sl: dict[str, Any] = {"stopLoss": 94000.0}
     steps = [
         signal("s1", quantity=0.01, price=96500.0, **sl),
         signal("s2", "modified", stopLoss=95000.0),

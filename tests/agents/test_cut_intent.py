@@ -395,7 +395,7 @@ async def test_broken_cut_rows_in_the_audit_are_skipped_not_fatal(
     generate_candles(csv, seed=11, n=20, timeframe="1m")
     first = int(csv.read_text().splitlines()[1].split(",")[0])
     ids = [f"replay:BTC-USD:1m:{first + 60_000 * n}" for n in (3, 6)]
-    bad = [
+    bad: list[dict[str, Any]] = [
         {"decision": "TRADE_INTENT", "reason": "r", "intent": "not an object"},
         {"decision": "TRADE_INTENT", "reason": "r", "intent": {
             "action": "PLACE_MARKET_ORDER", "symbol": "B" * 5000, "side": "buy", "volume": 1e308}},

@@ -29,7 +29,8 @@ def test_a_state_that_is_not_an_object_is_a_usage_error(tmp_path: Path) -> None:
     event = tmp_path / "ev.json"
     event.write_text(json.dumps({"eventId": "e", "ts": "2026-01-01T00:00:00Z", "source": "s",
                                  "topic": "t", "payload": {}}))  # fmt: skip
-    for value in ([], 5, None):
+    values: list[object] = [[], 5, None]
+    for value in values:
         state = tmp_path / "st.json"
         state.write_text(json.dumps(value))
         res = CliRunner().invoke(

@@ -274,7 +274,7 @@ def test_a_result_evaluated_ahead_with_a_hook_paused_holds_only_while_it_is() ->
         hook_id="b", kind="wake", revision="r1", runtime_ms=0, error_kind="paused", error="p"
     )
     failed = msgspec.structs.replace(paused, error_kind="runtime")
-    assert stood_paused([ok, paused]) == {"b"} and stood_paused([ok, failed]) is None
+    assert stood_paused([ok, paused]) == frozenset({"b"}) and stood_paused([ok, failed]) is None
     assert stood_paused([ok]) == frozenset()
     entries = [Lookahead({}) for _ in range(3)]
     keep(entries, [[ok, paused], [ok, failed], [ok, paused]], hooks, ({}, ()), {})

@@ -16,8 +16,8 @@ from daemon.cli.main import cli
 from daemon.config import Config, decode_hook
 from daemon.service import Service
 from feeds.copytrade import TradingViewFeed
-from tests.agents.test_copytrade_signals import ROOT, audit, evaluated, tick
-from tests.agents.test_pipeline import PacedFeed
+from tests.agents.test_copytrade_signals import ROOT, evaluated, tick
+from tests.agents.test_pipeline import PacedFeed, audit
 from tests.feeds.tradingview_client import HOOK_ID, alert, post
 
 

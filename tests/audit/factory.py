@@ -84,14 +84,14 @@ def order(**kw: Any) -> OrderRecord:
 
 def opened_parts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The list the names of the audit files the readers open are added to, in order."""
-    from daemon.audit import reader
+    from daemon.audit import files
 
     opened: list[str] = []
-    real = reader.open_lines
+    real = files.open_lines
 
     def counting(path: Path) -> Any:
         opened.append(path.name)
         return real(path)
 
-    monkeypatch.setattr(reader, "open_lines", counting)
+    monkeypatch.setattr("daemon.audit.reader.open_lines", counting)
     return opened

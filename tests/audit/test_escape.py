@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from daemon.audit.render import visible
 from daemon.audit.writer import AuditWriter
+from daemon.printable import visible
 from tests.audit.factory import hook
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 
 from daemon.audit.files import compress, list_files
 from daemon.audit.ids import IdCollector, IdIndex, id_hash, index_path
-from daemon.audit.records import encode_line
+from daemon.audit.records import AuditRecord, encode_line
 from daemon.audit.why import collect, explain
 from daemon.audit.writer import AuditWriter
 from tests.audit.factory import hook, opened_parts, order, run, ts, wake
@@ -33,7 +33,7 @@ def test_a_parts_ids_are_collected_across_chunks_and_damaged_lines() -> None:
     """Every id a row names (event, trace, run, order ids, and the lists a run row
     carries) whatever the chunking; a damaged line costs its own ids only (the reader
     cannot decode it either); a last line without its newline still counts."""
-    rows = [
+    rows: list[AuditRecord] = [
         hook(event_id="e1", trace_id="t1"),
         order(client_order_id="mw-1", trace_id="t2"),
         run(run_id="r1", trace_id="t3", event_ids=["e2", "e3"], trace_ids=["t3", "t4"]),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from daemon.audit.reader import AuditFilter, Follower, Stats, iter_records, parse_since, tail
-from daemon.audit.records import HookRecord, encode_line
+from daemon.audit.records import AuditRecord, HookRecord, encode_line
 from daemon.audit.writer import AuditWriter
 from daemon.events import parse_iso_ms
 from tests.audit.factory import hook, opened_parts, order, ts, wake
@@ -59,13 +59,13 @@ def test_tail_reads_older_parts_only_while_it_lacks_records(
     """The newest part is read first: when it holds the n newest matches no older
     part is opened; a filter the newest part does not satisfy reads back as far as
     it must, and the records come out oldest first across the parts."""
-    from daemon.audit import reader
+    from daemon.audit.files import list_files
 
     w = AuditWriter(tmp_path, flush_every=1, max_pending=1, max_file_bytes=2000)
     for i in range(60):
         w.write(hook(agent_id="beta" if i in (3, 4) else "alpha", reason=f"r{i:02d}"))
     w.close()
-    parts = len(list(reader.list_files(tmp_path)))
+    parts = len(list(list_files(tmp_path)))
     assert parts > 4
     opened = opened_parts(monkeypatch)
     assert [r["reason"] for r in tail(tmp_path, None, 3)] == ["r57", "r58", "r59"]
@@ -307,7 +307,7 @@ def test_recent_rows_survive_a_tear_at_every_byte(tmp_path: Path) -> None:
 
     trade = {"decision": "TRADE_INTENT", "reason": "é", "intent": {
         "action": "CLOSE_POSITION", "symbol": "ETH-USD"}}  # fmt: skip
-    rows = [
+    rows: list[AuditRecord] = [
         hook(event_id="e1", trace_id="t1", event_hooks=1),
         hook(event_id="e2", trace_id="t2", hook_id="h1", reason="ü" * 20, event_hooks=3),
         wake(trace_id="t2"),

@@ -37,7 +37,7 @@ DESIGN_FIELDS = {
 }  # fmt: skip
 
 
-def lines(directory: Path) -> list[dict[str, object]]:
+def lines(directory: Path) -> list[dict[str, Any]]:
     out = []
     for f in list_files(directory):
         with open_lines(f.path) as fh:
@@ -231,7 +231,7 @@ async def test_trading_records_round_trip(tmp_path: Path) -> None:
     finally:
         broker.close()
     risk, order = lines(tmp_path / "audit")
-    assert risk["approved"] is False and risk["reasons"][0]["code"] == "STOP_LOSS_REQUIRED"  # type: ignore[index]
+    assert risk["approved"] is False and risk["reasons"][0]["code"] == "STOP_LOSS_REQUIRED"
     assert (order["status"], order["price"], order["traceId"]) == ("FILLED", 100.0, "t")
 
 
@@ -507,7 +507,7 @@ async def test_write_ahead_does_not_wait_for_what_follows_a_rollover(
     while; an fsync on a busy disk took up to 179 ms in a soak, and was done holding
     the lock write_ahead takes, so an action and the whole event loop waited for it).
     The rows of an action go to the new part meanwhile, the action does not wait."""
-    from daemon.audit import writer
+    from daemon.audit import files
 
     started = threading.Event()
 
@@ -521,9 +521,9 @@ async def test_write_ahead_does_not_wait_for_what_follows_a_rollover(
         return step_slowly
 
     if step == "compress":
-        monkeypatch.setattr(writer, "compress", slow(writer.compress))
+        monkeypatch.setattr("daemon.audit.writer.compress", slow(files.compress))
     else:
-        monkeypatch.setattr(writer.os, "fsync", slow(os.fsync))
+        monkeypatch.setattr(os, "fsync", slow(os.fsync))
     async with open_audit(tmp_path, flush_every=1, flush_interval=3600, max_file_bytes=600) as w:
         w.write(hook(reason="r0"))
         w.write(hook(reason="r1"))  # the two fill the first part; the next rolls over
@@ -546,10 +546,10 @@ async def test_rows_stay_in_order_whoever_writes_them(tmp_path: Path, seed: int)
     and compressions of small parts: every row is written once, in order."""
     import random
 
-    from daemon.audit import writer
+    from daemon.audit import files
 
     rng = random.Random(seed)
-    real_append, real_compress = AuditWriter._append, writer.compress
+    real_append, real_compress = AuditWriter._append, files.compress
 
     def append(self: AuditWriter, day: str, data: bytes) -> None:
         if rng.random() < 0.05:
@@ -563,7 +563,7 @@ async def test_rows_stay_in_order_whoever_writes_them(tmp_path: Path, seed: int)
     n = 600
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(AuditWriter, "_append", append)
-        mp.setattr(writer, "compress", compress)
+        mp.setattr("daemon.audit.writer.compress", compress)
         async with open_audit(
             tmp_path,
             flush_every=7,

@@ -182,7 +182,9 @@ B0 = 1_786_279_500  # a five-minute boundary (epoch s)
 AT = iso_ms((B0 + 1500) * 1000 + 48_228)  # when the messages came: after every bucket
 
 
-def bucket(product: str, start: int, close: str, *, high: str = "", low: str = "") -> dict:
+def bucket(
+    product: str, start: int, close: str, *, high: str = "", low: str = ""
+) -> dict[str, str]:
     return {
         "start": str(start), "open": "100", "high": high or max(close, "100", key=float),
         "low": low or min(close, "100", key=float), "close": close, "volume": "1.5",
@@ -190,7 +192,7 @@ def bucket(product: str, start: int, close: str, *, high: str = "", low: str = "
     }  # fmt: skip
 
 
-def candles(seq: int, *buckets: dict, kind: str = "update", ts: str = AT) -> str:
+def candles(seq: int, *buckets: object, kind: str = "update", ts: str = AT) -> str:
     events = [{"type": kind, "candles": list(buckets)}]
     body = {"channel": "candles", "timestamp": ts, "sequence_num": seq, "events": events}
     return json.dumps(body)

@@ -341,7 +341,11 @@ async def test_backoff_grows_on_flapping_and_resets_after_healthy(
         for index in range(3):
             await next_tick(sub)
             fake.drop(index)
-            await fake.wait_for(lambda i=index: len(fake.connections) == i + 2)
+
+            def reconnected(i: int = index) -> bool:
+                return len(fake.connections) == i + 2
+
+            await fake.wait_for(reconnected)
             seen.append(pool.statistics().last_backoff_seconds)
         assert seen == delays
 

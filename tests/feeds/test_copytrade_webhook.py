@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -87,7 +88,7 @@ async def test_every_bad_request_is_a_4xx_with_a_reason_an_audit_row_and_no_even
     stale = signed_headers(raw, at=time.time() - 3600)
     async with running(tmp_path) as h:
         assert (await post(h.url, raw, replayed))[0] == 200  # the original
-        cases = [
+        cases: list[tuple[str, bytes | dict[str, Any], dict[str, str] | None, int, str]] = [
             (h.url, raw, replayed, 409, "replayed"),
             (h.url, raw, forged, 401, "bad signature"),
             (h.url, raw, stale, 401, "stale timestamp"),

@@ -191,7 +191,7 @@ async def test_bad_csv_header_fails_before_started_naming_file_and_line(tmp_path
         raise AssertionError("nothing may be published")
 
     with pytest.raises(ReplayError, match=rf"{path}:1: expected the header"):
-        await feed_for(path).run(publish, FeedHealth("replay"), task_status=status)  # type: ignore[arg-type]
+        await feed_for(path).run(publish, FeedHealth("replay"), task_status=status)
     assert not status.called
 
 

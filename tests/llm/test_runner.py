@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -417,8 +418,11 @@ async def test_a_special_agent_md_falls_back_to_the_default_prompt(tmp_path: Pat
 
     secret = tmp_path / "secret.txt"
     secret.write_text("API_KEY=sk-live")
-    cases = {"link": lambda p: p.symlink_to(secret), "fifo": lambda p: os.mkfifo(p),
-             "huge": lambda p: p.write_bytes(b"x" * (MAX_AGENT_MD_BYTES + 1))}  # fmt: skip
+    cases: dict[str, Callable[[Path], object]] = {
+        "link": lambda p: p.symlink_to(secret),
+        "fifo": lambda p: os.mkfifo(p),
+        "huge": lambda p: p.write_bytes(b"x" * (MAX_AGENT_MD_BYTES + 1)),
+    }
     for name, make in cases.items():
         agent = tmp_path / name
         agent.mkdir()

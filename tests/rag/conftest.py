@@ -33,7 +33,8 @@ class Collection:
         """The stored points, read straight from the files (independent of the store code)."""
         d = self.path / "trading_patterns"
         gen = (d / "CURRENT").read_text().strip()
-        return np.load(d / gen / "points.npy")
+        points: np.ndarray = np.load(d / gen / "points.npy")
+        return points
 
 
 def observations(a: np.ndarray) -> Observations:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from tests.rag.tiny_model import DIMS, write_hub_cache, write_model
 H = 3_600_000
 
 
-def _cfg(tmp_path: Path, **embedding: str) -> RagConfig:
+def _cfg(tmp_path: Path, **embedding: Any) -> RagConfig:
     return RagConfig(
         store=StoreSection(path=str(tmp_path / "store"), collection_name="text"),
         embedding=EmbeddingSection(model="bge-small-en-v1.5", **embedding),

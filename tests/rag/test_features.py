@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from daemon.rag.features import Bars, Observations, outcome_columns, state_columns
+from daemon.rag.features import F64, Bars, Observations, outcome_columns, state_columns
 from tests.rag import synth
 
 TF = 900_000  # 15m keeps the 4 h EMA(50) warm-up short
@@ -120,7 +120,9 @@ def _close(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
 
 
-def _compute(rows: np.ndarray, fund: np.ndarray, oi: np.ndarray) -> tuple[dict, dict]:
+def _compute(
+    rows: np.ndarray, fund: np.ndarray, oi: np.ndarray
+) -> tuple[dict[str, F64], dict[str, F64]]:
     bars = Bars.from_rows(rows)
     f = Observations.of(fund[:, 0].astype(np.int64), fund[:, 1])
     o = Observations.of(oi[:, 0].astype(np.int64), oi[:, 1])

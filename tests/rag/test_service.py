@@ -45,7 +45,10 @@ def ref_derived(s: Any) -> np.ndarray:
 
 def _meta(col: Collection) -> dict[str, Any]:
     d = col.path / "trading_patterns"
-    return json.loads((d / (d / "CURRENT").read_text().strip() / "meta.json").read_text())
+    meta: dict[str, Any] = json.loads(
+        (d / (d / "CURRENT").read_text().strip() / "meta.json").read_text()
+    )
+    return meta
 
 
 def _regime(delta: float, funding: float) -> tuple[int, int]:
@@ -88,7 +91,8 @@ def expected(
 
 def _query_point(col: Collection) -> np.void:
     pts = col.points()
-    return pts[np.flatnonzero(pts["complete"])[600]]
+    point: np.void = pts[np.flatnonzero(pts["complete"])[600]]
+    return point
 
 
 def test_norm_stats_are_feature_means(collection: Collection) -> None:

@@ -18,10 +18,17 @@ from click.testing import CliRunner, Result
 
 from daemon.cli.main import cli
 from daemon.errors import SandboxUnavailable
-from hooks_runtime import HookBreaker, SandboxConfig, WorkerPool, open_worker_pool, spec_from_source
+from hooks_runtime import (
+    HookBreaker,
+    HookSpec,
+    SandboxConfig,
+    WorkerPool,
+    open_worker_pool,
+    spec_from_source,
+)
 from hooks_runtime.decisions import Ignore, Wake
 from hooks_runtime.process import WORKER_ENV, WorkerProcess, worker_sys_path
-from hooks_runtime.protocol import Batch, HookCall, encode_state
+from hooks_runtime.protocol import Batch, HookCall, Ready, encode_state
 from tests.sandbox.conftest import SECRET_VALUE, TEST_CONFIG, Sentinels
 from tests.sandbox.test_hostile import CANARY, EVENT, STATE
 
@@ -29,7 +36,7 @@ LOOP = spec_from_source("wake_loop", "wake", "def evaluate(e, s):\n    while Tru
 FAIL = spec_from_source("wake_fail", "wake", "def evaluate(e, s):\n    return 1 / 0\n")
 
 
-def _ok(hook_id: str, reason: str = "ok") -> object:
+def _ok(hook_id: str, reason: str = "ok") -> HookSpec:
     src = f'def evaluate(e, s):\n    return {{"decision": "IGNORE", "reason": "{reason}"}}\n'
     return spec_from_source(hook_id, "wake", src)
 
@@ -154,17 +161,17 @@ def _present(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-async def test_layers_report(pool_layers: dict[str, object]) -> None:
+async def test_layers_report(pool_layers: Ready) -> None:
     """Report which hardening layers are active on this machine (printed with -s/-rA)."""
-    print(f"\nsandbox layers active: {pool_layers['active']}; missing: {pool_layers['missing']}")
-    assert {"fds", "rlimits", "no_new_privs"} <= set(pool_layers["active"])  # type: ignore[arg-type]
+    print(f"\nsandbox layers active: {pool_layers.active}; missing: {pool_layers.missing}")
+    assert {"fds", "rlimits", "no_new_privs"} <= set(pool_layers.active)
 
 
 @pytest.fixture(scope="module")
-async def pool_layers(pool: WorkerPool) -> dict[str, object]:
+async def pool_layers(pool: WorkerPool) -> Ready:
     """The READY report of the shared pool."""
     assert pool.ready is not None
-    return {"active": pool.ready.active, "missing": pool.ready.missing}
+    return pool.ready
 
 
 async def test_cancelled_evaluation_does_not_poison_the_agent(pool: WorkerPool) -> None:
@@ -387,8 +394,6 @@ def test_cli_fails_on_a_bad_hook(tmp_path: Path) -> None:
 
 async def test_failed_spawns_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """When workers cannot start, evaluate raises SandboxUnavailable without a spawn storm."""
-    from hooks_runtime import pool as pool_mod
-
     calls = []
 
     async def broken(cfg: SandboxConfig) -> object:
@@ -397,7 +402,7 @@ async def test_failed_spawns_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
     async with open_worker_pool(SandboxConfig(spare_workers=0)) as p:
         assert (await p.evaluate("a", [CANARY], EVENT, STATE))[0].ok  # the first worker
-        monkeypatch.setattr(pool_mod.WorkerProcess, "start", broken)
+        monkeypatch.setattr(WorkerProcess, "start", broken)
         for _ in range(3):
             with pytest.raises(SandboxUnavailable, match="simulated"):
                 await p.evaluate("b", [CANARY], EVENT, STATE)

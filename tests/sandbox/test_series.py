@@ -93,7 +93,7 @@ def test_the_oldest_windows_go_first_on_both_sides() -> None:
     """Symbols taking turns each cost one candle a batch while their windows are
     held; beyond the caps the least recently listed window is forgotten, by the
     parent and the worker alike."""
-    ev, held = Evaluator(SandboxConfig()), {}
+    ev, held = Evaluator(SandboxConfig()), Held()
 
     def turn(symbol: str, first: int) -> list[int]:
         nonlocal held
@@ -145,7 +145,7 @@ def test_sizes_are_the_msgpack_sizes(n: int) -> None:
 def test_the_worker_builds_what_the_whole_state_would_give() -> None:
     """A run of delta batches, each against the last, gives the very state a
     whole send gives, key order included; a delta out of step ends the worker."""
-    ev, held = Evaluator(SandboxConfig()), {}
+    ev, held = Evaluator(SandboxConfig()), Held()
     runs = [
         {"BTC-USD": {"1m": candles(0, 4)}},
         {"BTC-USD": {"1m": candles(1, 4)}},
@@ -163,6 +163,7 @@ def test_the_worker_builds_what_the_whole_state_would_give() -> None:
         assert list(got) == list(whole)
         assert [list(f) for f in got["candles"].values()] == [list(f) for f in series.values()]
     stale = SeriesDelta("BTC-USD", "5m", 7, 1, [])
+    assert parts is not None
     with pytest.raises(HookCrashed, match="the worker holds 2"):
         ev.state(parts.rest, series=[stale])
 

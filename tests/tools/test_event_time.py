@@ -136,7 +136,11 @@ def test_a_replayed_run_sees_its_own_time_not_today(tmp_path: Path) -> None:
 def test_the_state_keeps_enough_for_4h_candles_only_with_llm_runs(tmp_path: Path) -> None:
     """50 whole 4 h candles from 1 m data need 12,000+ of them; without LLM runs no
     tool reads the state, and the default stands."""
-    base = {"agent_dir": tmp_path, "data": tmp_path / "c.csv", "out": tmp_path / "o"}
+    base: dict[str, Any] = {
+        "agent_dir": tmp_path,
+        "data": tmp_path / "c.csv",
+        "out": tmp_path / "o",
+    }
     assert held_candles(BacktestOptions(**base, timeframe="1m")) == 500
     assert held_candles(BacktestOptions(**base, timeframe="1m", run_llm=True)) == 51 * 240
     assert held_candles(BacktestOptions(**base, timeframe="1h", run_llm=True)) == 500

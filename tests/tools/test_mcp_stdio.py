@@ -59,7 +59,7 @@ async def test_tools_over_stdio_with_the_sdk_client(tmp_path: Path) -> None:
 
                 unknown = await client.call_tool(
                     "wait_for_market_event",
-                    {"subscriptions": [{"productId": "NOPE-USD", "conditions": SIMPLE["subscriptions"][0]["conditions"]}]},  # type: ignore[index]
+                    {"subscriptions": [{"productId": "NOPE-USD", "conditions": SIMPLE["subscriptions"][0]["conditions"]}]},
                 )  # fmt: skip
                 assert unknown.is_error and "NOPE-USD" in unknown.structured_content["message"]
 

@@ -113,10 +113,10 @@ async def test_the_board_answers_as_every_wait_checked_on_every_tick(seed: int) 
                 ref = MarketWatch(w.watch.subscriptions)
                 first: list[Triggered | None] = [None]
                 for product in sorted(ref.products):  # the reference's seeds
-                    *earlier, last = pool.history.get(product) or [None]
-                    for old in earlier:
+                    seeds = pool.history.get(product) or []
+                    for old in seeds[:-1]:
                         ref.observe(old, seed=True)
-                    if last is not None and (hit := ref.observe(last, seed=True)):
+                    if seeds and (hit := ref.observe(seeds[-1], seed=True)):
                         first[0] = first[0] or hit
                 own = leaving[id(w)] = ExitStack()
                 own.enter_context(board.park(w))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,9 @@ def sink() -> Sink:
 
 
 @pytest.fixture
-def broker(tmp_path: Path, sink: Sink) -> PaperBroker:
+def broker(tmp_path: Path, sink: Sink) -> Iterator[PaperBroker]:
     b = PaperBroker(tmp_path, sink)
-    yield b  # type: ignore[misc]
+    yield b
     b.close()
 
 

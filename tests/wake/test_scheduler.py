@@ -550,7 +550,7 @@ def _kill_copy(h: Harness, dest: Path) -> Path:
     return dest
 
 
-async def _cut_during_a_run(tmp_path: Path, pol: WakePolicy, name: str = "killed") -> Harness:
+async def _cut_during_a_run(tmp_path: Path, pol: WakePolicy, name: str = "killed") -> Path:
     """A scheduler whose first run (wakes ev1, ev2) is in flight when the process dies:
     a copy of its store taken then."""
     h = Harness(tmp_path, pol, runner=GateRunner(hold=True))
@@ -727,7 +727,7 @@ async def test_a_run_a_kill_cut_is_not_run_again_by_default_or_when_old(tmp_path
     run again either, and the row says why."""
     dead = await _cut_during_a_run(tmp_path, policy())
     flushed: list[int] = []  # rows sunk at each write-ahead
-    off = Harness(
+    off: Harness = Harness(
         dead,
         policy(),
         clock=ManualClock(START + 30),
