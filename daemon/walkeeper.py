@@ -78,7 +78,6 @@ class WalStatus(msgspec.Struct, frozen=True, kw_only=True):
 class KeeperStats:
     """What the keeper did, for tests and benchmarks."""
 
-    passes: int = 0
     checkpoints: int = 0  # complete checkpoints
     restarts: int = 0  # WALs restarted by the keeper's own write
     busy: int = 0  # restarts left to a store's commit (it was writing)
@@ -154,7 +153,6 @@ class WalKeeper:
         """One pass over ``targets`` (in a worker thread); closes the keeper's
         connections to stores no longer among them."""
         with self._pass_lock:
-            self.stats.passes += 1
             for path in [p for p in self._sides if p not in targets]:
                 self._sides.pop(path).db.close()
             for path in [p for p in self._outages if p not in targets]:
