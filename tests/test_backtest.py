@@ -755,6 +755,37 @@ def test_the_report_reader_skips_what_is_not_an_audit_row() -> None:
     assert tally.markers("WAKE") == []  # nor a time to draw it at
 
 
+def test_the_report_reader_counts_risk_rows_by_reason_and_spans_every_event_time() -> None:
+    """A risk row's reasons are objects (counted by code) where a wake row's are
+    strings (not the report's business); a risk row whose reasons are damaged still
+    counts as rejected. The period spans the hook rows' event times, whichever
+    order they come in, an event's rows together."""
+
+    def hook(ts: str) -> bytes:
+        row = {"type": "hook", "agentId": "alpha", "hookId": "h", "decision": "IGNORE"}
+        return json.dumps(row | {"eventTs": ts}).encode() + b"\n"
+
+    refused = [{"code": "MAX_NOTIONAL", "message": "too big"}, {"code": "STOP"}]
+    lines = [
+        hook("2025-01-01T00:05:00.000Z"),
+        hook("2025-01-01T00:05:00.000Z"),
+        b'{"type":"wake","agentId":"alpha","reasons":["two green candles"]}\n',
+        json.dumps(
+            {"type": "risk", "agentId": "alpha", "approved": False, "reasons": refused}
+        ).encode(),
+        b'{"type":"risk","agentId":"alpha","approved":false,"reasons":["odd"]}\n',
+        b'{"type":"risk","agentId":"alpha","approved":true,"reasons":[]}\n',
+        hook("2024-12-31T23:55:00.000Z"),  # an earlier time after a later one
+        hook("not a time"),
+        hook("2025-01-01T00:10:00.000Z"),
+    ]
+    tally = Tally("alpha").read(lines)
+    assert (tally.approved, tally.rejected) == (1, 2)
+    assert tally.rejected_by() == {"MAX_NOTIONAL": 1, "STOP": 1}
+    assert [h.evaluations for h in tally.hooks()] == [5]
+    assert tally.period() == (1735689300000, 1735690200000)
+
+
 def stop_after(published: int) -> Component:
     """A component that stops the daemon as a signal would, once ``published``
     events are on the bus."""

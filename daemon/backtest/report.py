@@ -8,7 +8,7 @@ time. Costs are estimates: runs x tokens per run x price per million tokens.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -295,7 +295,8 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     symbol: str | None = None
     llm: RunSpend | None = None
     approved: bool | None = None  # risk rows
-    reasons: list[Reason] = []
+    # A risk row's reasons are objects, a wake row's strings: decoded for risk rows only.
+    reasons: msgspec.Raw = msgspec.Raw(b"[]")
 
 
 class Reason(msgspec.Struct, frozen=True):
@@ -313,6 +314,7 @@ class RunSpend(msgspec.Struct, frozen=True, rename="camel"):
 
 
 _row = msgspec.json.Decoder(AuditRow)
+_reasons = msgspec.json.Decoder(list[Reason])
 
 #: Audited errors that are not failures: the breaker's gates (hooks_runtime/breaker.py).
 SKIPPED = ("backoff", "paused")
@@ -326,13 +328,13 @@ class Tally:
     def __init__(self, agent: str) -> None:
         self.agent = agent
         self._evals: Counter[tuple[str, str]] = Counter()
-        self._decisions: dict[tuple[str, str], Counter[str]] = {}
+        self._decisions: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         self._errors: Counter[tuple[str, str]] = Counter()
         self._first_errors: dict[tuple[str, str], str] = {}
         self._timeouts: Counter[tuple[str, str]] = Counter()
-        self._skipped: dict[tuple[str, str], Counter[str]] = {}
+        self._skipped: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         self._paused_from: dict[tuple[str, str], str] = {}
-        self._suppressed: dict[tuple[str, str], Counter[str]] = {}
+        self._suppressed: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         self.wakes = self.runs = self.runs_failed = 0
         self.approved = self.rejected = 0
         self._rejected_by: Counter[str] = Counter()
@@ -340,6 +342,8 @@ class Tally:
         self._wakes_suppressed: Counter[str] = Counter()
         self._first_ms: int | None = None  # the hook rows' first and last event times
         self._last_ms = 0
+        self._ts: str | None = None  # the last row's event time, and it in ms: an
+        self._ts_ms: int | None = None  # event's hook rows come together
         self.symbols: dict[str, None] = {}  # in the order the hooks first met them
         # (event time, symbol) of the WAKE and ALERT decisions that acted.
         self.acted: dict[str, list[tuple[int, str]]] = {"WAKE": [], "ALERT": []}
@@ -370,23 +374,29 @@ class Tally:
                 self.approved += 1
             else:
                 self.rejected += 1
-                self._rejected_by.update(r.code for r in rec.reasons)
+                try:
+                    reasons = _reasons.decode(rec.reasons)
+                except msgspec.ValidationError:
+                    reasons = []
+                self._rejected_by.update(r.code for r in reasons)
             return
         if rec.type != "hook":
             return
         key = (str(rec.hook_id), str(rec.revision))
         self._evals[key] += 1
-        at = _event_ms(rec.event_ts)
-        if at is not None:
-            self._first_ms = at if self._first_ms is None else min(self._first_ms, at)
-            self._last_ms = max(self._last_ms, at)
+        at = self._ts_ms
+        if rec.event_ts != self._ts:
+            self._ts, self._ts_ms = rec.event_ts, (at := _event_ms(rec.event_ts))
+            if at is not None:
+                self._first_ms = at if self._first_ms is None else min(self._first_ms, at)
+                self._last_ms = max(self._last_ms, at)
         if rec.symbol:
             self.symbols.setdefault(rec.symbol)
         decision = rec.decision
         if decision is None:
             gate = (rec.error or "").partition(":")[0]
             if gate in SKIPPED:
-                self._skipped.setdefault(key, Counter())[gate] += 1
+                self._skipped[key][gate] += 1
                 if gate == "paused":
                     self._paused_from.setdefault(key, rec.event_ts or "")
                 return
@@ -394,10 +404,10 @@ class Tally:
             self._timeouts[key] += gate == "timeout"
             self._first_errors.setdefault(key, rec.error or "")
             return
-        self._decisions.setdefault(key, Counter())[decision] += 1
+        self._decisions[key][decision] += 1
         by = rec.suppressed_by or "none"
         if by != "none":
-            self._suppressed.setdefault(key, Counter())[by] += 1
+            self._suppressed[key][by] += 1
         if decision == "WAKE":
             self.wakes += 1
             if by != "none":
