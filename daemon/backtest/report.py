@@ -342,8 +342,9 @@ class Tally:
         self._wakes_suppressed: Counter[str] = Counter()
         self._first_ms: int | None = None  # the hook rows' first and last event times
         self._last_ms = 0
-        self._ts: str | None = None  # the last row's event time, and it in ms: an
-        self._ts_ms: int | None = None  # event's hook rows come together
+        # The last hook row's event time, parsed: an event's rows come together.
+        self._ts: str | None = None
+        self._ts_ms: int | None = None
         self.symbols: dict[str, None] = {}  # in the order the hooks first met them
         # (event time, symbol) of the WAKE and ALERT decisions that acted.
         self.acted: dict[str, list[tuple[int, str]]] = {"WAKE": [], "ALERT": []}
