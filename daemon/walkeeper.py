@@ -48,9 +48,9 @@ log = structlog.get_logger("walkeeper")
 #: (SQLite's default is 1,000): only a keeper far behind leaves it a checkpoint.
 BACKSTOP_PAGES = 50_000
 SQLITE_DEFAULT_PAGES = 1_000
-CHECKPOINT_FAILED = (
-    "WAL checkpoint failed: the store checkpoints itself, on its own thread, past the backstop"
-)
+#: What happens to a store the keeper cannot checkpoint (the log line and ``status``).
+FALLBACK = "the store checkpoints itself, on its own thread, past the backstop"
+CHECKPOINT_FAILED = f"WAL checkpoint failed: {FALLBACK}"
 #: Seconds between passes.
 INTERVAL = 5.0
 
@@ -241,6 +241,7 @@ KEEPER = WalKeeper()
 __all__ = [
     "BACKSTOP_PAGES",
     "CHECKPOINT_FAILED",
+    "FALLBACK",
     "INTERVAL",
     "KEEPER",
     "KeeperStats",

@@ -18,6 +18,7 @@ from daemon.logs import configure as configure_logging
 from daemon.printable import visible
 from daemon.statedir import STATUS_FILE, holder
 from daemon.status import Status, read_status, render_accounts
+from daemon.walkeeper import FALLBACK
 
 CONFIG_HELP = "Config file (TOML). Default: ./config.toml"
 
@@ -189,10 +190,7 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
             f"{lp.last_ms:g} ms at {lp.last_at}"
         )
     for store, error in (st.wal.failing if st.wal is not None else {}).items():
-        lines.append(
-            f"  WAL CHECKPOINTS FAILING: {store}: {error} (the store checkpoints itself,"
-            " on the event loop, past the backstop)"
-        )
+        lines.append(f"  WAL CHECKPOINTS FAILING: {store}: {error} ({FALLBACK})")
     hooks = st.hooks
     if hooks is not None:
         health = [h for a in hooks.agents.values() for h in a.hook_health.values()]
