@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal, NamedTuple, Protocol, Self
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, Self
 from urllib.parse import urlsplit
 
-import aiohttp
 import anyio
 import msgspec
 import structlog
@@ -30,6 +29,9 @@ from daemon.audit.records import AlertRecord, AuditRecord, now_ts
 from daemon.backoff import backoff_delay
 from daemon.errors import StoreError
 from daemon.status import AlertsStatus
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = structlog.get_logger("alerts")
 FAILURE_LOG_SECONDS = 60.0  # a failing webhook is logged at most this often (with a count)
@@ -119,7 +121,9 @@ class LogNotifier:
 class WebhookNotifier:
     """POSTs each alert as JSON to a URL, over one connection pool (``async with``
     closes it). A failure is counted and logged at most once a minute, with the
-    count: a dead endpoint under a stream of alerts does not flood the log."""
+    count: a dead endpoint under a stream of alerts does not flood the log. The
+    HTTP client is imported with the first post: a daemon without a webhook (and
+    a backtest) never loads it."""
 
     def __init__(
         self,
@@ -130,7 +134,7 @@ class WebhookNotifier:
         retry_initial_seconds: float = 1.0,
     ) -> None:
         self.url = url
-        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.timeout_seconds = timeout_seconds
         self.retries = retries
         self.retry_initial = retry_initial_seconds
         # The last alert was not delivered after its retries: the next ones get a
@@ -185,8 +189,11 @@ class WebhookNotifier:
     async def _post(self, body: bytes) -> tuple[str | None, float | None]:
         """One attempt: (None, None) delivered; (error, None) refused for good;
         (error, seconds) worth another attempt after at least that long."""
+        import aiohttp  # the first post loads the client (see the class)
+
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
+            timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
+            self._session = aiohttp.ClientSession(timeout=timeout)
         headers = {"content-type": "application/json"}
         try:
             async with self._session.post(self.url, data=body, headers=headers) as resp:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import structlog
@@ -20,18 +20,13 @@ from daemon.agents.pipeline import open_agents
 from daemon.audit.records import SignalRecord
 from daemon.config import Config
 from daemon.errors import ReplayError
-from daemon.llm.runner import RegistryToolBox
 from daemon.service import Component, Consumer, Service
 from daemon.status import Status
-from daemon.tools import registry
-from daemon.tools.context import open_context
 from feeds.base import Feed
-from feeds.candles.poller import CandlesFeed
-from feeds.coinbase_ws.feed import CoinbaseWsFeed
-from feeds.coinbase_ws.pool import CoinbaseWsPool
-from feeds.copytrade import CopytradeWebhookFeed, TradingViewFeed
-from feeds.movers import MoversFeed
 from feeds.replay import ReplayFeed
+
+if TYPE_CHECKING:
+    from feeds.coinbase_ws.pool import CoinbaseWsPool
 
 log = structlog.get_logger("daemon")
 
@@ -43,22 +38,33 @@ def build_feeds(
 ) -> list[Feed]:
     """One feed object per enabled ``[feeds.*]`` section (the ticker feed rides the
     daemon's shared Coinbase ``pool`` when there is one; the copy-trade webhook
-    writes its answers to ``audit``)."""
+    writes its answers to ``audit``). A live feed's module is imported only when
+    its section is enabled: a replay (a backtest) never loads the network clients."""
     feeds: list[Feed] = []
     section = config.feeds
     if section.coinbase_ws.enabled:
+        from feeds.coinbase_ws.feed import CoinbaseWsFeed
+
         feeds.append(CoinbaseWsFeed(section.coinbase_ws, pool=pool))
     if section.candles.enabled:
+        from feeds.candles.poller import CandlesFeed
+
         feeds.append(CandlesFeed(section.candles, Path(config.daemon.state_dir)))
     if section.replay.enabled:
         feeds.append(ReplayFeed(section.replay))
     if section.movers.enabled:
+        from feeds.movers import MoversFeed
+
         feeds.append(MoversFeed(section.movers))
     if section.tradingview.enabled:
+        from feeds.copytrade import TradingViewFeed
+
         feeds.append(
             TradingViewFeed(section.tradingview, Path(config.daemon.state_dir), audit=audit)
         )
     if section.copytrade_webhook.enabled:
+        from feeds.copytrade import CopytradeWebhookFeed
+
         feeds.append(
             CopytradeWebhookFeed(
                 section.copytrade_webhook, Path(config.daemon.state_dir), audit=audit
@@ -69,19 +75,28 @@ def build_feeds(
 
 def shared_pool(config: Config) -> CoinbaseWsPool | None:
     """The daemon's one Coinbase connection, when the ticker feed, MCP or the agents'
-    tools (LLM runs) may need it.
+    tools (LLM runs) may need it: not when the agents' runs only log
+    (``[hooks] run_agents = false``, a backtest that counts wakes), where no tool
+    is ever called.
 
     It connects only once someone wants a product. Its connection settings are
     those at start: a reload that changes ``[feeds.coinbase_ws] url`` or the
     backoff applies after a restart (products apply at once)."""
-    if not (config.feeds.coinbase_ws.enabled or config.mcp.enabled or config.hooks.enabled):
+    runs = config.hooks.enabled and config.hooks.run_agents
+    if not (config.feeds.coinbase_ws.enabled or config.mcp.enabled or runs):
         return None
+    from feeds.coinbase_ws.pool import CoinbaseWsPool
+
     return CoinbaseWsPool(config.feeds.coinbase_ws, lazy=True)
 
 
 @asynccontextmanager
 async def open_market(pool: CoinbaseWsPool, service: Service) -> AsyncIterator[None]:
     """Run the shared pool for the daemon's life, and the MCP server if enabled."""
+    from daemon.llm.runner import RegistryToolBox
+    from daemon.tools import registry
+    from daemon.tools.context import open_context
+
     cfg = service.config
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)

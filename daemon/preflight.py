@@ -23,7 +23,6 @@ from typing import Literal
 from daemon.agents.workspace import Agent, discover, load_agent
 from daemon.config import Config, unexpanded
 from daemon.errors import ConfigError, ReplayError
-from feeds.coinbase_ws.pool import check_settings
 from feeds.replay import ReplayFeed
 
 
@@ -103,7 +102,7 @@ def _check_record(path: Path | None, report: Report) -> None:
 def _check_feeds(cfg: Config, report: Report) -> None:
     if cfg.feeds.coinbase_ws.enabled:
         try:
-            check_settings(cfg.feeds.coinbase_ws)
+            cfg.feeds.coinbase_ws.check()
         except ConfigError as exc:
             report.problems.append(str(exc))
     replay = cfg.feeds.replay

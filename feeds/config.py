@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from daemon.errors import ConfigError
 from daemon.events import TIMEFRAMES
 from daemon.secret import Secret
 
@@ -68,7 +69,7 @@ class CoinbaseWsSection(_Section, frozen=True):
     url: str = "wss://advanced-trade-ws.coinbase.com"
     products: list[str] = msgspec.field(default_factory=list)
     # Reconnect when nothing (not even a heartbeat) arrived for this long.
-    # Checked (with the URL) by the pool, which names the key in a ConfigError.
+    # Checked (with the URL) by ``check``, when the feed runs.
     idle_timeout_seconds: float = 10.0
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
@@ -76,6 +77,24 @@ class CoinbaseWsSection(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         _check_products(self.products)
+
+    def check(self) -> None:
+        """Reject values the pool cannot run with, naming the key (ConfigError). Not
+        at load: a disabled feed's settings are not held against the config."""
+        key = "feeds.coinbase_ws."
+        try:
+            check_http_url(self.url, f"{key}url", schemes=("ws", "wss"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if not self.idle_timeout_seconds > 0:
+            raise ConfigError(f"{key}idle_timeout_seconds: must be > 0")
+        if not 0 < self.backoff_initial_seconds <= self.backoff_max_seconds:
+            raise ConfigError(
+                f"{key}backoff_initial_seconds/backoff_max_seconds: need 0 < initial <= max "
+                f"(found {self.backoff_initial_seconds}, {self.backoff_max_seconds})"
+            )
+        if self.max_message_bytes < 1024:
+            raise ConfigError(f"{key}max_message_bytes: must be >= 1024")
 
 
 class CandlesSection(_Section, frozen=True):

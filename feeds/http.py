@@ -3,9 +3,12 @@ servers (the copy-trade doors, MCP over HTTP)."""
 
 from __future__ import annotations
 
-import aiohttp
+from typing import TYPE_CHECKING
 
 from daemon.errors import FeedError
+
+if TYPE_CHECKING:
+    import aiohttp
 
 CHUNK_BYTES = 64 * 1024
 # A REST answer we parse whole (candle pages, a product, an exchange page): far

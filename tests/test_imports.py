@@ -24,7 +24,8 @@ def loaded(code: str) -> set[str]:
 def test_the_daemon_loads_the_tools_stack_only_when_a_run_needs_it() -> None:
     assert "numpy" not in loaded("import daemon.app, daemon.cli.run, daemon.agents.pipeline")
     used = loaded(
-        "from daemon.app import RegistryToolBox, registry\n"
+        "from daemon.llm.runner import RegistryToolBox\n"
+        "from daemon.tools import registry\n"
         "from daemon.tools.context import ToolContext\n"
         "box = RegistryToolBox(registry, ToolContext())\n"
         "print(sorted(t.name for t in box.registry))"
@@ -32,12 +33,27 @@ def test_the_daemon_loads_the_tools_stack_only_when_a_run_needs_it() -> None:
     assert "numpy" in used
 
 
+def test_a_backtest_loads_no_network_client() -> None:
+    """A replay's daemon (and the backtest command around it) imports neither the
+    HTTP nor the WebSocket client: ~0.35 s of every backtest's start went to them
+    and to the TLS contexts their users built. A live feed's section loads its own."""
+    code = "import daemon.app, daemon.backtest.run, daemon.cli.backtest, daemon.agents.pipeline"
+    assert not {"aiohttp", "websockets", "httpx"} & loaded(code)
+    live = loaded(
+        "from daemon.app import build_feeds\n"
+        "from daemon.config import parse\n"
+        "build_feeds(parse('[feeds.candles]\\nenabled = true\\n', 'test'))"
+    )
+    assert "aiohttp" in live
+
+
 def test_an_llm_agent_loads_the_tools_as_it_loads_not_at_its_first_wake() -> None:
     """The import (about 0.3 s) happens when the agent's runner is built, so the first
     wake, when the market is moving, does not wait for it."""
     code = (
         "import msgspec\n"
-        "from daemon.app import RegistryToolBox, registry\n"
+        "from daemon.llm.runner import RegistryToolBox\n"
+        "from daemon.tools import registry\n"
         "from daemon.llm.runner import LlmRunner\n"
         "from daemon.tools.context import ToolContext\n"
         "from daemon.wake.policy import RunnerConfig\n"

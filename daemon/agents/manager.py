@@ -39,7 +39,7 @@ from daemon.errors import ConfigError, StoreError
 from daemon.logs import Outage
 from daemon.state import StateCache
 from daemon.status import AgentStatus, HooksStatus
-from daemon.tools.context import AgentCall, AgentView
+from daemon.tools.calls import AgentCall, AgentView
 from daemon.wake.policy import RunnerConfig
 from daemon.wake.runners import LogRunner, Runner, build_runner
 from daemon.wake.scheduler import WakeScheduler

@@ -45,7 +45,8 @@ from daemon.llm.conversation import (
 )
 from daemon.llm.prompt import render_context, system_prompt
 from daemon.tools.base import Registry, render
-from daemon.tools.context import AgentCall, ToolContext
+from daemon.tools.calls import AgentCall
+from daemon.tools.context import ToolContext
 from daemon.wake.context import RunResult, WakeContext
 from daemon.wake.policy import RunnerConfig
 from daemon.wake.runners import Spent

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import aiohttp
 import anyio
 import structlog
 
@@ -24,12 +23,15 @@ from daemon.events import iso_ms
 from daemon.rag.config import RagConfig
 from daemon.state import StateCache
 from daemon.tools.base import ToolError
+from daemon.tools.calls import AgentCall, AgentView
 from daemon.trading.desk import TradeDesk
-from feeds.coinbase_ws.pool import CoinbaseWsPool
 from feeds.http import MAX_REST_BYTES, read_capped
 
 if TYPE_CHECKING:
+    import aiohttp
+
     from daemon.rag.service import RagService
+    from feeds.coinbase_ws.pool import CoinbaseWsPool
 
 log = structlog.get_logger("tools")
 
@@ -93,6 +95,8 @@ class ProductCatalog:
     async def _ask(self, product: str) -> bool | None:
         if self.session is None:
             return None
+        import aiohttp  # loaded already: the session is one of its
+
         try:
             with anyio.fail_after(self.timeout_seconds):
                 status, _ = await self.get(f"/market/products/{quote(product, safe='-')}", {})
@@ -100,24 +104,6 @@ class ProductCatalog:
         except (aiohttp.ClientError, TimeoutError, FeedError) as exc:
             log.info("product check skipped", product=product, error=f"{type(exc).__name__}")
             return None
-
-
-@dataclass(frozen=True)
-class AgentCall:
-    """Who is calling: set for a tool call made by an agent's LLM run (the trading
-    tools need it); MCP hosts call without one."""
-
-    agent_id: str
-    run_id: str  # whose signals these are (see submit_trading_signal's keys)
-    trace_id: str | None = None
-    event_id: str | None = None
-    # How a signal becomes an order ([wake.runner] of the agent).
-    signal_notional: float = 100.0
-    min_confidence: float = 60.0
-    signal_expiry_seconds: float = 0.0  # 0: the entry works until filled or canceled
-    # An LLM run trades a symbol once (a retried call returns the first order); over
-    # MCP (no runs, no sessions) each distinct signal is traded once per "run" (day).
-    one_signal_per_symbol: bool = True
 
 
 class SharedRag:
@@ -146,17 +132,6 @@ class SharedRag:
         if self._service is not None:
             self._service.close()
             self._service = None
-
-
-@dataclass(frozen=True)
-class AgentView:
-    """An agent's market as its run sees it on event time: the agent's clock (the
-    run's due time; a run takes no event time) and its own state cache, which holds
-    every event before that time and none after (the daemon-wide cache may be a bus
-    queue ahead of the agent)."""
-
-    now_ms: int
-    state: StateCache
 
 
 @dataclass
@@ -235,7 +210,13 @@ async def open_context(
     """A context for ``cfg``: a Coinbase pool (running) and the product catalog.
 
     Pass the daemon's ``pool`` to share its connection; else one is started here
-    that connects only once a tool subscribes a product."""
+    that connects only once a tool subscribes a product. The HTTP and WebSocket
+    clients are imported here, not with the module: the tools' types are read by
+    the agents' manager and a backtest that never opens a context."""
+    import aiohttp
+
+    from feeds.coinbase_ws.pool import CoinbaseWsPool
+
     timeout = aiohttp.ClientTimeout(total=cfg.feeds.candles.request_timeout_seconds)
     headers = {"user-agent": "marketwake"}
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:

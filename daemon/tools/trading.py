@@ -19,7 +19,8 @@ import msgspec
 
 from daemon.events import Amount
 from daemon.tools.base import Tool, ToolError
-from daemon.tools.context import AgentCall, ToolContext
+from daemon.tools.calls import AgentCall
+from daemon.tools.context import ToolContext
 from daemon.tools.snapshot import Product
 from daemon.trading.desk import TradeDesk
 from daemon.trading.intents import Side, TradeIntent

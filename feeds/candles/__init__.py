@@ -1,7 +1,3 @@
-"""Coinbase public REST candles: sans-I/O protocol, SQLite high-water marks, the poller."""
-
-from __future__ import annotations
-
-from feeds.candles.poller import CandlesFeed
-
-__all__ = ["CandlesFeed"]
+"""Coinbase public REST candles: ``protocol`` (sans-I/O), ``store`` (SQLite
+high-water marks), ``poller`` (the feed). The package imports nothing itself:
+the protocol is read without loading the HTTP client."""

@@ -1,15 +1,7 @@
-"""Coinbase Advanced Trade WebSocket: shared connection pool and ticker feed."""
+"""Coinbase Advanced Trade WebSocket: shared connection pool and ticker feed.
 
-from __future__ import annotations
-
-from feeds.coinbase_ws.feed import CoinbaseWsFeed, tick_event
-from feeds.coinbase_ws.pool import CoinbaseWsPool, PoolStatistics, Subscription, Tick
-
-__all__ = [
-    "CoinbaseWsFeed",
-    "CoinbaseWsPool",
-    "PoolStatistics",
-    "Subscription",
-    "Tick",
-    "tick_event",
-]
+``protocol`` (sans-I/O parsing), ``pool`` (the shared connection), ``feed`` (the
+ticker feed on it), ``recording`` (recorded frames). Import the module you need:
+the package itself imports nothing, so reading the settings or the protocol
+(preflight, a backtest) does not load the network stack.
+"""

@@ -34,7 +34,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 from daemon.backoff import backoff_delays
-from daemon.errors import ConfigError, FeedDisconnected, FeedError, FeedProtocolError
+from daemon.errors import FeedDisconnected, FeedError, FeedProtocolError
 from daemon.events import now_ms
 from feeds.base import FeedHealth
 from feeds.coinbase_ws.protocol import (
@@ -53,7 +53,7 @@ from feeds.coinbase_ws.protocol import (
     subscribe_message,
     unsubscribe_message,
 )
-from feeds.config import CoinbaseWsSection, check_http_url
+from feeds.config import CoinbaseWsSection
 
 log = structlog.get_logger("feeds.coinbase_ws")
 
@@ -209,24 +209,6 @@ class _Connection:
         self.reason = ""
 
 
-def check_settings(settings: CoinbaseWsSection) -> None:
-    """Reject values the pool cannot run with, naming the key (ConfigError)."""
-    key = "feeds.coinbase_ws."
-    try:
-        check_http_url(settings.url, f"{key}url", schemes=("ws", "wss"))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not settings.idle_timeout_seconds > 0:
-        raise ConfigError(f"{key}idle_timeout_seconds: must be > 0")
-    if not 0 < settings.backoff_initial_seconds <= settings.backoff_max_seconds:
-        raise ConfigError(
-            f"{key}backoff_initial_seconds/backoff_max_seconds: need 0 < initial <= max "
-            f"(found {settings.backoff_initial_seconds}, {settings.backoff_max_seconds})"
-        )
-    if settings.max_message_bytes < 1024:
-        raise ConfigError(f"{key}max_message_bytes: must be >= 1024")
-
-
 def _log_often(count: int) -> bool:
     """Log the first ten occurrences, then at powers of two (bounded log volume)."""
     return count <= 10 or count & (count - 1) == 0
@@ -247,7 +229,7 @@ class CoinbaseWsPool:
         rand: Callable[[], float] = random.random,
         lazy: bool = False,
     ) -> None:
-        check_settings(settings)
+        settings.check()
         self._lazy = lazy  # no connection while no subscriber wants a product
         self._settings = settings
         self._open_timeout = open_timeout

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from daemon.events import MARKET_CANDLE_CLOSED, MARKET_CANDLE_UPDATED, FeedEvent, iso_ms
 from feeds.base import FeedHealth
-from feeds.candles import CandlesFeed
+from feeds.candles.poller import CandlesFeed
 from feeds.candles.protocol import GRANULARITY
 from feeds.config import CandlesSection
 from tests.loopback import serve_app
@@ -380,7 +380,7 @@ structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 from feeds.config import CandlesSection
 from daemon.events import encode
 from feeds.base import FeedHealth
-from feeds.candles import CandlesFeed
+from feeds.candles.poller import CandlesFeed
 
 
 async def publish(event):

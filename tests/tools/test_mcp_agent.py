@@ -19,7 +19,8 @@ from daemon.config import Config, McpSection
 from daemon.service import Service
 from daemon.state import StateCache
 from daemon.tools import registry
-from daemon.tools.context import AgentCall, AgentView, ToolContext
+from daemon.tools.calls import AgentCall, AgentView
+from daemon.tools.context import ToolContext
 from daemon.tools.mcp_server import bound_port, build_server, call_context, serve_http
 from tests.agents.test_pipeline import PacedFeed, audit, candle, workspace
 

@@ -145,7 +145,7 @@ async def test_runs_share_one_open_store(collection: Collection) -> None:
     for all of them, and closing the daemon's context closes it."""
     import dataclasses
 
-    from daemon.tools.context import AgentCall
+    from daemon.tools.calls import AgentCall
 
     args = {"symbol": "BTC-USD", "query_config": {"lookback_days": 365, "min_similarity": 0.0}}
     async with context(collection, collection.rows[:2000]) as ctx:
