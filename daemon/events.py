@@ -383,10 +383,10 @@ _MILLI: Final = tuple(f"{ms:03d}Z" for ms in range(1000))
 
 
 def iso_ms(epoch_ms: int) -> str:
-    """RFC 3339 UTC with millisecond precision, ``Z`` suffix (hot: audit rows, candles,
-    ~1 µs a call before). The date is cached per day and the time of day is put
-    together from formatted pieces: ~3.5x faster than formatting its numbers, and
-    10x faster than a datetime, which a replay's ever-new seconds would miss in a cache."""
+    """RFC 3339 UTC with millisecond precision, ``Z`` suffix (hot: audit rows, candles).
+    The date is cached per day and the time of day put together from pieces formatted
+    once: ~0.3 µs a call, 3.5x faster than formatting its numbers and 10x faster than
+    a datetime (whose ever-new seconds, in a replay, a cache would miss)."""
     seconds, ms = divmod(epoch_ms, 1000)
     day, second = divmod(seconds, 86_400)
     minute, second = divmod(second, 60)

@@ -211,8 +211,9 @@ async def open_context(
 
     Pass the daemon's ``pool`` to share its connection; else one is started here
     that connects only once a tool subscribes a product. The HTTP and WebSocket
-    clients are imported here, not with the module: the tools' types are read by
-    the agents' manager and a backtest that never opens a context."""
+    clients are imported here, not with the module: every tool's module imports
+    this one (a backtest too, through the snapshot tool), and most never open a
+    context."""
     import aiohttp
 
     from feeds.coinbase_ws.pool import CoinbaseWsPool
