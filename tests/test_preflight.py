@@ -249,3 +249,17 @@ def test_the_pattern_tools_files_must_exist(tmp_path: Path) -> None:
     )
     (problem,) = preflight.check(cfg).problems
     assert problem == f"rag.exchange.open_interest_file: {str(tmp_path)!r} is not a regular file"
+
+
+def test_bad_coinbase_ws_settings_are_reported_only_when_the_feed_runs(tmp_path: Path) -> None:
+    """`config check` lists a ticker feed's bad URL or timeout as one problem naming the
+    key (never a traceback); the same values in a disabled section are no problem."""
+    (tmp_path / "agents").mkdir()
+    bad = '[feeds.coinbase_ws]\nurl = "https://example.invalid"\nidle_timeout_seconds = 0\n'
+    assert problems(config(tmp_path, bad)) == []
+    found = problems(config(tmp_path, bad + "enabled = true\n"))
+    assert len(found) == 1 and found[0].startswith("feeds.coinbase_ws.url")
+    slow = "[feeds.coinbase_ws]\nenabled = true\nidle_timeout_seconds = 0\n"
+    assert problems(config(tmp_path, slow)) == [
+        "feeds.coinbase_ws.idle_timeout_seconds: must be > 0"
+    ]
