@@ -12,8 +12,9 @@ instead and calls :meth:`PaperStore.sync` from a worker thread before anyone
 hears of what it committed (``PaperBroker(sync_before_emit=True)``): the same
 guarantee to everyone outside, without a sync in the event loop's thread.
 Orders are stored as their JSON body plus the few columns we query by. All
-methods are synchronous and short; callers group writes with :meth:`PaperStore.transaction` so a fill,
-its position change and its bracket children commit together or not at all.
+methods are synchronous and short; callers group writes with
+:meth:`PaperStore.transaction` so a fill, its position change and its bracket
+children commit together or not at all.
 """
 
 from __future__ import annotations
