@@ -32,6 +32,7 @@ from daemon.backtest.report import (
 from daemon.backtest.run import (
     OUT,
     BacktestOptions,
+    DataFile,
     data_name,
     render,
     run_backtest,
@@ -100,7 +101,8 @@ def test_same_data_same_report_and_the_counts_are_the_audits(tmp_path: Path) -> 
     assert first.runs == sum(1 for r in rows if r["type"] == "run" and r["status"] != "started")
     # 600 bars of 5 min = 50 hours at <= 2 runs an hour (the budget, on event time)
     assert 0 < first.runs <= 2 * 51 and first.wakes_suppressed.get("budget", 0) > 0
-    assert first.wakes - sum(first.wakes_suppressed.values()) >= first.runs
+    # every WAKE ran, alone or merged into another's run, or was suppressed
+    assert first.runs + first.wakes_merged + sum(first.wakes_suppressed.values()) == first.wakes
     assert first.baseline.runs == 599 * 5 // 3 + 1  # every 3 min from the first bar to the last
     assert first.cost == CostModel().cost(first.runs)
     assert first.cost_ratio == pytest.approx(first.cost / first.baseline.cost, abs=1e-6)
@@ -735,6 +737,47 @@ def test_several_data_files_are_merged_by_time(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "timeframe must be one of" in bad.output
 
 
+@pytest.mark.parametrize("max_collected", [20, 1])
+def test_wakes_merged_into_one_run_are_told_apart_from_those_not_run(
+    tmp_path: Path, max_collected: int
+) -> None:
+    """Two symbols' candles close together and both wake: collect mode runs the agent
+    once for the pair, and the report says where the other WAKE went, counting the
+    wakes a run only summarizes (``max_collected``) too."""
+    btc, eth = tmp_path / "btc.csv", tmp_path / "eth.csv"
+    generate_candles(btc, seed=3, n=40, timeframe="5m")
+    generate_candles(eth, seed=4, n=40, timeframe="5m")
+    root = tmp_path / "agents" / "alpha"
+    (root / "hooks").mkdir(parents=True)
+    (root / "agent.toml").write_text(
+        "[wake]\nmax_runs_per_hour = 100\ncooldown_after_run_seconds = 0\n"
+        f'queue_mode = "collect"\ndebounce_seconds = 2\nmax_collected = {max_collected}\n'
+    )
+    (root / "hooks" / "wake_all.py").write_text(
+        "def evaluate(event, state):\n"
+        "    return {'decision': 'WAKE', 'reason': 'closed', 'dedupeKey': event['eventId']}\n"
+    )
+    opts = BacktestOptions(
+        agent_dir=root,
+        data=btc,
+        out=tmp_path / "out",
+        more_data=[DataFile(path=eth, symbol="ETH-USD")],
+    )
+    report = run_backtest(opts)
+    assert (report.wakes, report.runs, report.wakes_merged) == (80, 40, 40)
+    assert report.wakes_suppressed == {}
+    runs = [r for r in iter_records(tmp_path / "out" / "state" / "audit") if r["type"] == "run"]
+    assert {r["wakes"] for r in runs} == {2}  # started and finished rows alike
+    assert {len(r["eventIds"]) for r in runs} == {min(2, max_collected)}
+    assert "80 WAKE decisions -> 40 agent runs (40 merged into another's run by collect mode)" in (
+        render(report)
+    )
+    assert (
+        "merged into another&#x27;s run</th><td>40"
+        in (tmp_path / "out" / "report.html").read_text()
+    )
+
+
 def test_the_report_reader_skips_what_is_not_an_audit_row() -> None:
     """Broken, truncated, odd-typed or foreign lines are skipped; rows of other agents
     are not counted."""
@@ -781,9 +824,40 @@ def test_the_report_reader_counts_risk_rows_by_reason_and_spans_every_event_time
     ]
     tally = Tally("alpha").read(lines)
     assert (tally.approved, tally.rejected) == (1, 2)
+    assert tally.wakes_suppressed() == {}  # a wake row that dropped nothing counts nothing
     assert tally.rejected_by() == {"MAX_NOTIONAL": 1, "STOP": 1}
     assert [h.evaluations for h in tally.hooks()] == [5]
     assert tally.period() == (1735689300000, 1735690200000)
+
+
+def test_the_report_reader_accounts_for_every_wake() -> None:
+    """Each WAKE decision ran (alone, or merged into another's run), was suppressed as
+    it was decided (its hook row), or was dropped when its queued run came due (the
+    wake rows: one a wake, one for a run's summarized earlier wakes)."""
+
+    def row(**fields: object) -> bytes:
+        return json.dumps({"agentId": "alpha"} | fields).encode() + b"\n"
+
+    def woke(by: str = "none") -> bytes:
+        return row(type="hook", hookId="w", decision="WAKE", suppressedBy=by)
+
+    lines = [
+        *[woke() for _ in range(7)],
+        woke("budget"),
+        woke("cooldown"),
+        row(type="run", status="started", wakes=3),
+        row(type="run", status="finished", wakes=3),
+        row(type="run", status="failed", wakes=1),
+        row(type="wake", outcome="queued", suppressedBy="none"),
+        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=1),
+        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=2),
+        row(type="wake", outcome="suppressed", suppressedBy="budget"),  # as decided: no
+    ]
+    tally = Tally("alpha").read(lines)
+    assert (tally.wakes, tally.runs, tally.merged) == (9, 2, 2)
+    suppressed = tally.wakes_suppressed()
+    assert suppressed == {"budget": 1, "cooldown": 1, "paused": 3}
+    assert tally.runs + tally.merged + sum(suppressed.values()) == tally.wakes
 
 
 def stop_after(published: int) -> Component:

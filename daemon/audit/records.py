@@ -92,6 +92,10 @@ class WakeRecord(_Record, frozen=True, kw_only=True, tag="wake"):
     hook_ids: list[str] = msgspec.field(default_factory=list)
     reasons: list[str] = msgspec.field(default_factory=list)
     run_id: str | None = None
+    # The WAKE decisions a row of a run dropped when it came due (its wakes' hook rows
+    # said queued): 1 a wake, the count of a run's summarized earlier wakes on their
+    # one row; 0 for a wake suppressed as it was decided (its hook row says so).
+    dropped: int = 0
 
 
 class ToolCallReport(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -129,6 +133,9 @@ class RunRecord(_Record, frozen=True, kw_only=True, tag="run"):
     runner: str
     status: Literal["started", "finished", "failed", "timeout"]
     event_ids: list[str] = msgspec.field(default_factory=list)
+    # The WAKE decisions it answers: its own and those collect mode merged into it
+    # (the summarized earlier ones too); 0 for an audit run.
+    wakes: int = 0
     # Every merged wake's trace (``traceId`` holds the first), so ``why`` finds the run
     # from any of them.
     trace_ids: list[str] = msgspec.field(default_factory=list)

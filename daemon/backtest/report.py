@@ -248,6 +248,20 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     rejected_by: dict[str, int] = {}
     # Nothing fell within --from/--to: when the data's events do run ("first .. last").
     data_span: str = ""
+    # WAKE decisions collect mode merged into a run another one started: a run
+    # answers them all at once (``runs`` counts it once).
+    wakes_merged: int = 0
+
+    def wake_fates(self) -> str:
+        """Why the WAKE decisions outnumber the runs ("" when they do not): those
+        merged into another's run, and those not run, by what stopped them."""
+        fates = []
+        if self.wakes_merged:
+            fates.append(f"{self.wakes_merged} merged into another's run by collect mode")
+        if self.wakes_suppressed:
+            why = ", ".join(f"{k} {v}" for k, v in self.wakes_suppressed.items())
+            fates.append(f"not run: {why}")
+        return "; ".join(fates)
 
     def still_working(self) -> str:
         """The entry orders the run ended with, the oldest named ("" for none)."""
@@ -294,6 +308,8 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     event_ts: str | None = None
     symbol: str | None = None
     llm: RunSpend | None = None
+    wakes: int = 0  # run rows: the WAKE decisions the run answered
+    dropped: int = 0  # wake rows: the WAKE decisions dropped as their run came due
     approved: bool | None = None  # risk rows
     # A risk row's reasons are objects, a wake row's strings: decoded for risk rows only.
     reasons: msgspec.Raw = msgspec.Raw(b"[]")
@@ -336,6 +352,7 @@ class Tally:
         self._paused_from: dict[tuple[str, str], str] = {}
         self._suppressed: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         self.wakes = self.runs = self.runs_failed = 0
+        self.merged = 0  # WAKE decisions that joined another's run (collect mode)
         self.approved = self.rejected = 0
         self._rejected_by: Counter[str] = Counter()
         self.llm_runs: list[RunSpend] = []  # the finished runs that ran a model
@@ -361,11 +378,13 @@ class Tally:
         return self
 
     def add(self, rec: AuditRow) -> None:
-        """Count one row: a hook row per hook revision (each WAKE's row carries its
-        final ``suppressedBy``, the scheduler's budget included); a finished run."""
+        """Count one row: a hook row per hook revision (a WAKE's row says what the
+        scheduler made of it as it was decided, its budget included); a wake row
+        that dropped queued wakes; a finished run, and the wakes merged into it."""
         if rec.type == "run":
             if rec.status != "started":
                 self.runs += 1
+                self.merged += max(0, rec.wakes - 1)
                 self.runs_failed += rec.status in ("failed", "timeout")
             if rec.status == "finished" and rec.llm is not None:
                 self.llm_runs.append(rec.llm)
@@ -380,6 +399,12 @@ class Tally:
                 except msgspec.ValidationError:
                     reasons = []
                 self._rejected_by.update(r.code for r in reasons)
+            return
+        if rec.type == "wake":
+            # Queued as decided (so their hook rows say), not run after all: the
+            # agent paused, or the day's cost cap reached, before their run came due.
+            if rec.dropped > 0:
+                self._wakes_suppressed[rec.suppressed_by or "none"] += rec.dropped
             return
         if rec.type != "hook":
             return

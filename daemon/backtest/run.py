@@ -328,6 +328,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         intents_rejected=tally.rejected,
         rejected_by=tally.rejected_by(),
         wakes_suppressed=tally.wakes_suppressed(),
+        wakes_merged=tally.merged,
         cost_model=model,
         cost=cost,
         baseline=baseline,
@@ -537,10 +538,9 @@ def render(report: Report) -> str:
         )
     for bad in report.broken:
         lines.append(f"  {bad.hook} @{bad.revision[:8]}: did not compile, never ran: {bad.error}")
-    why = ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items())
     lines.append(
         f"  {counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'agent run')}"
-        + (f" (not run: {why})" if why else "")
+        + (f" ({report.wake_fates()})" if report.wake_fates() else "")
         + (f"; {report.runs_failed} of the runs failed or timed out" if report.runs_failed else "")
     )
     ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"

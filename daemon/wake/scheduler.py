@@ -545,12 +545,13 @@ class WakeScheduler:
             self.sink(self._wake_record(None, "suppressed", by, None, AUDIT_HOOK, "audit run"))
             return
         for wake in run.wakes:
-            self._record_wake(wake, WakeOutcome(outcome="suppressed", suppressed_by=by))
+            self._record_wake(wake, WakeOutcome(outcome="suppressed", suppressed_by=by), 1)
         earlier = summarize_earlier(run.earlier)
         if earlier is not None:  # the summarized wakes are suppressed too, as one line
             hooks = sorted(run.earlier)
             record = self._wake_record(None, "suppressed", by, run.run_id, hooks[0], earlier)
-            self.sink(msgspec.structs.replace(record, hook_ids=hooks))
+            dropped = sum(run.earlier.values())
+            self.sink(msgspec.structs.replace(record, hook_ids=hooks, dropped=dropped))
 
     def _context(self, run: _PendingRun, now: float) -> WakeContext:
         return WakeContext(
@@ -757,20 +758,15 @@ class WakeScheduler:
 
     # --- records -------------------------------------------------------------
 
-    def _record_wake(self, wake: WakeRequest, outcome: WakeOutcome) -> None:
+    def _record_wake(self, wake: WakeRequest, outcome: WakeOutcome, dropped: int = 0) -> None:
+        """The wake's row; ``dropped``: 1 when its run was dropped as it came due."""
         self.counters[outcome.outcome] += 1
         if outcome.suppressed_by != "none":
             self.counters[f"suppressed_{outcome.suppressed_by}"] += 1
-        self.sink(
-            self._wake_record(
-                wake,
-                outcome.outcome,
-                outcome.suppressed_by,
-                outcome.run_id,
-                wake.hook_id,
-                wake.reason,
-            )
+        record = self._wake_record(
+            wake, outcome.outcome, outcome.suppressed_by, outcome.run_id, wake.hook_id, wake.reason
         )
+        self.sink(msgspec.structs.replace(record, dropped=dropped) if dropped else record)
 
     def _market_ts(self) -> str | None:
         """The agent's time for a wake or run row: the event time on a replay (None
@@ -824,6 +820,7 @@ class WakeScheduler:
             runner=self.runner.name,
             status="started" if result is None else _FINAL[result.status],
             event_ids=run.event_ids(),
+            wakes=len(run.wakes) + sum(run.earlier.values()),
             trace_ids=run.trace_ids(),
             duration_ms=duration_ms,
             error=result.error if result else None,

@@ -78,6 +78,7 @@ async def test_collect_merges_wakes_during_a_run_into_one_follow_up(tmp_path: Pa
     assert follow_up.earlier is None
     assert len(h.runs("finished")) == 2
     assert h.runs("finished")[1].event_ids == ["ev2", "ev3", "ev4"]
+    assert [r.wakes for r in h.runs("finished")] == [1, 3]
 
 
 async def test_collect_debounce_window_merges_first_wakes(tmp_path: Path) -> None:
@@ -205,6 +206,8 @@ async def test_paused_agent_suppresses_wakes_and_drops_pending(tmp_path: Path) -
         (None, "paused"),  # the audit run that came due while paused
     ]
     assert paused[2].hook_ids == ["audit"]
+    # Only ev1 was queued as decided (its hook row says so): the row that drops it counts it.
+    assert [w.dropped for w in paused] == [0, 1, 0]
 
 
 async def test_budget_and_cooldown_survive_a_restart(tmp_path: Path) -> None:
@@ -308,6 +311,7 @@ async def test_dropped_run_records_its_summarized_wakes(tmp_path: Path) -> None:
     summary = dropped[2]
     assert summary.event_id is None and summary.hook_ids == ["a", "b"]
     assert summary.reasons == ["...and 3 earlier wakes: 2x a, 1x b"]
+    assert [w.dropped for w in dropped] == [1, 1, 3]  # the five queued wakes
 
 
 async def test_store_failure_does_not_stop_runs(tmp_path: Path) -> None:
