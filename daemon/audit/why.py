@@ -96,7 +96,8 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
     linked = [
         r
         for r in iter_records(directory, flt, ids=sorted(traces))
-        if r.get("traceId") in traces
+        # (a run row bears its first wake's trace, and lists those merged into it)
+        if (r.get("traceId") in traces or not traces.isdisjoint(_trace_ids(r)))
         and not _names(r, ident)
         and (not owners or r.get("agentId") in owners)
     ]
@@ -161,6 +162,11 @@ def _names(r: Record, ident: str) -> bool:
     return ident in (
         r.get("eventId"), r.get("traceId"), r.get("clientOrderId"), r.get("runId")
     ) or ident in _trace_ids(r)  # fmt: skip
+
+
+def _int(value: object) -> int:
+    """A row's count (0 when it is not one: a damaged row, an older row without it)."""
+    return value if type(value) is int else 0
 
 
 def _trace_ids(r: Record) -> list[str]:
@@ -293,7 +299,9 @@ def _judge(recs: list[Record]) -> tuple[Outcome, str]:
     runs = [r for r in recs if r.get("type") == "run"]
     if runs:  # the run happened: say how it ended
         last = runs[-1]
-        return "WOKE", f"{who} returned WAKE; run {last.get('runId')} {last.get('status')}"
+        n = last.get("wakes")
+        merged = f" (one run for {n} wakes: collect mode merged them)" if _int(n) > 1 else ""
+        return "WOKE", f"{who} returned WAKE; run {last.get('runId')} {last.get('status')}{merged}"
     sup_w = [w for w in by_type["wake"] if w.get("outcome") == "suppressed"]
     pairs: tuple[tuple[str, Outcome], ...] = (("woke", "WOKE"), ("queued", "QUEUED"))
     for outcome, label in pairs:

@@ -366,6 +366,31 @@ def test_an_events_trace_is_read_from_its_own_day_on(
     assert [r["type"] for r in story.records] == ["hook", "order"]  # its event, the day before
 
 
+def test_why_a_wake_merged_into_another_events_run_finds_that_run(tmp_path: Path) -> None:
+    """Collect mode merged e2's wake into the run t1's wake started: the run's rows carry
+    t1's trace and list t2 among theirs. Asked about e2, `why` finds the run and says
+    it answered both wakes, not that e2's wake is still queued."""
+    w = AuditWriter(tmp_path)
+    w.write(hook(decision="WAKE", reason="two green candles"))
+    w.write(wake(run_id="r1", outcome="queued"))
+    w.write(hook(event_id="e2", trace_id="t2", decision="WAKE", reason="breakout", ts=ts(sec=1)))
+    w.write(wake(run_id="r1", trace_id="t2", outcome="queued", ts=ts(sec=1)))
+    both = {"event_ids": [EVENT, "e2"], "trace_ids": ["t1", "t2"], "wakes": 2}
+    w.write(run(run_id="r1", status="started", ts=ts(sec=3), **both))
+    w.write(run(run_id="r1", status="finished", duration_ms=900.0, ts=ts(sec=9), **both))
+    w.write(run(run_id="r9", trace_id="t9", status="finished", ts=ts(sec=10)))
+    w.close()
+    (story,) = explain(collect(tmp_path, "e2"), "e2").agents
+    assert story.outcome == "WOKE", story.why
+    assert "run r1 finished" in story.why and "2 wakes" in story.why
+    ran = [(r["runId"], r["status"]) for r in story.records if r["type"] == "run"]
+    assert ran == [("r1", "started"), ("r1", "finished")]
+    hooks = [r["reason"] for r in story.records if r["type"] == "hook"]
+    assert hooks == ["breakout"]  # the other event's rows are that event's story
+    (first,) = explain(collect(tmp_path, EVENT), EVENT).agents
+    assert first.outcome == "WOKE" and "run r1 finished" in first.why
+
+
 def test_why_a_run_tells_the_wakes_that_started_it(tmp_path: Path) -> None:
     """A run's id (as `audit tail` shows it) tells the events whose wakes it took: in
     collect mode two events' traces, listed by the run's rows. Only the run's agent
