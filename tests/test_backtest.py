@@ -390,6 +390,12 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
     assert both["diff"]["wakes"] == both["b"]["wakes"] - both["a"]["wakes"]
     assert "B - A" in res.output and f"wake_green@{old.revision[:8]}" in res.output
     out = res.output.splitlines()
+    # each summary as the single run prints it, line by line (not one escaped line)
+    assert "\\n" not in res.output
+    for run, label in ((both["a"], "A"), (both["b"], "B")):
+        summary = render(msgspec.convert(run, Report)).splitlines()
+        at = out.index(summary[0])
+        assert out[at - 1].startswith(f"{label}: ") and out[at : at + len(summary)] == summary
     head = next(i for i, line in enumerate(out) if line.rstrip().endswith("B - A"))
     table = out[head : head + 1 + len(both["diff"])]
     assert len({len(line) for line in table}) == 1, table  # aligned, however long a name

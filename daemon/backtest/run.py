@@ -474,14 +474,17 @@ def _write_json(path: Path, report: Report | Comparison) -> None:
 
 def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
     """Both summaries, then the differences as a table."""
-    lines = [f"A: {labels[0]}", render(result.a), "", f"B: {labels[1]}", render(result.b), ""]
+    # (each summary's lines are shown safe already, and kept apart: not escaped again)
+    labelled = [visible(f"A: {labels[0]}"), render(result.a), ""]
+    labelled += [visible(f"B: {labels[1]}"), render(result.b), ""]
+    lines = []
     rows = figures(result.a, result.b)
     width = max(map(len, rows)) + 2
     lines.append(f"  {'':<{width}}{'A':>14}{'B':>14}{'B - A':>14}")
     for name, (va, vb) in rows.items():
         shown = (_figure(name, va), _figure(name, vb), _figure(name, result.diff[name], "+"))
         lines.append(f"  {name:<{width}}" + "".join(f"{x:>14}" for x in shown))
-    return "\n".join(map(visible, lines))
+    return "\n".join([*labelled, *lines])
 
 
 COUNTS = frozenset({"wakes", "runs", "intents_rejected", "fills"})
