@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -486,3 +487,15 @@ def test_a_follower_passes_over_a_damaged_compressed_part(tmp_path: Path) -> Non
     w.write(hook(reason="after"))
     w.close()
     assert [r["reason"] for r in follower.poll()] == ["after"]
+
+
+def test_a_wake_dropped_when_its_run_came_due_says_so() -> None:
+    """A queued wake later dropped (the agent paused before its run started) reads
+    differently from one suppressed as it was decided."""
+    from daemon.audit.render import render
+
+    decided = json.loads(encode_line(wake(outcome="suppressed", suppressed_by="paused")))
+    dropped = json.loads(encode_line(wake(outcome="suppressed", suppressed_by="paused", dropped=1)))
+    assert "wake suppressed by paused" in render(decided).plain
+    assert "came due" not in render(decided).plain
+    assert "wake suppressed by paused when its run came due" in render(dropped).plain
