@@ -116,8 +116,10 @@ def gather(
             inbox.close()
     cache = StateCache()
     snapshot = read_snapshot(state_dir / SNAPSHOT_FILE)
+    as_of = None  # the positions and drift are the snapshot's, written now and then
     if snapshot is not None:
         cache.load(snapshot)
+        as_of = _written_at(state_dir / SNAPSHOT_FILE)
     positions = cache.copytrade.export()["leaders"]
 
     # Leader agents of this daemon: their signals never pass an inbox; their running
@@ -155,7 +157,21 @@ def gather(
             store.close()
 
     rows = tail(audit_dir, AuditFilter(types=frozenset({"signal"})), n=last)
-    return {"leaders": leaders, "positions": positions, "drift": drift, "lastSignals": rows}
+    return {
+        "leaders": leaders,
+        "positions": positions,
+        "positionsAsOf": as_of,
+        "drift": drift,
+        "lastSignals": rows,
+    }
+
+
+def _written_at(path: Path) -> str | None:
+    """When ``path`` was last written (None: it is gone since it was read)."""
+    try:
+        return iso_ms(int(path.stat().st_mtime * 1000))
+    except OSError:
+        return None
 
 
 def agents_dir_of(state_dir: Path) -> Path | None:
@@ -258,7 +274,17 @@ def copytrade_status(
             f"received {leader['lagSeconds']:+.1f} s later"
             + (f", {leader['unpublished']} not yet published" if leader["unpublished"] else "")
         )
-    echo("OPEN LEADER POSITIONS")
+    when = data["positionsAsOf"]
+    echo(
+        "OPEN LEADER POSITIONS"
+        + (
+            f" (the state snapshot of {when}: the daemon writes one every [daemon] "
+            "status_interval_seconds)"
+            if when
+            else " (no state snapshot yet: the daemon writes one every [daemon] "
+            "status_interval_seconds, with [state] shared = true)"
+        )
+    )
     if not data["positions"]:
         echo("  none")
     for p in data["positions"]:

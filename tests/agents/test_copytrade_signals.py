@@ -198,12 +198,17 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     assert "alice: 2 signals, last copytrade:alice:s2 (opened)" in out, out
     assert "bob: no signals yet" in out
     assert "alice/p1: long 0.02 BTC-USD (signals s1); mirrored: follower 0.01" in out
+    # (read from the state snapshot, written now and then: the header says when)
+    snapshot = tmp_path / "state" / "state_cache.json"
+    when = iso_ms(int(snapshot.stat().st_mtime * 1000))
+    assert f"OPEN LEADER POSITIONS (the state snapshot of {when}: " in out
     assert "follower on alice/p2: holds 0 BTC-USD, target 0.5" in out  # ratio 0.5 of 1.0
     assert "alice/s1 duplicate (200)" in out and "alice/? rejected (422)" in out
     data = json.loads(
         CliRunner().invoke(cli, ["copytrade", "status", "--config", str(cfg_file), "--json"]).output
     )
     assert [p["positionId"] for p in data["positions"]] == ["p1", "p2"]
+    assert data["positionsAsOf"] == when
     assert data["positions"][0]["followers"]["follower"]["orders"]["s1"]["status"] == "FILLED"
     # --state-dir reads another state (and its audit log) with the same leaders
     moved = tmp_path / "elsewhere"
@@ -211,6 +216,10 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     shutil.rmtree(tmp_path / "state")
     args = ["copytrade", "status", "--config", str(cfg_file), "--state-dir", str(moved)]
     assert CliRunner().invoke(cli, args).output == out
+    # a running daemon that has not written its first snapshot yet: said, not "none" alone
+    (moved / "state_cache.json").unlink()
+    early = CliRunner().invoke(cli, args).output
+    assert "OPEN LEADER POSITIONS (no state snapshot yet: " in early
 
 
 async def test_the_shipped_follower_mirrors_entry_edit_partial_and_full_close(
