@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from html.parser import HTMLParser
 from pathlib import Path
 from random import Random
 
@@ -403,6 +404,22 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
     assert shown["win_rate"][0].endswith("%") and shown["win_rate"][-2:][1] == "pp"
     assert all(x.lstrip("+-").replace(",", "").isdigit() for x in shown["fills"])
     assert all(x.rsplit(".", 1)[1].isdigit() and len(x.rsplit(".")[1]) == 2 for x in shown["cost"])
+    # the page side by side: the same figures as the table, each hook's revisions, both
+    # equity curves, and each run's own page beside it
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    cells = TableCells()
+    cells.feed(page)
+    on_page = {row[0]: " ".join(row[1:]) for row in cells.rows if row and row[0] in shown}
+    assert on_page == {name: " ".join(cells) for name, cells in shown.items()}
+    assert [r for r in cells.rows if r and r[0] == "wake_green"] == [
+        [
+            "wake_green",
+            f"@{a['revision'][:8]}: " + ", ".join(f"{k} {v}" for k, v in a["decisions"].items()),
+            f"@{old.revision[:8]}: " + ", ".join(f"{k} {v}" for k, v in b["decisions"].items()),
+        ]
+    ]
+    assert page.count("<polyline") == 2 and 'class="other"' in page
+    assert all((tmp_path / "cmp" / x / "report.html").exists() for x in "ab")
 
     unknown = CliRunner().invoke(cli, [*args[:7], "--revision", "wake_green=abcdef99"])
     assert unknown.exit_code == 2 and "is not kept in" in unknown.output
@@ -866,6 +883,30 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
     assert tally.runs + tally.merged + sum(suppressed.values()) == tally.wakes
 
 
+class TableCells(HTMLParser):
+    """The text of each table row's cells (header cells too), in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
 def stop_after(published: int) -> Component:
     """A component that stops the daemon as a signal would, once ``published``
     events are on the bus."""
@@ -922,9 +963,13 @@ def test_a_stopped_backtest_says_its_report_is_partial(
     out = tmp_path / "cmp"
     a = BacktestOptions(agent_dir=opts.agent_dir, data=data, out=out / "a")
     b = BacktestOptions(agent_dir=opts.agent_dir, data=data, out=out / "b")
+    (out / "report.html").parent.mkdir()
+    (out / OUT.marker).touch()  # an earlier backtest's out: its page must not outlive it
+    (out / "report.json").write_text("{}")
+    (out / "report.html").write_text("an earlier comparison")
     got = run_comparison(a, b, out, [stop_after(300)])
     assert isinstance(got, Report) and not got.complete
-    assert not (out / "b").exists()
+    assert not (out / "b").exists() and not (out / "report.html").exists()
     assert json.loads((out / "report.json").read_text())["complete"] is False
 
 

@@ -15,7 +15,7 @@ from html import escape
 
 import msgspec
 
-from daemon.backtest.report import Report, counted
+from daemon.backtest.report import Comparison, Report, counted, figure, figures
 from daemon.events import iso_ms
 from daemon.trading.paper_store import FillRow
 
@@ -178,18 +178,23 @@ def _price_plot(series: Series, symbol: str) -> str:
     return "\n".join(out)
 
 
-def _equity_plot(series: Series) -> str:
+def _realized(fills: Sequence[FillRow]) -> list[tuple[int, float]]:
+    """Realized equity net of fees after each fill that moved it."""
     curve: list[tuple[int, float]] = []
     equity = 0.0
-    for f in series.fills:
+    for f in fills:
         if f.realized or f.fee:
             equity += f.realized - f.fee
             curve.append((f.ts_ms, equity))
+    return curve
+
+
+def _equity_plot(series: Series) -> str:
     if not series.fills:
         return "<p>No trades: no equity curve.</p>"
     marked = series.equity
     span = [t for t, _ in marked] or [f.ts_ms for f in series.fills]
-    pts = _steps(thin(curve), min(span), max(span))
+    pts = _steps(thin(_realized(series.fills)), min(span), max(span))
     both = [*pts, *marked]
     values = [v for _, v in both]
     s = _Scale(
@@ -261,7 +266,7 @@ body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1040px;color:#222}
 .price{fill:none;stroke:#444;stroke-width:1}.equity{fill:none;stroke:#2a7;stroke-width:1.5}
 .marked{fill:none;stroke:#999;stroke-width:1}
 .zero{stroke:#bbb;stroke-dasharray:4 3}.wake{fill:#36c;opacity:.6}.alert{fill:#e80}
-.buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}
+.buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}.other{fill:none;stroke:#36c;stroke-width:1.5;stroke-dasharray:5 3}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
 """
 
@@ -343,6 +348,80 @@ def render_html(report: Report, series: Series) -> str:
                 "<th>decisions</th><th>errors</th><th>suppressed</th></tr>"
                 f"{hooks}</table>"
             ),
+            "</body></html>",
+        ]
+    )
+
+
+def _equities_plot(series: tuple[Series, Series]) -> str:
+    """A's and B's realized equity on one scale, over the period either covers."""
+    marks = [t for s in series for t, _ in s.equity] or [f.ts_ms for s in series for f in s.fills]
+    if not marks:
+        return "<p>No trades in either run: no equity curves.</p>"
+    start, end = min(marks), max(marks)
+    lines = [_steps(thin(_realized(s.fills)), start, end) for s in series]
+    values = [v for line in lines for _, v in line]
+    s = _Scale(start, end, min(0.0, *values), max(0.0, *values))
+    out = _frame("Realized equity, net of fees: A (green), B (blue, dashed)", s)
+    out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
+    for cls, line in zip(("equity", "other"), lines, strict=True):
+        if line:
+            drawn = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in line)
+            out.append(f'<polyline points="{drawn}" class="{cls}"/>')
+    out += _closed(s)
+    return "\n".join(out)
+
+
+def _decided(report: Report) -> dict[str, str]:
+    """Per hook: its revision and decisions, as one cell."""
+    cells = {
+        h.hook: f"@{h.revision[:8]}: "
+        + (", ".join(f"{k} {v}" for k, v in h.decisions.items()) or "none")
+        for h in report.hooks
+    }
+    for bad in report.broken:
+        cells.setdefault(bad.hook, f"@{bad.revision[:8]}: did not compile")
+    return cells
+
+
+def render_comparison_html(
+    result: Comparison, labels: tuple[str, str], series: tuple[Series, Series]
+) -> str:
+    """The page of ``--compare``: the figures of A and B and their differences, each
+    hook's decisions side by side, both equity curves on one plot; each run's own page
+    beside it (a/report.html, b/report.html)."""
+    a, b = result.a, result.b
+    rows = "".join(
+        f"<tr><th>{escape(name)}</th><td>{escape(figure(name, va))}</td>"
+        f"<td>{escape(figure(name, vb))}</td>"
+        f"<td>{escape(figure(name, result.diff[name], '+'))}</td></tr>"
+        for name, (va, vb) in figures(a, b).items()
+    )
+    da, db = _decided(a), _decided(b)
+    hooks = "".join(
+        f"<tr><td>{escape(h)}</td><td>{escape(da.get(h, '-'))}</td><td>{escape(db.get(h, '-'))}</td></tr>"
+        for h in sorted({*da, *db})
+    )
+    span = f"{a.events} events, {a.first_event} .. {a.last_event}"
+    return "\n".join(
+        [
+            "<!doctype html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>Backtest comparison: {escape(a.agent)}</title><style>{STYLE}</style></head>",
+            "<body>",
+            "<h1>Backtest comparison</h1>",
+            _table(
+                [
+                    ("A", labels[0]),
+                    ("B", labels[1]),
+                    ("data", f"{a.data}: {span}"),
+                ]
+            ),
+            '<p><a href="a/report.html">A\'s report</a> · <a href="b/report.html">B\'s report</a></p>',
+            f"<table><tr><th></th><th>A</th><th>B</th><th>B - A</th></tr>{rows}</table>",
+            _equities_plot(series),
+            "<h2>Hooks</h2>",
+            f"<table><tr><th>hook</th><th>A</th><th>B</th></tr>{hooks}</table>",
             "</body></html>",
         ]
     )

@@ -599,6 +599,19 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True):
     diff: dict[str, float]
 
 
+COUNTS = frozenset({"wakes", "runs", "intents_rejected", "fills"})
+
+
+def figure(name: str, value: float, sign: str = "") -> str:
+    """A compared figure as a trader reads it: counts whole, money to the cent, the
+    win rate in percent (its difference, ``sign`` "+", in percentage points)."""
+    if name in COUNTS:
+        return f"{value:{sign},.0f}"
+    if name == "win_rate":
+        return f"{value * 100:+.1f} pp" if sign else f"{value:.1%}"
+    return f"{value:{sign},.2f}"
+
+
 def figures(a: Report, b: Report) -> dict[str, tuple[float, float]]:
     """The figures a comparison puts side by side: name -> (A, B)."""
     return {

@@ -26,7 +26,7 @@ from daemon.agents.store import HookStore
 from daemon.agents.workspace import AGENT_FILE, load_agent_config
 from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
-from daemon.backtest.html import Envelope, Series, render_html
+from daemon.backtest.html import Envelope, Series, render_comparison_html, render_html
 from daemon.backtest.report import (
     BrokenHook,
     Comparison,
@@ -37,6 +37,7 @@ from daemon.backtest.report import (
     WorkingOrder,
     compare,
     counted,
+    figure,
     figures,
     priced_by_runs,
     timer_baseline,
@@ -250,11 +251,16 @@ def run_backtest(opts: BacktestOptions, components: Sequence[Component] = ()) ->
     """Run the agent over the data and write ``report.json`` and ``report.html`` into
     ``opts.out``, which it holds for the run (see :data:`OUT`); ``components`` run
     beside the daemon's own (a progress bar)."""
+    return _backtest(opts, components)[0]
+
+
+def _backtest(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report, Series]:
+    """:func:`run_backtest`, with what its plots drew."""
     with OUT.claim(opts.out.resolve()):
         return _run(opts, components)
 
 
-def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
+def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report, Series]:
     config = prepare(opts)
     started = time.perf_counter()
     status = run_daemon(config, components=components, agents="all")  # the one it runs
@@ -354,7 +360,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> Report:
         equity=drawn.equity.points(),
     )
     (out / "report.html").write_text(render_html(report, series), encoding="utf-8")
-    return report
+    return report, series
 
 
 def _stopped_by(feeds: list[FeedStatus]) -> str:
@@ -452,19 +458,24 @@ def run_comparison(
     b: BacktestOptions,
     out: Path,
     components: Sequence[Component] = (),
+    labels: tuple[str, str] = ("A", "B"),
 ) -> Comparison | Report:
     """Run ``a`` and ``b`` (into ``out``/a and ``out``/b) and write both, with their
-    differences, to ``out``/report.json. A run stopped before the data's end (a
-    signal) ends the comparison, B not started after an interrupted A: that run's
-    report is returned, and is ``out``/report.json."""
+    differences, to ``out``/report.json and side by side to ``out``/report.html
+    (``labels`` name them there). A run stopped before the data's end (a signal)
+    ends the comparison, B not started after an interrupted A: that run's report is
+    returned, and is ``out``/report.json (its page is in its own directory)."""
     with OUT.claim(out.resolve()):
-        first = run_backtest(a, components)
-        second = run_backtest(b, components) if first.complete else first
+        first, drawn = _backtest(a, components)
+        second, drawn_b = _backtest(b, components) if first.complete else (first, drawn)
         if not second.complete:
             _write_json(out / "report.json", second)
+            (out / "report.html").unlink(missing_ok=True)  # an earlier run's, not this one
             return second
         result = compare(first, second)
         _write_json(out / "report.json", result)
+        page = render_comparison_html(result, labels, (drawn, drawn_b))
+        (out / "report.html").write_text(page, encoding="utf-8")
         return result
 
 
@@ -482,22 +493,9 @@ def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
     width = max(map(len, rows)) + 2
     lines.append(f"  {'':<{width}}{'A':>14}{'B':>14}{'B - A':>14}")
     for name, (va, vb) in rows.items():
-        shown = (_figure(name, va), _figure(name, vb), _figure(name, result.diff[name], "+"))
+        shown = (figure(name, va), figure(name, vb), figure(name, result.diff[name], "+"))
         lines.append(f"  {name:<{width}}" + "".join(f"{x:>14}" for x in shown))
     return "\n".join([*labelled, *lines])
-
-
-COUNTS = frozenset({"wakes", "runs", "intents_rejected", "fills"})
-
-
-def _figure(name: str, value: float, sign: str = "") -> str:
-    """A compared figure as a trader reads it: counts whole, money to the cent, the
-    win rate in percent (its difference in percentage points)."""
-    if name in COUNTS:
-        return f"{value:{sign},.0f}"
-    if name == "win_rate":
-        return f"{value * 100:+.1f} pp" if sign else f"{value:.1%}"
-    return f"{value:{sign},.2f}"
 
 
 def render(report: Report) -> str:

@@ -296,7 +296,7 @@ def backtest_command(
                 revisions={**opts.revisions, **_pairs(compare_revisions, "--compare-revision")},
             )
             labels = (_label(a.agent_dir, a.revisions), _label(b.agent_dir, b.revisions))
-            result = run_comparison(a, b, out, bar)
+            result = run_comparison(a, b, out, bar, labels)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if isinstance(result, Comparison):
