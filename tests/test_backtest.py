@@ -23,10 +23,12 @@ import pytest
 from click.testing import CliRunner
 
 from daemon.audit.reader import iter_records
+from daemon.backtest.html import Series, render_comparison_html
 from daemon.backtest.report import (
     CostModel,
     Report,
     Tally,
+    compare,
     timer_baseline,
     trades_of,
 )
@@ -1210,3 +1212,21 @@ def test_a_raw_coinbase_recording_is_backtested_on_its_ticks(tmp_path: Path) -> 
             "--out", str(tmp_path / "out")]  # fmt: skip
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 2 and "carries its own" in res.output
+
+
+def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
+    """Neither run traded (closes were marked all the same): the page says there is no
+    equity to draw; one run's trades are drawn alone."""
+    bare = Report(
+        agent="alpha", data="c.csv", events=2, first_event="", last_event="", hooks=[],
+        wakes=0, runs=0, wakes_suppressed={}, cost_model=CostModel(), cost=0.0,
+        baseline=timer_baseline(0, 600_000, 3.0, CostModel()), cost_ratio=None,
+        trades=trades_of([], 0, 600_000),
+    )  # fmt: skip
+    closes = Series(prices={}, marked={}, wakes=[], alerts=[], fills=[], equity=[(0, 0.0)])
+    page = render_comparison_html(compare(bare, bare), ("A", "B"), (closes, closes))
+    assert "No trades in either run" in page and "<polyline" not in page
+    fill = FillRow(ts_ms=300_000, symbol="BTC-USD", qty=-1.0, price=10.0, realized=2.5, fee=0.0)
+    traded = msgspec.structs.replace(closes, fills=[fill])
+    page = render_comparison_html(compare(bare, bare), ("A", "B"), (closes, traded))
+    assert page.count("<polyline") == 1 and 'class="other"' in page

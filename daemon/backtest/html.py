@@ -355,13 +355,13 @@ def render_html(report: Report, series: Series) -> str:
 
 def _equities_plot(series: tuple[Series, Series]) -> str:
     """A's and B's realized equity on one scale, over the period either covers."""
-    marks = [t for s in series for t, _ in s.equity] or [f.ts_ms for s in series for f in s.fills]
-    if not marks:
+    if not any(s.fills for s in series):
         return "<p>No trades in either run: no equity curves.</p>"
+    marks = [t for s in series for t, _ in s.equity] or [f.ts_ms for s in series for f in s.fills]
     start, end = min(marks), max(marks)
     lines = [_steps(thin(_realized(s.fills)), start, end) for s in series]
-    values = [v for line in lines for _, v in line]
-    s = _Scale(start, end, min(0.0, *values), max(0.0, *values))
+    values = [0.0, *(v for line in lines for _, v in line)]
+    s = _Scale(start, end, min(values), max(values))
     out = _frame("Realized equity, net of fees: A (green), B (blue, dashed)", s)
     out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
     for cls, line in zip(("equity", "other"), lines, strict=True):
