@@ -12,8 +12,10 @@ Three formats (``.gz`` suffix = gzip):
   messages give the 5m candles they close, with the REST poller's ids
   (:mod:`feeds.coinbase_ws.recording`); other messages are left out and counted.
   ``auto`` tells it from a FeedEvent recording by its first line.
-* **CSV**: OHLCV candles, one row per candle, open times strictly increasing:
-  with the header ``open_time_ms,open,high,low,close,volume``, or Binance's
+* **CSV**: OHLCV candles, one row per candle, open times increasing (a row
+  repeating the row before it exactly, as overlapping exports and concatenated
+  files have them, is skipped and counted; a second candle at an open time with
+  other values is an error: which one traded is unknown): with the header ``open_time_ms,open,high,low,close,volume``, or Binance's
   kline files as they come (:mod:`feeds.candle_csv`). Each row becomes the same
   ``market.candle.closed`` event the live poller emits
   (``feeds.candles.protocol.closed_event``), with ``source``/``symbol``/
@@ -69,6 +71,7 @@ from daemon.events import (
     FeedEvent,
     candle_of,
     decode,
+    iso_ms,
     parse_iso_ms,
 )
 from daemon.inputfile import open_text
@@ -93,6 +96,7 @@ class ReplayFeed:
         self.config = config
         self.path = Path(config.path)
         self.skipped = 0  # truncated trailing JSONL lines
+        self.duplicates = 0  # CSV rows repeating the row before them (skipped)
         self.outputs = 0  # recorded broker events left out (see _jsonl)
         self.other_messages = 0  # recorded Coinbase messages without ticks
         self.published = 0
@@ -111,6 +115,7 @@ class ReplayFeed:
             "published": self.published,
             "fast_forwarded": self.fast_forwarded,
             "skipped_lines": sum(part.skipped for part in self.parts()),
+            "duplicate_rows": sum(part.duplicates for part in self.parts()),
             "account_events_left_out": sum(part.outputs for part in self.parts()),
             "other_messages_left_out": sum(part.other_messages for part in self.parts()),
         }
@@ -227,12 +232,16 @@ class ReplayFeed:
         tf_ms = TIMEFRAMES[self.config.timeframe] * 1000
         lo, hi = self.config.from_ms, self.config.to_ms or None
         _, lines = self._csv_rows()
+        last = None
         with closing(lines):
             for _, line in lines:
                 try:
                     t, close = candle_csv.row_close(line)
                 except (ValueError, IndexError):
                     continue  # a blank line (a bad row fails the replay itself)
+                if t == last:
+                    continue  # a duplicate row (the replay skipped it, or failed on it)
+                last = t
                 t += tf_ms
                 if hi is not None and t >= hi:
                     return  # open times increase (the replay checked them)
@@ -448,14 +457,23 @@ class ReplayFeed:
         tf_ms = TIMEFRAMES[timeframe] * 1000
         layout, lines = self._csv_rows()
         last = -1
+        previous = None
         with closing(lines):
             for lineno, line in lines:
                 if not line.strip():
                     continue
                 candle = candle_csv.candle(line, layout, tf_ms, f"{self.path}:{lineno}")
-                if candle.open_time_ms <= last:
+                if candle.open_time_ms == last and candle == previous:
+                    self.duplicates += 1  # the same candle again: one event
+                    continue
+                if candle.open_time_ms == last:
+                    raise ReplayError(
+                        f"{self.path}:{lineno}: a second candle opening at "
+                        f"{iso_ms(last)} with other values than the row before it"
+                    )
+                if candle.open_time_ms < last:
                     raise ReplayError(f"{self.path}:{lineno}: open times not increasing")
-                last = candle.open_time_ms
+                last, previous = candle.open_time_ms, candle
                 if candle.close_time_ms < lo:
                     continue
                 if hi is not None and candle.close_time_ms >= hi:

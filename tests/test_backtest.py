@@ -1230,3 +1230,19 @@ def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
     traded = msgspec.structs.replace(closes, fills=[fill])
     page = render_comparison_html(compare(bare, bare), ("A", "B"), (closes, traded))
     assert page.count("<polyline") == 1 and 'class="other"' in page
+
+
+def test_a_duplicate_row_is_replayed_once_and_reported(tmp_path: Path) -> None:
+    """Data that repeats a row (two exports that overlap) backtests as the data without
+    the repeat, and the summary says how many rows it skipped."""
+    data, doubled = tmp_path / "c.csv", tmp_path / "doubled.csv"
+    generate_candles(data, seed=3, n=120, timeframe="5m")
+    rows = data.read_text().splitlines(keepends=True)
+    doubled.write_text("".join([*rows[:60], rows[59], *rows[60:]]))
+    alpha = agent(tmp_path / "agents")
+    once = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "once"))
+    twice = run_backtest(BacktestOptions(agent_dir=alpha, data=doubled, out=tmp_path / "twice"))
+    assert (twice.events, twice.duplicate_rows, once.duplicate_rows) == (120, 1, 0)
+    assert twice.hooks == once.hooks and twice.trades == once.trades
+    assert "1 duplicate row of the data skipped" in render(twice)
+    assert "duplicate row" not in render(once)

@@ -281,6 +281,11 @@ def render_html(report: Report, series: Series) -> str:
             "data",
             f"{report.data}: {report.events} events, {report.first_event} .. {report.last_event}",
         ),
+        *(
+            [("duplicate rows skipped", f"{report.duplicate_rows} (the candle before, again)")]
+            if report.duplicate_rows
+            else []
+        ),
         ("wakes", f"{counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'run')}"),
         ("merged into another's run", f"{report.wakes_merged}"),
         ("not run", ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items()) or "-"),

@@ -239,6 +239,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     # Recorded lines not replayed: a recording's account events (this run's broker
     # makes its own) and Coinbase messages with no ticks or candles (heartbeats, acks...).
     left_out: int = 0
+    # CSV rows that repeated the row before them exactly (one candle: one event).
+    duplicate_rows: int = 0
     # Runs that ended failed or timed out (a model that did not answer, a bad key).
     runs_failed: int = 0
     # The risk engine's verdicts on the intents that reached it: approved, and the

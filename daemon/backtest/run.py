@@ -320,6 +320,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
         for f in status.feeds
         for k in ("account_events_left_out", "other_messages_left_out")
     )
+    duplicates = sum(f.stats.get("duplicate_rows", 0) for f in status.feeds)
     report = Report(
         agent=agent,
         data=data_name([opts.data.name, *(f.path.name for f in opts.more_data)]),
@@ -348,6 +349,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
         complete=not stopped_by,
         stopped_by=stopped_by,
         left_out=left_out,
+        duplicate_rows=duplicates,
         data_span=_data_span(opts) if not events and (opts.from_ms or opts.to_ms) else "",
     )
     _write_json(out / "report.json", report)
@@ -515,6 +517,11 @@ def render(report: Report) -> str:
         lines.append(
             f"  {report.left_out} recorded lines left out: account events (this run's broker "
             "makes its own) or Coinbase messages with no ticks or candles"
+        )
+    if report.duplicate_rows:
+        lines.append(
+            f"  {counted(report.duplicate_rows, 'duplicate row')} of the data skipped: the same "
+            "candle as the row before, once is enough"
         )
     if not report.events and report.data_span:
         lines.append(

@@ -220,6 +220,25 @@ async def test_bad_csv_row_names_its_line(
         [e async for e in _aiter(feed_for(path))]
 
 
+async def test_a_row_repeated_exactly_is_one_candle(tmp_path: Path) -> None:
+    """Overlapping exports and concatenated files repeat rows: a row the same as the one
+    before it is skipped and counted (one event, one close drawn); a second candle at
+    the same open time with other values is an error at its line."""
+    twice = [ROWS[0], ROWS[1], ROWS[1], ROWS[1], *ROWS[2:]]
+    path = write_csv(tmp_path / "c.csv", twice)
+    feed = feed_for(path, timeframe="1m")
+    events, _ = await replay(feed)
+    assert [e.event_id for e in events] == [e.event_id for e in (await replay(feed_for(
+        write_csv(tmp_path / "once.csv"), timeframe="1m")))[0]]  # fmt: skip
+    assert feed.statistics()["duplicate_rows"] == 2
+    assert [t for t, _ in feed.closes("BTC-USD")] == [T0 + (i + 1) * M1 for i in range(5)]
+    other = (T0 + M1, "101.0", "101.0", "100.0", "100.5", "3")  # the close differs
+    path = write_csv(tmp_path / "clash.csv", [ROWS[0], ROWS[1], other, *ROWS[2:]])
+    with pytest.raises(ReplayError, match=r"clash\.csv:4: a second candle opening at "
+                       r"2024-01-01T00:01:00\.000Z with other values"):  # fmt: skip
+        await replay(feed_for(path, timeframe="1m"))
+
+
 def test_a_csv_window_is_read_up_to_its_end_only(tmp_path: Path) -> None:
     """A CSV's open times increase, so reading stops at the first row past ``to_ms``:
     a window of a large file costs the window, and a bad row after it (here a time
