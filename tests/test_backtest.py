@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shlex
 import shutil
@@ -1246,3 +1247,18 @@ def test_a_duplicate_row_is_replayed_once_and_reported(tmp_path: Path) -> None:
     assert twice.hooks == once.hooks and twice.trades == once.trades
     assert "1 duplicate row of the data skipped" in render(twice)
     assert "duplicate row" not in render(once)
+
+
+def test_a_truncated_gzip_gives_the_report_of_what_it_held(tmp_path: Path) -> None:
+    """A download cut short: the replay stops where the file breaks, and the report
+    (its plots read the file again, up to there) covers the rows before it."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=3, n=3000, timeframe="5m")
+    cut = tmp_path / "cut.csv.gz"
+    packed = gzip.compress(data.read_bytes())
+    cut.write_bytes(packed[: len(packed) // 2])
+    out = tmp_path / "out"
+    report = run_backtest(BacktestOptions(agent_dir=agent(tmp_path / "agents"), data=cut, out=out))
+    assert not report.complete and "cannot read" in report.stopped_by
+    assert 0 < report.events < 3000
+    assert "DATA ERROR" in (out / "report.html").read_text()

@@ -432,13 +432,19 @@ def _replayed(
     fills: Sequence[FillRow],
 ) -> _Replayed:
     """The closes of ``symbols`` up to ``until`` (None: all), merged by time, through
-    a :class:`_Replayed` (``times``: per plotted symbol, its markers' times)."""
+    a :class:`_Replayed` (``times``: per plotted symbol, its markers' times). A replay
+    that stopped (``until``) on data it could not read stops the drawing there too."""
     feed = ReplayFeed(config.feeds.replay)
     streams = [_tagged(feed, symbol) for symbol in dict.fromkeys(symbols)]
     drawn = _Replayed(fills, times)
-    for t, symbol, close in heapq.merge(*streams):
-        if until is None or t <= until:
+    try:
+        for t, symbol, close in heapq.merge(*streams):
+            if until is not None and t > until:
+                break
             drawn.close(t, symbol, close)
+    except ReplayError:
+        if until is None:
+            raise  # read whole by the run, unreadable now: the report would not match
     return drawn
 
 
