@@ -15,6 +15,11 @@ Two layouts, told apart by the first line:
   ``open_time`` plus the timeframe (less one unit): a file of 1m candles replayed
   as 5m is an error, not a quietly wrong backtest.
 
+In either layout a candle opens a timeframe or more after the one before it
+(:func:`check_spacing`; a longer gap is data missing): rows closer than that are
+not candles of the timeframe they are replayed as (1m rows in marketwake's own
+layout, which has no close time, or open times written in seconds).
+
 A bad row is a :class:`~daemon.errors.ReplayError` naming ``where`` (file:line).
 """
 
@@ -122,13 +127,36 @@ def candle(line: str, layout: Layout, tf_ms: int, where: str) -> Candle:
     )
 
 
+def check_spacing(previous: int, start: int, tf_ms: int, where: str) -> None:
+    """ReplayError naming ``where`` unless a candle opening at ``start`` (ms) may follow
+    one opening at ``previous``, which it is after: by a timeframe, or more (a gap)."""
+    gap = start - previous
+    if gap >= tf_ms:
+        return
+    if gap * 1000 == tf_ms:
+        what = "open times in seconds? The column is milliseconds"
+    else:
+        what = (
+            f"{_named(gap / 1000)} candles? Name the file's own timeframe: "
+            "FILE=SYMBOL:TIMEFRAME, or [feeds.replay] timeframe"
+        )
+    raise ReplayError(
+        f"{where}: this candle opens {_named(gap / 1000)} after the one before it, less "
+        f"than the {_named(tf_ms / 1000)} timeframe it is replayed as ({what})"
+    )
+
+
+def _named(seconds: float) -> str:
+    """A length as the timeframe it is (``5m``), else in seconds or milliseconds."""
+    names = [tf for tf, s in TIMEFRAMES.items() if s == seconds]
+    if names:
+        return names[0]
+    return f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1000:g} ms"
+
+
 def _span(start: int, end: int, unit: int, tf_ms: int) -> str:
     """Why a Binance row's close_time does not fit the timeframe it is replayed as."""
-
-    def named(seconds: float) -> str:
-        names = [tf for tf, s in TIMEFRAMES.items() if s == seconds]
-        return names[0] if names else f"{seconds:g} s"
-
+    named = _named
     span = end - start + 1
     if not 0 < span <= MAX_MS * unit:  # not a length any candle has
         return f"close_time {end} is not after open_time {start}, by a candle's length"

@@ -473,6 +473,9 @@ class ReplayFeed:
                     )
                 if candle.open_time_ms < last:
                     raise ReplayError(f"{self.path}:{lineno}: open times not increasing")
+                if previous is not None:
+                    where = f"{self.path}:{lineno}"
+                    candle_csv.check_spacing(last, candle.open_time_ms, tf_ms, where)
                 last, previous = candle.open_time_ms, candle
                 if candle.close_time_ms < lo:
                     continue

@@ -239,6 +239,36 @@ async def test_a_row_repeated_exactly_is_one_candle(tmp_path: Path) -> None:
         await replay(feed_for(path, timeframe="1m"))
 
 
+@pytest.mark.parametrize(
+    ("step", "timeframe", "message"),
+    [
+        (
+            M1,
+            "5m",
+            (
+                r":3: this candle opens 1m after the one before it, less than the 5m "
+                r"timeframe it is replayed as \(1m candles\? Name the file's own"
+            ),
+        ),
+        (60, "1m", r":3: this candle opens 60 ms after .* \(open times in seconds\?"),
+        (7 * M1, "5m", None),  # a gap: candles missing from the data, not an error
+    ],
+)
+async def test_rows_closer_than_the_timeframe_are_not_its_candles(
+    tmp_path: Path, step: int, timeframe: str, message: str | None
+) -> None:
+    """marketwake's own layout has no close time: 1m rows replayed as 5m, or open times
+    written in seconds, would make overlapping candles; the spacing says so."""
+    rows = [(T0 + i * step, "100", "101", "99", "100", "1") for i in range(4)]
+    path = write_csv(tmp_path / "c.csv", rows)
+    if message is None:
+        events, _ = await replay(feed_for(path, timeframe=timeframe))
+        assert len(events) == 4
+        return
+    with pytest.raises(ReplayError, match=message):
+        await replay(feed_for(path, timeframe=timeframe))
+
+
 def test_a_csv_window_is_read_up_to_its_end_only(tmp_path: Path) -> None:
     """A CSV's open times increase, so reading stops at the first row past ``to_ms``:
     a window of a large file costs the window, and a bad row after it (here a time
