@@ -1262,3 +1262,30 @@ def test_a_truncated_gzip_gives_the_report_of_what_it_held(tmp_path: Path) -> No
     assert not report.complete and "cannot read" in report.stopped_by
     assert 0 < report.events < 3000
     assert "DATA ERROR" in (out / "report.html").read_text()
+
+
+def test_files_that_overlap_are_evaluated_once_and_one_file_twice_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Two exports of one series that overlap publish the shared candles twice, under
+    the same event ids: the agent evaluates each once, and the summary says how many
+    came twice. The same file named twice is a mistake: refused before the run."""
+    data, later = tmp_path / "c.csv", tmp_path / "later.csv"
+    generate_candles(data, seed=3, n=120, timeframe="5m")
+    rows = data.read_text().splitlines(keepends=True)
+    later.write_text("".join([rows[0], *rows[81:]]))  # the last 40 candles again
+    alpha = agent(tmp_path / "agents")
+    alone = run_backtest(BacktestOptions(agent_dir=alpha, data=data, out=tmp_path / "alone"))
+    both = run_backtest(
+        BacktestOptions(
+            agent_dir=alpha, data=data, out=tmp_path / "both", more_data=[DataFile(path=later)]
+        )
+    )
+    assert (both.events, both.repeated_events, alone.repeated_events) == (160, 40, 0)
+    assert both.hooks == alone.hooks and both.trades == alone.trades
+    assert "40 events came twice (the same event id" in render(both)
+    twice = BacktestOptions(
+        agent_dir=alpha, data=data, out=tmp_path / "twice", more_data=[DataFile(path=data)]
+    )
+    with pytest.raises(ConfigError, match="is given twice"):
+        run_backtest(twice)

@@ -286,6 +286,11 @@ def render_html(report: Report, series: Series) -> str:
             if report.duplicate_rows
             else []
         ),
+        *(
+            [("events that came twice", f"{report.repeated_events} (evaluated once)")]
+            if report.repeated_events
+            else []
+        ),
         ("wakes", f"{counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'run')}"),
         ("merged into another's run", f"{report.wakes_merged}"),
         ("not run", ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items()) or "-"),

@@ -241,6 +241,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     left_out: int = 0
     # CSV rows that repeated the row before them exactly (one candle: one event).
     duplicate_rows: int = 0
+    # Events published again under an id already evaluated (files that overlap): the
+    # agent skipped them, so ``events`` counts them and the hooks do not.
+    repeated_events: int = 0
     # Runs that ended failed or timed out (a model that did not answer, a bad key).
     runs_failed: int = 0
     # The risk engine's verdicts on the intents that reached it: approved, and the

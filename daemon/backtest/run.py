@@ -176,10 +176,14 @@ def check(opts: BacktestOptions) -> None:
     agent_dir = opts.agent_dir.resolve()
     if not (agent_dir / "hooks").is_dir():
         raise ConfigError(f"{opts.agent_dir}: not an agent directory (no hooks/ inside)")
+    named: set[Path] = set()
     for data in (opts.data, *(f.path for f in opts.more_data)):
         if not data.is_file():
             what = "is not a regular file" if data.exists() else "does not exist"
             raise ConfigError(f"{data}: the data file {what}")
+        if data.resolve() in named:  # every event twice, each evaluated once
+            raise ConfigError(f"--data {data} is given twice")
+        named.add(data.resolve())
     out = opts.out.resolve()
     if out == agent_dir or agent_dir in out.parents:
         raise ConfigError(f"--out {opts.out} must not be inside the agent directory")
@@ -321,6 +325,8 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
         for k in ("account_events_left_out", "other_messages_left_out")
     )
     duplicates = sum(f.stats.get("duplicate_rows", 0) for f in status.feeds)
+    delivery = status.components.get("delivery")
+    repeated = delivery.get("skipped", 0) if isinstance(delivery, dict) else 0
     report = Report(
         agent=agent,
         data=data_name([opts.data.name, *(f.path.name for f in opts.more_data)]),
@@ -350,6 +356,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
         stopped_by=stopped_by,
         left_out=left_out,
         duplicate_rows=duplicates,
+        repeated_events=repeated,
         data_span=_data_span(opts) if not events and (opts.from_ms or opts.to_ms) else "",
     )
     _write_json(out / "report.json", report)
@@ -523,6 +530,11 @@ def render(report: Report) -> str:
         lines.append(
             f"  {report.left_out} recorded lines left out: account events (this run's broker "
             "makes its own) or Coinbase messages with no ticks or candles"
+        )
+    if report.repeated_events:
+        lines.append(
+            f"  {counted(report.repeated_events, 'event')} came twice (the same event id: data "
+            "files that overlap), evaluated once"
         )
     if report.duplicate_rows:
         lines.append(
