@@ -43,7 +43,7 @@ bench: $(STAMP)
 # the checkout, else over 30 days of generated (synthetic) 5m candles.
 REAL_5M := ../shared/data/normalized/binance_spot_BTCUSDT_5m.csv.gz
 backtest: $(STAMP)
-	@if [ -f $(REAL_5M) ]; then data=$(REAL_5M); else \
+	@if [ -f $(REAL_5M) ]; then data=$(REAL_5M)=BTCUSDT:5m; else \
 	  data=build/synthetic-5m.csv; mkdir -p build; \
 	  $(BIN)/python -m feeds.synthetic $$data --timeframe 5m --n 8640; fi; \
 	$(BIN)/marketwake backtest --agent agents/example --data $$data --timeframe 5m --out backtest-out
