@@ -102,8 +102,14 @@ def load_agent(path: Path, max_source_bytes: int, max_total_bytes: int = 0) -> A
     worker thread. ``max_total_bytes`` (0 = no cap) bounds the agent's hook sources
     together: files past it are refused for this agent alone."""
     agent = Agent(path.name, path, load_agent_config(path / AGENT_FILE))
+    hooks_dir = path / "hooks"
+    if os.path.lexists(hooks_dir) and not is_plain_dir(hooks_dir):  # said, not silent
+        agent.errors["hooks"] = (
+            f"{hooks_dir}: not a plain directory (a symbolic link, or a file): none of "
+            "its hooks are loaded"
+        )
     total = 0
-    for hook_path in hook_paths(path / "hooks"):
+    for hook_path in hook_paths(hooks_dir):
         if max_total_bytes and total >= max_total_bytes:
             agent.errors[_hook_id(hook_path)] = (
                 f"{hook_path.name}: the agent's hooks already hold {total} bytes, the "
@@ -128,8 +134,16 @@ def _hook_id(path: Path) -> str:
 
 
 def discover(agents_dir: Path) -> list[Path]:
-    """Workspace directories under ``agents_dir`` (hidden, invalid and symlinked names
-    skipped: a link could make one agent run another's files)."""
+    """Workspace directories under ``agents_dir``: those with an ``agent.toml`` or a
+    ``hooks/`` (a state dir or a notes folder kept there is no agent). Hidden,
+    invalid and symlinked names are skipped: a link could make one agent run
+    another's files."""
     if not agents_dir.is_dir():
         return []
-    return sorted(p for p in agents_dir.iterdir() if AGENT_ID.match(p.name) and is_plain_dir(p))
+    return sorted(
+        p
+        for p in agents_dir.iterdir()
+        if AGENT_ID.match(p.name)
+        and is_plain_dir(p)
+        and (os.path.lexists(p / AGENT_FILE) or os.path.lexists(p / "hooks"))
+    )

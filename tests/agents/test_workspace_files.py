@@ -118,3 +118,22 @@ async def test_the_daemon_serves_other_agents_beside_hostile_workspaces(tmp_path
     assert f"    NOT LOADED: {typo}" in shown
     everything = b"".join(f.read_bytes() for f in (tmp_path / "state").rglob("*") if f.is_file())
     assert SECRET.encode() not in everything
+
+
+def test_only_directories_with_an_agent_toml_or_hooks_are_agents(tmp_path: Path) -> None:
+    """A state dir kept under the agents dir, or a folder of notes, is no agent (it was
+    one with no hooks, subscribed to every event and with an account of its own)."""
+    from daemon.agents.workspace import discover
+
+    root = tmp_path / "agents"
+    agent(tmp_path, "hooked")
+    (root / "configured").mkdir()
+    (root / "configured" / "agent.toml").write_text("enabled = false\n")
+    (root / "state" / "audit").mkdir(parents=True)  # a daemon's state dir
+    (root / "notes").mkdir()
+    (root / "linked").mkdir()
+    (root / "linked" / "hooks").symlink_to(root / "hooked" / "hooks")  # refused when loaded
+    assert [p.name for p in discover(root)] == ["configured", "hooked", "linked"]
+    linked = load_agent(root / "linked", 256 * 1024)
+    assert not linked.hooks and "not a plain directory" in linked.errors["hooks"]
+    assert not load_agent(root / "configured", 256 * 1024).errors  # no hooks/ at all: fine
