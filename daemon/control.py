@@ -1,12 +1,15 @@
-"""The daemon's control socket: ``<state_dir>/control.sock`` answers ``status`` live.
+"""The daemon's control socket: ``<state_dir>/control.sock`` answers live.
 
-``status.json`` is written every ``status_interval_seconds`` (60 by default),
-so reading it can be a minute stale. While the daemon runs, ``marketwake
-status`` asks it over this Unix socket instead and gets the status as of now.
+``status.json`` and the state snapshot are written every
+``status_interval_seconds`` (60 by default), so reading them can be a minute
+stale. While the daemon runs, ``marketwake status`` asks it over this Unix
+socket instead and gets the status as of now; ``copytrade status`` asks for the
+leaders' book the same way.
 
-The protocol is one request line and one answer: the client sends
-``status\\n`` and reads a JSON document until the daemon closes the
-connection. Anything else gets ``{"error": ...}``. Requests are capped at
+The protocol is one request line and one answer: the client sends ``status\\n``
+or ``copytrade\\n`` (the leaders' book, as the state snapshot holds it) and
+reads a JSON document until the daemon closes the connection. Anything else gets
+``{"error": ...}``. Requests are capped at
 64 bytes and 2 seconds, so a stuck or hostile client costs nothing; the
 socket is mode 0600 (the daemon's user only), like the state dir itself.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -36,11 +39,12 @@ MAX_PATH: Final = 107
 
 async def serve_control(
     path: Path,
-    status: Callable[[], bytes],
+    answers: Mapping[str, Callable[[], bytes]],
     *,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``status`` requests on ``path`` until cancelled; the file is removed after.
+    """Serve requests on ``path`` until cancelled, each by its ``answers`` entry (the
+    request's name: a callable giving the bytes); the file is removed after.
 
     A path too long for a Unix socket (or a directory we cannot bind in) is
     logged and the daemon runs without it: ``status`` then reads the file."""
@@ -61,7 +65,7 @@ async def serve_control(
 
         async def handle(conn: SocketStream) -> None:
             async with conn:
-                await _answer(conn, status)
+                await _answer(conn, answers)
 
         async with listener:
             await listener.serve(handle)
@@ -74,7 +78,7 @@ def _remove(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-async def _answer(conn: SocketStream, status: Callable[[], bytes]) -> None:
+async def _answer(conn: SocketStream, answers: Mapping[str, Callable[[], bytes]]) -> None:
     request = b""
     with anyio.move_on_after(REQUEST_SECONDS):
         while b"\n" not in request and len(request) <= MAX_REQUEST:
@@ -82,12 +86,13 @@ async def _answer(conn: SocketStream, status: Callable[[], bytes]) -> None:
                 request += await conn.receive(MAX_REQUEST + 1)
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 break
-    line = request.split(b"\n", 1)[0].strip()
-    if line == b"status":
-        answer = status()
+    line = request.split(b"\n", 1)[0].strip()[:MAX_REQUEST].decode("utf-8", "replace")
+    give = answers.get(line)
+    if give is not None:
+        answer = give()
     else:
-        shown = line[:MAX_REQUEST].decode("utf-8", "replace")
-        answer = msgspec.json.encode({"error": f"unknown request {shown!r}; send 'status'"})
+        known = " or ".join(repr(name) for name in answers)
+        answer = msgspec.json.encode({"error": f"unknown request {line!r}; send {known}"})
     try:
         with anyio.fail_after(REQUEST_SECONDS):
             await conn.send(answer)
@@ -98,13 +103,19 @@ async def _answer(conn: SocketStream, status: Callable[[], bytes]) -> None:
 def ask_status(path: Path, timeout: float = 2.0) -> bytes | None:
     """The running daemon's status JSON, or None when nobody answers (no daemon, an
     old daemon without the socket, a timeout). Blocking: for the CLI."""
+    return ask(path, "status", timeout)
+
+
+def ask(path: Path, request: str, timeout: float = 2.0) -> bytes | None:
+    """The running daemon's answer to ``request``, or None when nobody answers (see
+    :func:`ask_status`). Blocking: for the CLI."""
     if len(os.fsencode(path)) > MAX_PATH or not path.exists():
         return None
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(os.fspath(path))
-            sock.sendall(b"status\n")
+            sock.sendall(request.encode() + b"\n")
             chunks: list[bytes] = []
             size = 0
             while chunk := sock.recv(1 << 16):

@@ -499,6 +499,11 @@ class Service:
         """The status as of now, for the control socket (``marketwake status``)."""
         return msgspec.json.encode(self.status(running=True))
 
+    def _live_book(self) -> bytes:
+        """The leaders' book as of now, as the state snapshot holds it (``copytrade
+        status``); none without a shared cache ([state] shared = false: a backtest)."""
+        return msgspec.json.encode(self.state.copytrade.dump()) if self._shared_state else b""
+
     async def write_status_in_thread(self) -> Status:
         """The periodic status: taken on the loop, written from a worker thread (the
         rename took 610 ms once on a busy disk, holding the whole loop)."""
@@ -579,7 +584,8 @@ class Service:
                 log.info("stopped during the start")
             else:
                 # Up before READY: `status` right after READY asks the daemon itself.
-                await ftg.start(serve_control, self.state_dir / CONTROL_SOCKET, self._live_status)
+                answers = {"status": self._live_status, "copytrade": self._live_book}
+                await ftg.start(serve_control, self.state_dir / CONTROL_SOCKET, answers)
                 names = ", ".join(self.health) or "none"
                 log.info("daemon ready", feeds=names)
                 self.notifier.ready(f"feeds: {names}")

@@ -304,7 +304,8 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
     """While the daemon runs, `status` asks it (not the minute-old file); the socket is
     the daemon user's only, a bad or silent client gets nothing and harms nothing,
     and the socket is gone after the stop."""
-    from daemon.control import CONTROL_SOCKET, ask_status
+    from daemon.control import CONTROL_SOCKET, ask, ask_status
+    from daemon.copytrade.book import BookSnapshot
 
     svc = Service(make_config(tmp_path, status_interval_seconds=3600), lambda _: [SilentFeed()])
     path = tmp_path / "state" / CONTROL_SOCKET
@@ -327,7 +328,9 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
         async with await anyio.connect_unix(str(path)) as bad:
             await bad.send(b"\xff\x00 shutdown please\n")
             answer = await bad.receive()
-        assert b"unknown request" in answer
+        assert b"unknown request" in answer and b"'copytrade'" in answer
+        book = await anyio.to_thread.run_sync(ask, path, "copytrade")
+        assert book is not None and msgspec.json.decode(book, type=BookSnapshot) == BookSnapshot()
         await silent.aclose()
         svc.request_stop()
     assert not path.exists()

@@ -22,6 +22,8 @@ from daemon.agents.workspace import AgentConfig, load_agent_config
 from daemon.audit.reader import AuditFilter, tail
 from daemon.cli.common import echo, echo_json, load_config_or_defaults, state_dir_option
 from daemon.config import Config
+from daemon.control import CONTROL_SOCKET, ask
+from daemon.copytrade.book import BookSnapshot
 from daemon.copytrade.mirror import mirrored
 from daemon.copytrade.relay import (
     LEADER_STATS_FILE,
@@ -33,7 +35,7 @@ from daemon.copytrade.view import checks
 from daemon.errors import NOT_JSON, MarketwakeError, StoreError, WorkspaceFileError
 from daemon.events import COPYTRADE_SIGNAL_OPENED, iso_ms, parse_iso_ms, topic_matches
 from daemon.state import StateCache, read_snapshot
-from daemon.statedir import SNAPSHOT_FILE
+from daemon.statedir import SNAPSHOT_FILE, holder
 from daemon.status import read_status
 from daemon.trading.paper_store import PaperStore
 from daemon.trading.portfolio import Order
@@ -115,9 +117,12 @@ def gather(
         finally:
             inbox.close()
     cache = StateCache()
-    snapshot = read_snapshot(state_dir / SNAPSHOT_FILE)
-    as_of = None  # the positions and drift are the snapshot's, written now and then
-    if snapshot is not None:
+    live = _live_book(state_dir)
+    as_of = None  # the positions and drift: the running daemon's, else the snapshot's
+    if live is not None:
+        cache.copytrade.load(live)
+        as_of = "now"
+    elif (snapshot := read_snapshot(state_dir / SNAPSHOT_FILE)) is not None:
         cache.load(snapshot)
         as_of = _written_at(state_dir / SNAPSHOT_FILE)
     positions = cache.copytrade.export()["leaders"]
@@ -164,6 +169,20 @@ def gather(
         "drift": drift,
         "lastSignals": rows,
     }
+
+
+def _live_book(state_dir: Path) -> BookSnapshot | None:
+    """The running daemon's leaders' book, asked over its control socket; None when no
+    daemon runs there, or it does not answer with one."""
+    if holder(state_dir) is None:
+        return None
+    raw = ask(state_dir / CONTROL_SOCKET, "copytrade")
+    if not raw:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=BookSnapshot)
+    except (*NOT_JSON, msgspec.ValidationError):
+        return None  # an older daemon (an error answer): the snapshot, as before
 
 
 def _written_at(path: Path) -> str | None:
@@ -275,16 +294,15 @@ def copytrade_status(
             + (f", {leader['unpublished']} not yet published" if leader["unpublished"] else "")
         )
     when = data["positionsAsOf"]
-    echo(
-        "OPEN LEADER POSITIONS"
-        + (
-            f" (the state snapshot of {when}: the daemon writes one every [daemon] "
-            "status_interval_seconds)"
-            if when
-            else " (no state snapshot yet: the daemon writes one every [daemon] "
-            "status_interval_seconds, with [state] shared = true)"
+    if when == "now":
+        echo("OPEN LEADER POSITIONS (as of now: asked the running daemon)")
+    elif when:
+        echo(
+            f"OPEN LEADER POSITIONS (the state snapshot of {when}, the daemon's last: "
+            "it writes one every [daemon] status_interval_seconds)"
         )
-    )
+    else:
+        echo("OPEN LEADER POSITIONS (no state snapshot: the daemon has not written one)")
     if not data["positions"]:
         echo("  none")
     for p in data["positions"]:

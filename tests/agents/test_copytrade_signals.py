@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from daemon.agents.pipeline import open_agents
 from daemon.audit.records import SignalRecord
+from daemon.cli.copytrade import gather
 from daemon.cli.main import cli
 from daemon.config import Config, decode_hook
 from daemon.events import MARKET_PRICE_TICK, FeedEvent, iso_ms, now_ms
@@ -150,6 +151,12 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
 
     async def restart(url: str) -> None:
         await anyio.sleep(1.0)  # the redelivered signals, if evaluated, would be by now
+        # `copytrade status` asks the running daemon for its book (not the snapshot)
+        live = await anyio.to_thread.run_sync(
+            lambda: gather(Config(), 0, tmp_path / "state", tmp_path / "agents")
+        )
+        assert live["positionsAsOf"] == "now"
+        assert [p["positionId"] for p in live["positions"]] == ["p1", "p2"]
 
     runner, alert_url, alerts = await serve(200)
     try:
@@ -201,7 +208,7 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     # (read from the state snapshot, written now and then: the header says when)
     snapshot = tmp_path / "state" / "state_cache.json"
     when = iso_ms(int(snapshot.stat().st_mtime * 1000))
-    assert f"OPEN LEADER POSITIONS (the state snapshot of {when}: " in out
+    assert f"OPEN LEADER POSITIONS (the state snapshot of {when}, the daemon's last" in out
     assert "follower on alice/p2: holds 0 BTC-USD, target 0.5" in out  # ratio 0.5 of 1.0
     assert "alice/s1 duplicate (200)" in out and "alice/? rejected (422)" in out
     data = json.loads(
@@ -216,10 +223,10 @@ async def test_one_signal_two_hooks_a_redelivery_and_a_restart_make_one_follower
     shutil.rmtree(tmp_path / "state")
     args = ["copytrade", "status", "--config", str(cfg_file), "--state-dir", str(moved)]
     assert CliRunner().invoke(cli, args).output == out
-    # a running daemon that has not written its first snapshot yet: said, not "none" alone
+    # no snapshot (a daemon stopped before its first): said, not "none" alone
     (moved / "state_cache.json").unlink()
     early = CliRunner().invoke(cli, args).output
-    assert "OPEN LEADER POSITIONS (no state snapshot yet: " in early
+    assert "OPEN LEADER POSITIONS (no state snapshot: " in early
 
 
 async def test_the_shipped_follower_mirrors_entry_edit_partial_and_full_close(
