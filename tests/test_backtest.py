@@ -858,7 +858,7 @@ def test_the_report_reader_counts_risk_rows_by_reason_and_spans_every_event_time
 
 def test_the_report_reader_accounts_for_every_wake() -> None:
     """Each WAKE decision ran (alone, or merged into another's run), was suppressed as
-    it was decided (its hook row), or was dropped when its queued run came due (the
+    it was decided (its hook row), or was queued and then dropped before its run (the
     wake rows: one a wake, one for a run's summarized earlier wakes)."""
 
     def row(**fields: object) -> bytes:

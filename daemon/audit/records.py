@@ -92,9 +92,9 @@ class WakeRecord(_Record, frozen=True, kw_only=True, tag="wake"):
     hook_ids: list[str] = msgspec.field(default_factory=list)
     reasons: list[str] = msgspec.field(default_factory=list)
     run_id: str | None = None
-    # The WAKE decisions a row of a run dropped when it came due (its wakes' hook rows
-    # said queued): 1 a wake, the count of a run's summarized earlier wakes on their
-    # one row; 0 for a wake suppressed as it was decided (its hook row says so).
+    # The queued WAKE decisions (their hook rows said so) a row records as dropped
+    # before their run started: 1 a wake, the count of a run's summarized earlier
+    # wakes on their one row; 0 for a wake suppressed as it was decided.
     dropped: int = 0
 
 

@@ -104,7 +104,7 @@ def _wake(rec: Record, line: Text) -> None:
         line.append(f" by {_s(rec, 'suppressedBy')}", style="yellow")
         dropped = rec.get("dropped")
         if type(dropped) is int and dropped > 0:  # queued as decided, dropped later
-            line.append(" when its run came due", style="yellow")
+            line.append(" (queued, then dropped before its run)", style="yellow")
     if rec.get("runId"):
         line.append(f" run {rec['runId']}")
     reasons = rec.get("reasons") or []

@@ -314,7 +314,7 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     symbol: str | None = None
     llm: RunSpend | None = None
     wakes: int = 0  # run rows: the WAKE decisions the run answered
-    dropped: int = 0  # wake rows: the WAKE decisions dropped as their run came due
+    dropped: int = 0  # wake rows: queued WAKE decisions dropped before their run started
     approved: bool | None = None  # risk rows
     # A risk row's reasons are objects, a wake row's strings: decoded for risk rows only.
     reasons: msgspec.Raw = msgspec.Raw(b"[]")
@@ -406,8 +406,9 @@ class Tally:
                 self._rejected_by.update(r.code for r in reasons)
             return
         if rec.type == "wake":
-            # Queued as decided (so their hook rows say), not run after all: the
-            # agent paused, or the day's cost cap reached, before their run came due.
+            # Queued as decided (so their hook rows say), not run after all: the agent
+            # paused, the day's cost cap reached, or the agent removed, before their
+            # run started.
             if rec.dropped > 0:
                 self._wakes_suppressed[rec.suppressed_by or "none"] += rec.dropped
             return

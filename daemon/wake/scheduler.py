@@ -759,7 +759,7 @@ class WakeScheduler:
     # --- records -------------------------------------------------------------
 
     def _record_wake(self, wake: WakeRequest, outcome: WakeOutcome, dropped: int = 0) -> None:
-        """The wake's row; ``dropped``: 1 when its run was dropped as it came due."""
+        """The wake's row; ``dropped``: 1 when it was queued and its run is dropped."""
         self.counters[outcome.outcome] += 1
         if outcome.suppressed_by != "none":
             self.counters[f"suppressed_{outcome.suppressed_by}"] += 1

@@ -497,5 +497,7 @@ def test_a_wake_dropped_when_its_run_came_due_says_so() -> None:
     decided = json.loads(encode_line(wake(outcome="suppressed", suppressed_by="paused")))
     dropped = json.loads(encode_line(wake(outcome="suppressed", suppressed_by="paused", dropped=1)))
     assert "wake suppressed by paused" in render(decided).plain
-    assert "came due" not in render(decided).plain
-    assert "wake suppressed by paused when its run came due" in render(dropped).plain
+    assert "dropped" not in render(decided).plain
+    assert (
+        "wake suppressed by paused (queued, then dropped before its run)" in render(dropped).plain
+    )
