@@ -18,7 +18,10 @@ Two layouts, told apart by the first line:
 In either layout a candle opens a timeframe or more after the one before it
 (:func:`check_spacing`; a longer gap is data missing): rows closer than that are
 not candles of the timeframe they are replayed as (1m rows in marketwake's own
-layout, which has no close time, or open times written in seconds).
+layout, which has no close time, or open times written in seconds). Nor are
+rows whose first :data:`FIRST_GAPS` gaps are all one longer spacing
+(:func:`check_first_gaps`): 5m rows replayed as 1m, which real data's gaps never
+look like.
 
 A bad row is a :class:`~daemon.errors.ReplayError` naming ``where`` (file:line).
 """
@@ -37,6 +40,7 @@ BINANCE_HEADER: Final = (
     "taker_buy_volume,taker_buy_quote_volume,ignore"
 )
 MICROSECONDS: Final = 10**14  # a time this large is in microseconds (ms reach it in 5138)
+FIRST_GAPS: Final = 3  # gaps between a file's first rows that tell its timeframe
 
 
 class Layout(NamedTuple):
@@ -143,6 +147,18 @@ def check_spacing(previous: int, start: int, tf_ms: int, where: str) -> None:
     raise ReplayError(
         f"{where}: this candle opens {_named(gap / 1000)} after the one before it, less "
         f"than the {_named(tf_ms / 1000)} timeframe it is replayed as ({what})"
+    )
+
+
+def check_first_gaps(gaps: list[int], tf_ms: int, where: str) -> None:
+    """ReplayError naming ``where`` when a file's first gaps (ms) are all one spacing
+    longer than the timeframe: candles of that spacing, not of this timeframe."""
+    if len(gaps) < FIRST_GAPS or len(set(gaps)) != 1 or gaps[0] <= tf_ms:
+        return
+    raise ReplayError(
+        f"{where}: the first rows are {_named(gaps[0] / 1000)} apart, not "
+        f"{_named(tf_ms / 1000)}: {_named(gaps[0] / 1000)} candles? Name the file's own "
+        "timeframe: FILE=SYMBOL:TIMEFRAME, or [feeds.replay] timeframe"
     )
 
 

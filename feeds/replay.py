@@ -458,6 +458,7 @@ class ReplayFeed:
         layout, lines = self._csv_rows()
         last = -1
         previous = None
+        gaps: list[int] = []  # the first ones, which tell the file's timeframe
         with closing(lines):
             for lineno, line in lines:
                 if not line.strip():
@@ -476,6 +477,9 @@ class ReplayFeed:
                 if previous is not None:
                     where = f"{self.path}:{lineno}"
                     candle_csv.check_spacing(last, candle.open_time_ms, tf_ms, where)
+                    if len(gaps) < candle_csv.FIRST_GAPS:
+                        gaps.append(candle.open_time_ms - last)
+                        candle_csv.check_first_gaps(gaps, tf_ms, where)
                 last, previous = candle.open_time_ms, candle
                 if candle.close_time_ms < lo:
                     continue

@@ -240,30 +240,33 @@ async def test_a_row_repeated_exactly_is_one_candle(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("step", "timeframe", "message"),
+    ("minutes", "timeframe", "message"),
     [
         (
-            M1,
+            [0, 1, 2, 3, 4],
             "5m",
             (
                 r":3: this candle opens 1m after the one before it, less than the 5m "
                 r"timeframe it is replayed as \(1m candles\? Name the file's own"
             ),
         ),
-        (60, "1m", r":3: this candle opens 60 ms after .* \(open times in seconds\?"),
-        (7 * M1, "5m", None),  # a gap: candles missing from the data, not an error
+        ([0, 0.001, 0.002, 0.003], "1m", r":3: this candle opens 60 ms after .* in seconds\?"),
+        ([0, 5, 10, 15, 20], "1m", r":5: the first rows are 5m apart, not 1m: 5m candles\?"),
+        ([0, 5, 17, 22, 27], "5m", None),  # gaps: candles missing from the data, not an error
     ],
 )
-async def test_rows_closer_than_the_timeframe_are_not_its_candles(
-    tmp_path: Path, step: int, timeframe: str, message: str | None
+async def test_rows_not_spaced_by_the_timeframe_are_not_its_candles(
+    tmp_path: Path, minutes: list[float], timeframe: str, message: str | None
 ) -> None:
     """marketwake's own layout has no close time: 1m rows replayed as 5m, or open times
-    written in seconds, would make overlapping candles; the spacing says so."""
-    rows = [(T0 + i * step, "100", "101", "99", "100", "1") for i in range(4)]
+    written in seconds, would make overlapping candles, and 5m rows replayed as 1m
+    candles a minute long with four-minute holes; the spacing says so. Data with
+    candles missing here and there (longer gaps, uneven) is fine."""
+    rows = [(T0 + round(m * M1), "100", "101", "99", "100", "1") for m in minutes]
     path = write_csv(tmp_path / "c.csv", rows)
     if message is None:
         events, _ = await replay(feed_for(path, timeframe=timeframe))
-        assert len(events) == 4
+        assert len(events) == len(rows)
         return
     with pytest.raises(ReplayError, match=message):
         await replay(feed_for(path, timeframe=timeframe))
