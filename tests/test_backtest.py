@@ -868,19 +868,21 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
         return row(type="hook", hookId="w", decision="WAKE", suppressedBy=by)
 
     lines = [
-        *[woke() for _ in range(7)],
+        *[woke() for _ in range(8)],
         woke("budget"),
         woke("cooldown"),
         row(type="run", status="started", wakes=3),
         row(type="run", status="finished", wakes=3),
-        row(type="run", status="failed", wakes=1),
+        row(type="run", status="failed", wakes=1, error="APIConnectionError: refused"),
+        row(type="run", status="timeout", wakes=1, error="later"),
         row(type="wake", outcome="queued", suppressedBy="none"),
         row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=1),
         row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=2),
         row(type="wake", outcome="suppressed", suppressedBy="budget"),  # as decided: no
     ]
     tally = Tally("alpha").read(lines)
-    assert (tally.wakes, tally.runs, tally.merged) == (9, 2, 2)
+    assert (tally.wakes, tally.runs, tally.merged) == (10, 3, 2)
+    assert (tally.runs_failed, tally.first_run_error) == (2, "APIConnectionError: refused")
     suppressed = tally.wakes_suppressed()
     assert suppressed == {"budget": 1, "cooldown": 1, "paused": 3}
     assert tally.runs + tally.merged + sum(suppressed.values()) == tally.wakes

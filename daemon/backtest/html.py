@@ -293,6 +293,11 @@ def render_html(report: Report, series: Series) -> str:
         ),
         ("wakes", f"{counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'run')}"),
         ("merged into another's run", f"{report.wakes_merged}"),
+        *(
+            [("runs failed", f"{report.runs_failed} (the first: {report.first_run_error})")]
+            if report.runs_failed
+            else []
+        ),
         ("not run", ", ".join(f"{k} {v}" for k, v in report.wakes_suppressed.items()) or "-"),
         (report.cost_model.label, f"{report.cost:.2f} ({report.cost_model.source})"),
         (f"timer agent every {b.minutes:g} min", f"{counted(b.runs, 'run')}, {b.cost:.2f}"),

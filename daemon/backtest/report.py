@@ -246,6 +246,7 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     repeated_events: int = 0
     # Runs that ended failed or timed out (a model that did not answer, a bad key).
     runs_failed: int = 0
+    first_run_error: str = ""  # what the first of them said (an unreachable model...)
     # The risk engine's verdicts on the intents that reached it: approved, and the
     # rejected ones by reason code (an intent refused for two reasons counts twice).
     intents_approved: int = 0
@@ -357,6 +358,7 @@ class Tally:
         self._paused_from: dict[tuple[str, str], str] = {}
         self._suppressed: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         self.wakes = self.runs = self.runs_failed = 0
+        self.first_run_error = ""
         self.merged = 0  # WAKE decisions that joined another's run (collect mode)
         self.approved = self.rejected = 0
         self._rejected_by: Counter[str] = Counter()
@@ -390,7 +392,9 @@ class Tally:
             if rec.status != "started":
                 self.runs += 1
                 self.merged += max(0, rec.wakes - 1)
-                self.runs_failed += rec.status in ("failed", "timeout")
+                if rec.status in ("failed", "timeout"):
+                    self.runs_failed += 1
+                    self.first_run_error = self.first_run_error or (rec.error or rec.status)
             if rec.status == "finished" and rec.llm is not None:
                 self.llm_runs.append(rec.llm)
             return

@@ -337,6 +337,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
         wakes=tally.wakes,
         runs=tally.runs,
         runs_failed=tally.runs_failed,
+        first_run_error=tally.first_run_error[:300],
         intents_approved=tally.approved,
         intents_rejected=tally.rejected,
         rejected_by=tally.rejected_by(),
@@ -567,7 +568,12 @@ def render(report: Report) -> str:
     lines.append(
         f"  {counted(report.wakes, 'WAKE decision')} -> {counted(report.runs, 'agent run')}"
         + (f" ({report.wake_fates()})" if report.wake_fates() else "")
-        + (f"; {report.runs_failed} of the runs failed or timed out" if report.runs_failed else "")
+        + (
+            f"; {report.runs_failed} of the runs failed or timed out (the first: "
+            f"{report.first_run_error})"
+            if report.runs_failed
+            else ""
+        )
     )
     ratio = f"{report.cost_ratio:.1%}" if report.cost_ratio is not None else "n/a"
     lines.append(

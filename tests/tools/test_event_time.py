@@ -254,7 +254,9 @@ def test_failed_llm_runs_are_counted_and_a_missing_key_stops_the_backtest(
     refusal = (400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
     _, opts, report = backtest_with_model(tmp_path, data, [refusal])
     assert (report.runs, report.runs_failed) == (1, 1)
-    assert "1 agent run; 1 of the runs failed or timed out" in render(report)
+    assert "1 agent run; 1 of the runs failed or timed out (the first: " in render(report)
+    assert "runs failed</th><td>1 (the first: " in (opts.out / "report.html").read_text()
+    assert "bad request" in report.first_run_error  # what the model said, to act on
     keyed = AGENT.format(url="").replace('base_url = ""', 'api_key = "${MW_TEST_UNSET_KEY}"')
     (opts.agent_dir / "agent.toml").write_text("enabled = false\n" + keyed)
     with pytest.raises(ConfigError, match=r"reads \$\{MW_TEST_UNSET_KEY\}, which is not set"):
