@@ -587,10 +587,25 @@ def test_cost_measured_from_the_agents_real_runs(tmp_path: Path) -> None:
     assert report["cost_model"]["measured_per_run"] == pytest.approx(0.03)
     assert report["cost"] == pytest.approx(0.03 * report["runs"])
     assert f"mean of 2 LLM runs in {live}" in res.output
+    assert "estimated LLM cost" in res.output  # another run's cost: still an estimate
     empty = tmp_path / "empty"
     (empty / "audit").mkdir(parents=True)
     res = CliRunner().invoke(cli, [*args, "--cost-from", str(empty)])
     assert res.exit_code == 2 and "no finished LLM run of 'alpha'" in res.output
+    # a local model's runs cost nothing: their mean tokens, at the report's prices
+    local = tmp_path / "local"
+    w = AuditWriter(local / "audit")
+    for tokens in (1000, 3000):
+        llm = LlmReport(provider="openai", model="m", cost=0.0, tokens_in=tokens, tokens_out=100)
+        w.write(RunRecord(ts="2026-01-01T00:00:00.000Z", agent_id="alpha", run_id=f"l{tokens}",
+                          runner="llm", status="finished", llm=llm))  # fmt: skip
+    w.close()
+    res = CliRunner().invoke(cli, [*args, "--cost-from", str(local)])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    model = report["cost_model"]
+    assert (model["tokens_in_per_run"], model["measured_per_run"]) == (2000, None)
+    assert f"mean tokens of 2 LLM runs in {local} (priced at 0 there)" in res.output
 
 
 def test_real_runs_price_the_report_by_cost_or_else_by_tokens() -> None:

@@ -51,17 +51,19 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True):
         return round(runs * per_run, 6)
 
 
-def run_costs(rows: Iterable[dict[str, Any]], agent: str) -> list[float]:
-    """The cost of each of ``agent``'s finished LLM runs in ``rows`` (audit records)."""
-    return [
-        float(r["llm"]["cost"])
-        for r in rows
-        if r.get("type") == "run"
-        and r.get("agentId") == agent
-        and r.get("status") == "finished"
-        and isinstance(r.get("llm"), dict)
-        and isinstance(r["llm"].get("cost"), int | float)
-    ]
+def run_spends(rows: Iterable[dict[str, Any]], agent: str) -> list[RunSpend]:
+    """What each of ``agent``'s finished LLM runs in ``rows`` (audit records) spent
+    (a damaged ``llm`` part is skipped)."""
+    spends = []
+    for r in rows:
+        llm = r.get("llm")
+        if r.get("type") != "run" or r.get("agentId") != agent or r.get("status") != "finished":
+            continue
+        try:
+            spends.append(msgspec.convert(llm, RunSpend))
+        except msgspec.ValidationError:
+            continue  # not an LLM run (null), or not one this version can read
+    return spends
 
 
 def measured(model: CostModel, costs: Sequence[float], where: str) -> CostModel:
@@ -77,15 +79,18 @@ def measured(model: CostModel, costs: Sequence[float], where: str) -> CostModel:
     )
 
 
-def priced_by_runs(model: CostModel, runs: Sequence[RunSpend], where: str) -> CostModel:
-    """``model`` priced by real LLM runs: their mean cost; runs that cost nothing (a
-    runner without prices, e.g. a local model) give their mean tokens instead, at
+def priced_by_runs(
+    model: CostModel, runs: Sequence[RunSpend], where: str, *, actual: bool = True
+) -> CostModel:
+    """``model`` priced by real LLM runs: their mean cost (``actual``: this backtest's
+    own runs, the report's cost is not an estimate); runs that cost nothing (a runner
+    without prices, e.g. a local model) give their mean tokens instead, at
     ``model``'s prices, so the comparison with a timer agent still says something."""
     if not runs:
         return model
     costs = [r.cost or 0.0 for r in runs]
     if sum(costs) > 0:
-        return msgspec.structs.replace(measured(model, costs, where), actual=True)
+        return msgspec.structs.replace(measured(model, costs, where), actual=actual)
     n = len(runs)
     return msgspec.structs.replace(
         model,

@@ -245,11 +245,12 @@ def backtest_command(
     )
     if cost_from is not None:
         from daemon.audit.reader import AuditFilter, iter_records
-        from daemon.backtest.report import measured, run_costs
+        from daemon.backtest.report import priced_by_runs, run_spends
 
-        runs = iter_records(cost_from / "audit", AuditFilter(types=frozenset({"run"})))
-        cost = measured(cost, run_costs(runs, agent_dir.resolve().name), str(cost_from))
-        if cost.measured_per_run is None:
+        rows = iter_records(cost_from / "audit", AuditFilter(types=frozenset({"run"})))
+        spends = run_spends(rows, agent_dir.resolve().name)
+        cost = priced_by_runs(cost, spends, str(cost_from), actual=False)
+        if not spends:
             raise click.BadParameter(
                 f"no finished LLM run of {agent_dir.resolve().name!r} in {cost_from / 'audit'}",
                 param_hint="--cost-from",
