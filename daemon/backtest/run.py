@@ -504,14 +504,13 @@ def render_comparison(result: Comparison, labels: tuple[str, str]) -> str:
     # (each summary's lines are shown safe already, and kept apart: not escaped again)
     labelled = [visible(f"A: {labels[0]}"), render(result.a), ""]
     labelled += [visible(f"B: {labels[1]}"), render(result.b), ""]
-    lines = []
     rows = figures(result.a, result.b)
     width = max(map(len, rows)) + 2
-    lines.append(f"  {'':<{width}}{'A':>14}{'B':>14}{'B - A':>14}")
+    table = [f"  {'':<{width}}{'A':>14}{'B':>14}{'B - A':>14}"]
     for name, (va, vb) in rows.items():
         shown = (figure(name, va), figure(name, vb), figure(name, result.diff[name], "+"))
-        lines.append(f"  {name:<{width}}" + "".join(f"{x:>14}" for x in shown))
-    return "\n".join([*labelled, *lines])
+        table.append(f"  {name:<{width}}" + "".join(f"{x:>14}" for x in shown))
+    return "\n".join([*labelled, *table])
 
 
 def render(report: Report) -> str:
