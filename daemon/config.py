@@ -157,6 +157,10 @@ class HooksSection(Base, frozen=True):
     # portfolio, lastOutputs) is what that event's real state holds; otherwise the
     # event is evaluated again in its turn. Results do not change; 0 = off.
     lookahead_events: Annotated[int, msgspec.Meta(ge=0, le=256)] = 16
+    # Event time only: once an agent's first this many runs have all failed (a model
+    # that is not running, a key refused), it starts no more and the replay stops;
+    # every later run would fail the same way. 0 = never (`backtest --run-llm`: 3).
+    stop_after_failed_runs: Annotated[int, msgspec.Meta(ge=0)] = 0
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:

@@ -82,6 +82,8 @@ class AgentManager:
         backlog_max_bytes: int = 256 * 1024 * 1024,
         run_agents: bool = True,
         include_disabled: bool = False,
+        stop_after_failed_runs: int = 0,
+        on_runs_failing: Callable[[], None] | None = None,
         revisions: RevisionStore | None = None,
     ) -> None:
         self.agents_dir = agents_dir
@@ -109,6 +111,9 @@ class AgentManager:
         # False: runs only log (a backtest counts wakes without calling any model).
         self.run_agents = run_agents
         self.include_disabled = include_disabled
+        # Event time: an agent whose first runs all failed stops the replay (see config).
+        self.fuse = stop_after_failed_runs if event_time else 0
+        self.on_runs_failing = on_runs_failing
         # Where each new revision's source is kept (backtest --revision).
         self.revisions = revisions
         self.runtimes: dict[str, AgentRuntime] = {}
@@ -409,6 +414,8 @@ class AgentManager:
             if self.run_agents
             else _log_runner,
             write_ahead=self.dispatcher.write_ahead,
+            fuse=self.fuse,
+            on_fuse=self.on_runs_failing,
         )
         ahead = self.state_factory() if self.event_time else None
         rt = AgentRuntime(

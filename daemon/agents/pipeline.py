@@ -181,6 +181,8 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 backlog_max_bytes=backlog_bytes,
                 run_agents=cfg.hooks.run_agents,
                 include_disabled=cfg.hooks.include_disabled,
+                stop_after_failed_runs=cfg.hooks.stop_after_failed_runs,
+                on_runs_failing=service.request_stop,
                 revisions=RevisionStore(state_dir / "revisions"),
             )
             if service.tools is not None:  # and over MCP, for the agent [mcp] names

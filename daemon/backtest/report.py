@@ -211,6 +211,7 @@ class Baseline(msgspec.Struct, frozen=True, kw_only=True):
 
 
 COVERS = "these figures cover only the events up to the last one shown"
+RUNS_FAILED = "runs failed: "  # ``stopped_by`` of a --run-llm backtest whose runs all failed
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
@@ -301,6 +302,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
             return None
         if self.stopped_by == "signal":
             return "INTERRUPTED", f"the replay was stopped before the end of the data; {COVERS}"
+        if self.stopped_by.startswith(RUNS_FAILED):
+            why = self.stopped_by.removeprefix(RUNS_FAILED)
+            return "RUNS FAILING", f"{why}; stopped, as every run would; {COVERS}"
         return "DATA ERROR", f"the replay failed: {self.stopped_by}; {COVERS}"
 
 

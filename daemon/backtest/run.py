@@ -28,6 +28,7 @@ from daemon.app import run_daemon
 from daemon.audit.reader import iter_lines
 from daemon.backtest.html import Envelope, Series, render_comparison_html, render_html
 from daemon.backtest.report import (
+    RUNS_FAILED,
     BrokenHook,
     Comparison,
     CostModel,
@@ -68,6 +69,9 @@ from hooks_runtime.config import SandboxConfig
 from hooks_runtime.hookfile import HOOK_NAME
 
 REPLACED = ("agents", "state")  # in --out, by each run
+# --run-llm: once the first this many runs all failed, the backtest stops (a model
+# not running would fail every run, each after the runner's retries or deadline).
+RUN_FUSE = 3
 OUT = Scratch(
     option="--out",
     replaced=REPLACED,
@@ -238,6 +242,7 @@ def prepare(opts: BacktestOptions) -> Config:
             run_agents=opts.run_llm,
             reload_seconds=0,
             include_disabled=True,  # the agent named, even if not enabled live yet
+            stop_after_failed_runs=RUN_FUSE if opts.run_llm else 0,
             sandbox=SandboxConfig(timeout_ms=opts.hook_timeout_ms),
         ),
         state=StateSection(shared=opts.run_llm, max_candles=held_candles(opts)),
@@ -297,7 +302,14 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
         ]
     finally:
         store.close()
-    stopped_by = _stopped_by(status.feeds)
+    fuse = config.hooks.stop_after_failed_runs
+    if fuse and tally.runs == tally.runs_failed == fuse:  # the scheduler stopped the replay
+        stopped_by = (
+            f"{RUNS_FAILED}the first {fuse} agent runs all failed, the first with "
+            f"{tally.first_run_error}"
+        )
+    else:
+        stopped_by = _stopped_by(status.feeds)
     # The plots and the marked equity cover what the figures do (an interrupted run:
     # up to its last event).
     wakes, alerts = tally.markers("WAKE"), tally.markers("ALERT")

@@ -189,6 +189,8 @@ class WakeScheduler:
         paused: bool = False,
         runner_factory: Callable[[RunnerConfig], Runner] = build_runner,
         write_ahead: Callable[[], None] | None = None,
+        fuse: int = 0,
+        on_fuse: Callable[[], None] | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.policy = policy
@@ -214,6 +216,10 @@ class WakeScheduler:
         self._spent_so_far: Usage = (0.0, 0, 0)  # by the run in flight, as it reported
         self._run_ended = anyio.Event()  # set as the run in flight ends
         self._stopping = False  # the daemon stops: no more runs start
+        # Once the first ``fuse`` runs have all failed: start no more, and ``on_fuse``
+        # (the replay stops). 0: never.
+        self.fuse, self._on_fuse = fuse, on_fuse
+        self._ran_well = False  # a run of this scheduler ended ok
         self._changed = anyio.Event()
         self.counters: Counter[str] = Counter()
         self._today: _DayUsage | None = None
@@ -360,7 +366,7 @@ class WakeScheduler:
             raise TypeError("advance_to needs the scheduler to run on an EventClock")
         if not clock.started:
             self._last_start = t  # audit intervals count from the first event
-        while (due := self._next_due()) is not None and due <= t:
+        while not self._stopping and (due := self._next_due()) is not None and due <= t:
             clock.advance_to(due)
             await self._start(self._pending.popleft() if self._pending else self._audit_run(due))
         clock.advance_to(t)
@@ -372,7 +378,7 @@ class WakeScheduler:
         if not isinstance(clock, EventClock):
             raise TypeError("drain needs the scheduler to run on an EventClock")
         started = 0
-        while self._pending and (due := self._next_due()) is not None:
+        while self._pending and not self._stopping and (due := self._next_due()) is not None:
             clock.advance_to(due)
             await self._start(self._pending.popleft())
             started += 1
@@ -736,11 +742,20 @@ class WakeScheduler:
     def _note_outcome(self, result: RunResult) -> None:
         if result.status == "ok":
             self.runs_failing = 0
+            self._ran_well = True
             return
         self.runs_failed += 1
         self.runs_failing += 1
         error = result.error or (f"exit code {result.exit_code}" if result.exit_code else "")
         self.last_run_error = f"{result.status}: {error}"[:300].rstrip(": ")
+        if self.fuse and self.runs_failed == self.fuse and not self._ran_well:
+            log.error(
+                "every run so far failed: no more start, the replay stops",
+                agent=self.agent_id, runs=self.runs_failed, last=self.last_run_error,
+            )  # fmt: skip
+            self.stop_starting()
+            if self._on_fuse is not None:
+                self._on_fuse()
 
     async def _call_runner(self, ctx: WakeContext) -> RunResult:
         try:

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from daemon.audit.reader import iter_records
-from daemon.backtest.report import Report
+from daemon.backtest.report import RUNS_FAILED, Report
 from daemon.backtest.run import BacktestOptions, held_candles, render, run_backtest
 from daemon.errors import ConfigError
 from daemon.events import iso_ms
@@ -261,3 +261,33 @@ def test_failed_llm_runs_are_counted_and_a_missing_key_stops_the_backtest(
     (opts.agent_dir / "agent.toml").write_text("enabled = false\n" + keyed)
     with pytest.raises(ConfigError, match=r"reads \$\{MW_TEST_UNSET_KEY\}, which is not set"):
         run_backtest(msgspec.structs.replace(opts, out=tmp_path / "out2"))
+
+
+def test_a_backtest_whose_runs_all_fail_stops_and_says_why(tmp_path: Path) -> None:
+    """--run-llm on a model that refuses every request: once the first 3 runs all
+    failed, no run starts and the backtest stops (a year of wakes would otherwise fail
+    one by one, each after the runner's retries), with a partial report saying so and
+    what the model said."""
+    refusal = (400, {"error": {"message": "model not found", "type": "invalid_request_error"}})
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=400, timeframe="5m")
+    wake_all = (
+        "def evaluate(event, state):\n"
+        "    return {'decision': 'WAKE', 'reason': 'every close', 'dedupeKey': event['eventId']}\n"
+    )
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(fake_openai([refusal] * 400)) as (fake, url),
+    ):
+        agent = tmp_path / "agents" / "alpha"
+        (agent / "hooks").mkdir(parents=True)
+        policy = AGENT.format(url=url).replace("[wake]\n", "[wake]\nmax_runs_per_hour = 100\n")
+        (agent / "agent.toml").write_text(policy)
+        (agent / "hooks" / "wake_all.py").write_text(wake_all)
+        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
+        report = run_backtest(opts)
+    assert not report.complete and report.stopped_by.startswith(RUNS_FAILED)
+    assert "the first 3 agent runs all failed" in report.stopped_by
+    assert "model not found" in report.stopped_by
+    assert (report.runs, report.runs_failed, len(fake.requests)) == (3, 3, 3)
+    assert "RUNS FAILING: the first 3 agent runs all failed" in render(report)

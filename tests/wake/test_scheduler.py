@@ -855,3 +855,36 @@ async def test_unreadable_run_records_are_closed_not_fatal(tmp_path: Path) -> No
     assert all(r.error and r.error.endswith("as the store kept them, do not read") for r in rows)
     assert h.store.unfinished("a1") == [] and h.sched.close_interrupted() == 0
     h.store.close()
+
+
+async def test_on_event_time_runs_stop_once_the_first_ones_all_failed(tmp_path: Path) -> None:
+    """A replay whose model never answers: once the first ``fuse`` runs have all failed,
+    the scheduler starts no more (due ones included) and says so once; a scheduler
+    whose runs succeeded first never trips."""
+    from daemon.clock import EventClock
+
+    refused = RunResult(status="failed", error="APIConnectionError: Connection error.")
+    tripped: list[str] = []
+    h = Harness(
+        tmp_path, policy(queue_mode="immediate"), runner=ScriptedRunner(*[refused] * 6),
+        clock=EventClock(), fuse=3, on_fuse=lambda: tripped.append("stop"),
+    )  # fmt: skip
+    t0 = 1_700_000_000.0
+    for i in range(6):
+        await h.sched.advance_to(t0 + 60 * i)
+        h.sched.submit(wake(i))
+    await h.sched.advance_to(t0 + 3600)
+    assert (h.sched.runs_failed, tripped) == (3, ["stop"])
+    assert await h.sched.drain() == 0  # the rest stay queued: not run, not failed
+    assert len(h.runs("failed")) == 3
+
+    ok = RunResult(status="ok")
+    steady = Harness(
+        tmp_path / "b", policy(queue_mode="immediate"), runner=ScriptedRunner(ok, *[refused] * 5),
+        clock=EventClock(), fuse=3, on_fuse=lambda: tripped.append("again"),
+    )  # fmt: skip
+    for i in range(6):
+        await steady.sched.advance_to(t0 + 60 * i)
+        steady.sched.submit(wake(i))
+    await steady.sched.advance_to(t0 + 3600)
+    assert steady.sched.runs_failed == 5 and tripped == ["stop"]  # it worked once: no fuse
