@@ -15,13 +15,14 @@ Two layouts, told apart by the first line:
   ``open_time`` plus the timeframe (less one unit): a file of 1m candles replayed
   as 5m is an error, not a quietly wrong backtest.
 
-In either layout a candle opens a timeframe or more after the one before it
-(:func:`check_spacing`; a longer gap is data missing): rows closer than that are
-not candles of the timeframe they are replayed as (1m rows in marketwake's own
-layout, which has no close time, or open times written in seconds). Nor are
-rows whose first :data:`FIRST_GAPS` gaps are all one longer spacing
-(:func:`check_first_gaps`): 5m rows replayed as 1m, which real data's gaps never
-look like.
+In either layout a row follows the one before it (:func:`follows`): the same
+candle again is a repeated row (skipped), another candle at the same open time
+an error; otherwise it opens a timeframe or more later (a longer gap is data
+missing). Rows closer than that are not candles of the timeframe they are
+replayed as (1m rows in marketwake's own layout, which has no close time, or
+open times written in seconds); nor are rows whose first :data:`FIRST_GAPS`
+gaps are all one longer spacing (5m rows replayed as 1m, which real data's gaps
+never look like).
 
 A bad row is a :class:`~daemon.errors.ReplayError` naming ``where`` (file:line).
 """
@@ -32,7 +33,7 @@ import math
 from typing import Final, NamedTuple
 
 from daemon.errors import ReplayError
-from daemon.events import MAX_MS, TIMEFRAMES, Candle
+from daemon.events import MAX_MS, TIMEFRAMES, Candle, iso_ms
 
 HEADER: Final = "open_time_ms,open,high,low,close,volume"
 BINANCE_HEADER: Final = (
@@ -131,7 +132,33 @@ def candle(line: str, layout: Layout, tf_ms: int, where: str) -> Candle:
     )
 
 
-def check_spacing(previous: int, start: int, tf_ms: int, where: str) -> None:
+def follows(
+    previous: Candle | None, candle: Candle, tf_ms: int, gaps: list[int], where: str
+) -> bool:
+    """Whether ``candle`` is a new one after ``previous`` (the row before it; None for
+    the first): False for the same candle again (a repeated row, to skip); a
+    ReplayError naming ``where`` when it cannot follow it (see the module's doc).
+    ``gaps`` collects the file's first gaps, which tell its timeframe."""
+    if previous is None:
+        return True
+    start, last = candle.open_time_ms, previous.open_time_ms
+    if start == last:
+        if candle == previous:
+            return False
+        raise ReplayError(
+            f"{where}: a second candle opening at {iso_ms(last)} with other values than "
+            "the row before it"
+        )
+    if start < last:
+        raise ReplayError(f"{where}: open times not increasing")
+    _check_spacing(last, start, tf_ms, where)
+    if len(gaps) < FIRST_GAPS:
+        gaps.append(start - last)
+        _check_first_gaps(gaps, tf_ms, where)
+    return True
+
+
+def _check_spacing(previous: int, start: int, tf_ms: int, where: str) -> None:
     """ReplayError naming ``where`` unless a candle opening at ``start`` (ms) may follow
     one opening at ``previous``, which it is after: by a timeframe, or more (a gap)."""
     gap = start - previous
@@ -150,7 +177,7 @@ def check_spacing(previous: int, start: int, tf_ms: int, where: str) -> None:
     )
 
 
-def check_first_gaps(gaps: list[int], tf_ms: int, where: str) -> None:
+def _check_first_gaps(gaps: list[int], tf_ms: int, where: str) -> None:
     """ReplayError naming ``where`` when a file's first gaps (ms) are all one spacing
     longer than the timeframe: candles of that spacing, not of this timeframe."""
     if len(gaps) < FIRST_GAPS or len(set(gaps)) != 1 or gaps[0] <= tf_ms:

@@ -71,7 +71,6 @@ from daemon.events import (
     FeedEvent,
     candle_of,
     decode,
-    iso_ms,
     parse_iso_ms,
 )
 from daemon.inputfile import open_text
@@ -456,31 +455,18 @@ class ReplayFeed:
             raise ReplayError(f"{self.path}: unknown feeds.replay.timeframe {timeframe!r}")
         tf_ms = TIMEFRAMES[timeframe] * 1000
         layout, lines = self._csv_rows()
-        last = -1
         previous = None
         gaps: list[int] = []  # the first ones, which tell the file's timeframe
         with closing(lines):
             for lineno, line in lines:
                 if not line.strip():
                     continue
-                candle = candle_csv.candle(line, layout, tf_ms, f"{self.path}:{lineno}")
-                if candle.open_time_ms == last and candle == previous:
+                where = f"{self.path}:{lineno}"
+                candle = candle_csv.candle(line, layout, tf_ms, where)
+                if not candle_csv.follows(previous, candle, tf_ms, gaps, where):
                     self.duplicates += 1  # the same candle again: one event
                     continue
-                if candle.open_time_ms == last:
-                    raise ReplayError(
-                        f"{self.path}:{lineno}: a second candle opening at "
-                        f"{iso_ms(last)} with other values than the row before it"
-                    )
-                if candle.open_time_ms < last:
-                    raise ReplayError(f"{self.path}:{lineno}: open times not increasing")
-                if previous is not None:
-                    where = f"{self.path}:{lineno}"
-                    candle_csv.check_spacing(last, candle.open_time_ms, tf_ms, where)
-                    if len(gaps) < candle_csv.FIRST_GAPS:
-                        gaps.append(candle.open_time_ms - last)
-                        candle_csv.check_first_gaps(gaps, tf_ms, where)
-                last, previous = candle.open_time_ms, candle
+                previous = candle
                 if candle.close_time_ms < lo:
                     continue
                 if hi is not None and candle.close_time_ms >= hi:
