@@ -195,18 +195,21 @@ def _equity_plot(series: Series) -> str:
     marked = series.equity
     span = [t for t, _ in marked] or [f.ts_ms for f in series.fills]
     pts = _steps(thin(_realized(series.fills)), min(span), max(span))
-    both = [*pts, *marked]
-    values = [v for _, v in both]
-    s = _Scale(
-        min(t for t, _ in both), max(t for t, _ in both), min(0.0, *values), max(0.0, *values)
-    )
     title = (
         "Equity, net of fees (quote currency): realized (green), "
         "marked to market at each close (gray)"
     )
+    return _curves(title, [("marked", marked), ("equity", pts)])
+
+
+def _curves(title: str, curves: Sequence[tuple[str, list[tuple[int, float]]]]) -> str:
+    """Equity curves (CSS class, points) on one scale that shows zero, with its line."""
+    points = [p for _, line in curves for p in line]
+    values = [0.0, *(v for _, v in points)]
+    s = _Scale(min(t for t, _ in points), max(t for t, _ in points), min(values), max(values))
     out = _frame(title, s)
     out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
-    for cls, line in (("marked", marked), ("equity", pts)):
+    for cls, line in curves:
         if line:
             drawn = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in line)
             out.append(f'<polyline points="{drawn}" class="{cls}"/>')
@@ -374,17 +377,10 @@ def _equities_plot(series: tuple[Series, Series]) -> str:
         return "<p>No trades in either run: no equity curves.</p>"
     marks = [t for s in series for t, _ in s.equity] or [f.ts_ms for s in series for f in s.fills]
     start, end = min(marks), max(marks)
-    lines = [_steps(thin(_realized(s.fills)), start, end) for s in series]
-    values = [0.0, *(v for line in lines for _, v in line)]
-    s = _Scale(start, end, min(values), max(values))
-    out = _frame("Realized equity, net of fees: A (green), B (blue, dashed)", s)
-    out.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{s.y(0)}" y2="{s.y(0)}" class="zero"/>')
-    for cls, line in zip(("equity", "other"), lines, strict=True):
-        if line:
-            drawn = " ".join(f"{s.x(t)},{s.y(v)}" for t, v in line)
-            out.append(f'<polyline points="{drawn}" class="{cls}"/>')
-    out += _closed(s)
-    return "\n".join(out)
+    a, b = (_steps(thin(_realized(s.fills)), start, end) for s in series)
+    return _curves(
+        "Realized equity, net of fees: A (green), B (blue, dashed)", [("equity", a), ("other", b)]
+    )
 
 
 def _decided(report: Report) -> dict[str, str]:
