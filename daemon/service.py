@@ -37,6 +37,7 @@ from daemon.bus import Bus, Subscription
 from daemon.clock import Clock, MonotonicClock
 from daemon.config import Config
 from daemon.control import CONTROL_SOCKET, serve_control
+from daemon.copytrade.book import LiveBook
 from daemon.errors import ConfigError, StoreError
 from daemon.events import MARKET_CANDLE_CLOSED, MARKET_PRICE_TICK, FeedEvent
 from daemon.inputfile import read_input
@@ -502,7 +503,9 @@ class Service:
     def _live_book(self) -> bytes:
         """The leaders' book as of now, as the state snapshot holds it (``copytrade
         status``); none without a shared cache ([state] shared = false: a backtest)."""
-        return msgspec.json.encode(self.state.copytrade.dump()) if self._shared_state else b""
+        if not self._shared_state:
+            return b""
+        return msgspec.json.encode(LiveBook(book=self.state.copytrade.dump()))
 
     async def write_status_in_thread(self) -> Status:
         """The periodic status: taken on the loop, written from a worker thread (the

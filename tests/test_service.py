@@ -305,7 +305,7 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
     the daemon user's only, a bad or silent client gets nothing and harms nothing,
     and the socket is gone after the stop."""
     from daemon.control import CONTROL_SOCKET, ask, ask_status
-    from daemon.copytrade.book import BookSnapshot
+    from daemon.copytrade.book import BookSnapshot, LiveBook
 
     svc = Service(make_config(tmp_path, status_interval_seconds=3600), lambda _: [SilentFeed()])
     path = tmp_path / "state" / CONTROL_SOCKET
@@ -330,7 +330,8 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
             answer = await bad.receive()
         assert b"unknown request" in answer and b"'copytrade'" in answer
         book = await anyio.to_thread.run_sync(ask, path, "copytrade")
-        assert book is not None and msgspec.json.decode(book, type=BookSnapshot) == BookSnapshot()
+        assert book is not None
+        assert msgspec.json.decode(book, type=LiveBook) == LiveBook(book=BookSnapshot())
         await silent.aclose()
         svc.request_stop()
     assert not path.exists()
@@ -476,3 +477,26 @@ async def test_the_service_checkpoints_its_durable_stores_off_the_event_loop(
     assert KEEPER.stats.restarts > kept
     assert db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000  # (stopped)
     db.close()
+
+
+async def test_copytrade_status_reads_the_snapshot_when_the_daemon_gives_no_book(
+    tmp_path: Path,
+) -> None:
+    """A daemon that answers the control socket with something other than a book (an
+    older one: 'unknown request'; garbage) leaves `copytrade status` on the snapshot,
+    as it would with no daemon at all."""
+    from daemon.cli.copytrade import gather
+    from daemon.control import CONTROL_SOCKET, serve_control
+    from daemon.statedir import StateDirLock
+
+    state = tmp_path / "state"
+    state.mkdir()
+    for answers in ({"status": lambda: b"{}"}, {"copytrade": lambda: b"\xff not json"}):
+        with StateDirLock(state):
+            async with anyio.create_task_group() as tg:
+                await tg.start(serve_control, state / CONTROL_SOCKET, answers)
+                data = await anyio.to_thread.run_sync(
+                    lambda: gather(Config(), 0, state, tmp_path / "agents")
+                )
+                tg.cancel_scope.cancel()
+        assert (data["positionsAsOf"], data["positions"]) == (None, [])  # no snapshot either

@@ -23,7 +23,7 @@ from daemon.audit.reader import AuditFilter, tail
 from daemon.cli.common import echo, echo_json, load_config_or_defaults, state_dir_option
 from daemon.config import Config
 from daemon.control import CONTROL_SOCKET, ask
-from daemon.copytrade.book import BookSnapshot
+from daemon.copytrade.book import BookSnapshot, LiveBook
 from daemon.copytrade.mirror import mirrored
 from daemon.copytrade.relay import (
     LEADER_STATS_FILE,
@@ -180,7 +180,7 @@ def _live_book(state_dir: Path) -> BookSnapshot | None:
     if not raw:
         return None
     try:
-        return msgspec.json.decode(raw, type=BookSnapshot)
+        return msgspec.json.decode(raw, type=LiveBook).book
     except (*NOT_JSON, msgspec.ValidationError):
         return None  # an older daemon (an error answer): the snapshot, as before
 

@@ -58,6 +58,14 @@ class BookSnapshot(msgspec.Struct, kw_only=True, rename="camel"):
     seen: list[tuple[str, str]] = msgspec.field(default_factory=list)  # (leader, signalId)
 
 
+class LiveBook(msgspec.Struct, frozen=True, kw_only=True):
+    """A running daemon's answer to ``copytrade`` on its control socket: the book
+    under a key of its own (every member of a snapshot has a default, so an error
+    answer would read as an empty book)."""
+
+    book: BookSnapshot
+
+
 def _key(s: SignalPayload) -> tuple[str, str]:
     return (s.leader, s.position_id)
 

@@ -133,7 +133,10 @@ def test_only_directories_with_an_agent_toml_or_hooks_are_agents(tmp_path: Path)
     (root / "notes").mkdir()
     (root / "linked").mkdir()
     (root / "linked" / "hooks").symlink_to(root / "hooked" / "hooks")  # refused when loaded
-    assert [p.name for p in discover(root)] == ["configured", "hooked", "linked"]
-    linked = load_agent(root / "linked", 256 * 1024)
-    assert not linked.hooks and "not a plain directory" in linked.errors["hooks"]
+    (root / "piped").mkdir()
+    os.mkfifo(root / "piped" / "hooks")  # never opened: a read would block
+    assert [p.name for p in discover(root)] == ["configured", "hooked", "linked", "piped"]
+    for odd in ("linked", "piped"):
+        loaded = load_agent(root / odd, 256 * 1024)
+        assert not loaded.hooks and "not a plain directory" in loaded.errors["hooks"]
     assert not load_agent(root / "configured", 256 * 1024).errors  # no hooks/ at all: fine

@@ -103,3 +103,35 @@ def test_an_own_file_and_a_binance_one_merge_by_time(tmp_path: Path) -> None:
     got = [(e.symbol, e.payload["close"]) for _, e in feed.selected()]
     closes = [float(row[4]) for row in ROWS]
     assert got == [(s, c) for c in closes for s in ("BTC-USD", "ETH-USD")]
+
+
+def test_how_a_row_follows_the_one_before_it() -> None:
+    """The ordering rules, on candles alone (no file): a repeat is skipped, a clash,
+    a step back or a row too close is an error naming where, and the first gaps
+    tell a file replayed at the wrong timeframe."""
+    from daemon.events import Candle
+    from feeds.candle_csv import follows
+
+    def at(minute: float, close: float = 100.0) -> Candle:
+        start = 1_704_067_200_000 + round(minute * M1)
+        return Candle(open_time_ms=start, close_time_ms=start + M1, open=100.0, high=101.0,
+                      low=99.0, close=close, volume=1.0)  # fmt: skip
+
+    gaps: list[int] = []
+    assert follows(None, at(0), M1, gaps, "f:1") and gaps == []
+    assert follows(at(0), at(1), M1, gaps, "f:2") and gaps == [M1]
+    assert not follows(at(1), at(1), M1, gaps, "f:3")  # the same row again
+    with pytest.raises(ReplayError, match="f:4: a second candle opening at"):
+        follows(at(1), at(1, close=99.5), M1, gaps, "f:4")
+    with pytest.raises(ReplayError, match="f:5: open times not increasing"):
+        follows(at(1), at(0), M1, gaps, "f:5")
+    with pytest.raises(ReplayError, match="f:6: this candle opens 30 s after"):
+        follows(at(1), at(1.5), M1, gaps, "f:6")
+    wide: list[int] = []
+    follows(at(0), at(5), M1, wide, "g:2")
+    follows(at(5), at(10), M1, wide, "g:3")
+    with pytest.raises(ReplayError, match="g:4: the first rows are 5m apart, not 1m"):
+        follows(at(10), at(15), M1, wide, "g:4")
+    uneven: list[int] = []
+    for i, (a, b) in enumerate([(0, 5), (5, 7), (7, 12), (12, 13)]):
+        assert follows(at(a), at(b), M1, uneven, f"h:{i}")  # a gap is data missing
