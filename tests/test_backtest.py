@@ -901,6 +901,13 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
     suppressed = tally.wakes_suppressed()
     assert suppressed == {"budget": 1, "cooldown": 1, "paused": 3}
     assert tally.runs + tally.merged + sum(suppressed.values()) == tally.wakes
+    # damaged counts (negative, or not a number: the row is not one) count nothing
+    odd = Tally("alpha").read([
+        row(type="run", status="finished", wakes=-3),
+        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=-4),
+        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped="many"),
+    ])  # fmt: skip
+    assert (odd.runs, odd.merged, odd.wakes_suppressed()) == (1, 0, {})
 
 
 class TableCells(HTMLParser):
