@@ -144,6 +144,10 @@ def _oi_avg_24h(obs: Observations | None, t: I64, latest_j: I64) -> F64:
     hi = latest_j + 1
     ok = hi > lo
     out[ok] = (cs[hi[ok]] - cs[lo[ok]]) / (hi[ok] - lo[ok])
+    # One observation in the window (daily OI): its value exactly, not a difference of
+    # two year-long sums (which left OI deltas of ~1e-13 % where there was none).
+    one = hi - lo == 1
+    out[one] = obs.value[lo[one]]
     return out
 
 

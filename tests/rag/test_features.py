@@ -213,3 +213,16 @@ def test_missing_funding_and_oi_are_nan_not_zero(series: tuple[np.ndarray, ...])
     assert np.isnan(state["open_interest_latest"][:299]).all()
     assert np.isnan(state["funding_rate"][-100:]).all()
     assert np.isfinite(state["funding_rate"][500])
+
+
+def test_daily_open_interest_has_no_delta_within_its_day(series: tuple[np.ndarray, ...]) -> None:
+    """With one OI snapshot a day (Binance's daily history), the 24 h average inside a
+    day is that snapshot, exactly: the OI delta there is 0, not rounding noise."""
+    rows, fund, _ = series
+    start, end = int(rows[0, 0]), int(rows[-1, 0])
+    daily = synth.open_interest(start, end, step=24 * H) * np.array([1.0, 8e3])
+    state, _ = _compute(rows, fund, daily)
+    latest, avg = state["open_interest_latest"], state["open_interest_avg_24h"]
+    one = np.isfinite(latest) & (latest == avg)
+    assert one.sum() > len(latest) // 2
+    assert (latest[one] / avg[one] - 1.0 == 0.0).all()
