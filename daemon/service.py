@@ -175,6 +175,9 @@ class Service:
         self._all_finished = anyio.Event()
         self._expected: set[str] = set()  # the names of the feeds started
         self._stop = anyio.Event()
+        # A stop was asked (a signal, the runs fuse, embedding code) before the daemon
+        # stopped by itself at the end of a finite replay, catching up included.
+        self.interrupted = False
         # Set once every feed has started (READY): signals re-delivered at start
         # are on the bus by then.
         self.ready = anyio.Event()
@@ -329,6 +332,11 @@ class Service:
         """Whether every feed ran out by itself (a finite replay), not stopped by a signal."""
         return bool(self.health) and self.finished >= self._expected
 
+    def ran_out(self) -> bool:
+        """Whether the daemon stops because a finite replay ended and every subscriber
+        caught up on it, not because a stop was asked meanwhile."""
+        return self.feeds_finished() and not self.interrupted
+
     def stalled_feeds(self) -> list[str]:
         """Feeds that failed, or are neither finished nor heard from recently."""
         limit = self.config.daemon.stall_seconds
@@ -478,6 +486,7 @@ class Service:
             self.run_id,
             self.loop_watch.status(),
             KEEPER.status(),
+            self.interrupted,
         )
 
     def published_by_feeds(self) -> int:
@@ -635,6 +644,8 @@ class Service:
         """Begin a graceful stop (signals, embedding code, tests). Before READY, the
         feeds still starting are given up at once: Ctrl-C does not wait out a feed's
         start (Coinbase unreachable waits up to its startup timeout)."""
+        if not self._stop.is_set():
+            self.interrupted = True
         self._stop.set()
         if not self.ready.is_set() and self._feeds_scope is not None:
             self._feeds_scope.cancel()

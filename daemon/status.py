@@ -210,6 +210,9 @@ class Status(msgspec.Struct, frozen=True):
     run_id: str = ""
     loop: LoopStalls | None = None  # (None: written by a version before it)
     wal: WalStatus | None = None  # the WAL keeper (daemon/walkeeper.py); likewise
+    # A stop was asked (a signal) before a finite replay ended and was caught up on:
+    # its agents may not have evaluated all that the feeds published.
+    interrupted: bool = False
 
     @property
     def hooks(self) -> HooksStatus | None:

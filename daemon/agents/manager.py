@@ -234,11 +234,13 @@ class AgentManager:
 
     def close_subscriptions(self) -> None:
         """Take no new events; each agent finishes what it already holds, then ends.
-        Live, no run starts from here on (on event time the runs due as the held
-        events are evaluated start, as in an uninterrupted replay)."""
+        No run starts from here on (a run begun now would be a model call the stop
+        asked to spare, or cut by its deadline), except on event time at the end of
+        the data (``drain_wakes``): the runs due as the held events are evaluated
+        start, as in an uninterrupted replay."""
         for rt in self.runtimes.values():
             rt.sub.close()
-            if not self.event_time:
+            if not (self.event_time and self.drain_wakes):
                 rt.scheduler.stop_starting()
 
     def release_backlogs(self) -> None:

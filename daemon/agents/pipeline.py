@@ -233,7 +233,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 with anyio.move_on_after(limit, shield=True) as drain:
                     reconciling.cancel()  # no corrective order while the agents drain
                     manager.stop_reloading()
-                    manager.drain_wakes = service.feeds_finished()
+                    manager.drain_wakes = service.ran_out()
                     manager.close_subscriptions()
                     await manager.wait_drained()
                     route.close()  # the broker applies what it holds, then its tasks end

@@ -59,7 +59,7 @@ from daemon.printable import visible
 from daemon.rag.config import RagConfig
 from daemon.scratchdir import Scratch
 from daemon.service import Component
-from daemon.status import FeedStatus
+from daemon.status import Status
 from daemon.tools.snapshot import CANDLES as SNAPSHOT_CANDLES
 from daemon.trading.matching import FillCosts
 from daemon.trading.paper_store import FillRow, PaperStore
@@ -309,7 +309,7 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
             f"{tally.first_run_error}"
         )
     else:
-        stopped_by = _stopped_by(status.feeds)
+        stopped_by = _stopped_by(status)
     # The plots and the marked equity cover what the figures do (an interrupted run:
     # up to its last event).
     wakes, alerts = tally.markers("WAKE"), tally.markers("ALERT")
@@ -385,10 +385,12 @@ def _run(opts: BacktestOptions, components: Sequence[Component]) -> tuple[Report
     return report, series
 
 
-def _stopped_by(feeds: list[FeedStatus]) -> str:
-    """Why the replay ended before its data did ("" when it did not): a feed's error,
-    else a signal."""
-    if all(f.finished for f in feeds):
+def _stopped_by(status: Status) -> str:
+    """Why the replay ended before its data did, or before the agent evaluated all of
+    it ("" when neither): a feed's error, else a signal (Ctrl-C once the data is read
+    but not yet evaluated is one too)."""
+    feeds = status.feeds
+    if all(f.finished for f in feeds) and not status.interrupted:
         return ""
     errors = [f.error or f"{f.name} failed" for f in feeds if f.failed]
     return "; ".join(errors) or "signal"
