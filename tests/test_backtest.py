@@ -879,19 +879,21 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
     def row(**fields: object) -> bytes:
         return json.dumps({"agentId": "alpha"} | fields).encode() + b"\n"
 
-    def woke(by: str = "none") -> bytes:
-        return row(type="hook", hookId="w", decision="WAKE", suppressedBy=by)
+    def woke(i: int, by: str = "none") -> bytes:
+        ts = iso_ms(1_704_067_200_000 + i * 300_000)
+        return row(type="hook", hookId="w", decision="WAKE", suppressedBy=by, eventId=f"e{i}",
+                   eventTs=ts, symbol="X")  # fmt: skip
 
     lines = [
-        *[woke() for _ in range(8)],
-        woke("budget"),
-        woke("cooldown"),
+        *[woke(i) for i in range(8)],
+        woke(8, "budget"),
+        woke(9, "cooldown"),
         row(type="run", status="started", wakes=3),
         row(type="run", status="finished", wakes=3),
         row(type="run", status="failed", wakes=1, error="APIConnectionError: refused"),
         row(type="run", status="timeout", wakes=1, error="later"),
         row(type="wake", outcome="queued", suppressedBy="none"),
-        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=1),
+        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=1, eventId="e6"),
         row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=2),
         row(type="wake", outcome="suppressed", suppressedBy="budget"),  # as decided: no
     ]
@@ -901,6 +903,10 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
     suppressed = tally.wakes_suppressed()
     assert suppressed == {"budget": 1, "cooldown": 1, "paused": 3}
     assert tally.runs + tally.merged + sum(suppressed.values()) == tally.wakes
+    # Drawn on the page: the wakes that acted, less the one dropped by event (those
+    # summarized on one row name none).
+    drawn = [at for at, _ in tally.markers("WAKE")]
+    assert drawn == [1_704_067_200_000 + i * 300_000 for i in (0, 1, 2, 3, 4, 5, 7)]
     # damaged counts (negative, or not a number: the row is not one) count nothing
     odd = Tally("alpha").read([
         row(type="run", status="finished", wakes=-3),

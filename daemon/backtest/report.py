@@ -321,6 +321,7 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     error: str | None = None
     status: str | None = None
     event_ts: str | None = None
+    event_id: str | None = None
     symbol: str | None = None
     llm: RunSpend | None = None
     wakes: int = 0  # run rows: the WAKE decisions the run answered
@@ -381,6 +382,10 @@ class Tally:
         self.symbols: dict[str, None] = {}  # in the order the hooks first met them
         # (event time, symbol) of the WAKE and ALERT decisions that acted.
         self.acted: dict[str, list[tuple[int, str]]] = {"WAKE": [], "ALERT": []}
+        # Where each event's WAKEs are in acted["WAKE"]: a wake dropped before its run
+        # (its wake row names the event) is taken out again.
+        self._woke: dict[str, list[int]] = {}
+        self._unwoke: set[int] = set()
 
     def read(self, lines: Iterable[bytes]) -> Tally:
         """Add every line that is one of the agent's audit rows (others are skipped)."""
@@ -424,6 +429,11 @@ class Tally:
             # run started.
             if rec.dropped > 0:
                 self._wakes_suppressed[rec.suppressed_by or "none"] += rec.dropped
+                # Not drawn as a wake either (those summarized on one row name no
+                # event: they stay drawn).
+                drawn = self._woke.get(rec.event_id or "")
+                if drawn:
+                    self._unwoke.add(drawn.pop())
             return
         if rec.type != "hook":
             return
@@ -458,6 +468,8 @@ class Tally:
             if by != "none":
                 self._wakes_suppressed[by] += 1
         if by == "none" and at is not None and decision in self.acted:
+            if decision == "WAKE" and rec.event_id:
+                self._woke.setdefault(rec.event_id, []).append(len(self.acted["WAKE"]))
             self.acted[decision].append((at, rec.symbol or ""))
 
     def period(self) -> tuple[int, int] | None:
@@ -492,8 +504,12 @@ class Tally:
         return dict(sorted(self._wakes_suppressed.items()))
 
     def markers(self, decision: str) -> list[tuple[int, str]]:
-        """(event time, symbol) of the ``decision``s (WAKE, ALERT) that acted, in time order."""
-        return sorted(self.acted[decision])
+        """(event time, symbol) of the ``decision``s (WAKE, ALERT) that acted, in time
+        order: a WAKE dropped before its run did not."""
+        marks = self.acted[decision]
+        if decision == "WAKE" and self._unwoke:
+            marks = [m for i, m in enumerate(marks) if i not in self._unwoke]
+        return sorted(marks)
 
 
 def _event_ms(ts: str | None) -> int | None:
