@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -1261,6 +1262,30 @@ def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
     traded = msgspec.structs.replace(closes, fills=[fill])
     page = render_comparison_html(compare(bare, bare), ("A", "B"), (closes, traded))
     assert page.count("<polyline") == 1 and 'class="other"' in page
+    assert "No wakes ran." in page
+
+
+def test_a_comparison_page_draws_both_runs_wakes_per_day() -> None:
+    """Each day's WAKEs that ran, A's bar beside B's on one scale: the day B woke
+    twice as often is twice as tall, a day only one run woke has one bar."""
+    bare = Report(
+        agent="alpha", data="c.csv", events=2, first_event="", last_event="", hooks=[],
+        wakes=0, runs=0, wakes_suppressed={}, cost_model=CostModel(), cost=0.0,
+        baseline=timer_baseline(0, 600_000, 3.0, CostModel()), cost_ratio=None,
+        trades=trades_of([], 0, 600_000),
+    )  # fmt: skip
+    day = 86_400_000
+
+    def woke(*days: int) -> Series:
+        wakes = [(d * day + i, "X") for i, d in enumerate(days)]
+        return Series(prices={}, marked={}, wakes=wakes, alerts=[], fills=[], equity=[])
+
+    page = render_comparison_html(compare(bare, bare), ("A", "B"), (woke(0, 1), woke(0, 0, 2)))
+    bars = re.findall(r'<rect [^>]*height="([0-9.]+)" class="(bar|bar-b)"><title>([^<]+)', page)
+    got = {(cls, title): float(h) for h, cls, title in bars}
+    assert set(got) == {("bar", "1970-01-01: 1"), ("bar", "1970-01-02: 1"),
+                        ("bar-b", "1970-01-01: 2"), ("bar-b", "1970-01-03: 1")}  # fmt: skip
+    assert got["bar-b", "1970-01-01: 2"] == 2 * got["bar", "1970-01-01: 1"]
 
 
 def test_a_duplicate_row_is_replayed_once_and_reported(tmp_path: Path) -> None:

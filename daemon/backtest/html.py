@@ -230,26 +230,36 @@ def _steps(pts: list[tuple[int, float]], start: int, end: int) -> list[tuple[int
 
 
 def _wakes_plot(series: Series) -> str:
-    per_day = Counter(iso_ms(t)[:10] for t, _ in series.wakes)
-    if not per_day:
+    return _wakes_bars([("bar", series.wakes)], "WAKEs that ran per day")
+
+
+def _wakes_bars(runs: Sequence[tuple[str, Sequence[tuple[int, str]]]], title: str) -> str:
+    """Bars of each day's WAKEs that ran, side by side per day for several runs (CSS
+    class, their wake markers), on one scale."""
+    counts = [(cls, Counter(iso_ms(t)[:10] for t, _ in wakes)) for cls, wakes in runs]
+    days = sorted({day for _, per_day in counts for day in per_day})
+    if not days:
         return "<p>No wakes ran.</p>"
-    days = sorted(per_day)
-    top = max(per_day.values())
+    top = max(n for _, per_day in counts for n in per_day.values())
     out = [
         f'<svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="Wakes per day">',
         (
-            f'<text x="{PAD}" y="{PAD - 8}" class="title">WAKEs that ran per day (max {top}; '
+            f'<text x="{PAD}" y="{PAD - 8}" class="title">{escape(title)} (max {top}; '
             "collected ones share a run)</text>"
         ),
     ]
     width = (W - 2 * PAD) / len(days)
+    bar = width / len(counts)
     for i, day in enumerate(days):
-        h = per_day[day] / top * (H - 2 * PAD)
-        x = PAD + i * width
-        out.append(
-            f'<rect x="{x:.1f}" y="{H - PAD - h:.1f}" width="{max(width - 1, 0.5):.1f}" '
-            f'height="{h:.1f}" class="bar"><title>{day}: {per_day[day]}</title></rect>'
-        )
+        for k, (cls, per_day) in enumerate(counts):
+            if not per_day[day]:
+                continue
+            h = per_day[day] / top * (H - 2 * PAD)
+            x = PAD + i * width + k * bar
+            out.append(
+                f'<rect x="{x:.1f}" y="{H - PAD - h:.1f}" width="{max(bar - 0.5, 0.4):.1f}" '
+                f'height="{h:.1f}" class="{cls}"><title>{day}: {per_day[day]}</title></rect>'
+            )
     out.append(f'<text x="{PAD}" y="{H - 12}" class="axis">{days[0]}</text>')
     out.append(f'<text x="{W - PAD}" y="{H - 12}" class="axis end">{days[-1]}</text>')
     out.append("</svg>")
@@ -269,7 +279,7 @@ body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1040px;color:#222}
 .price{fill:none;stroke:#444;stroke-width:1}.equity{fill:none;stroke:#2a7;stroke-width:1.5}
 .marked{fill:none;stroke:#999;stroke-width:1}
 .zero{stroke:#bbb;stroke-dasharray:4 3}.wake{fill:#36c;opacity:.6}.alert{fill:#e80}
-.buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}.other{fill:none;stroke:#36c;stroke-width:1.5;stroke-dasharray:5 3}
+.buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}.bar-b{fill:#e80}.other{fill:none;stroke:#36c;stroke-width:1.5;stroke-dasharray:5 3}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
 """
 
@@ -431,6 +441,10 @@ def render_comparison_html(
             '<p><a href="a/report.html">A\'s report</a> · <a href="b/report.html">B\'s report</a></p>',
             f"<table><tr><th></th><th>A</th><th>B</th><th>B - A</th></tr>{rows}</table>",
             _equities_plot(series),
+            _wakes_bars(
+                [("bar", series[0].wakes), ("bar-b", series[1].wakes)],
+                "WAKEs that ran per day: A (blue), B (orange)",
+            ),
             "<h2>Hooks</h2>",
             f"<table><tr><th>hook</th><th>A</th><th>B</th></tr>{hooks}</table>",
             "</body></html>",
