@@ -220,10 +220,11 @@ def backtest_command(
     its hooks decided, how often it would have woken the LLM and at what cost
     (against a timer agent over the same market time), and its paper trades.
 
-    Prints a summary and writes OUT/report.json. The live daemon's state is never
-    touched; the same data gives the same report. With --compare DIR or
-    --compare-revision, a second run B goes beside it (OUT/a, OUT/b) and
-    OUT/report.json holds both and their differences.
+    Prints a summary and writes OUT/report.json and OUT/report.html (plots: price
+    with wakes, alerts and fills, equity, wakes per day). The live daemon's state
+    is never touched; the same data gives the same report. With --compare DIR or
+    --compare-revision, a second run B goes beside it (OUT/a, OUT/b), and
+    OUT/report.json and OUT/report.html hold both and their differences.
     """
     from daemon.backtest.report import Comparison, CostModel, Report
     from daemon.backtest.run import (
