@@ -19,7 +19,7 @@ _CONFIG = click.Path(dir_okay=False, path_type=Path)
 def mcp_command(config_path: Path | None) -> None:
     """Serve the tools to an MCP host on stdin/stdout (Claude Desktop, Claude Code).
 
-    The host starts this command itself; see README "Tools over MCP" for the JSON
+    The host starts this command itself; see README "The agent's tools (MCP)" for the JSON
     to add. Logs go to stderr ([daemon] log_format, log_level); stdout is the wire.
     It opens its own Coinbase connection when a tool first needs one.
     """
