@@ -422,7 +422,8 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
             f"@{old.revision[:8]}: " + ", ".join(f"{k} {v}" for k, v in b["decisions"].items()),
         ]
     ]
-    assert page.count("<polyline") == 2 and 'class="other"' in page
+    curves = re.findall(r'<polyline points="[^"]+" class="([a-z-]+)"', page)
+    assert curves == ["equity", "other", "bar-b"]  # A's and B's equity, B's wakes per day
     assert all((tmp_path / "cmp" / x / "report.html").exists() for x in "ab")
 
     unknown = CliRunner().invoke(cli, [*args[:7], "--revision", "wake_green=abcdef99"])
@@ -1266,8 +1267,8 @@ def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
 
 
 def test_a_comparison_page_draws_both_runs_wakes_per_day() -> None:
-    """Each day's WAKEs that ran, A's bar beside B's on one scale: the day B woke
-    twice as often is twice as tall, a day only one run woke has one bar."""
+    """Each day's WAKEs that ran on one scale: A's as bars, B's as a step line over
+    them (the day B woke twice as often is twice as high), both figures on hover."""
     bare = Report(
         agent="alpha", data="c.csv", events=2, first_event="", last_event="", hooks=[],
         wakes=0, runs=0, wakes_suppressed={}, cost_model=CostModel(), cost=0.0,
@@ -1281,11 +1282,14 @@ def test_a_comparison_page_draws_both_runs_wakes_per_day() -> None:
         return Series(prices={}, marked={}, wakes=wakes, alerts=[], fills=[], equity=[])
 
     page = render_comparison_html(compare(bare, bare), ("A", "B"), (woke(0, 1), woke(0, 0, 2)))
-    bars = re.findall(r'<rect [^>]*height="([0-9.]+)" class="(bar|bar-b)"><title>([^<]+)', page)
-    got = {(cls, title): float(h) for h, cls, title in bars}
-    assert set(got) == {("bar", "1970-01-01: 1"), ("bar", "1970-01-02: 1"),
-                        ("bar-b", "1970-01-01: 2"), ("bar-b", "1970-01-03: 1")}  # fmt: skip
-    assert got["bar-b", "1970-01-01: 2"] == 2 * got["bar", "1970-01-01: 1"]
+    bars = re.findall(r'<rect [^>]*y="([0-9.]+)" [^>]*class="bar"', page)
+    hovers = re.findall(r'class="hover"><title>([^<]+)</title>', page)
+    assert hovers == ["1970-01-01: A 1, B 2", "1970-01-02: A 1, B 0", "1970-01-03: A 0, B 1"]
+    (line,) = re.findall(r'<polyline points="([^"]+)" class="bar-b"', page)
+    ys = [float(p.split(",")[1]) for p in line.split()]
+    bottom = ys[2]  # (day 2: B woke none)
+    assert len(bars) == 2 and all(float(y) == ys[4] for y in bars)  # A's 1 = B's 1 (day 3)
+    assert bottom - ys[0] == 2 * (bottom - float(bars[0]))  # B's 2 is twice A's 1
 
 
 def test_a_duplicate_row_is_replayed_once_and_reported(tmp_path: Path) -> None:

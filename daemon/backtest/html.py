@@ -230,17 +230,21 @@ def _steps(pts: list[tuple[int, float]], start: int, end: int) -> list[tuple[int
 
 
 def _wakes_plot(series: Series) -> str:
-    return _wakes_bars([("bar", series.wakes)], "WAKEs that ran per day")
+    return _wakes_bars("WAKEs that ran per day", series.wakes)
 
 
-def _wakes_bars(runs: Sequence[tuple[str, Sequence[tuple[int, str]]]], title: str) -> str:
-    """Bars of each day's WAKEs that ran, side by side per day for several runs (CSS
-    class, their wake markers), on one scale."""
-    counts = [(cls, Counter(iso_ms(t)[:10] for t, _ in wakes)) for cls, wakes in runs]
-    days = sorted({day for _, per_day in counts for day in per_day})
+def _wakes_bars(
+    title: str, wakes: Sequence[tuple[int, str]], other: Sequence[tuple[int, str]] | None = None
+) -> str:
+    """Each day's WAKEs that ran (``wakes``' markers) as bars; a comparison's ``other``
+    run as a step line over them, on the same scale (bars side by side would be under
+    a pixel wide over a year)."""
+    per_day = Counter(iso_ms(t)[:10] for t, _ in wakes)
+    line = Counter(iso_ms(t)[:10] for t, _ in other or ())
+    days = sorted({*per_day, *line})
     if not days:
         return "<p>No wakes ran.</p>"
-    top = max(n for _, per_day in counts for n in per_day.values())
+    top = max([*per_day.values(), *line.values()])
     out = [
         f'<svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="Wakes per day">',
         (
@@ -249,17 +253,31 @@ def _wakes_bars(runs: Sequence[tuple[str, Sequence[tuple[int, str]]]], title: st
         ),
     ]
     width = (W - 2 * PAD) / len(days)
-    bar = width / len(counts)
+
+    def y(n: int) -> float:
+        return H - PAD - n / top * (H - 2 * PAD)
+
+    w = max(width - 1, 0.5)
     for i, day in enumerate(days):
-        for k, (cls, per_day) in enumerate(counts):
-            if not per_day[day]:
-                continue
-            h = per_day[day] / top * (H - 2 * PAD)
-            x = PAD + i * width + k * bar
+        x, n = PAD + i * width, per_day[day]
+        if n:
+            title = "" if other is not None else f"<title>{day}: {n}</title>"
             out.append(
-                f'<rect x="{x:.1f}" y="{H - PAD - h:.1f}" width="{max(bar - 0.5, 0.4):.1f}" '
-                f'height="{h:.1f}" class="{cls}"><title>{day}: {per_day[day]}</title></rect>'
+                f'<rect x="{x:.1f}" y="{y(n):.1f}" width="{w:.1f}" '
+                f'height="{n / top * (H - 2 * PAD):.1f}" class="bar">{title}</rect>'
             )
+        if other is not None:  # both figures of the day on hover, over its whole height
+            out.append(
+                f'<rect x="{x:.1f}" y="{PAD}" width="{w:.1f}" height="{H - 2 * PAD}" '
+                f'class="hover"><title>{day}: A {n}, B {line[day]}</title></rect>'
+            )
+    if other is not None:
+        steps = " ".join(
+            f"{PAD + (i + k) * width:.1f},{y(line[day]):.1f}"
+            for i, day in enumerate(days)
+            for k in (0, 1)
+        )
+        out.append(f'<polyline points="{steps}" class="bar-b"/>')
     out.append(f'<text x="{PAD}" y="{H - 12}" class="axis">{days[0]}</text>')
     out.append(f'<text x="{W - PAD}" y="{H - 12}" class="axis end">{days[-1]}</text>')
     out.append("</svg>")
@@ -279,7 +297,7 @@ body{font:14px system-ui,sans-serif;margin:2em auto;max-width:1040px;color:#222}
 .price{fill:none;stroke:#444;stroke-width:1}.equity{fill:none;stroke:#2a7;stroke-width:1.5}
 .marked{fill:none;stroke:#999;stroke-width:1}
 .zero{stroke:#bbb;stroke-dasharray:4 3}.wake{fill:#36c;opacity:.6}.alert{fill:#e80}
-.buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}.bar-b{fill:#e80}.other{fill:none;stroke:#36c;stroke-width:1.5;stroke-dasharray:5 3}
+.buy{fill:#2a7}.sell{fill:#c33}.bar{fill:#36c}.bar-b{fill:none;stroke:#e80;stroke-width:1.2}.hover{fill:transparent}.other{fill:none;stroke:#36c;stroke-width:1.5;stroke-dasharray:5 3}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
 """
 
@@ -442,8 +460,9 @@ def render_comparison_html(
             f"<table><tr><th></th><th>A</th><th>B</th><th>B - A</th></tr>{rows}</table>",
             _equities_plot(series),
             _wakes_bars(
-                [("bar", series[0].wakes), ("bar-b", series[1].wakes)],
-                "WAKEs that ran per day: A (blue), B (orange)",
+                "WAKEs that ran per day: A (blue bars), B (orange line)",
+                series[0].wakes,
+                series[1].wakes,
             ),
             "<h2>Hooks</h2>",
             f"<table><tr><th>hook</th><th>A</th><th>B</th></tr>{hooks}</table>",
