@@ -13,13 +13,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 from random import Random
 
-import anyio
 import msgspec
 import pytest
 from click.testing import CliRunner
@@ -47,12 +44,13 @@ from daemon.cli.main import cli
 from daemon.config import Config
 from daemon.errors import ConfigError, StateDirInUse
 from daemon.events import encode, iso_ms
-from daemon.service import Component, Service
+from daemon.service import Component
 from daemon.trading.paper_store import FillRow
 from feeds.config import ReplaySection
 from feeds.replay import ReplayFeed
 from feeds.synthetic import generate_candles
 from tests.binance import monthly_zips
+from tests.stops import stop_when
 
 WAKE_GREEN = """
 def evaluate(event, state):
@@ -943,24 +941,8 @@ class TableCells(HTMLParser):
 
 
 def stop_after(published: int) -> Component:
-    """A component that stops the daemon as a signal would, once ``published``
-    events are on the bus."""
-
-    @asynccontextmanager
-    async def component(service: Service) -> AsyncIterator[None]:
-        async def watch() -> None:
-            while True:  # polled, as the progress bar does: no subscriber to slow it
-                if service.bus.published >= published:
-                    service.request_stop()
-                    return
-                await anyio.sleep(0.002)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            yield
-            tg.cancel_scope.cancel()
-
-    return component
+    """Stops the daemon as a signal would, once ``published`` events are on the bus."""
+    return stop_when(lambda service: service.bus.published >= published)
 
 
 def test_a_stopped_backtest_says_its_report_is_partial(
@@ -1247,15 +1229,20 @@ def test_a_raw_coinbase_recording_is_backtested_on_its_ticks(tmp_path: Path) -> 
     assert res.exit_code == 2 and "carries its own" in res.output
 
 
-def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
-    """Neither run traded (closes were marked all the same): the page says there is no
-    equity to draw; one run's trades are drawn alone."""
-    bare = Report(
+def _no_trades() -> Report:
+    """A report of two events that did nothing (for the comparison page's tests)."""
+    return Report(
         agent="alpha", data="c.csv", events=2, first_event="", last_event="", hooks=[],
         wakes=0, runs=0, wakes_suppressed={}, cost_model=CostModel(), cost=0.0,
         baseline=timer_baseline(0, 600_000, 3.0, CostModel()), cost_ratio=None,
         trades=trades_of([], 0, 600_000),
     )  # fmt: skip
+
+
+def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
+    """Neither run traded (closes were marked all the same): the page says there is no
+    equity to draw; one run's trades are drawn alone."""
+    bare = _no_trades()
     closes = Series(prices={}, marked={}, wakes=[], alerts=[], fills=[], equity=[(0, 0.0)])
     page = render_comparison_html(compare(bare, bare), ("A", "B"), (closes, closes))
     assert "No trades in either run" in page and "<polyline" not in page
@@ -1269,12 +1256,7 @@ def test_a_comparison_page_of_runs_without_trades_says_so() -> None:
 def test_a_comparison_page_draws_both_runs_wakes_per_day() -> None:
     """Each day's WAKEs that ran on one scale: A's as bars, B's as a step line over
     them (the day B woke twice as often is twice as high), both figures on hover."""
-    bare = Report(
-        agent="alpha", data="c.csv", events=2, first_event="", last_event="", hooks=[],
-        wakes=0, runs=0, wakes_suppressed={}, cost_model=CostModel(), cost=0.0,
-        baseline=timer_baseline(0, 600_000, 3.0, CostModel()), cost_ratio=None,
-        trades=trades_of([], 0, 600_000),
-    )  # fmt: skip
+    bare = _no_trades()
     day = 86_400_000
 
     def woke(*days: int) -> Series:

@@ -4,8 +4,6 @@ market time, from the agent's own state, and never from the live present."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +17,13 @@ from daemon.backtest.report import RUNS_FAILED, Report
 from daemon.backtest.run import BacktestOptions, held_candles, render, run_backtest
 from daemon.errors import ConfigError
 from daemon.events import iso_ms
-from daemon.service import Component, Service
+from daemon.service import Service
 from daemon.tools import registry
 from daemon.tools.base import ToolError
 from daemon.tools.context import ToolContext
 from feeds.synthetic import generate_candles
 from tests.llm.fakes import FakeModel, fake_openai, openai_turn
+from tests.stops import stop_when
 
 START_MS = 1_704_067_200_000  # generate_candles' first open (2024-01-01)
 STEP_MS = 300_000
@@ -275,21 +274,11 @@ def test_a_backtest_whose_runs_all_fail_stops_and_says_why(tmp_path: Path) -> No
     refusal = (400, {"error": {"message": "model not found", "type": "invalid_request_error"}})
     data = tmp_path / "c.csv"
     generate_candles(data, seed=5, n=400, timeframe="5m")
-    wake_all = (
-        "def evaluate(event, state):\n"
-        "    return {'decision': 'WAKE', 'reason': 'every close', 'dedupeKey': event['eventId']}\n"
-    )
     with (
         anyio.from_thread.start_blocking_portal() as portal,
         portal.wrap_async_context_manager(fake_openai([refusal] * 400)) as (fake, url),
     ):
-        agent = tmp_path / "agents" / "alpha"
-        (agent / "hooks").mkdir(parents=True)
-        policy = AGENT.format(url=url).replace("[wake]\n", "[wake]\nmax_runs_per_hour = 100\n")
-        (agent / "agent.toml").write_text(policy)
-        (agent / "hooks" / "wake_all.py").write_text(wake_all)
-        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
-        report = run_backtest(opts)
+        report = run_backtest(_waking_every_close(tmp_path, data, url))
     assert not report.complete and report.stopped_by.startswith(RUNS_FAILED)
     assert "the first 3 agent runs all failed" in report.stopped_by
     assert "model not found" in report.stopped_by
@@ -303,42 +292,35 @@ def test_ctrl_c_during_a_backtest_with_runs_starts_no_more_runs(tmp_path: Path) 
     would be a paid model call the user just asked to stop)."""
     data = tmp_path / "c.csv"
     generate_candles(data, seed=5, n=400, timeframe="5m")
-    wake_all = (
-        "def evaluate(event, state):\n"
-        "    return {'decision': 'WAKE', 'reason': 'every close', 'dedupeKey': event['eventId']}\n"
-    )
-    asked: list[int] = []
-
-    def stop_at_third_run(fake: FakeModel) -> Component:
-        @asynccontextmanager
-        async def component(service: Service) -> AsyncIterator[None]:
-            async def watch() -> None:
-                while True:  # polled: the fake model serves from another thread
-                    if len(fake.requests) >= 3:
-                        asked.append(len(fake.requests))
-                        service.request_stop()
-                        return
-                    await anyio.sleep(0.002)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch)
-                yield
-                tg.cancel_scope.cancel()
-
-        return component
-
     slow_answer = [0.05, openai_turn("nothing to do")] * 400
     with (
         anyio.from_thread.start_blocking_portal() as portal,
         portal.wrap_async_context_manager(fake_openai(slow_answer)) as (fake, url),
     ):
-        agent = tmp_path / "agents" / "alpha"
-        (agent / "hooks").mkdir(parents=True)
-        policy = AGENT.format(url=url).replace("[wake]\n", "[wake]\nmax_runs_per_hour = 100\n")
-        (agent / "agent.toml").write_text(policy)
-        (agent / "hooks" / "wake_all.py").write_text(wake_all)
-        opts = BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
-        report = run_backtest(opts, [stop_at_third_run(fake)])
+        opts = _waking_every_close(tmp_path, data, url)
+        asked: list[int] = []
+
+        def third_run(_: Service) -> bool:
+            if len(fake.requests) < 3:
+                return False
+            asked.append(len(fake.requests))
+            return True
+
+        report = run_backtest(opts, [stop_when(third_run)])
     assert asked == [3] and report.stopped_by == "signal"
     assert len(fake.requests) == 3  # the third run, in flight at the stop, ended; no fourth
     assert report.runs == 3 and report.wakes > report.runs  # held events were evaluated
+
+
+def _waking_every_close(tmp_path: Path, data: Path, url: str) -> BacktestOptions:
+    """``backtest --run-llm`` options of an agent woken by every close (at most 100
+    runs an hour), its model at ``url``."""
+    agent = tmp_path / "agents" / "alpha"
+    (agent / "hooks").mkdir(parents=True)
+    policy = AGENT.format(url=url).replace("[wake]\n", "[wake]\nmax_runs_per_hour = 100\n")
+    (agent / "agent.toml").write_text(policy)
+    (agent / "hooks" / "wake_all.py").write_text(
+        "def evaluate(event, state):\n"
+        "    return {'decision': 'WAKE', 'reason': 'every close', 'dedupeKey': event['eventId']}\n"
+    )
+    return BacktestOptions(agent_dir=agent, data=data, out=tmp_path / "out", run_llm=True)
