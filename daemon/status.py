@@ -210,8 +210,9 @@ class Status(msgspec.Struct, frozen=True):
     run_id: str = ""
     loop: LoopStalls | None = None  # (None: written by a version before it)
     wal: WalStatus | None = None  # the WAL keeper (daemon/walkeeper.py); likewise
-    # A stop was asked (a signal) before a finite replay ended and was caught up on:
-    # its agents may not have evaluated all that the feeds published.
+    # The daemon was stopped (a signal, embedding code), not stopping by itself at the
+    # end of a finite replay once caught up on (so always, live): a replay's agents
+    # may not have evaluated all that its feeds published.
     interrupted: bool = False
 
     @property
