@@ -150,6 +150,10 @@ def _render_status(st: Status, live_pid: int | None, live: bool = False) -> str:
         head = f"running (pid {live_pid or st.pid}, "
     elif st.running:
         head = f"not running (pid {st.pid} ended without a clean stop; "
+    elif st.interrupted:
+        head = f"not running (last pid {st.pid}, stopped on request, "
+    elif st.feeds and all(f.finished for f in st.feeds):
+        head = f"not running (last pid {st.pid}, stopped at the end of its replay, "
     else:
         head = f"not running (last pid {st.pid}, "
     lines = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import structlog.testing
 
 from daemon.agents.health import HealthTracker
@@ -103,3 +104,16 @@ def test_a_feed_of_a_daemon_that_is_not_running_is_not_live() -> None:
                 feeds=[feed], state={})  # fmt: skip
     assert "feed replay: stopped," in _render_status(st, None)
     assert "feed replay: live," in _render_status(st, 123)
+
+
+def test_a_stopped_daemon_says_whether_it_was_asked_to_or_its_replay_ended() -> None:
+    """A replay whose feeds all finished but that a signal stopped before its agents
+    caught up says so: its feeds' "finished" alone would read as a complete run."""
+    feed = FeedStatus(name="replay", silent_seconds=0.0, errors=0, finished=True, stalled=False)
+    st = Status(pid=1, started_at=0.0, written_at=0.0, running=False,
+                bus=BusStatus(published=0, delivered=0, coalesced=0, subscriptions=()),
+                feeds=[feed], state={})  # fmt: skip
+    assert "(last pid 1, stopped at the end of its replay, " in _render_status(st, None)
+    asked = msgspec.structs.replace(st, interrupted=True)
+    assert "(last pid 1, stopped on request, " in _render_status(asked, None)
+    assert "stopped" not in _render_status(asked, 7).splitlines()[0]  # running: neither
