@@ -17,7 +17,9 @@ socket is mode 0600 (the daemon's user only), like the state dir itself.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
@@ -25,7 +27,7 @@ from typing import Final
 import anyio
 import msgspec
 import structlog
-from anyio.abc import SocketStream, TaskStatus
+from anyio.abc import SocketListener, SocketStream, TaskStatus
 
 log = structlog.get_logger("control")
 
@@ -52,15 +54,14 @@ async def serve_control(
         log.warning("control socket path too long; status reads status.json", path=str(path))
         task_status.started()
         return
-    _remove(path)  # a previous run's, left by a crash (we hold the state dir's lock)
     try:
-        listener = await anyio.create_unix_listener(path)
+        _remove(path)  # a previous run's, left by a crash (we hold the state dir's lock)
+        listener = await SocketListener.from_socket(_bind_private(path))
     except OSError as exc:
         log.warning("control socket unavailable; status reads status.json", error=str(exc))
         task_status.started()
         return
     try:
-        os.chmod(path, 0o600)
         task_status.started()
 
         async def handle(conn: SocketStream) -> None:
@@ -71,6 +72,29 @@ async def serve_control(
             await listener.serve(handle)
     finally:
         _remove(path)
+
+
+def _bind_private(path: Path) -> socket.socket:
+    """A socket listening at ``path`` that is the daemon user's only from the moment
+    the path exists: bound in a fresh 0700 directory beside it, made 0600, then
+    renamed into place. (A chmod after binding at ``path`` leaves a moment when the
+    socket has the umask's permissions, and a group member could connect.) The
+    staged path is no longer than ``path``, so it fits wherever ``path`` does."""
+    private = Path(tempfile.mkdtemp(prefix=".c", dir=path.parent))
+    staged = private / "s"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fsencode(staged))
+        os.chmod(staged, 0o600)
+        sock.listen()
+        os.replace(staged, path)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    sock.setblocking(False)
+    return sock
 
 
 def _remove(path: Path) -> None:

@@ -1,0 +1,65 @@
+"""The control socket's file: private from the moment it exists, and a place it
+cannot be made is logged, not fatal."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+
+from daemon.control import CONTROL_SOCKET, ask, serve_control
+
+
+async def test_the_socket_exists_only_as_the_daemon_users() -> None:
+    """Watched from a thread from before the start: the first time the path exists it
+    is a socket of mode 0600 (it was 0755 or 0775, the umask's, for a moment when the
+    mode was set after binding at the path), and nothing is left beside it."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / CONTROL_SOCKET
+        seen: list[int] = []
+
+        def watch() -> None:
+            while not seen:
+                try:
+                    seen.append(os.stat(path).st_mode)
+                except FileNotFoundError:
+                    continue
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, watch)
+            await anyio.sleep(0.01)
+            await tg.start(serve_control, path, {"status": lambda: b'{"ok": 1}'})
+            answer = await anyio.to_thread.run_sync(ask, path, "status")
+            assert answer == b'{"ok": 1}'
+            assert sorted(os.listdir(d)) == [CONTROL_SOCKET]
+            tg.cancel_scope.cancel()
+        assert stat.S_ISSOCK(seen[0]) and stat.S_IMODE(seen[0]) == 0o600
+        assert not path.exists()
+
+
+async def test_a_place_it_cannot_bind_in_is_logged_and_the_daemon_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A state dir path through a file (root or not: no permission bits involved)."""
+    (tmp_path / "file").write_text("")
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_control, tmp_path / "file" / CONTROL_SOCKET, {})
+        tg.cancel_scope.cancel()
+    assert "control socket unavailable" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+async def test_a_path_too_long_for_a_socket_is_logged_and_the_daemon_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_control, deep / CONTROL_SOCKET, {})
+        tg.cancel_scope.cancel()
+    assert "control socket path too long" in capsys.readouterr().out
+    assert os.listdir(deep) == []
