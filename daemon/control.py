@@ -11,7 +11,8 @@ or ``copytrade\\n`` (the leaders' book, as the state snapshot holds it) and
 reads a JSON document until the daemon closes the connection. Anything else gets
 ``{"error": ...}``. Requests are capped at
 64 bytes and 2 seconds, so a stuck or hostile client costs nothing; the
-socket is mode 0600 (the daemon's user only), like the state dir itself.
+socket is mode 0600 from the moment it exists (the daemon's user only, whatever
+the state dir's mode: the service's is 0750, for its group to read).
 """
 
 from __future__ import annotations
