@@ -57,6 +57,7 @@ async def serve_control(
         return
     try:
         _remove(path)  # a previous run's, left by a crash (we hold the state dir's lock)
+        _sweep_staging(path.parent)
         listener = await SocketListener.from_socket(_bind_private(path))
     except OSError as exc:
         log.warning("control socket unavailable; status reads status.json", error=str(exc))
@@ -96,6 +97,28 @@ def _bind_private(path: Path) -> socket.socket:
         shutil.rmtree(private, ignore_errors=True)
     sock.setblocking(False)
     return sock
+
+
+def _sweep_staging(directory: Path) -> None:
+    """Remove the staging directories a kill left between :func:`_bind_private`'s
+    mkdtemp and its cleanup: ``.c`` and 8 characters, holding nothing but its
+    socket ``s`` (an empty directory of that name loses nothing; any other content
+    keeps it)."""
+    try:
+        with os.scandir(directory) as entries:
+            staged = [
+                Path(e.path)
+                for e in entries
+                if len(e.name) == 10 and e.name.startswith(".c") and e.is_dir(follow_symlinks=False)
+            ]
+    except OSError:
+        return
+    for entry in staged:
+        try:
+            if all(c.name == "s" and c.is_socket() for c in entry.iterdir()):
+                shutil.rmtree(entry)
+        except OSError:
+            continue
 
 
 def _remove(path: Path) -> None:

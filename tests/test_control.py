@@ -63,3 +63,24 @@ async def test_a_path_too_long_for_a_socket_is_logged_and_the_daemon_goes_on(
         tg.cancel_scope.cancel()
     assert "control socket path too long" in capsys.readouterr().out
     assert os.listdir(deep) == []
+
+
+async def test_staging_left_by_a_kill_is_swept_and_nothing_else(tmp_path: Path) -> None:
+    """A kill between the staging directory's creation and its removal leaves it (empty,
+    or holding its socket); the next start removes it, and only it."""
+    import socket
+
+    empty, held = tmp_path / ".cabcdefgh", tmp_path / ".c12345678"
+    empty.mkdir()
+    held.mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(held / "s"))
+    mine = [tmp_path / ".cache0000", tmp_path / ".cxyzxyzxy", tmp_path / ".c"]
+    mine[0].mkdir()
+    (mine[0] / "s").write_text("not a socket")
+    mine[1].write_text("a file")
+    mine[2].mkdir()
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_control, tmp_path / CONTROL_SOCKET, {})
+        tg.cancel_scope.cancel()
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in mine)
