@@ -1,5 +1,7 @@
 """The demo replay through the whole pipeline (bus, state, sandboxed hooks, wake scheduler,
-risk, paper broker, audit on), against the same replay with hooks off, in the same run.
+risk, paper broker, audit on), against the same replay with hooks off, in the same run;
+then again with scratch stores (``[daemon] durable = false``, as a backtest's), to show
+what durability costs.
 
     .venv/bin/python bench/pipeline_bench.py [--candles 5000]
 
@@ -29,10 +31,11 @@ from feeds.synthetic import generate_candles
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def config(tmp: Path, csv: Path, hooks: bool) -> Config:
+def config(tmp: Path, csv: Path, hooks: bool, durable: bool = True) -> Config:
+    name = ("on" if hooks else "off") + ("" if durable else "-scratch")
     return msgspec.convert(
         {
-            "daemon": {"state_dir": str(tmp / ("on" if hooks else "off"))},
+            "daemon": {"state_dir": str(tmp / name), "durable": durable},
             "hooks": {"enabled": hooks, "agents_dir": str(ROOT / "agents")},
             "feeds": {
                 "replay": {
@@ -95,11 +98,17 @@ def main(n: int) -> None:
         with ChildRss() as workers:
             full_s, full_n = timed(config(tmp, csv, hooks=True))
         lines = audit_lines(tmp)
+        scratch_s, scratch_n = timed(config(tmp, csv, hooks=True, durable=False))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"replay, hooks off: {base_n} events in {base_s:.2f}s = {base_n / base_s:,.0f} ev/s")
     print(
         f"replay, 1 agent x 3 hooks, audit on: {full_n} events in {full_s:.2f}s = "
         f"{full_n / full_s:,.0f} ev/s ({lines} audit lines; ratio {base_s / full_s:.2f})"
+    )
+    print(
+        f"  ... scratch stores ([daemon] durable = false, as a backtest): {scratch_n} events in "
+        f"{scratch_s:.2f}s = {scratch_n / scratch_s:,.0f} ev/s (durable/scratch time "
+        f"{full_s / scratch_s:.2f})"
     )
     per_worker = ", ".join(f"{k / 1024:.0f}" for k in sorted(workers.peak_kib.values()))
     print(f"daemon peak RSS {rss:.0f} MiB; sandbox workers (agent + spare) {per_worker} MiB")
