@@ -249,7 +249,9 @@ def test_the_command_prints_the_summary_and_refuses_a_non_agent(tmp_path: Path) 
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     assert "120 events" in res.output and "timer agent every 5 min (120 runs)" in res.output
-    assert "WAKE decisions ->" in res.output and "report.json" in res.output
+    assert "WAKE decisions ->" in res.output
+    page = tmp_path / "out" / "report.html"
+    assert f"report: {tmp_path / 'out' / 'report.json'}, {page} (plots)" in res.output
     # The commands it suggests run as printed, on the run's own state dir.
     [hint] = [line for line in res.output.splitlines() if line.startswith("look inside: ")]
     status_cmd, tail_cmd = (shlex.split(c) for c in hint.removeprefix("look inside: ").split("; "))
@@ -392,6 +394,7 @@ def test_an_old_revision_runs_again_beside_the_new_one(tmp_path: Path) -> None:
     assert a["revision"] != old.revision and a["decisions"]["WAKE"] != old.decisions["WAKE"]
     assert both["diff"]["wakes"] == both["b"]["wakes"] - both["a"]["wakes"]
     assert "B - A" in res.output and f"wake_green@{old.revision[:8]}" in res.output
+    assert f"{tmp_path / 'cmp' / 'report.html'} (plots)" in res.output
     out = res.output.splitlines()
     # each summary as the single run prints it, line by line (not one escaped line)
     assert "\\n" not in res.output

@@ -305,7 +305,8 @@ def backtest_command(
         echo(render_comparison(result, labels), lines=True)
     else:
         echo(render(result), lines=True)
-    echo(f"report: {out / 'report.json'}")
+    page = out / "report.html"  # (none for a comparison cut short: each run has its own)
+    echo(f"report: {out / 'report.json'}" + (f", {page} (plots)" if page.exists() else ""))
     if not isinstance(result, Comparison):
         mw, state = self_command(), shlex.quote(str(out / "state"))
         echo(f"look inside: {mw} status --state-dir {state}; {mw} audit tail --state-dir {state}")
