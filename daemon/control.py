@@ -148,15 +148,10 @@ async def _answer(conn: SocketStream, answers: Mapping[str, Callable[[], bytes]]
         pass  # the client went away: its loss
 
 
-def ask_status(path: Path, timeout: float = 2.0) -> bytes | None:
-    """The running daemon's status JSON, or None when nobody answers (no daemon, an
-    old daemon without the socket, a timeout). Blocking: for the CLI."""
-    return ask(path, "status", timeout)
-
-
 def ask(path: Path, request: str, timeout: float = 2.0) -> bytes | None:
-    """The running daemon's answer to ``request``, or None when nobody answers (see
-    :func:`ask_status`). Blocking: for the CLI."""
+    """The running daemon's answer to ``request`` (``status``, ``copytrade``), or None
+    when nobody answers (no daemon, an old daemon without the socket,
+    a timeout). Blocking: for the CLI."""
     if len(os.fsencode(path)) > MAX_PATH or not path.exists():
         return None
     try:

@@ -199,12 +199,11 @@ def _named(seconds: float) -> str:
 
 def _span(start: int, end: int, unit: int, tf_ms: int) -> str:
     """Why a Binance row's close_time does not fit the timeframe it is replayed as."""
-    named = _named
     span = end - start + 1
     if not 0 < span <= MAX_MS * unit:  # not a length any candle has
         return f"close_time {end} is not after open_time {start}, by a candle's length"
     return (
-        f"close_time - open_time makes this a {named(span / (1000 * unit))} "
-        f"candle, replayed as {named(tf_ms / 1000)} (name the file's own: "
+        f"close_time - open_time makes this a {_named(span / (1000 * unit))} "
+        f"candle, replayed as {_named(tf_ms / 1000)} (name the file's own: "
         "FILE=SYMBOL:TIMEFRAME, or [feeds.replay] timeframe)"
     )

@@ -304,7 +304,7 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
     """While the daemon runs, `status` asks it (not the minute-old file); the socket is
     the daemon user's only, a bad or silent client gets nothing and harms nothing,
     and the socket is gone after the stop."""
-    from daemon.control import CONTROL_SOCKET, ask, ask_status
+    from daemon.control import CONTROL_SOCKET, ask
     from daemon.copytrade.book import BookSnapshot, LiveBook
 
     svc = Service(make_config(tmp_path, status_interval_seconds=3600), lambda _: [SilentFeed()])
@@ -316,12 +316,12 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
                 await anyio.sleep(0.01)
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         silent = await anyio.connect_unix(str(path))  # sends nothing: cut after 2 s
-        first = await anyio.to_thread.run_sync(ask_status, path)
+        first = await anyio.to_thread.run_sync(ask, path, "status")
         assert first is not None
         live = msgspec.json.decode(first, type=Status)
         assert live.running and [f.name for f in live.feeds] == ["silent"]
         await anyio.sleep(0.05)
-        second = await anyio.to_thread.run_sync(ask_status, path)
+        second = await anyio.to_thread.run_sync(ask, path, "status")
         assert second is not None
         again = msgspec.json.decode(second, type=Status)
         assert again.written_at > live.written_at  # built per request, not the file
@@ -335,7 +335,7 @@ async def test_status_is_live_over_the_control_socket(tmp_path: Path) -> None:
         await silent.aclose()
         svc.request_stop()
     assert not path.exists()
-    assert ask_status(path) is None
+    assert ask(path, "status") is None
 
 
 async def test_a_stop_during_the_start_does_not_wait_for_a_feed_to_start(

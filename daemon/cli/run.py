@@ -11,7 +11,7 @@ import msgspec
 from daemon import config as config_mod
 from daemon.backtest.report import counted
 from daemon.cli.common import echo, echo_json, resolve_state_dir, state_dir_option
-from daemon.control import CONTROL_SOCKET, ask_status
+from daemon.control import CONTROL_SOCKET, ask
 from daemon.errors import NOT_JSON, StoreError
 from daemon.events import iso_ms
 from daemon.logs import configure as configure_logging
@@ -278,7 +278,7 @@ def status_command(config_path: Path | None, state_dir: Path | None, as_json: bo
     so the figures are as of now; else the last status.json is read."""
     state = resolve_state_dir(config_path, state_dir)
     pid = holder(state)
-    raw = ask_status(state / CONTROL_SOCKET) if pid is not None else None
+    raw = ask(state / CONTROL_SOCKET, "status") if pid is not None else None
     if raw is not None:
         try:
             live = msgspec.json.decode(raw, type=Status)
