@@ -83,12 +83,21 @@ async def test_staging_left_by_a_kill_is_swept_and_nothing_else(tmp_path: Path) 
     held.mkdir()
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(held / "s"))
-    mine = [tmp_path / ".cache0000", tmp_path / ".cxyzxyzxy", tmp_path / ".c"]
+    mine = [
+        tmp_path / ".cache0000",
+        tmp_path / ".cxyzxyzxy",
+        tmp_path / ".c",
+        tmp_path / ".clink0000",
+    ]
     mine[0].mkdir()
     (mine[0] / "s").write_text("not a socket")
     mine[1].write_text("a file")
     mine[2].mkdir()
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"  # a link is not followed
+    elsewhere.mkdir()
+    mine[3].symlink_to(elsewhere, target_is_directory=True)
     async with anyio.create_task_group() as tg:
         await tg.start(serve_control, tmp_path / CONTROL_SOCKET, {})
         tg.cancel_scope.cancel()
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in mine)
+    assert elsewhere.is_dir()
