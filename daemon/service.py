@@ -178,6 +178,9 @@ class Service:
         # A stop was asked (a signal, the runs fuse, embedding code) before the daemon
         # stopped by itself at the end of a finite replay, catching up included.
         self.interrupted = False
+        # Called when a stop is asked while a finished replay drains (its queued wakes
+        # running): the hook pipeline then starts no more runs.
+        self.on_interrupt: list[Callable[[], None]] = []
         # Set once every feed has started (READY): signals re-delivered at start
         # are on the bus by then.
         self.ready = anyio.Event()
@@ -409,7 +412,7 @@ class Service:
         second TERM or a HUP during shutdown cannot kill the drain."""
         async for signum in signals:
             name = signal.Signals(signum).name
-            if self._stop.is_set():
+            if self._stop.is_set() and (self.interrupted or signum == signal.SIGHUP):
                 log.warning("signal ignored: already stopping", signal=name)
             elif signum == signal.SIGHUP:
                 # In its own task: a slow reload (a feed that takes seconds to
@@ -640,12 +643,26 @@ class Service:
                 log.warning("subscribers made no progress; stopping anyway", seconds=limit)
                 return
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the daemon is stopping: asked to, or its finite feeds ran out."""
+        return self._stop.is_set()
+
     def request_stop(self) -> None:
         """Begin a graceful stop (signals, embedding code, tests). Before READY, the
         feeds still starting are given up at once: Ctrl-C does not wait out a feed's
-        start (Coinbase unreachable waits up to its startup timeout)."""
+        start (Coinbase unreachable waits up to its startup timeout). Asked while a
+        finished replay drains, the runs its queued wakes would start are spared
+        (``on_interrupt``) and the run counts as interrupted."""
         if not self._stop.is_set():
             self.interrupted = True
+        elif not self.interrupted:
+            # The replay ended by itself and its queued wakes are running: the user
+            # means those (paid model calls) too.
+            self.interrupted = True
+            log.warning("stop asked during the end of the replay: no more runs start")
+            for interrupt in self.on_interrupt:
+                interrupt()
         self._stop.set()
         if not self.ready.is_set() and self._feeds_scope is not None:
             self._feeds_scope.cancel()

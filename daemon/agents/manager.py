@@ -243,6 +243,13 @@ class AgentManager:
             if not (self.event_time and self.drain_wakes):
                 rt.scheduler.stop_starting()
 
+    def spare_runs(self) -> None:
+        """A stop asked while the end of a replay drains: the run in flight ends, no
+        other starts (their wakes stay queued, as at any stop)."""
+        self.drain_wakes = False
+        for rt in self.runtimes.values():
+            rt.scheduler.stop_starting()
+
     def release_backlogs(self) -> None:
         """After the drain: what agents left on disk waits there for the next start."""
         for rt in self.runtimes.values():

@@ -185,6 +185,7 @@ async def open_agents(service: Service) -> AsyncIterator[AgentManager]:
                 on_runs_failing=service.request_stop,
                 revisions=RevisionStore(state_dir / "revisions"),
             )
+            service.on_interrupt.append(manager.spare_runs)
             if service.tools is not None:  # and over MCP, for the agent [mcp] names
                 service.tools.ctx.agent_call = manager.agent_call
                 if cfg.event_time:  # runs' tools answer at the agent's time, not today

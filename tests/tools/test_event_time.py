@@ -312,12 +312,54 @@ def test_ctrl_c_during_a_backtest_with_runs_starts_no_more_runs(tmp_path: Path) 
     assert report.runs == 3 and report.wakes > report.runs  # held events were evaluated
 
 
-def _waking_every_close(tmp_path: Path, data: Path, url: str) -> BacktestOptions:
-    """``backtest --run-llm`` options of an agent woken by every close (at most 100
-    runs an hour), its model at ``url``."""
+def test_ctrl_c_while_the_replays_queued_wakes_run_starts_no_more_runs(tmp_path: Path) -> None:
+    """The data all read, the agent caught up, its queued wakes run one by one: a stop
+    asked now spares the rest as any other stop does (the run in flight ends), and
+    the report says it was interrupted (runs are missing from it)."""
+    data = tmp_path / "c.csv"
+    generate_candles(data, seed=5, n=400, timeframe="5m")
+    slow_answer = [0.05, openai_turn("nothing to do")] * 400
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(fake_openai(slow_answer)) as (fake, url),
+    ):
+        # One run per wake, at most one every 10 minutes of market time, three wakes a
+        # close (every 5): the queue is full (max_collected: 20) when the data ends.
+        queue = "queue_mode = 'immediate'\ncooldown_after_run_seconds = 600\n"
+        opts = _waking_every_close(tmp_path, data, url, "max_runs_per_hour = 100\n" + queue)
+        for other in "bc":
+            (opts.agent_dir / "hooks" / f"wake_{other}.py").write_text(
+                "def evaluate(event, state):\n"
+                f"    key = '{other}' + event['eventId']\n"
+                "    return {'decision': 'WAKE', 'reason': 'every close', 'dedupeKey': key}\n"
+            )
+        at_end: list[int] = []
+        asked: list[int] = []
+
+        def two_runs_into_the_drain(service: Service) -> bool:
+            if not service.stopping:
+                return False
+            at_end[:] = at_end or [len(fake.requests)]
+            if len(fake.requests) < at_end[0] + 2:
+                return False
+            asked.append(len(fake.requests))
+            return True
+
+        report = run_backtest(opts, [stop_when(two_runs_into_the_drain)])
+    assert asked and report.stopped_by == "signal"
+    # the run in flight ends (its request may still have been on its way); no other
+    assert asked[0] <= len(fake.requests) <= asked[0] + 1
+    assert report.runs == len(fake.requests) and report.wakes > report.runs
+
+
+def _waking_every_close(
+    tmp_path: Path, data: Path, url: str, wake: str = "max_runs_per_hour = 100\n"
+) -> BacktestOptions:
+    """``backtest --run-llm`` options of an agent woken by every close (``wake``: its
+    policy's settings; at most 100 runs an hour), its model at ``url``."""
     agent = tmp_path / "agents" / "alpha"
     (agent / "hooks").mkdir(parents=True)
-    policy = AGENT.format(url=url).replace("[wake]\n", "[wake]\nmax_runs_per_hour = 100\n")
+    policy = AGENT.format(url=url).replace("[wake]\n", f"[wake]\n{wake}")
     (agent / "agent.toml").write_text(policy)
     (agent / "hooks" / "wake_all.py").write_text(
         "def evaluate(event, state):\n"
