@@ -896,8 +896,20 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
         row(type="run", status="failed", wakes=1, error="APIConnectionError: refused"),
         row(type="run", status="timeout", wakes=1, error="later"),
         row(type="wake", outcome="queued", suppressedBy="none"),
-        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=1, eventId="e6"),
-        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=2),
+        # e3, e4 and e6 queued into run r1, which is dropped: e6 on a row of its own,
+        # e3 and e4 summarized on one (max_collected 1); e1's run r0 started.
+        *[row(type="wake", outcome="queued", eventId=f"e{i}", runId="r1") for i in (3, 4, 6)],
+        row(type="wake", outcome="woke", eventId="e1", runId="r0"),
+        row(type="run", status="started", runId="r0", wakes=1),
+        row(
+            type="wake",
+            outcome="suppressed",
+            suppressedBy="paused",
+            dropped=1,
+            eventId="e6",
+            runId="r1",
+        ),
+        row(type="wake", outcome="suppressed", suppressedBy="paused", dropped=2, runId="r1"),
         row(type="wake", outcome="suppressed", suppressedBy="budget"),  # as decided: no
     ]
     tally = Tally("alpha").read(lines)
@@ -906,10 +918,10 @@ def test_the_report_reader_accounts_for_every_wake() -> None:
     suppressed = tally.wakes_suppressed()
     assert suppressed == {"budget": 1, "cooldown": 1, "paused": 3}
     assert tally.runs + tally.merged + sum(suppressed.values()) == tally.wakes
-    # Drawn on the page: the wakes that acted, less the one dropped by event (those
-    # summarized on one row name none).
+    # Drawn on the page: the wakes that acted, less those dropped (by event, and those
+    # summarized by the run they were queued into).
     drawn = [at for at, _ in tally.markers("WAKE")]
-    assert drawn == [1_704_067_200_000 + i * 300_000 for i in (0, 1, 2, 3, 4, 5, 7)]
+    assert drawn == [1_704_067_200_000 + i * 300_000 for i in (0, 1, 2, 5, 7)]
     # damaged counts (negative, or not a number: the row is not one) count nothing
     odd = Tally("alpha").read([
         row(type="run", status="finished", wakes=-3),

@@ -326,6 +326,8 @@ class AuditRow(msgspec.Struct, frozen=True, rename="camel"):
     llm: RunSpend | None = None
     wakes: int = 0  # run rows: the WAKE decisions the run answered
     dropped: int = 0  # wake rows: queued WAKE decisions dropped before their run started
+    run_id: str | None = None  # wake rows: the run a wake was queued into; run rows
+    outcome: str | None = None  # wake rows: woke, queued, suppressed
     approved: bool | None = None  # risk rows
     # A risk row's reasons are objects, a wake row's strings: decoded for risk rows only.
     reasons: msgspec.Raw = msgspec.Raw(b"[]")
@@ -383,9 +385,12 @@ class Tally:
         # (event time, symbol) of the WAKE and ALERT decisions that acted.
         self.acted: dict[str, list[tuple[int, str]]] = {"WAKE": [], "ALERT": []}
         # Where each event's WAKEs are in acted["WAKE"]: a wake dropped before its run
-        # (its wake row names the event) is taken out again.
+        # is taken out again, by the event its wake row names, or, summarized with
+        # others on one row, by the run they were queued into (``_queued``: the events
+        # of each run not started yet).
         self._woke: dict[str, list[int]] = {}
         self._unwoke: set[int] = set()
+        self._queued: dict[str, list[str]] = {}
 
     def read(self, lines: Iterable[bytes]) -> Tally:
         """Add every line that is one of the agent's audit rows (others are skipped)."""
@@ -403,6 +408,7 @@ class Tally:
         scheduler made of it as it was decided, its budget included); a wake row
         that dropped queued wakes; a finished run, and the wakes merged into it."""
         if rec.type == "run":
+            self._queued.pop(rec.run_id or "", None)  # started: none of its wakes drops
             if rec.status != "started":
                 self.runs += 1
                 self.merged += max(0, rec.wakes - 1)
@@ -429,11 +435,9 @@ class Tally:
             # run started.
             if rec.dropped > 0:
                 self._wakes_suppressed[rec.suppressed_by or "none"] += rec.dropped
-                # Not drawn as a wake either (those summarized on one row name no
-                # event: they stay drawn).
-                drawn = self._woke.get(rec.event_id or "")
-                if drawn:
-                    self._unwoke.add(drawn.pop())
+                self._undraw(rec)
+            elif rec.outcome in ("woke", "queued") and rec.run_id and rec.event_id:
+                self._queued.setdefault(rec.run_id, []).append(rec.event_id)
             return
         if rec.type != "hook":
             return
@@ -471,6 +475,21 @@ class Tally:
             if decision == "WAKE" and rec.event_id:
                 self._woke.setdefault(rec.event_id, []).append(len(self.acted["WAKE"]))
             self.acted[decision].append((at, rec.symbol or ""))
+
+    def _undraw(self, rec: AuditRow) -> None:
+        """Take the wakes a wake row dropped off the page: the one it names, or, on a
+        run's summary row (written after its detailed ones), the run's others."""
+        queued = self._queued.get(rec.run_id or "", [])
+        if rec.event_id:
+            events = [rec.event_id]
+            if rec.event_id in queued:
+                queued.remove(rec.event_id)
+        else:
+            events = self._queued.pop(rec.run_id or "", [])[: rec.dropped]
+        for event_id in events:
+            drawn = self._woke.get(event_id)
+            if drawn:
+                self._unwoke.add(drawn.pop())
 
     def period(self) -> tuple[int, int] | None:
         """(first, last) event time of the hook rows: what the figures cover (None:
