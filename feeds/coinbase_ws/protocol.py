@@ -240,7 +240,9 @@ def parse_number(value: Number) -> float | None:
 def _parse_ticker(raw: _RawTicker, index: int, event_type: str) -> Ticker | None:
     product = raw.product_id.strip()
     price = parse_number(raw.price)
-    if not product or len(product) > _MAX_PRODUCT_LEN or price is None:
+    # A price of zero or less is no trade (hooks, the state cache and fills would
+    # all take it at its word): skipped and counted, as a missing one is.
+    if not product or len(product) > _MAX_PRODUCT_LEN or price is None or price <= 0:
         return None
     return Ticker(
         product_id=product,
