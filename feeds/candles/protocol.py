@@ -147,8 +147,9 @@ def _number(value: _Num, field: str) -> float:
 
 
 def wire_candle(wire: WireCandle, tf_ms: int) -> Candle:
-    """A checked Candle (numbers finite and >= 0, high and low spanning open and close,
-    start on a bucket boundary); FeedProtocolError says what is wrong."""
+    """A checked Candle (numbers finite, prices > 0 and volume >= 0, high and low
+    spanning open and close, start on a bucket boundary); FeedProtocolError says what
+    is wrong."""
     start_s = _number(wire.start, "start")
     if start_s != int(start_s):
         raise FeedProtocolError(f"candle start is not whole seconds: {wire.start!r}")
@@ -158,6 +159,8 @@ def wire_candle(wire: WireCandle, tf_ms: int) -> Candle:
         values["open"], values["close"], values["low"]
     ):
         raise FeedProtocolError(f"candle at {wire.start!r} has inconsistent high/low")
+    if values["low"] <= 0:  # (the lowest price, checked above): as a CSV's candles
+        raise FeedProtocolError(f"candle at {wire.start!r} has a price of zero")
     if start_ms % tf_ms:
         raise FeedProtocolError(f"candle start {wire.start!r} is not on a bucket boundary")
     return Candle(open_time_ms=start_ms, close_time_ms=start_ms + tf_ms, **values)

@@ -79,6 +79,10 @@ def test_numeric_fields_and_duplicate_buckets_are_accepted() -> None:
             b'{"candles": [{"start": "1775520060", "low": "1", "high": "2", "open": "2", "close": "2", "volume": "1"}]}',
             "boundary",
         ),
+        (
+            b'{"candles": [{"start": "1775520000", "low": "0", "high": "2", "open": "2", "close": "2", "volume": "1"}]}',
+            "price of zero",
+        ),
     ],
 )
 def test_malformed_candle_bodies_raise_protocol_errors(body: bytes, message: str) -> None:
