@@ -48,7 +48,7 @@ TICKER_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("best_bid_quantity", "bestBidQuantity"),
     ("best_ask_quantity", "bestAskQuantity"),
 )
-_MAX_PRODUCT_LEN: Final = 64
+MAX_PRODUCT_LEN: Final = 64
 _MAX_START_MS: Final = 10**14  # a start past year 5000 was given in ms or ns, not seconds
 
 Number = str | int | float | None
@@ -237,12 +237,21 @@ def parse_number(value: Number) -> float | None:
     return result if result not in (float("inf"), float("-inf")) else None
 
 
+def product_id(text: str) -> str | None:
+    """A product id as it may become a symbol (event ids, audit rows, the terminal):
+    trimmed, 1 to 64 printable characters; None for anything else."""
+    product = text.strip()
+    if not product or len(product) > MAX_PRODUCT_LEN or not product.isprintable():
+        return None
+    return product
+
+
 def _parse_ticker(raw: _RawTicker, index: int, event_type: str) -> Ticker | None:
-    product = raw.product_id.strip()
+    product = product_id(raw.product_id)
     price = parse_number(raw.price)
     # A price of zero or less is no trade (hooks, the state cache and fills would
     # all take it at its word): skipped and counted, as a missing one is.
-    if not product or len(product) > _MAX_PRODUCT_LEN or price is None or price <= 0:
+    if product is None or price is None or price <= 0:
         return None
     return Ticker(
         product_id=product,
@@ -300,8 +309,8 @@ def _parse_candle(data: msgspec.Raw) -> WsCandle | None:
         raw = _raw_candle.decode(data)
     except msgspec.ValidationError:
         return None
-    product = raw.product_id.strip()
-    if not product or len(product) > _MAX_PRODUCT_LEN:
+    product = product_id(raw.product_id)
+    if product is None:
         return None
     try:
         candle = wire_candle(raw, CANDLE_SECONDS * 1000)

@@ -6,7 +6,7 @@ It is announced once when it becomes one. The event id is
 ``movers:<product>:<up|down>:<UTC date>``, so a restart on the same day
 re-announces it under the same id, and agents skip it as already seen.
 Products that are offline, disabled or outside the quote filter are ignored,
-as are numbers Coinbase leaves empty.
+as are numbers Coinbase leaves empty and product ids no symbol may have.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import msgspec
 
 from daemon.errors import NOT_JSON, FeedProtocolError
 from daemon.events import MARKET_MOVERS_DETECTED, FeedEvent, MoverPayload, iso_ms
+from feeds.coinbase_ws.protocol import product_id
 
 SOURCE: Final = "movers"
 
@@ -68,10 +69,11 @@ def parse_products(body: bytes, quotes: frozenset[str]) -> list[Quote]:
             continue
         if quotes and p.quote_currency_id not in quotes:
             continue
+        product = product_id(p.product_id)
         price, change = _num(p.price), _num(p.price_percentage_change_24h)
-        if price is None or price <= 0 or change is None:
+        if product is None or price is None or price <= 0 or change is None:
             continue
-        out.append(Quote(p.product_id, price, change, _num(p.volume_24h) or 0.0))
+        out.append(Quote(product, price, change, _num(p.volume_24h) or 0.0))
     return out
 
 

@@ -97,16 +97,17 @@ def test_parse_number(text: str | int | None, expected: float | None) -> None:
 
 def test_tickers_without_product_or_price_are_skipped_and_counted() -> None:
     """All-empty tickers (seen from Coinbase) are not delivered but counted; so is a
-    price of zero or less (no trade is at it)."""
+    price of zero or less (no trade is at it), or a product id with a control
+    character."""
     frame = parse_frame(
         '{"channel":"ticker","timestamp":"2026-03-04T05:06:07Z","sequence_num":1,"events":'
         '[{"type":"update","tickers":[{"product_id":"","price":""},'
         '{"product_id":"AAA-USD","price":""},{"product_id":"AAA-USD","price":"2"},'
         '{"product_id":"AAA-USD","price":"0"},{"product_id":"AAA-USD","price":"-5"},'
-        '{"product_id":"AAA-USD","price":"-0.0"}]}]}'
+        '{"product_id":"AAA-USD","price":"-0.0"},{"product_id":"A\\u001b[2J","price":"2"}]}]}'
     )
     assert isinstance(frame, TickerFrame)
-    assert frame.skipped == 5
+    assert frame.skipped == 6
     assert [(t.index, t.price) for t in frame.tickers] == [(2, 2.0)]
 
 

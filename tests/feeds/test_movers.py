@@ -42,6 +42,9 @@ def test_parse_keeps_tradable_products_of_the_wanted_quotes() -> None:
         product("HALT-USD", "50", trading_disabled=True),
         product("NEW-USD", ""),
         product("ZERO-USD", "12", price=""),
+        product("X" * 65 + "-USD", "12"),  # ids no symbol may have
+        product("\x1b[2J-USD", "12"),
+        product("  -USD", "12", product_id="  "),
     )
     assert parse_products(raw, frozenset({"USD"})) == [Quote("SOL-USD", 10.5, 7.25, 1000.0)]
     assert len(parse_products(raw, frozenset())) == 2
