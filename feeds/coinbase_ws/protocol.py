@@ -48,7 +48,7 @@ TICKER_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("best_bid_quantity", "bestBidQuantity"),
     ("best_ask_quantity", "bestAskQuantity"),
 )
-MAX_PRODUCT_LEN: Final = 64
+_MAX_PRODUCT_LEN: Final = 64
 _MAX_START_MS: Final = 10**14  # a start past year 5000 was given in ms or ns, not seconds
 
 Number = str | int | float | None
@@ -241,7 +241,7 @@ def product_id(text: str) -> str | None:
     """A product id as it may become a symbol (event ids, audit rows, the terminal):
     trimmed, 1 to 64 printable characters; None for anything else."""
     product = text.strip()
-    if not product or len(product) > MAX_PRODUCT_LEN or not product.isprintable():
+    if not product or len(product) > _MAX_PRODUCT_LEN or not product.isprintable():
         return None
     return product
 
