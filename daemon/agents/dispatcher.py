@@ -43,6 +43,7 @@ import structlog
 
 from daemon.agents.budget import CpuBudget
 from daemon.agents.checkpoints import Checkpoints, marked
+from daemon.agents.cut import CutIntents, cut_trade, trade_key
 from daemon.agents.health import HealthTracker
 from daemon.agents.lookahead import Lookahead, Pacing, Portfolio, carry, keep, stood_paused
 from daemon.agents.store import AGENT_WIDE, HookStore
@@ -56,7 +57,6 @@ from daemon.copytrade.view import follower_view
 from daemon.errors import (
     HookRequestTooLarge,
     HookRequestUnsendable,
-    HookResultInvalid,
     StoreError,
 )
 from daemon.events import (
@@ -70,15 +70,12 @@ from daemon.events import (
 )
 from daemon.logs import Outage
 from daemon.state import StateCache
-from daemon.trading.broker import client_order_id
-from daemon.trading.desk import AuditSink, IntentOf, TradeDesk, TradeOutcome
-from daemon.trading.intents import ORDER_ACTIONS, TradeIntent
-from daemon.trading.risk import CUT_SHORT
+from daemon.trading.desk import AuditSink, TradeDesk, TradeOutcome
 from daemon.trading.route import MarketRoutes
 from daemon.wake.context import WakeRequest
 from daemon.wake.scheduler import WakeScheduler
 from hooks_runtime.decisions import Alert as AlertDecision
-from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins, to_decision
+from hooks_runtime.decisions import Decision, Ignore, Trade, Wake, to_builtins
 from hooks_runtime.hookfile import HookSpec
 from hooks_runtime.pool import HookResult, WorkerPool
 from hooks_runtime.protocol import LAST_OUTPUTS, ErrorKind, Step, encode_state
@@ -203,6 +200,11 @@ class Dispatcher:
             "hook store works again",
         )
     )
+
+    @property
+    def cuts(self) -> CutIntents:
+        """The intents a stop cut short, settled through this dispatcher's desk."""
+        return CutIntents(self.desk)
 
     # -- the per-agent loop ----------------------------------------------------
 
@@ -647,7 +649,7 @@ class Dispatcher:
             self.desk.handle,
             d.intent,
             agent_id=rt.agent_id,
-            dedupe_key=_trade_key(d, hook_id, event.event_id, event.topic),
+            dedupe_key=trade_key(d, hook_id, event.event_id, event.topic),
             trace_id=trace,
             hook_id=hook_id,
             event_id=event.event_id,
@@ -666,101 +668,9 @@ class Dispatcher:
         replayed: bool,
         checked: set[str],
     ) -> list[Alert]:
-        """At an agent's start: keep the intents a stop cut short for their event,
-        which comes again on event time (the replay resumes before it) and for a
-        signal (known by id). A live market event does not: its intent is refused
-        in the audit log (the market has moved on since the decision), unless the
-        broker has its order (the kill came after it was recorded: its rows are
-        written instead). An approval with no order row (``unplaced``) gets the
-        rows of the order the broker has; without one, a hook's intent is cut
-        short as above, and another's (a tool's: its run is gone) is refused.
-        Returns the alerts to raise for the refused ones: a trade the agent
-        decided on did not happen, which its operator must hear of. An intent for
-        an order that has a risk row (``checked``: another hook asked for it
-        first) was not cut."""
-        alerts: list[Alert] = []
-        for c in cut:
-            d = _cut_trade(rt, c)
-            if d is None:
-                continue
-            key = _trade_key(d, c.hook_id, c.event_id, c.topic)
-            if (
-                d.intent.action not in ORDER_ACTIONS
-                and client_order_id(rt.agent_id, key) in checked
-            ):
-                continue
-            self._hold(rt, c, d, key, replayed, alerts)
-        for u in unplaced:
-            self._unplaced(rt, u, replayed, alerts)
-        return alerts
-
-    def _hold(
-        self,
-        rt: AgentRuntime,
-        c: CutIntent,
-        d: Trade,
-        key: str,
-        replayed: bool,
-        alerts: list[Alert],
-    ) -> None:
-        """One cut-short intent (see :meth:`hold_cut`)."""
-        if replayed or c.topic.startswith(COPYTRADE_SIGNALS):
-            rt.cut.setdefault(c.event_id, []).append(c)
-            return
-        new_order = d.intent.action not in ORDER_ACTIONS
-        if new_order and self._restore_rows(rt, c, d, key, c.trace_id) >= 0:
-            return  # the kill came after the order was recorded: not cut
-        if self.desk.refuse_cut(d.intent, _intent_of(rt, c, key, c.trace_id)):
-            log.warning(
-                "trade intent cut short by the stop: not placed (live: the market moved on)",
-                agent=rt.agent_id,
-                hook=c.hook_id,
-                event_id=c.event_id,
-            )
-            why = f"{CUT_SHORT}: not placed after the restart ({d.reason})"
-            alerts.append(_cut_alert(rt, c.hook_id, c.event_id, c.trace_id, d.intent, why, c.topic))
-
-    def _unplaced(self, rt: AgentRuntime, u: Unplaced, replayed: bool, alerts: list[Alert]) -> None:
-        """One approval the audit shows no order row for (see :meth:`hold_cut`)."""
-        about = {"agent": rt.agent_id, "by": u.hook_id, "client_order_id": u.client_order_id}
-        try:
-            intent = msgspec.convert(u.intent, TradeIntent)
-        except msgspec.ValidationError as exc:  # a row written by another version
-            log.warning("approved intent unreadable", error=str(exc), **about)
-            return
-        if intent.action in ORDER_ACTIONS:
-            return  # a change or cancel: its rows are the order's own
-        of = IntentOf(
-            agent_id=rt.agent_id, dedupe_key="", trace_id=u.trace_id, hook_id=u.hook_id,
-            event_id=u.event_id, client_order_id=u.client_order_id,
-        )  # fmt: skip
-        rows = self.desk.restore_rows(intent, of, approval=False)
-        if rows >= 0:
-            if rows:
-                log.info(
-                    "order placed just before the stop: its rows written now", rows=rows, **about
-                )
-            return
-        d = _cut_trade(rt, u.cut) if u.cut is not None else None
-        if u.cut is not None and d is not None:
-            key = _trade_key(d, u.cut.hook_id, u.cut.event_id, u.cut.topic)
-            self._hold(rt, u.cut, d, key, replayed, alerts)
-            return
-        gone = (
-            "the daemon stopped between this approval and its order; the run that "
-            "asked for it is gone, so it is not placed after the restart"
-        )
-        if self.desk.refuse_cut(intent, of, gone):
-            log.warning("approved order cut short by the stop: not placed", **about)
-            why = f"{CUT_SHORT}: approved, then not placed: the daemon stopped in between"
-            alerts.append(_cut_alert(rt, u.hook_id, u.event_id, u.trace_id, intent, why, None))
-
-    def _restore_rows(
-        self, rt: AgentRuntime, c: CutIntent, d: Trade, key: str, trace: str | None
-    ) -> int:
-        """The rows a kill took of a cut intent whose order the broker has (see
-        :meth:`TradeDesk.restore_rows`); -1 when it has none."""
-        return self.desk.restore_rows(d.intent, _intent_of(rt, c, key, trace))
+        """At an agent's start: keep the intents the last stop cut short for their
+        event, or settle them now (see :meth:`CutIntents.hold`); the alerts to raise."""
+        return self.cuts.hold(rt.agent_id, rt.cut, cut, unplaced, replayed, checked)
 
     async def _redo_cut(self, rt: AgentRuntime, event: FeedEvent) -> None:
         """The intents of ``event`` that a stop cut short (its rows written, no risk
@@ -773,15 +683,15 @@ class Dispatcher:
         await self._event_time(rt, event)
         await self.route.caught_up(rt.agent_id, event)
         for c in cut:
-            d = _cut_trade(rt, c)
+            d = cut_trade(rt.agent_id, c)
             if d is None:
                 continue
             trace = c.trace_id or event.trace_id or trace_id_for(event.event_id)
             outcome = await self._trade(rt, event, trace, c.hook_id, d)()
             about = {"agent": rt.agent_id, "hook": c.hook_id, "event_id": event.event_id}
             if outcome.duplicate:  # the kill came after the order was recorded
-                key = _trade_key(d, c.hook_id, event.event_id, event.topic)
-                rows = self._restore_rows(rt, c, d, key, trace)
+                key = trade_key(d, c.hook_id, event.event_id, event.topic)
+                rows = self.cuts.restore_rows(rt.agent_id, c, d, key, trace)
                 log.info(
                     "trade intent cut short by the stop: its order was placed", rows=rows, **about
                 )
@@ -949,49 +859,6 @@ def _timed(event: FeedEvent) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _intent_of(rt: AgentRuntime, c: CutIntent, key: str, trace: str | None) -> IntentOf:
-    return IntentOf(
-        agent_id=rt.agent_id, dedupe_key=key, trace_id=trace, hook_id=c.hook_id,
-        event_id=c.event_id,
-    )  # fmt: skip
-
-
-def _cut_alert(
-    rt: AgentRuntime,
-    hook_id: str | None,
-    event_id: str | None,
-    trace_id: str | None,
-    intent: TradeIntent,
-    why: str,
-    topic: str | None,
-) -> Alert:
-    """The alert for an intent a stop cut short and that is not placed."""
-    return Alert(
-        agent_id=rt.agent_id, hook_id=hook_id or "", reason=why, event_id=event_id or "",
-        trace_id=trace_id or (trace_id_for(event_id) if event_id else ""),
-        symbol=intent.symbol, topic=topic,
-    )  # fmt: skip
-
-
-def _cut_trade(rt: AgentRuntime, c: CutIntent) -> Trade | None:
-    """The decision of a cut-short intent's row (None, logged: not one we can read)."""
-    try:
-        d = to_decision(c.output, "autotrade")
-    except HookResultInvalid as exc:  # a row written by another version
-        log.warning("cut-short intent unreadable", agent=rt.agent_id, error=str(exc))
-        return None
-    return d if isinstance(d, Trade) else None
-
-
-def _trade_key(d: Trade, hook_id: str, event_id: str, topic: str) -> str:
-    """The key of an intent's client order id: stable across redeliveries."""
-    if topic.startswith(COPYTRADE_SIGNALS):
-        # One follower order per leader signal, whichever hook asks and
-        # however often the signal comes (a redelivery, a restart).
-        return event_id
-    return d.dedupe_key or f"{hook_id}:{event_id}"
 
 
 def _full_output(d: Decision | None) -> dict[str, Any] | None:
