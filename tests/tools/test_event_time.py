@@ -4,6 +4,7 @@ market time, from the agent's own state, and never from the live present."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -290,25 +291,17 @@ def test_ctrl_c_during_a_backtest_with_runs_starts_no_more_runs(tmp_path: Path) 
     """A stop on event time (Ctrl-C, SIGTERM) lets the run in flight end and starts no
     other: the events the agent already holds are evaluated, their wakes not run (each
     would be a paid model call the user just asked to stop)."""
-    data = tmp_path / "c.csv"
-    generate_candles(data, seed=5, n=400, timeframe="5m")
-    slow_answer = [0.05, openai_turn("nothing to do")] * 400
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(fake_openai(slow_answer)) as (fake, url),
-    ):
-        opts = _waking_every_close(tmp_path, data, url)
-        asked: list[int] = []
+    asked: list[int] = []
 
-        def third_run(_: Service) -> bool:
-            if len(fake.requests) < 3:
-                return False
-            asked.append(len(fake.requests))
-            return True
+    def third_run(_: Service, requests: list[Any]) -> bool:
+        if len(requests) < 3:
+            return False
+        asked.append(len(requests))
+        return True
 
-        report = run_backtest(opts, [stop_when(third_run)])
+    requests, report = _stopped_backtest(tmp_path, third_run)
     assert asked == [3] and report.stopped_by == "signal"
-    assert len(fake.requests) == 3  # the third run, in flight at the stop, ended; no fourth
+    assert len(requests) == 3  # the third run, in flight at the stop, ended; no fourth
     assert report.runs == 3 and report.wakes > report.runs  # held events were evaluated
 
 
@@ -316,6 +309,40 @@ def test_ctrl_c_while_the_replays_queued_wakes_run_starts_no_more_runs(tmp_path:
     """The data all read, the agent caught up, its queued wakes run one by one: a stop
     asked now spares the rest as any other stop does (the run in flight ends), and
     the report says it was interrupted (runs are missing from it)."""
+    at_end: list[int] = []
+    asked: list[int] = []
+
+    def two_runs_into_the_drain(service: Service, requests: list[Any]) -> bool:
+        if not service.stopping:
+            return False
+        at_end[:] = at_end or [len(requests)]
+        if len(requests) < at_end[0] + 2:
+            return False
+        asked.append(len(requests))
+        return True
+
+    # One run per wake, at most one every 10 minutes of market time, three wakes a
+    # close (every 5): the queue is full (max_collected: 20) when the data ends.
+    queue = "queue_mode = 'immediate'\ncooldown_after_run_seconds = 600\n"
+    requests, report = _stopped_backtest(
+        tmp_path, two_runs_into_the_drain, "max_runs_per_hour = 100\n" + queue, hooks="bc"
+    )
+    assert asked and report.stopped_by == "signal"
+    # the run in flight ends (its request may still have been on its way); no other
+    assert asked[0] <= len(requests) <= asked[0] + 1
+    assert report.runs == len(requests) and report.wakes > report.runs
+
+
+def _stopped_backtest(
+    tmp_path: Path,
+    holds: Callable[[Service, list[Any]], bool],
+    wake: str = "max_runs_per_hour = 100\n",
+    hooks: str = "",
+) -> tuple[list[Any], Report]:
+    """``backtest --run-llm`` over 400 closes of an agent woken by each (``wake``: its
+    policy's settings; a second waking hook per letter of ``hooks``), its model a
+    loopback fake answering in 50 ms, stopped as a signal would once ``holds(service,
+    the model's requests so far)``: those requests, and the report."""
     data = tmp_path / "c.csv"
     generate_candles(data, seed=5, n=400, timeframe="5m")
     slow_answer = [0.05, openai_turn("nothing to do")] * 400
@@ -323,33 +350,15 @@ def test_ctrl_c_while_the_replays_queued_wakes_run_starts_no_more_runs(tmp_path:
         anyio.from_thread.start_blocking_portal() as portal,
         portal.wrap_async_context_manager(fake_openai(slow_answer)) as (fake, url),
     ):
-        # One run per wake, at most one every 10 minutes of market time, three wakes a
-        # close (every 5): the queue is full (max_collected: 20) when the data ends.
-        queue = "queue_mode = 'immediate'\ncooldown_after_run_seconds = 600\n"
-        opts = _waking_every_close(tmp_path, data, url, "max_runs_per_hour = 100\n" + queue)
-        for other in "bc":
+        opts = _waking_every_close(tmp_path, data, url, wake)
+        for other in hooks:
             (opts.agent_dir / "hooks" / f"wake_{other}.py").write_text(
                 "def evaluate(event, state):\n"
                 f"    key = '{other}' + event['eventId']\n"
                 "    return {'decision': 'WAKE', 'reason': 'every close', 'dedupeKey': key}\n"
             )
-        at_end: list[int] = []
-        asked: list[int] = []
-
-        def two_runs_into_the_drain(service: Service) -> bool:
-            if not service.stopping:
-                return False
-            at_end[:] = at_end or [len(fake.requests)]
-            if len(fake.requests) < at_end[0] + 2:
-                return False
-            asked.append(len(fake.requests))
-            return True
-
-        report = run_backtest(opts, [stop_when(two_runs_into_the_drain)])
-    assert asked and report.stopped_by == "signal"
-    # the run in flight ends (its request may still have been on its way); no other
-    assert asked[0] <= len(fake.requests) <= asked[0] + 1
-    assert report.runs == len(fake.requests) and report.wakes > report.runs
+        report = run_backtest(opts, [stop_when(lambda service: holds(service, fake.requests))])
+    return fake.requests, report
 
 
 def _waking_every_close(
