@@ -65,7 +65,10 @@ async def _pages(
         if not page:
             return rows
         rows.extend(page)
-        nxt = max(time_of(r) for r in page) + 1
+        try:
+            nxt = max(time_of(r) for r in page) + 1
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise FeedProtocolError(f"GET {url}: a row without its time: {exc!r}") from None
         if nxt <= cursor or nxt > end or len(page) < params["limit"]:
             return rows
         cursor = nxt
@@ -77,6 +80,8 @@ def _kline_time(row: Any) -> int:
 
 
 def _parse_klines(rows: list[Any], now: int) -> Bars:
+    """The closed klines, checked as a candle file's are (numbers finite, prices above
+    0): a bad bar would become a pattern every later search could return."""
     try:
         closed = [r for r in rows if int(r[6]) < now]
         data = np.array([[float(r[k]) for k in range(6)] for r in closed], dtype=np.float64)
@@ -84,6 +89,12 @@ def _parse_klines(rows: list[Any], now: int) -> Bars:
         raise FeedProtocolError(f"klines: unexpected row layout: {exc}") from None
     if len(data) == 0:
         raise FeedError("klines: no closed candles in the requested range")
+    bad = ~np.isfinite(data).all(axis=1) | (data[:, 1:5] <= 0).any(axis=1)
+    if bad.any():
+        row = closed[int(np.flatnonzero(bad)[0])]
+        raise FeedProtocolError(
+            f"klines: {int(bad.sum())} with prices not finite and above 0, the first {row[:6]!r}"
+        )
     return Bars.from_rows(data)
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aiohttp import web
 
-from daemon.errors import DataFileError, FeedError
+from daemon.errors import DataFileError, FeedError, FeedProtocolError
 from daemon.rag.config import ExchangeSection, RagConfig, StoreSection
 from daemon.rag.datafiles import CANDLE_COLUMNS, read_candles, read_funding, read_open_interest
 from daemon.rag.exchange import fetch_history
@@ -317,6 +318,27 @@ async def test_fetch_history_pages_and_drops_open_kline() -> None:
     assert np.allclose(f.value, fund[fund[:, 0] >= rows[0, 0] - 24 * H, 1], atol=1e-8)
     assert fake.requests.count("/futures/data/openInterestHist") >= 4  # pages of 500
     assert len(o.time_ms) == int(((oi[:, 0] >= rows[0, 0] - 24 * H) & (oi[:, 0] <= now)).sum())
+
+
+async def test_an_exchange_kline_priced_at_zero_or_without_its_time_is_refused() -> None:
+    """A kline whose price is 0 or not finite, or a row with no time to page on, is a
+    FeedProtocolError naming it, not a bar (nor a crash)."""
+    now = synth.T0 + 30 * 24 * H + 7 * 60_000
+    rows, fund, oi = _exchange_series(now)
+    zero = rows.copy()
+    zero[5, 3] = 0.0  # a low of 0
+    async with serve_app(FakeBinance(zero, fund, oi).app()) as url:
+        with pytest.raises(FeedProtocolError, match=r"klines: 1 with prices not finite"):
+            await fetch_history(url, "BTCUSDT", "15m", int(rows[0, 0]), now, 5)
+
+    async def timeless(_: web.Request) -> web.Response:
+        return web.json_response([{"openTime": 1}])
+
+    odd = web.Application()
+    odd.router.add_get("/fapi/v1/klines", timeless)
+    async with serve_app(odd) as url:
+        with pytest.raises(FeedProtocolError, match="a row without its time"):
+            await fetch_history(url, "BTCUSDT", "15m", int(rows[0, 0]), now, 5)
 
 
 async def test_an_exchange_page_past_the_size_bound_is_a_feed_error(
