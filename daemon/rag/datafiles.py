@@ -128,7 +128,7 @@ def read_open_interest(path: Path, symbol: str, *more: Path) -> Observations:
     """Open interest from one file or several, in any accepted format (see the module
     docstring; Binance's daily metrics files come a file a day)."""
     parts = [_open_interest(p, symbol) for p in (path, *more)]
-    return Observations.of(
+    return Observations.levels(
         np.concatenate([p.time_ms for p in parts]), np.concatenate([p.value for p in parts])
     )
 

@@ -98,13 +98,15 @@ def _parse_klines(rows: list[Any], now: int) -> Bars:
     return Bars.from_rows(data)
 
 
-def _parse_obs(rows: list[Any], time_key: str, value_key: str, what: str) -> Observations:
+def _parse_obs(
+    rows: list[Any], time_key: str, value_key: str, what: str, *, level: bool = False
+) -> Observations:
     try:
         t = np.array([int(r[time_key]) for r in rows], dtype=np.int64)
         v = np.array([float(r[value_key]) for r in rows], dtype=np.float64)
     except (TypeError, ValueError, KeyError) as exc:
         raise FeedProtocolError(f"{what}: unexpected object shape: {exc}") from None
-    return Observations.of(t, v)
+    return Observations.levels(t, v) if level else Observations.of(t, v)
 
 
 async def fetch_history(
@@ -142,7 +144,7 @@ async def fetch_history(
     return (
         _parse_klines(klines, now_ms),
         _parse_obs(funding, "fundingTime", "fundingRate", "fundingRate"),
-        _parse_obs(oi, "timestamp", "sumOpenInterestValue", "openInterestHist"),
+        _parse_obs(oi, "timestamp", "sumOpenInterestValue", "openInterestHist", level=True),
     )
 
 
@@ -171,5 +173,5 @@ async def fetch_context(
     )
     return (
         _parse_obs(funding, "fundingTime", "fundingRate", "fundingRate"),
-        _parse_obs(oi, "timestamp", "sumOpenInterestValue", "openInterestHist"),
+        _parse_obs(oi, "timestamp", "sumOpenInterestValue", "openInterestHist", level=True),
     )

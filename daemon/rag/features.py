@@ -122,6 +122,12 @@ class Observations:
         order = np.argsort(times[ok], kind="stable")
         return cls(times[ok][order].astype(np.int64), values[ok][order].astype(np.float64))
 
+    @classmethod
+    def levels(cls, times: NDArray[np.int64], values: F64) -> Observations:
+        """:meth:`of` for a quantity that is never 0 or below (open interest): such a
+        value is a gap, as NaN is (else it would divide the 24 h average by 0)."""
+        return cls.of(times, np.where(values > 0, values, np.nan))
+
 
 def _asof(obs: Observations | None, t: I64, max_age_ms: int) -> tuple[F64, I64]:
     """The latest value known at each ``t`` (NaN if none or older than max age)."""

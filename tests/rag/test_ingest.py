@@ -207,11 +207,14 @@ METRICS = (
 
 def test_binance_daily_metrics_files_give_open_interest_as_of_each_row(tmp_path: Path) -> None:
     """Binance's metrics files, one a day: the USD value as of each create_time (UTC
-    text), several files read together, an empty value a gap; a bad row names its line."""
+    text), several files read together, an empty value a gap (and a value of 0 or
+    below: open interest has none); a bad row names its line."""
     day1 = tmp_path / "BTCUSDT-metrics-2025-01-01.csv"
     day1.write_text(
         METRICS + "2025-01-01 00:05:00,BTCUSDT,80000.5,7500000000.25,1.2,1.3,1.4,0.9\n"
         "2025-01-01 00:10:00,BTCUSDT,80001,,1.2,1.3,1.4,0.9\n"
+        "2025-01-01 00:15:00,BTCUSDT,0,0,1.2,1.3,1.4,0.9\n"
+        "2025-01-01 00:20:00,BTCUSDT,80001,-5,1.2,1.3,1.4,0.9\n"
     )
     day2 = tmp_path / "BTCUSDT-metrics-2025-01-02.csv"
     day2.write_text(METRICS + "2025-01-02 00:00:00,BTCUSDT,80100,7510000000,1,1,1,1\n")
@@ -304,9 +307,11 @@ def _exchange_series(now: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 async def test_fetch_history_pages_and_drops_open_kline() -> None:
-    """klines/funding/OI are paged through completely; the still-open kline is dropped."""
+    """klines/funding/OI are paged through completely; the still-open kline is dropped,
+    and so is an open interest of 0 (a gap, as in a file)."""
     now = synth.T0 + 30 * 24 * H + 7 * 60_000
     rows, fund, oi = _exchange_series(now)
+    oi[-3, 1] = 0.0
     fake = FakeBinance(rows, fund, oi)
     async with serve_app(fake.app()) as url:
         bars, f, o = await fetch_history(url, "BTCUSDT", "15m", int(rows[0, 0]), now, 5)
@@ -317,7 +322,8 @@ async def test_fetch_history_pages_and_drops_open_kline() -> None:
     assert fake.requests.count("/fapi/v1/klines") >= 2  # more than one page of 1500
     assert np.allclose(f.value, fund[fund[:, 0] >= rows[0, 0] - 24 * H, 1], atol=1e-8)
     assert fake.requests.count("/futures/data/openInterestHist") >= 4  # pages of 500
-    assert len(o.time_ms) == int(((oi[:, 0] >= rows[0, 0] - 24 * H) & (oi[:, 0] <= now)).sum())
+    in_range = (oi[:, 0] >= rows[0, 0] - 24 * H) & (oi[:, 0] <= now)
+    assert len(o.time_ms) == int(in_range.sum()) - 1 and oi[-3, 0] not in o.time_ms
 
 
 async def test_an_exchange_kline_priced_at_zero_or_without_its_time_is_refused() -> None:
