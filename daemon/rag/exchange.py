@@ -93,7 +93,7 @@ def _parse_klines(rows: list[Any], now: int) -> Bars:
     if bad.any():
         row = closed[int(np.flatnonzero(bad)[0])]
         raise FeedProtocolError(
-            f"klines: {int(bad.sum())} with prices not finite and above 0, the first {row[:6]!r}"
+            f"klines: {int(bad.sum())} not finite or priced at 0 or below; the first: {row[:6]!r}"
         )
     return Bars.from_rows(data)
 

@@ -334,7 +334,9 @@ async def test_an_exchange_kline_priced_at_zero_or_without_its_time_is_refused()
     zero = rows.copy()
     zero[5, 3] = 0.0  # a low of 0
     async with serve_app(FakeBinance(zero, fund, oi).app()) as url:
-        with pytest.raises(FeedProtocolError, match=r"klines: 1 with prices not finite"):
+        with pytest.raises(
+            FeedProtocolError, match=r"klines: 1 not finite or priced at 0 or below; the first: \["
+        ):
             await fetch_history(url, "BTCUSDT", "15m", int(rows[0, 0]), now, 5)
 
     async def timeless(_: web.Request) -> web.Response:
