@@ -1,7 +1,8 @@
-"""Mutated inputs through every parser that reads what others send (tests/mutate.py):
-each refuses with our own error or gives values later stages may trust. Stop 57
-found a ticker priced at 0, a product id with an escape sequence and exchange
-klines priced at 0 this way (bench/input_fuzz.py runs it on the recorded frames)."""
+"""Mutated inputs (tests/mutate.py) through the parsers of what others send (feeds,
+recordings, RAG requests, signals, hook results, config): each refuses with our own
+error or gives values later stages may trust. Stop 57 found a ticker priced at 0,
+a product id with an escape sequence and candles priced at 0 this way
+(bench/input_fuzz.py runs it on the recorded frames)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from daemon.rag import jsonrpc
 from daemon.rag.features import STATE_COLUMNS
 from daemon.rag.params import parse_params
 from feeds import candle_csv
-from feeds.candle_csv import OWN
 from feeds.candles.protocol import parse_candles
 from feeds.coinbase_ws.protocol import CandlesFrame, TickerFrame, parse_frame, product_id
 from feeds.coinbase_ws.recording import Recording
@@ -114,7 +114,9 @@ def test_candle_responses_and_rows() -> None:
     for n, body in enumerate(mutations([rest, products, row], N, seed=7)):
         try:
             if isinstance(body, list):  # a CSV row
-                candles = [candle_csv.candle(",".join(map(str, body)), OWN, 300_000, "c.csv:2")]
+                candles = [
+                    candle_csv.candle(",".join(map(str, body)), candle_csv.OWN, 300_000, "c.csv:2")
+                ]
             elif isinstance(body, dict) and "products" in body:
                 quotes = parse_products(json.dumps(body).encode(), frozenset())
                 assert all(product_id(q.product_id) and _trusted_price(q.price) for q in quotes)
