@@ -13,8 +13,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from daemon import config
+from daemon.audit.reader import recent_evaluations
+from daemon.cli.audit import audit_group, why_command
 from daemon.errors import MarketwakeError
 from daemon.events import MAX_MS, FeedEvent
 from daemon.rag import jsonrpc
@@ -28,6 +31,7 @@ from feeds.copytrade import protocol as copytrade
 from feeds.copytrade.tradingview import parse_alert
 from feeds.movers.protocol import parse_products
 from hooks_runtime.validate import validate_result
+from tests.audit.factory import hook, order, risk, run, wake
 from tests.coinbase_fake import ticker
 from tests.feeds.tradingview_client import alert
 from tests.mutate import mutations
@@ -234,3 +238,32 @@ def _toml(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     return json.dumps(value if value is not None else "")
+
+
+def test_audit_rows(tmp_path: Path) -> None:
+    """An audit log with damaged rows (a field of another type, keys gone or added): the
+    restart's scan, `audit tail` and `why` read it without a crash (the scan at a
+    daemon's start tripped on a hook id that was a list, `tail` on risk reasons that
+    were `true`, before stop 57)."""
+    intent = {"action": "PLACE_LIMIT_ORDER", "symbol": "ETH-USD", "side": "buy", "volume": 1.0}
+    rows = [
+        hook(decision="WAKE", event_hooks=2), hook(hook_id="other", event_hooks=2),
+        wake(run_id="r1", event_id="coinbase:ETH-USD:5m:1", reasons=["x"], hook_ids=["h"]),
+        run(trace_ids=["t1"], event_ids=["coinbase:ETH-USD:5m:1"], duration_ms=5.0),
+        risk(approved=False, reasons=[{"code": "LIMIT", "message": "m"}], intent=intent),
+        order(),
+    ]  # fmt: skip
+    samples = [msgspec.to_builtins(r) for r in rows]
+    for seed in range(6):
+        audit = tmp_path / f"a{seed}"
+        audit.mkdir()
+        lines = [json.dumps(m) for m in mutations(samples, 150, seed=10 + seed)]
+        (audit / "audit-2026-02-17.jsonl").write_text("\n".join(lines) + "\n")
+        recent_evaluations(audit)
+        runner = CliRunner()
+        for args in (["tail", "-n", "200"], ["tail", "--kind", "run"], ["tail", "--json"]):
+            done = runner.invoke(audit_group, [*args, "--dir", str(audit)], catch_exceptions=False)
+            assert done.exit_code == 0, done.output
+        for ident in ("t1", "r1", "coinbase:ETH-USD:5m:1"):
+            done = runner.invoke(why_command, [ident, "--dir", str(audit)], catch_exceptions=False)
+            assert done.exit_code in (0, 1), done.output

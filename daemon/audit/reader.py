@@ -2,7 +2,8 @@
 
 Records are returned as plain dicts (camelCase keys, as written) so the reader
 keeps working on lines written by older or newer versions. A line that is not
-a JSON object (a torn write after a crash) is skipped and counted, never fatal.
+a JSON object (a torn write after a crash) is skipped and counted, never fatal; in
+one that is, a known field of the wrong type (a damaged row) is dropped.
 """
 
 from __future__ import annotations
@@ -107,6 +108,18 @@ def ts_ms(rec: Record, key: str = "ts") -> int:
         return 0
 
 
+def text_of(rec: Record, key: str) -> str | None:
+    """``rec[key]`` when it is a string (None otherwise: absent, or a damaged row's)."""
+    value = rec.get(key)
+    return value if isinstance(value, str) else None
+
+
+def list_of(rec: Record, key: str) -> list[Any]:
+    """``rec[key]`` when it is a list ([] otherwise: absent, or a damaged row's)."""
+    value = rec.get(key)
+    return value if isinstance(value, list) else []
+
+
 class Stats:
     """Counts lines the reader could not use."""
 
@@ -114,13 +127,32 @@ class Stats:
         self.bad_lines = 0
 
 
+# Fields the readers take for a string, or a list: in a damaged row (a disk, an
+# editor) a value of another type is dropped as the line is read, as if absent, so
+# the row still prints and no reader trips on it (a set of ids, a join of reasons).
+_TEXT_FIELDS: frozenset[str] = frozenset((
+    "type", "ts", "eventTs", "agentId", "traceId", "daemonRun", "hookId", "revision", "kind",
+    "eventId", "topic", "symbol", "decision", "reason", "dedupeKey", "suppressedBy", "error",
+    "outcome", "runId", "runner", "status", "summary", "clientOrderId", "broker", "side",
+    "orderType", "role", "source", "leader", "signalId", "remote",
+))  # fmt: skip
+_LIST_FIELDS: frozenset[str] = frozenset({"reasons", "traceIds", "eventIds", "hookIds"})
+
+
 def parse_line(line: bytes, stats: Stats | None = None) -> Record | None:
-    """One audit line as a dict, or None (counted) when it is not a JSON object."""
+    """One audit line as a dict, or None (counted) when it is not a JSON object. A
+    known field of the wrong type is dropped (see ``_TEXT_FIELDS``)."""
     try:
         value = _decoder.decode(line)
     except NOT_JSON:
         value = None
     if isinstance(value, dict):
+        for key in _TEXT_FIELDS.intersection(value):
+            if not isinstance(value[key], str | None):
+                del value[key]
+        for key in _LIST_FIELDS.intersection(value):
+            if not isinstance(value[key], list):
+                del value[key]
         return value
     if stats is not None and line.strip():
         stats.bad_lines += 1
@@ -576,7 +608,7 @@ def _whole(rows: list[Record]) -> bool:
     want, hooks = 0, set()
     for rec in rows:
         if rec.get("type") == "hook":
-            hooks.add(rec.get("hookId"))
+            hooks.add(text_of(rec, "hookId") or repr(rec.get("hookId")))  # (a damaged row)
             n = rec.get("eventHooks")
             if type(n) is int:
                 want = max(want, n)
