@@ -26,7 +26,13 @@ from daemon.cli.common import (
     state_dir_option,
     utc_ms,
 )
-from daemon.errors import ConfigError, HookCompileError, ReplayError
+from daemon.errors import (
+    ConfigError,
+    HookCompileError,
+    HookRequestTooLarge,
+    HookRequestUnsendable,
+    ReplayError,
+)
 from daemon.events import FeedEvent, iso_ms, parse_iso_ms, to_dict
 from daemon.inputfile import read_input
 from daemon.recorder import kept_part
@@ -89,7 +95,14 @@ async def _run(
             if not c.ok:
                 all_ok = False
                 echo_json(_record(f, hook=c.hook_id, error_kind=c.error_kind, error=c.error))
-        results = await pool.evaluate(agent, [s for _, s, _ in runnable], event, state)
+        try:
+            results = await pool.evaluate(agent, [s for _, s, _ in runnable], event, state)
+        except (HookRequestTooLarge, HookRequestUnsendable) as exc:
+            # As the daemon answers it: each hook's error, none evaluated.
+            kind = "oversized" if isinstance(exc, HookRequestTooLarge) else "unsendable"
+            for f, s, _ in runnable:
+                echo_json(_record(f, hook=s.hook_id, error_kind=kind, error=str(exc)))
+            return False
     for (f, _, c), r in zip(runnable, results, strict=True):
         fields = msgspec.to_builtins(r)
         fields.pop("hook_id", None)

@@ -47,6 +47,23 @@ def test_a_state_that_is_not_an_object_is_a_usage_error(tmp_path: Path) -> None:
         assert res.exit_code == 2 and "the state must be a JSON object" in res.output
 
 
+def test_a_state_the_sandbox_cannot_carry_is_each_hooks_error(tmp_path: Path) -> None:
+    """An integer past 64 bits in --state cannot be sent to the worker: each hook gets
+    the daemon's "unsendable" error on its line and the command exits 1, no traceback
+    (found by mutating the inputs of `hooks test`)."""
+    event = tmp_path / "ev.json"
+    event.write_text(json.dumps({"eventId": "e", "ts": "2026-01-01T00:00:00Z", "source": "s",
+                                 "topic": "t", "payload": {}}))  # fmt: skip
+    state = tmp_path / "st.json"
+    state.write_text(json.dumps({"indicators": {"n": 2**64}}))
+    args = ["test", str(ROOT / "agents" / "example"), "--event", str(event), "--state", str(state)]
+    res = CliRunner().invoke(hooks_group, args)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit | None), res.exception
+    lines = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 3 and {line["error_kind"] for line in lines} == {"unsendable"}
+    assert all("64" in line["error"] for line in lines)
+
+
 def test_resume_needs_a_store_and_a_known_hook(tmp_path: Path) -> None:
     """No store: say where we looked. Unknown hook: say so. Known hook: resumed."""
     runner = CliRunner()
