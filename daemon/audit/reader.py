@@ -108,18 +108,6 @@ def ts_ms(rec: Record, key: str = "ts") -> int:
         return 0
 
 
-def text_of(rec: Record, key: str) -> str | None:
-    """``rec[key]`` when it is a string (None otherwise: absent, or a damaged row's)."""
-    value = rec.get(key)
-    return value if isinstance(value, str) else None
-
-
-def list_of(rec: Record, key: str) -> list[Any]:
-    """``rec[key]`` when it is a list ([] otherwise: absent, or a damaged row's)."""
-    value = rec.get(key)
-    return value if isinstance(value, list) else []
-
-
 class Stats:
     """Counts lines the reader could not use."""
 
@@ -608,7 +596,7 @@ def _whole(rows: list[Record]) -> bool:
     want, hooks = 0, set()
     for rec in rows:
         if rec.get("type") == "hook":
-            hooks.add(text_of(rec, "hookId") or repr(rec.get("hookId")))  # (a damaged row)
+            hooks.add(rec.get("hookId"))
             n = rec.get("eventHooks")
             if type(n) is int:
                 want = max(want, n)

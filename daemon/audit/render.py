@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from rich.text import Text
 
-from daemon.audit.reader import Record, decision_of, list_of
+from daemon.audit.reader import Record, decision_of
 from daemon.printable import visible
 
 _DECISION_STYLE = {
@@ -107,7 +107,7 @@ def _wake(rec: Record, line: Text) -> None:
             line.append(" (queued, then dropped before its run)", style="yellow")
     if rec.get("runId"):
         line.append(f" run {rec['runId']}")
-    reasons = list_of(rec, "reasons")
+    reasons = rec.get("reasons") or []
     if reasons:
         line.append(f" ({'; '.join(str(r) for r in reasons)})", style="dim")
     _at_market_time(rec, line)
@@ -133,7 +133,7 @@ def _risk(rec: Record, line: Text) -> None:
         line.append("risk approved", style="green")
     else:
         codes = ", ".join(
-            str(r.get("code")) for r in list_of(rec, "reasons") if isinstance(r, dict)
+            str(r.get("code")) for r in rec.get("reasons") or [] if isinstance(r, dict)
         )
         line.append(f"risk REJECTED {codes}", style="bold red")
     intent = rec.get("intent") or {}

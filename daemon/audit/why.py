@@ -24,8 +24,6 @@ from daemon.audit.reader import (
     decision_of,
     event_ms,
     iter_records,
-    list_of,
-    text_of,
     ts_ms,
 )
 from daemon.audit.render import market_time, price_text, visible_record
@@ -99,9 +97,9 @@ def collect(directory: Path, ident: str, since_ms: int | None = None) -> list[Re
         r
         for r in iter_records(directory, flt, ids=sorted(traces))
         # (a run row bears its first wake's trace, and lists those merged into it)
-        if (text_of(r, "traceId") in traces or not traces.isdisjoint(_trace_ids(r)))
+        if (r.get("traceId") in traces or not traces.isdisjoint(_trace_ids(r)))
         and not _names(r, ident)
-        and (not owners or text_of(r, "agentId") in owners)
+        and (not owners or r.get("agentId") in owners)
     ]
     found = [*direct, *linked]
     # A run the daemon's stop cut ends in a row of its own run id but no trace (the
@@ -173,7 +171,8 @@ def _int(value: object) -> int:
 
 def _trace_ids(r: Record) -> list[str]:
     """A run row's ``traceIds`` (of a damaged row, only the strings of a list)."""
-    return [t for t in list_of(r, "traceIds") if isinstance(t, str)]
+    listed = r.get("traceIds")
+    return [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
 
 
 # Within one millisecond, show cause before effect.
@@ -211,10 +210,9 @@ def _other_line(r: Record) -> str:
     if kind == "risk":
         if r.get("approved"):
             return f"risk approved {r.get('symbol')} (order {r.get('clientOrderId')})"
+        reasons = r.get("reasons") or []
         text = "; ".join(
-            f"{x.get('code')}: {x.get('message')}"
-            for x in list_of(r, "reasons")
-            if isinstance(x, dict)
+            f"{x.get('code')}: {x.get('message')}" for x in reasons if isinstance(x, dict)
         )
         return f"risk rejected {r.get('symbol')}: {text}"
     if kind == "order":
