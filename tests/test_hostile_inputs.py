@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from daemon import config
 from daemon.audit.reader import recent_evaluations
+from daemon.backtest.report import Tally
 from daemon.cli.audit import audit_group, why_command
 from daemon.errors import MarketwakeError
 from daemon.events import MAX_MS, FeedEvent
@@ -242,7 +243,8 @@ def _toml(value: Any) -> str:
 
 def test_audit_rows(tmp_path: Path) -> None:
     """An audit log with damaged rows (a field of another type, keys gone or added): the
-    restart's scan, `audit tail` and `why` read it without a crash (the scan at a
+    restart's scan, the backtest report's reader, `audit tail` and `why` read it
+    without a crash (the scan at a
     daemon's start tripped on a hook id that was a list, `tail` on risk reasons that
     were `true`, before stop 57)."""
     intent = {"action": "PLACE_LIMIT_ORDER", "symbol": "ETH-USD", "side": "buy", "volume": 1.0}
@@ -260,6 +262,7 @@ def test_audit_rows(tmp_path: Path) -> None:
         lines = [json.dumps(m) for m in mutations(samples, 150, seed=10 + seed)]
         (audit / "audit-2026-02-17.jsonl").write_text("\n".join(lines) + "\n")
         recent_evaluations(audit)
+        Tally("alpha").read(line.encode() for line in lines)  # the backtest report's reader
         runner = CliRunner()
         for args in (["tail", "-n", "200"], ["tail", "--kind", "run"], ["tail", "--json"]):
             done = runner.invoke(audit_group, [*args, "--dir", str(audit)], catch_exceptions=False)
